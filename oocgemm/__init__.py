@@ -1,0 +1,17 @@
+"""oocgemm: out-of-core dense matrix multiplication (Zarr, .npy, arrays; GPU or CPU).
+
+    >>> import oocgemm
+    >>> oocgemm.multiply("a.zarr", "b.zarr", out="c.zarr")   # doctest: +SKIP
+"""
+
+from .api import multiply, plan
+from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError,
+                     OOCGemmError, OptionError, OutputError, ShapeError)
+from .plan import Plan
+from .result import Result
+
+__version__ = "0.1.0"
+
+__all__ = ["BudgetError", "DTypeError", "DeviceError", "ExecutionError", "InputError",
+           "OOCGemmError", "OptionError", "OutputError", "Plan", "Result", "ShapeError",
+           "multiply", "plan", "__version__"]

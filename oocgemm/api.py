@@ -1,0 +1,403 @@
+"""``multiply()`` and ``plan()``: normalise the arguments, plan, pick an executor, run."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import hostinfo
+from .errors import DeviceError, DTypeError, InputError, OOCGemmError, OptionError, OutputError, ShapeError
+from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
+from .plan.units import parse_size
+from .result import Result
+from .storage import MatrixSource, is_path, kind_of_path, open_sink, open_source
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str
+    """'cpu' or 'cuda'."""
+    index: int = 0
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+
+def resolve_device(device) -> Device:
+    """'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
+    from . import cuda
+
+    if not isinstance(device, str):
+        raise DeviceError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    name = device.strip().lower()
+    if name == "cpu":
+        return Device("cpu")
+    if name == "auto":
+        return Device("cuda", 0) if cuda.device_count() > 0 else Device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        index_text = name.partition(":")[2] or "0"
+        if not index_text.isdigit():
+            raise DeviceError(f"device {device!r}: expected 'cuda:N' with N a GPU number")
+        index = int(index_text)
+        count = cuda.device_count()
+        if count == 0:
+            why = ("CuPy is not installed (pip install 'oocgemm[cuda12]' or 'oocgemm[cuda13]')"
+                   if not cuda.cupy_installed() else "no CUDA GPU was found")
+            raise DeviceError(f"device {device!r}: {why}; use device='cpu' or 'auto'")
+        if index >= count:
+            raise DeviceError(f"device {device!r}: only {count} GPU(s) found (cuda:0..cuda:{count - 1})")
+        return Device("cuda", index)
+    raise DeviceError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _Prepared:
+    plan: Plan
+    sources: dict
+    out: object
+    in_place: bool
+    device: Device
+
+
+def _scalar(name: str, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        raise OptionError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, complex) or np.iscomplexobj(value):
+        return complex(value)
+    value = float(value)
+    if value != value:
+        raise OptionError(f"{name} must not be NaN")
+    return value
+
+
+def _check_dtype(role: str, dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
+                         f"complex128")
+    return dtype
+
+
+def _check_matrix(role: str, src: MatrixSource) -> None:
+    if len(src.shape) != 2:
+        raise InputError(f"{role} ({src.name}) is not a matrix: shape {tuple(src.shape)} has "
+                         f"{len(src.shape)} dimension(s), expected 2")
+
+
+def _same_path(x: str | None, y: str | None) -> bool:
+    return x is not None and y is not None and os.path.realpath(x) == os.path.realpath(y)
+
+
+def _same_array(x, y) -> bool:
+    """True when two in-memory arrays are one and the same view."""
+    if x is y:
+        return True
+    try:
+        ix, iy = x.__array_interface__, y.__array_interface__
+        return ix["data"] == iy["data"] and ix["shape"] == iy["shape"] and ix["strides"] == iy["strides"]
+    except AttributeError:
+        return False
+
+
+def _overlaps(x, y) -> bool:
+    if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+        return np.may_share_memory(x, y) and np.shares_memory(x, y)
+    return x is y
+
+
+def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
+             host_memory_limit, tile) -> _Prepared:
+    alpha = _scalar("alpha", alpha)
+    beta = _scalar("beta", beta)
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OptionError(f"{name} must be True or False, got {flag!r}")
+    dev = resolve_device(device)
+
+    src_a = open_source(a, "a")
+    src_b = open_source(b, "b")
+    _check_matrix("a", src_a)
+    _check_matrix("b", src_b)
+    m, k = src_a.shape[::-1] if trans_a else src_a.shape
+    k2, n = src_b.shape[::-1] if trans_b else src_b.shape
+    if k != k2:
+        raise ShapeError(
+            f"inner dimensions differ: a is {tuple(src_a.shape)}{' (transposed)' if trans_a else ''}, "
+            f"b is {tuple(src_b.shape)}{' (transposed)' if trans_b else ''}: op(a) has {k} "
+            f"columns, op(b) has {k2} rows")
+
+    # C: read only when beta != 0 (BLAS); its shape is checked whenever it is given.
+    in_place = False
+    c_source = None
+    if c is not None:
+        c_source = open_source(c, "c")
+        _check_matrix("c", c_source)
+        if tuple(c_source.shape) != (m, n):
+            raise ShapeError(f"c has shape {tuple(c_source.shape)}, expected {(m, n)} "
+                             f"(op(a) is {(m, k)}, op(b) is {(k, n)})")
+    if beta != 0 and c is None:
+        if out is None or (is_path(out) and not os.path.exists(os.fspath(out))):
+            raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in place")
+        c_source = open_source(out, "out (read as c, beta != 0)")
+        _check_matrix("out", c_source)
+        in_place = True
+    if c is not None and beta != 0 and out is not None:
+        if is_path(out) and is_path(c) and _same_path(os.fspath(out), os.fspath(c)):
+            in_place = True
+        elif not is_path(out) and not is_path(c):
+            if _same_array(out, c):
+                in_place = True
+            elif _overlaps(out, c):
+                raise OutputError("out overlaps c without being the same array; pass c=out or "
+                                  "separate arrays")
+
+    dtype_a = _check_dtype("a", src_a.dtype)
+    dtype_b = _check_dtype("b", src_b.dtype)
+    dtypes = [dtype_a, dtype_b]
+    if c_source is not None and beta != 0:
+        dtypes.append(_check_dtype("c", c_source.dtype))
+    dtype = np.result_type(*dtypes)
+    if (isinstance(alpha, complex) or isinstance(beta, complex)) and dtype.kind != "c":
+        raise DTypeError(f"alpha={alpha!r}, beta={beta!r}: complex scalars need complex operands, "
+                         f"got {dtype}")
+
+    out_operand = _check_out(out, (m, n), dtype, [("a", a, src_a), ("b", b, src_b)] + (
+        [("c", c, c_source)] if (c is not None and not in_place) else []), in_place)
+
+    if dev.kind == "cuda":
+        from . import cuda
+
+        free, total = cuda.memory_info(dev.index)
+        model = cuda_model()
+        mem = parse_size(memory_limit, total, name="memory_limit") or int(free * 0.9)
+        if mem > free:
+            raise OOCGemmError(f"memory_limit={mem} bytes is more than the {free} bytes free on "
+                               f"{dev}")
+        staged = True
+    else:
+        total = hostinfo.total_memory()
+        model = cpu_model()
+        mem = parse_size(memory_limit, total, name="memory_limit") or total // 4
+        staged = False
+    host = parse_size(host_memory_limit, hostinfo.total_memory(), name="host_memory_limit") or (
+        hostinfo.total_memory() // 4)
+
+    problem = Problem(
+        m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
+        a=Operand(tuple(src_a.shape), src_a.chunks, src_a.on_disk, src_a.name),
+        b=Operand(tuple(src_b.shape), src_b.chunks, src_b.on_disk, src_b.name),
+        c=(Operand(tuple(c_source.shape), c_source.chunks, c_source.on_disk, c_source.name)
+           if (c_source is not None and beta != 0) else None),
+        out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
+    readers = 4
+    transient = _read_transient(problem, [src_a, src_b] + ([c_source] if problem.c else []))
+    kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
+                  host_memory_limit=host, staged=staged, readers=readers,
+                  read_transient=transient)
+    if tile is not None:
+        w, h, r = _parse_tile(tile)
+        tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
+        plan = Plan(tile=tile, chosen_by="tile", **kwargs).validate()
+    else:
+        tile = choose_tile(problem, model, mem, host, staged=staged, readers=readers,
+                           read_transient=transient)
+        plan = Plan(tile=tile, **kwargs).validate()
+    sources = {"A": src_a, "B": src_b}
+    if problem.c is not None:
+        sources["C"] = c_source
+    return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev)
+
+
+def _read_transient(problem: Problem, sources) -> int:
+    """Bytes one reader may hold beside the slots: a decoded chunk of a chunked source."""
+    largest = 0
+    for src in sources:
+        if src.chunks is not None and src.on_disk:
+            largest = max(largest, src.chunks[0] * src.chunks[1] * np.dtype(src.dtype).itemsize)
+    return largest
+
+
+def _parse_tile(tile) -> tuple[int, int, int]:
+    if isinstance(tile, str):
+        parts = tile.replace("x", ",").split(",")
+    else:
+        parts = list(tile) if isinstance(tile, (tuple, list)) else [tile]
+    try:
+        values = tuple(int(p) for p in parts)
+        ok = len(values) == 3 and all(float(p) == int(p) for p in parts)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or min(values) < 1:
+        raise OptionError(f"tile must be three positive integers (w, h, r), got {tile!r}")
+    return values
+
+
+def _check_out(out, shape, dtype, inputs, in_place) -> Operand | None:
+    """Refuse outputs that alias an input or have the wrong shape; describe the output."""
+    if out is None:
+        return Operand(shape, None, False, "result array")
+    if is_path(out):
+        path = os.fspath(out)
+        for role, obj, src in inputs:
+            if _same_path(path, src.path):
+                raise OutputError(f"out {path!r} is the same file as {role}")
+        if os.path.exists(path) and in_place:
+            # updated in place: written under a temporary name and swapped in at the end
+            return Operand(shape, None, True, path)
+        return Operand(shape, None, True, path)
+    if not hasattr(out, "shape") or len(out.shape) != 2:
+        raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ShapeError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    _check_dtype("out", out.dtype)
+    if np.dtype(out.dtype).kind != "c" and dtype.kind == "c":
+        raise DTypeError(f"out has dtype {np.dtype(out.dtype)}, but the product is {dtype}")
+    for role, obj, src in inputs:
+        if obj is out or _overlaps(out, obj) or (src.array() is not None and src.array() is out):
+            raise OutputError(f"out is the same array as {role} (or overlaps it); results would "
+                              f"overwrite inputs still being read")
+    chunks = tuple(out.chunks) if hasattr(out, "chunks") and type(out).__module__.startswith("zarr") else None
+    return Operand(shape, chunks, type(out).__module__.startswith("zarr"), "out array")
+
+
+# ------------------------------------------------------------------------------------------
+def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+         device="auto", memory_limit=None, host_memory_limit=None, tile=None, **_ignored) -> Plan:
+    """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
+
+    Takes the same arguments as :func:`multiply`; returns the validated
+    :class:`~oocgemm.plan.Plan` (print it for a summary; ``plan.schedule`` lists the block
+    operations).
+
+    Raises
+    ------
+    OOCGemmError
+        For any bad input, option or budget (see :func:`multiply`).
+    """
+    prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                        device=device, memory_limit=memory_limit,
+                        host_memory_limit=host_memory_limit, tile=tile)
+    return prepared.plan
+
+
+def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+             device="auto", memory_limit=None, host_memory_limit=None, tile=None,
+             overwrite=False, progress=None) -> Result:
+    """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
+
+    Parameters
+    ----------
+    a, b
+        Matrices: a path (a ``.zarr`` directory in Zarr format 2 or 3, a ``.npy`` file opened
+        as a memmap), a ``zarr.Array``, a numpy array or memmap (any strides), a CuPy array,
+        or a dask array.
+    out
+        A path (created: ``.zarr`` as Zarr v3 with chunks aligned to the C blocks, ``.npy`` as
+        a memmap), a writable array of shape (M, N), or None for a new numpy array. A path is
+        written under a temporary name and renamed when the last block is stored.
+    c
+        The matrix scaled by ``beta``. With ``beta != 0`` and ``c=None``, ``out`` must exist
+        and is updated in place. With ``beta == 0``, C is never read.
+    alpha, beta
+        Scalars. ``alpha == 0`` (or K == 0) computes no product: A and B are not read.
+    trans_a, trans_b
+        Use the transpose of a / b; transposed operands are read in their stored layout.
+    device
+        'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.
+    memory_limit
+        Bytes, or a string like '8GB' or '80%', for the executor's block buffers (GPU memory
+        for CUDA, the working buffers for the CPU). Defaults: 90% of free GPU memory, or a
+        quarter of host memory.
+    host_memory_limit
+        Bytes or string bounding host staging and read buffers (default a quarter of host RAM).
+    tile
+        (w, h, r) to override the planner: C blocks of w×h, K panels of depth r.
+    overwrite
+        Replace an existing output path.
+    progress
+        True for a progress bar on stderr, False for none, None for a bar only when stderr is
+        a terminal and the run is predicted to take over two seconds, or a callable that
+        receives each finished :class:`~oocgemm.diagnostics.Event`.
+
+    Returns
+    -------
+    Result
+        ``result.out`` holds the product; timings, traffic and the executed operations too.
+
+    Raises
+    ------
+    OOCGemmError
+        InputError (missing, corrupt, not a matrix), ShapeError, DTypeError, OutputError
+        (exists, aliases an input), BudgetError (no tile fits), OptionError, DeviceError,
+        ExecutionError (the run failed; nothing was committed).
+    """
+    if not isinstance(overwrite, (bool, np.bool_)):
+        raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
+    prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                    device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
+                    tile=tile)
+    plan_ = prep.plan
+    from .runtime.base import executor_class
+    from .storage.zarr_store import block_chunks
+
+    w, h, _ = plan_.tile
+    chunks = block_chunks(w, h, plan_.problem.itemsize)
+    prob = plan_.problem
+    attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
+                  "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
+                  "trans_b": prob.trans_b}
+    sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, chunks=chunks,
+                     overwrite=overwrite, in_place=prep.in_place, attributes=attributes)
+    on_event, bar = _progress(progress, plan_)
+    executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event)
+    start = time.perf_counter()
+    try:
+        log = executor.run()
+        seconds = time.perf_counter() - start
+        result_out = sink.commit()
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
+                  bytes=plan_.schedule.traffic(), events=log.events())
+
+
+def _json_scalar(x):
+    return [x.real, x.imag] if isinstance(x, complex) else x
+
+
+def _progress(progress, plan_):
+    """(on_event callback, bar to close) for the ``progress`` argument."""
+    if callable(progress) and not isinstance(progress, bool):
+        return progress, None
+    if progress is None:
+        progress = sys.stderr.isatty() and plan_.prediction.total > 2.0
+    if not progress:
+        return None, None
+    from tqdm.auto import tqdm
+
+    prob = plan_.problem
+    total = prob.flops or plan_.n_blocks
+    unit, scale = ("GFLOP", 1e9) if prob.flops else ("block", 1)
+    bar = tqdm(total=total / scale, unit=unit, unit_scale=False, desc="oocgemm", leave=False,
+               dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} "
+                                              "[{elapsed}<{remaining}]")
+
+    def on_event(event):
+        if prob.flops and event.kind == "gemm":
+            bar.update(event.flops / scale)
+        elif not prob.flops and event.kind == "write":
+            bar.update(1)
+
+    return on_event, bar

@@ -1,0 +1,36 @@
+"""The only package that imports CuPy. Importing this package itself does not."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+
+
+def cupy_installed() -> bool:
+    return importlib.util.find_spec("cupy") is not None
+
+
+def driver_present() -> bool:
+    """An NVIDIA driver with at least one device node, checked without importing CuPy."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.isdir("/proc/driver/nvidia/gpus")
+
+
+def device_count() -> int:
+    """GPUs that CuPy sees; 0 without importing CuPy where no driver or no CuPy is found."""
+    if not (cupy_installed() and driver_present()):
+        return 0
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+def memory_info(index: int) -> tuple[int, int]:
+    """(free, total) bytes of GPU ``index``."""
+    import cupy
+
+    with cupy.cuda.Device(index):
+        return cupy.cuda.runtime.memGetInfo()

@@ -1,0 +1,39 @@
+"""One error hierarchy: every message names the bad value and what was expected."""
+
+from __future__ import annotations
+
+
+class OOCGemmError(ValueError):
+    """Base class of every error that oocgemm raises on purpose."""
+
+
+class InputError(OOCGemmError):
+    """An input (a, b or c) is missing, unreadable, corrupt, or not a matrix."""
+
+
+class ShapeError(OOCGemmError):
+    """Shapes do not agree (inner dimensions, c or out of the wrong shape)."""
+
+
+class DTypeError(OOCGemmError):
+    """A dtype that the executors do not support (int, bool, object, float16...)."""
+
+
+class OutputError(OOCGemmError):
+    """The output cannot be written as asked (exists, aliases an input, not writable)."""
+
+
+class BudgetError(OOCGemmError):
+    """A memory limit is too small for any tile, or a requested tile does not fit."""
+
+
+class OptionError(OOCGemmError):
+    """An option has a bad value (tile, memory size string, alpha/beta...)."""
+
+
+class DeviceError(OOCGemmError):
+    """An unknown device, or a device that is not available here."""
+
+
+class ExecutionError(OOCGemmError):
+    """The run failed midway (an I/O error, a corrupt chunk); no output was committed."""

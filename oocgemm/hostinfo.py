@@ -1,0 +1,31 @@
+"""Host facts the API needs for defaults (memory, cores), without optional dependencies."""
+
+from __future__ import annotations
+
+import os
+
+
+def total_memory() -> int:
+    """Physical memory in bytes."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def available_memory() -> int:
+    """Memory available without swapping, in bytes (MemAvailable on Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return total_memory() // 2
+
+
+def cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

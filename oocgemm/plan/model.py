@@ -1,0 +1,61 @@
+"""The cost model that decides tile sizes (seed paper section 2.2 and 4; shared/HARDWARE.md).
+
+A C block of w×h costs 2·w·h·K flops and moves (w·K + K·h)·s bytes of A and B: the flops per
+byte moved are about 2 / (s·(1/w + 1/h)), so w and h should be large. The model predicts the time
+of each resource (compute, host->device, device->host, storage) over the whole schedule; the
+pipelined run takes about the largest of them plus the fill and drain that nothing hides.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Rates of one executor's resources. Defaults are the H100 figures of shared/HARDWARE.md."""
+
+    name: str
+    """'cuda' or 'cpu'."""
+    flops: float
+    """Sustained GEMM rate on large blocks, flop/s (float64; float32 is taken as twice)."""
+    h2d: float
+    """Host-to-device bandwidth, bytes/s (0: the executor does not copy to a device)."""
+    d2h: float
+    """Device-to-host bandwidth, bytes/s."""
+    storage_read: float = 1.9e9
+    """Storage read bandwidth for on-disk operands, bytes/s."""
+    storage_write: float = 1.9e9
+    """Storage write bandwidth, bytes/s."""
+    memory_copy: float = 10e9
+    """Host memory copy bandwidth for in-memory operands, bytes/s."""
+    first_touch: float = 0.0
+    """Bytes/s at which fresh host buffers are first written (page faults); 0 where buffers
+    are device memory. Charged to the fill (first panels) and the drain (last C block)."""
+    half_size: int = 256
+    """A GEMM of w×h×r runs at flops / (1 + half_size/w + half_size/h + half_size/r):
+    small blocks do not fill the device."""
+    accumulate_pass: bool = False
+    """True when accumulating into C costs an extra pass over the C block (numpy: no
+    in-place beta), charged at ``memory_copy``."""
+
+    def gemm_seconds(self, w: int, h: int, r: int, itemsize: int, complex_: bool = False) -> float:
+        flops = (8 if complex_ else 2) * w * h * r
+        rate = self.flops * (2.0 if itemsize == 4 and not complex_ else 1.0)
+        return flops / rate * (1 + self.half_size / max(w, 1) + self.half_size / max(h, 1)
+                               + self.half_size / max(r, 1))
+
+
+def cuda_model() -> DeviceModel:
+    """H100 80GB over PCIe gen5 (shared/HARDWARE.md): 55 TFLOP/s DGEMM, 55 GB/s each way."""
+    return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, half_size=512)
+
+
+def cpu_model() -> DeviceModel:
+    """numpy BLAS on this host: about 35 GFLOP/s per core in float64 (0.56 TFLOP/s on 16)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
+    # for copies between warm buffers.
+    return DeviceModel(name="cpu", flops=35e9 * (cores or 1), h2d=0.0, d2h=0.0, half_size=16,
+                       memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True)

@@ -1,0 +1,77 @@
+"""What the planner needs to know about a product: shapes, dtype, layout. No I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Metadata of one stored matrix, as the planner sees it."""
+
+    shape: tuple[int, int]
+    """Stored shape (rows, cols), before any transpose."""
+    chunks: tuple[int, int] | None = None
+    """Stored chunk shape (Zarr chunks); None for arrays without chunking."""
+    on_disk: bool = False
+    """True when reads come from storage (Zarr or .npy on disk), False for memory."""
+    name: str = ""
+    """How messages name this operand (a path or 'numpy array')."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """``out = alpha * op(a) @ op(b) + beta * c`` with ``op(a)`` M×K and ``op(b)`` K×N."""
+
+    m: int
+    """Rows of op(a) and of the output."""
+    n: int
+    """Columns of op(b) and of the output."""
+    k: int
+    """Inner dimension."""
+    itemsize: int
+    """Bytes per element of the compute dtype."""
+    dtype: str
+    """Compute dtype name (numpy), e.g. 'float64'."""
+    a: Operand
+    b: Operand
+    c: Operand | None = None
+    """The matrix read when beta != 0 (None when C is not read)."""
+    out: Operand | None = None
+    """The output, when it exists already and has its own chunking."""
+    alpha: float | complex = 1.0
+    beta: float | complex = 0.0
+    trans_a: bool = False
+    trans_b: bool = False
+
+    @property
+    def computes_product(self) -> bool:
+        """False when alpha == 0 or K == 0: A and B are then never read."""
+        return self.alpha != 0 and self.k > 0
+
+    @property
+    def reads_c(self) -> bool:
+        """BLAS semantics: beta == 0 means C is never read."""
+        return self.beta != 0
+
+    @property
+    def flops(self) -> int:
+        """Real floating-point operations of the product (complex counts 4x)."""
+        if not self.computes_product:
+            return 0
+        factor = 8 if self.dtype.startswith("complex") else 2
+        return factor * self.m * self.n * self.k
+
+    def a_chunks_mk(self) -> tuple[int | None, int | None]:
+        """A's chunk sizes along (M, K), after the transpose."""
+        return _oriented(self.a.chunks, self.trans_a)
+
+    def b_chunks_kn(self) -> tuple[int | None, int | None]:
+        """B's chunk sizes along (K, N), after the transpose."""
+        return _oriented(self.b.chunks, self.trans_b)
+
+
+def _oriented(chunks: tuple[int, int] | None, transposed: bool) -> tuple[int | None, int | None]:
+    if chunks is None:
+        return (None, None)
+    return (chunks[1], chunks[0]) if transposed else (chunks[0], chunks[1])

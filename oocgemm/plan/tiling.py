@@ -1,0 +1,409 @@
+"""The planner: choose the C block w×h and the K panel r from the memory budgets.
+
+Pure Python: it sees a :class:`Problem` (shapes, dtype, chunking) and budgets in bytes, never
+storage. The result is a frozen :class:`Plan` that validates itself and expands into the schedule
+that every executor replays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from ..errors import BudgetError, OptionError
+from .model import DeviceModel
+from .problem import Problem
+from .units import format_seconds, format_size
+
+#: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
+OP_OVERHEAD = 40e-6
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """Bytes of every buffer the executor allocates for a plan."""
+
+    c: int
+    """Each C block buffer (C0, C1...), device side."""
+    a: int
+    """Each A panel buffer (A0, A1...), device side."""
+    b: int
+    """Each B panel buffer (B0, B1...), device side."""
+    accumulator: int
+    """Scratch for accumulating into C where the executor needs it (CPU), device side."""
+    stage_c: int
+    """Each host staging buffer for C (0 when the plan is not staged)."""
+    stage_a: int
+    """Each host staging buffer for A panels."""
+    stage_b: int
+    """Each host staging buffer for B panels."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated tiling of one product, and the budget it was checked against.
+
+    ``plan.schedule`` expands it into the block operations that executors replay.
+    """
+
+    problem: Problem
+    device: str
+    """'cpu', 'cuda:0'..."""
+    model: DeviceModel
+    """Rates used for the prediction."""
+    tile: tuple[int, int, int]
+    """(w, h, r): C block rows, C block columns, K panel depth, in elements."""
+    memory_limit: int
+    """Bytes the device-side buffers may take (GPU memory, or the CPU's working buffers)."""
+    host_memory_limit: int
+    """Bytes host staging may take."""
+    staged: bool = False
+    """True when panels go storage -> host staging slot -> device slot (CUDA); False when
+    readers fill the working slots directly (CPU)."""
+    n_c: int = 2
+    """C block buffers: two, so that storing block t overlaps computing block t+1."""
+    n_a: int = 2
+    """A panel buffers (ping-pong A0/A1)."""
+    n_b: int = 2
+    """B panel buffers (ping-pong B0/B1)."""
+    n_stage: int = 2
+    """Host staging buffers per operand when staged."""
+    readers: int = 4
+    """Reader threads the executor may run; each may hold one chunk in flight."""
+    read_transient: int = 0
+    """Bytes a reader may hold beside the slots (one decoded chunk), per reader."""
+    chosen_by: str = "planner"
+    """'planner' or 'tile' (the user's override)."""
+
+    # ---- geometry -------------------------------------------------------------------------
+    @property
+    def row_splits(self) -> tuple[int, ...]:
+        return _splits(self.problem.m, self.tile[0])
+
+    @property
+    def col_splits(self) -> tuple[int, ...]:
+        return _splits(self.problem.n, self.tile[1])
+
+    @property
+    def k_splits(self) -> tuple[int, ...]:
+        return _splits(self.problem.k, self.tile[2]) if self.problem.computes_product else (0,)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Blocks along M, blocks along N, panels along K."""
+        return (len(self.row_splits) - 1, len(self.col_splits) - 1, len(self.k_splits) - 1)
+
+    @property
+    def n_blocks(self) -> int:
+        p, q, _ = self.grid
+        return p * q
+
+    # ---- memory ---------------------------------------------------------------------------
+    @property
+    def buffers(self) -> Buffers:
+        return _buffers(self.problem, self.tile, self.model, self.staged)
+
+    @property
+    def device_bytes(self) -> int:
+        buf = self.buffers
+        return self.n_c * buf.c + self.n_a * buf.a + self.n_b * buf.b + buf.accumulator
+
+    @property
+    def host_bytes(self) -> int:
+        buf = self.buffers
+        staging = self.n_stage * (buf.stage_a + buf.stage_b) + self.n_c * buf.stage_c
+        return staging + self.readers * self.read_transient
+
+    # ---- schedule and prediction ----------------------------------------------------------
+    @functools.cached_property
+    def schedule(self):
+        """The ordered block operations (:class:`oocgemm.plan.schedule.Schedule`)."""
+        from .schedule import build_schedule
+
+        return build_schedule(self)
+
+    @property
+    def prediction(self) -> "Prediction":
+        return predict(self.problem, self.tile, self.model, staged=self.staged)
+
+    def validate(self) -> "Plan":
+        """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
+        w, h, r = self.tile
+        if min(w, h, r) < 1:
+            raise OptionError(f"tile must be positive integers, got {self.tile}")
+        if self.device_bytes > self.memory_limit:
+            raise BudgetError(
+                f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
+                f"{'GPU' if self.model.name == 'cuda' else 'working'} memory "
+                f"({self._device_breakdown()}), over memory_limit={format_size(self.memory_limit)}")
+        if self.host_bytes > self.host_memory_limit:
+            raise BudgetError(
+                f"tile (w={w}, h={h}, r={r}) needs {format_size(self.host_bytes)} of host staging, "
+                f"over host_memory_limit={format_size(self.host_memory_limit)}")
+        return self
+
+    def _device_breakdown(self) -> str:
+        buf = self.buffers
+        parts = [f"C {self.n_c}x{format_size(buf.c)}", f"A {self.n_a}x{format_size(buf.a)}",
+                 f"B {self.n_b}x{format_size(buf.b)}"]
+        if buf.accumulator:
+            parts.append(f"accumulator {format_size(buf.accumulator)}")
+        return ", ".join(parts)
+
+    def summary(self) -> dict:
+        """The plan as plain data (for --json and logs)."""
+        pred = self.prediction
+        sched = self.schedule
+        p, q, nk = self.grid
+        return {
+            "shape": {"m": self.problem.m, "n": self.problem.n, "k": self.problem.k},
+            "dtype": self.problem.dtype,
+            "device": self.device,
+            "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
+            "chosen_by": self.chosen_by,
+            "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
+            "operations": len(sched.ops),
+            "device_bytes": self.device_bytes,
+            "memory_limit": self.memory_limit,
+            "host_bytes": self.host_bytes,
+            "host_memory_limit": self.host_memory_limit,
+            "bytes": sched.traffic(),
+            "flops": self.problem.flops,
+            "predicted_seconds": pred.total,
+            "predicted_bound": pred.bound,
+        }
+
+    def __str__(self) -> str:
+        prob, (w, h, r), (p, q, nk) = self.problem, self.tile, self.grid
+        pred = self.prediction
+        traffic = self.schedule.traffic()
+        ta, tb = ("ᵀ" if prob.trans_a else ""), ("ᵀ" if prob.trans_b else "")
+        lines = [
+            f"oocgemm plan: C[{prob.m}x{prob.n}] = {prob.alpha:g}·A{ta}·B{tb}"
+            + (f" + {prob.beta:g}·C" if prob.reads_c else "") + f"  ({prob.dtype}, K={prob.k})",
+            f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else ""),
+            f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
+            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {len(self.schedule.ops)} operations",
+            f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
+            f" ({self._device_breakdown()})",
+            f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
+            " (staging and read buffers)",
+            "  traffic     " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
+                                         for k, v in traffic.items() if v),
+            f"  work        {prob.flops / 1e9:.4g} GFLOP",
+            f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
+            f"({pred.bound}-bound; {pred.describe()})",
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds per resource for a tiling; the pipelined run takes about ``total``."""
+
+    compute: float
+    h2d: float
+    d2h: float
+    storage_read: float
+    storage_write: float
+    fill: float
+    drain: float
+    overhead: float
+    resources: dict = field(default_factory=dict)
+
+    @property
+    def bound(self) -> str:
+        candidates = {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
+                      "storage read": self.storage_read, "storage write": self.storage_write}
+        return max(candidates, key=candidates.get)
+
+    @property
+    def total(self) -> float:
+        return (max(self.compute, self.h2d, self.d2h, self.storage_read, self.storage_write)
+                + self.fill + self.drain + self.overhead)
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} {format_seconds(v)}" for name, v in (
+            ("compute", self.compute), ("h2d", self.h2d), ("d2h", self.d2h),
+            ("read", self.storage_read), ("write", self.storage_write)) if v)
+
+
+def _splits(extent: int, step: int) -> tuple[int, ...]:
+    if extent == 0:
+        return (0,)
+    return tuple(range(0, extent, step)) + (extent,)
+
+
+def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, staged: bool) -> Buffers:
+    w, h, r = tile
+    s = prob.itemsize
+    product = prob.computes_product
+    c = w * h * s
+    a = w * r * s if product else 0
+    b = r * h * s if product else 0
+    acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
+    return Buffers(c=c, a=a, b=b, accumulator=acc,
+                   stage_c=c if staged else 0, stage_a=a if staged else 0,
+                   stage_b=b if staged else 0)
+
+
+def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
+    """How many bytes are read per byte wanted when panels of ``size`` cut chunks of ``chunk``."""
+    if not on_disk or not chunk or size <= 0:
+        return 1.0
+    touched = math.ceil(size / chunk) + (0 if size % chunk == 0 else 1)
+    return max(1.0, min(touched * chunk, size + 2 * chunk) / size)
+
+
+def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool
+            ) -> Prediction:
+    """Predict each resource's busy time for a tiling (seconds)."""
+    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
+    p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
+    nk = math.ceil(k / r) if prob.computes_product else 0
+    blocks = p * q
+    c_bytes = m * n * s
+    complex_ = prob.dtype.startswith("complex")
+    if prob.computes_product and blocks:
+        # Serpentine order: an A row panel is reloaded for every C block unless it is the
+        # only K panel; B panels are reloaded for every block row.
+        a_loads = m * k * s * (1 if nk == 1 else q)
+        b_loads = k * n * s * p
+        compute = prob.flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
+            1 + model.half_size / w + model.half_size / h + model.half_size / r)
+        if model.accumulate_pass:
+            passes = blocks * (nk - 1 + (1 if prob.reads_c else 0))
+            compute += passes * 3 * w * h * s / model.memory_copy
+    else:
+        a_loads = b_loads = 0
+        compute = c_bytes / model.memory_copy
+    c_in = c_bytes if prob.reads_c else 0
+    amp_a = math.prod(_amplification(x, c, prob.a.on_disk) for x, c in
+                      zip((w, r), prob.a_chunks_mk()))
+    amp_b = math.prod(_amplification(x, c, prob.b.on_disk) for x, c in
+                      zip((r, h), prob.b_chunks_kn()))
+
+    def read_rate(on_disk: bool) -> float:
+        return model.storage_read if on_disk else model.memory_copy
+
+    storage_read = (a_loads * amp_a / read_rate(prob.a.on_disk)
+                    + b_loads * amp_b / read_rate(prob.b.on_disk))
+    if prob.reads_c and prob.c is not None:
+        storage_read += c_in / read_rate(prob.c.on_disk)
+    out_disk = prob.out.on_disk if prob.out is not None else False
+    storage_write = c_bytes / (model.storage_write if out_disk else model.memory_copy)
+    h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
+    d2h = c_bytes / model.d2h if model.d2h else 0.0
+    first_panels = (w * r + r * h) * s if prob.computes_product else 0
+    fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
+        first_panels / model.memory_copy)
+    fill += first_panels / model.h2d if model.h2d else 0.0
+    fill += first_panels / model.first_touch if model.first_touch else 0.0
+    drain = w * h * s / (model.storage_write if out_disk else model.memory_copy)
+    drain += w * h * s / model.d2h if model.d2h else 0.0
+    drain += w * h * s / model.first_touch if model.first_touch else 0.0
+    n_ops = blocks * (2 * nk + 3) * (2 if staged else 1)
+    return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
+                      storage_write=storage_write, fill=fill, drain=drain,
+                      overhead=n_ops * OP_OVERHEAD)
+
+
+def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
+    """Block sizes worth trying along one dimension: balanced splits (chunk-aligned where the
+    storage has chunks) and powers of two down to 1 for the smallest budgets."""
+    if extent <= 0:
+        return [1]
+    sizes = set()
+    count = 1.0
+    while True:
+        size = math.ceil(extent / int(count))
+        if size < floor and int(count) > 1:
+            break
+        sizes.add(size)
+        if align and align < extent:
+            sizes.add(min(math.ceil(size / align) * align, extent))
+            if size > align:
+                sizes.add(size // align * align)
+        if size == 1:
+            break
+        count = count + 1 if count < 4 else count * 1.5
+    power = 1
+    while power < extent:
+        sizes.add(power)
+        power *= 2
+    return sorted(sizes)
+
+
+def _r_candidates(rs: list[int], fits) -> list[int]:
+    """The K depths worth predicting for one (w, h): the largest that fits and a few below
+    (the prediction trades fill time against per-GEMM efficiency)."""
+    lo, hi = 0, len(rs) - 1
+    if not fits(rs[0]):
+        return []
+    while lo < hi:  # largest index that fits; memory grows with r
+        mid = (lo + hi + 1) // 2
+        if fits(rs[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    picks = {rs[lo]}
+    for step in (1, 2, 3, 5, 8):
+        if lo - step >= 0:
+            picks.add(rs[lo - step])
+    return sorted(picks)
+
+
+def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
+                *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 2,
+                readers: int = 4, read_transient: int = 0) -> tuple[int, int, int]:
+    """The (w, h, r) with the lowest predicted time that fits both budgets.
+
+    Raises
+    ------
+    BudgetError
+        When not even a 1×1×1 tile fits; the message says how much the smallest tile needs.
+    """
+    m, n, k = max(prob.m, 1), max(prob.n, 1), max(prob.k, 1)
+    a_m, a_k = prob.a_chunks_mk()
+    b_k, b_n = prob.b_chunks_kn()
+    out_m, out_n = prob.out.chunks if (prob.out is not None and prob.out.chunks) else (None, None)
+    align_m = out_m or a_m
+    align_n = out_n or b_n
+    align_k = a_k or b_k
+    floor = 16 if model.name == "cpu" else 64
+    ws = _candidates(m, align_m, floor)
+    hs = _candidates(n, align_n, floor)
+    rs = _candidates(k, align_k, floor) if prob.computes_product else [1]
+
+    def fits(tile):
+        plan_bufs = _buffers(prob, tile, model, staged)
+        dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
+        host = (n_stage * (plan_bufs.stage_a + plan_bufs.stage_b) + n_c * plan_bufs.stage_c
+                + readers * read_transient)
+        return dev <= memory_limit and host <= host_memory_limit, dev, host
+
+    best, best_time = None, math.inf
+    for w in ws:
+        for h in hs:
+            if not fits((w, h, 1))[0]:
+                continue
+            for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
+                tile = (w, h, r)
+                t = predict(prob, tile, model, staged=staged).total
+                # Prefer square-ish, larger tiles on ties (fewer, larger operations).
+                t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
+                if t < best_time:
+                    best, best_time = tile, t
+    if best is None:
+        ok, dev, host = fits((1, 1, 1))
+        which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit
+                              else ("host_memory_limit", host, host_memory_limit))
+        raise BudgetError(
+            f"{which}={format_size(limit)} is too small for any tile: even w=h=r=1 needs "
+            f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers"
+            + (f", {readers} readers x {format_size(read_transient)} chunk buffers" if
+               which == "host_memory_limit" and read_transient else "")
+            + ")")
+    return best

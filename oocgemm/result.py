@@ -1,0 +1,55 @@
+"""What a run returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .plan.units import format_seconds, format_size
+
+
+@dataclass
+class Result:
+    """The output and what it cost."""
+
+    out: Any
+    """The product: the committed Zarr array / memmap for a path, the given array, or a new
+    numpy array for ``out=None``."""
+    plan: Any
+    """The :class:`~oocgemm.plan.Plan` that ran."""
+    seconds: float
+    """Wall time of the execution (planning and opening excluded), seconds."""
+    flops: int
+    """Floating-point operations of the product."""
+    bytes: dict
+    """Bytes moved per level: storage_read, storage_write, h2d, d2h."""
+    events: list = field(default_factory=list)
+    """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start order."""
+
+    @property
+    def tflops(self) -> float:
+        """Achieved TFLOP/s over the wall time."""
+        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        plan = self.plan
+        return {
+            "shape": [plan.problem.m, plan.problem.n, plan.problem.k],
+            "dtype": plan.problem.dtype,
+            "device": plan.device,
+            "tile": list(plan.tile),
+            "seconds": self.seconds,
+            "flops": self.flops,
+            "tflops": self.tflops,
+            "bytes": dict(self.bytes),
+            "operations": len(self.events),
+            "predicted_seconds": plan.prediction.total,
+            "out": getattr(plan, "_out_name", None),
+        }
+
+    def __str__(self) -> str:
+        p = self.plan.problem
+        moved = ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in self.bytes.items() if v)
+        return (f"C[{p.m}x{p.n}] ({p.dtype}, K={p.k}) on {self.plan.device}: "
+                f"{format_seconds(self.seconds)}, {self.tflops * 1e3:.4g} GFLOP/s"
+                + (f"; moved {moved}" if moved else ""))

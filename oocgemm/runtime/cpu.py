@@ -1,0 +1,189 @@
+"""The CPU executor: replays a schedule with numpy BLAS and thread pools.
+
+Lanes: one compute thread (the caller's) runs GEMM/FILL in schedule order; a pool of reader
+threads runs READs; one copy thread runs UPLOAD/DOWNLOAD of staged schedules; a pool of writer
+threads runs WRITEs. Every operation waits for its declared dependencies and nothing else, so
+the reads of the next panels overlap the current multiplication exactly as the schedule allows
+(the same double buffering the CUDA executor does with streams).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..diagnostics.events import EventLog
+from ..errors import ExecutionError, OOCGemmError
+from ..plan.schedule import OpKind
+from .base import Cancelled, panel_shapes
+
+
+class CpuExecutor:
+    """Replays ``plan.schedule`` on the host.
+
+    Parameters
+    ----------
+    plan
+        The validated plan.
+    sources
+        ``{'A': MatrixSource, 'B': ..., 'C': ...}`` (C only when beta != 0).
+    sink
+        Where C blocks are written.
+    on_event
+        Called with each :class:`~oocgemm.diagnostics.Event` as it finishes (progress bars).
+    """
+
+    def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2):
+        self.plan = plan
+        self.schedule = plan.schedule
+        self.sources = sources
+        self.sink = sink
+        self.on_event = on_event
+        self.log = EventLog()
+        self.readers = max(1, plan.readers)
+        self.writers = max(1, writers)
+        self.dtype = np.dtype(plan.problem.dtype)
+        self._cancel = threading.Event()
+        self._lane_names = threading.local()
+        self._buffers: dict[str, np.ndarray] = {}
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        for name, capacity in self.schedule.slots.items():
+            self._buffers[name] = np.empty(capacity, dtype=self.dtype)
+        acc = self.plan.buffers.accumulator // self.dtype.itemsize
+        self._buffers["accumulator"] = np.empty(acc, dtype=self.dtype)
+
+    def view(self, slot: str, shape: tuple[int, int]) -> np.ndarray:
+        return self._buffers[slot][: shape[0] * shape[1]].reshape(shape)
+
+    # -- operations ------------------------------------------------------------------------
+    def _run_op(self, op) -> None:
+        kind = op.kind
+        if kind is OpKind.READ:
+            (r0, r1), (c0, c1) = op.region
+            self.sources[op.operand].read((r0, r1), (c0, c1), self.view(op.dst, op.shape))
+        elif kind in (OpKind.UPLOAD, OpKind.DOWNLOAD):
+            np.copyto(self.view(op.dst, op.shape), self.view(op.src[0], op.shape))
+        elif kind is OpKind.WRITE:
+            (r0, r1), (c0, c1) = op.region
+            self.sink.write((r0, r1), (c0, c1), self.view(op.src[0], op.shape))
+        elif kind is OpKind.GEMM:
+            self._gemm(op)
+        elif kind is OpKind.FILL:
+            c = self.view(op.dst, op.shape)
+            if op.beta == 0:
+                c.fill(0)
+            elif op.beta != 1:
+                c *= op.beta
+        else:  # pragma: no cover - the schedule has no other kinds
+            raise AssertionError(kind)
+
+    def _gemm(self, op) -> None:
+        a_shape, b_shape, c_shape = panel_shapes(self.plan, op)
+        a = self.view(op.src[0], a_shape)
+        b = self.view(op.src[1], b_shape)
+        if self.schedule.transposed["A"]:
+            a = a.T
+        if self.schedule.transposed["B"]:
+            b = b.T
+        c = self.view(op.dst, c_shape)
+        if op.beta == 0:  # BLAS: C is not read, whatever it holds
+            np.matmul(a, b, out=c)
+            if op.alpha != 1:
+                c *= op.alpha
+            return
+        acc = self.view("accumulator", c_shape)
+        np.matmul(a, b, out=acc)
+        if op.beta != 1:
+            c *= op.beta
+        if op.alpha != 1:
+            acc *= op.alpha
+        c += acc
+
+    # -- replay ------------------------------------------------------------------------------
+    def _timed(self, op, lane: str) -> None:
+        if self._cancel.is_set():
+            raise Cancelled()
+        start = self.log.now()
+        self._run_op(op)
+        event = self.log.add(op, lane, start, self.log.now())
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _task(self, op, futures, lane_prefix: str):
+        def run():
+            for d in op.deps:
+                futures[d].result()
+            name = getattr(self._lane_names, "name", None)
+            if name is None:
+                name = f"{lane_prefix}-{threading.current_thread().name.rsplit('_', 1)[-1]}"
+                self._lane_names.name = name
+            self._timed(op, name)
+        return run
+
+    def run(self) -> EventLog:
+        """Replay the schedule; raise :class:`ExecutionError` (or the input's own
+        :class:`OOCGemmError`) when an operation fails. Buffers are freed on return."""
+        ops = self.schedule.ops
+        self._allocate()
+        futures: list[Future] = [None] * len(ops)  # type: ignore[list-item]
+        pools = {
+            "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
+            "copy": ThreadPoolExecutor(1, thread_name_prefix="oocgemm-copy"),
+            "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
+        }
+        pool_of = {OpKind.READ: "read", OpKind.UPLOAD: "copy", OpKind.DOWNLOAD: "copy",
+                   OpKind.WRITE: "write"}
+        compute = []
+        try:
+            for op in ops:
+                pool = pool_of.get(op.kind)
+                if pool is None:
+                    futures[op.index] = Future()
+                    compute.append(op)
+                else:
+                    futures[op.index] = pools[pool].submit(self._task(op, futures, pool))
+            for op in compute:
+                fut = futures[op.index]
+                try:
+                    for d in op.deps:
+                        futures[d].result()
+                    self._timed(op, "compute")
+                except BaseException as exc:
+                    fut.set_exception(exc if isinstance(exc, Exception) else Cancelled())
+                    raise
+                fut.set_result(None)
+            for fut in futures:
+                fut.result()
+        except BaseException as exc:
+            self._cancel.set()
+            for fut in futures:  # pending work, pool or compute, ends with CancelledError
+                if fut is not None:
+                    fut.cancel()
+            for pool in pools.values():
+                pool.shutdown(wait=True, cancel_futures=True)
+            raise _translate(exc, futures) from None
+        finally:
+            for pool in pools.values():
+                pool.shutdown(wait=True)
+            self._buffers.clear()
+        return self.log
+
+
+def _translate(exc: BaseException, futures) -> BaseException:
+    """The first real failure (not a dependent's echo of it), as an OOCGemmError."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    first = exc
+    for fut in futures:
+        if fut is not None and fut.done() and not fut.cancelled():
+            err = fut.exception()
+            if err is not None and not isinstance(err, (Cancelled, CancelledError)):
+                first = err
+                break
+    if isinstance(first, OOCGemmError):
+        return first
+    return ExecutionError(f"the run failed: {type(first).__name__}: {first}")

@@ -1,0 +1,109 @@
+"""Storage adapters: turn what the user passed (a path, an array) into sources and sinks."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InputError, OutputError
+from .base import MatrixSink, MatrixSource
+from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
+
+__all__ = ["MatrixSink", "MatrixSource", "open_source", "open_sink", "is_path", "kind_of_path"]
+
+
+def is_path(obj) -> bool:
+    return isinstance(obj, (str, os.PathLike))
+
+
+def _module(obj) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def kind_of_path(path: str) -> str:
+    """'npy' or 'zarr', from the name (and, for existing paths, what is there)."""
+    lower = path.lower().rstrip("/\\")
+    if lower.endswith(".npy"):
+        return "npy"
+    if lower.endswith(".zarr") or os.path.isdir(path):
+        return "zarr"
+    if os.path.isfile(path):
+        return "npy"
+    return "zarr"
+
+
+def open_source(obj, role: str) -> MatrixSource:
+    """A readable matrix from a path (.zarr directory, .npy file), a zarr/numpy/cupy/dask array.
+
+    Raises
+    ------
+    InputError
+        Missing path, unreadable or corrupt file, unsupported object.
+    """
+    if is_path(obj):
+        path = os.fspath(obj)
+        if not os.path.exists(path):
+            raise InputError(f"{role}: no such file or directory: {path!r}")
+        if kind_of_path(path) == "npy":
+            from .npy import open_npy
+
+            return open_npy(path, role)
+        from .zarr_store import ZarrSource, open_zarr_array
+
+        return ZarrSource(open_zarr_array(path, role), name=path, path=os.path.abspath(path))
+    module = _module(obj)
+    if isinstance(obj, np.ndarray):
+        name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
+        path = os.path.abspath(obj.filename) if isinstance(obj, np.memmap) and obj.filename else None
+        return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
+    if module == "zarr":
+        from .zarr_store import ZarrSource
+
+        return ZarrSource(obj, name=f"{role} (zarr array)")
+    if module == "cupy":
+        return CupySource(obj, name=f"{role} (cupy array)")
+    if module == "dask":
+        return DaskSource(obj, name=f"{role} (dask array)")
+    raise InputError(f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, "
+                     f"dask), got {type(obj).__name__}")
+
+
+def open_sink(out, *, shape, dtype, chunks=None, overwrite=False, in_place=False,
+              attributes=None) -> MatrixSink:
+    """Where C goes: a new file under a temporary name, or a given array written in place.
+
+    ``chunks`` is the chunk shape of a new Zarr output (aligned to the C blocks).
+    ``in_place``: the output path is also C (beta != 0, c=None) and is replaced on commit.
+    """
+    if out is None:
+        return NumpySink(np.empty(shape, dtype=dtype), name="result array")
+    if is_path(out):
+        path = os.fspath(out)
+        if os.path.exists(path) and not (overwrite or in_place):
+            raise OutputError(f"out: {path!r} exists; pass overwrite=True (--overwrite) to "
+                              f"replace it")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise OutputError(f"out: the directory {parent!r} does not exist")
+        if kind_of_path(path) == "npy":
+            from .npy import NpySink
+
+            return NpySink(path, shape, dtype)
+        from .zarr_store import ZarrSink
+
+        return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, chunks=chunks,
+                        attributes=attributes)
+    module = _module(out)
+    if isinstance(out, np.ndarray):
+        return NumpySink(out, name="out (numpy array)")
+    if module == "zarr":
+        from .zarr_store import ZarrSink
+
+        if getattr(out, "read_only", False):
+            raise OutputError("out: the zarr array is open read-only")
+        return ZarrSink(shape=out.shape, dtype=out.dtype, name="out (zarr array)", array=out)
+    if module == "cupy":
+        return CupySink(out)
+    raise OutputError(f"out: expected None, a path (.zarr or .npy) or a writable array, got "
+                      f"{type(out).__name__}")

@@ -1,0 +1,61 @@
+"""What every storage adapter does: read a region into a buffer, write a block, commit or abort."""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+
+class MatrixSource(abc.ABC):
+    """A 2-D matrix that the executors read regions of (in its stored layout)."""
+
+    #: Stored shape (rows, cols).
+    shape: tuple[int, int]
+    #: numpy dtype of the stored elements.
+    dtype: np.dtype
+    #: Stored chunk shape, or None where the storage has no chunks.
+    chunks: tuple[int, int] | None = None
+    #: True when reads go to storage (disk), False for memory.
+    on_disk: bool = False
+    #: How messages name it: a path, or 'numpy array'.
+    name: str = "array"
+    #: Where a path-backed source lives (resolved), to refuse aliasing; None for arrays.
+    path: str | None = None
+
+    @abc.abstractmethod
+    def read(self, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous, shape of the region, any float dtype) with the region."""
+
+    def array(self):
+        """The underlying array object (for aliasing checks); None where there is none."""
+        return None
+
+    def close(self) -> None:
+        """Release file handles."""
+
+
+class MatrixSink(abc.ABC):
+    """Where C blocks go. Nothing looks complete until :meth:`commit`."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    chunks: tuple[int, int] | None = None
+    on_disk: bool = False
+    name: str = "array"
+    path: str | None = None
+
+    @abc.abstractmethod
+    def write(self, rows: tuple[int, int], cols: tuple[int, int], block: np.ndarray) -> None:
+        """Store ``block`` at the region; safe to call from several threads for disjoint
+        regions."""
+
+    @abc.abstractmethod
+    def commit(self):
+        """Make the output complete and visible; returns what ``Result.out`` holds."""
+
+    def abort(self) -> None:
+        """Remove whatever a failed run wrote under a temporary name."""
+
+    def array(self):
+        return None

@@ -1,0 +1,104 @@
+"""In-memory operands: numpy arrays and memmaps of any strides, CuPy arrays, dask arrays."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..errors import OutputError
+from .base import MatrixSink, MatrixSource
+
+
+class NumpySource(MatrixSource):
+    def __init__(self, array: np.ndarray, name: str = "numpy array", on_disk: bool = False,
+                 path: str | None = None):
+        self._array = array
+        self.shape = tuple(array.shape)
+        self.dtype = array.dtype
+        self.name = name
+        self.on_disk = on_disk
+        self.path = path
+
+    def read(self, rows, cols, out):
+        np.copyto(out, self._array[rows[0]:rows[1], cols[0]:cols[1]], casting="same_kind")
+
+    def array(self):
+        return self._array
+
+
+class CupySource(MatrixSource):
+    """A CuPy array read back to the host (the CPU executor); the CUDA executor may use it
+    on the device directly."""
+
+    def __init__(self, array, name: str = "cupy array"):
+        self._array = array
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.name = name
+
+    def read(self, rows, cols, out):
+        block = self._array[rows[0]:rows[1], cols[0]:cols[1]]
+        np.copyto(out, block.get(), casting="same_kind")
+
+    def array(self):
+        return self._array
+
+
+class DaskSource(MatrixSource):
+    """A dask array: each region is computed on demand by dask's scheduler."""
+
+    def __init__(self, array, name: str = "dask array"):
+        self._array = array
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.name = name
+        chunks = array.chunks
+        self.chunks = (max(chunks[0]) if chunks[0] else 1, max(chunks[1]) if chunks[1] else 1)
+
+    def read(self, rows, cols, out):
+        block = self._array[rows[0]:rows[1], cols[0]:cols[1]].compute(scheduler="threads")
+        if hasattr(block, "get") and not isinstance(block, np.ndarray):  # a CuPy-backed graph
+            block = block.get()
+        np.copyto(out, block, casting="same_kind")
+
+
+class NumpySink(MatrixSink):
+    """Writes into a caller's array (in place), or a new one for ``out=None``."""
+
+    def __init__(self, array: np.ndarray, name: str = "numpy array"):
+        if not array.flags.writeable:
+            raise OutputError(f"out ({name}) is read-only")
+        self._array = array
+        self.shape = tuple(array.shape)
+        self.dtype = array.dtype
+        self.name = name
+
+    def write(self, rows, cols, block):
+        self._array[rows[0]:rows[1], cols[0]:cols[1]] = block
+
+    def commit(self):
+        if isinstance(self._array, np.memmap):
+            self._array.flush()
+        return self._array
+
+    def array(self):
+        return self._array
+
+
+class CupySink(MatrixSink):
+    def __init__(self, array, name: str = "cupy array"):
+        self._array = array
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.name = name
+
+    def write(self, rows, cols, block):
+        cupy = sys.modules["cupy"]
+        self._array[rows[0]:rows[1], cols[0]:cols[1]] = cupy.asarray(block)
+
+    def commit(self):
+        return self._array
+
+    def array(self):
+        return self._array

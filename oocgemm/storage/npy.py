@@ -1,0 +1,58 @@
+"""``.npy`` files, read and written as numpy memmaps."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from ..errors import InputError
+from . import _files
+from .base import MatrixSink
+from .memory import NumpySource
+
+
+def open_npy(path: str, role: str) -> NumpySource:
+    """Open a .npy file as a read-only memmap, with a clear error when it is broken."""
+    if not os.path.isfile(path):
+        raise InputError(f"{role}: no such file {path!r}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise InputError(f"{role}: {path!r} is not a readable .npy file (truncated or corrupt: "
+                         f"{exc})") from None
+    except OSError as exc:
+        raise InputError(f"{role}: cannot open {path!r}: {exc}") from None
+    return NumpySource(array, name=path, on_disk=True, path=os.path.abspath(path))
+
+
+class NpySink(MatrixSink):
+    """A new .npy memmap under a temporary name, renamed over ``path`` on commit."""
+
+    def __init__(self, path: str, shape, dtype):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.name = path
+        self.path = os.path.abspath(path)
+        self.on_disk = True
+        self._final = path
+        self._temporary = _files.temporary_sibling(path)
+        self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
+                                             shape=self.shape)
+
+    def write(self, rows, cols, block):
+        self._array[rows[0]:rows[1], cols[0]:cols[1]] = block
+
+    def commit(self):
+        self._array.flush()
+        del self._array
+        _files.replace(self._temporary, self._final)
+        self._temporary = None
+        return np.load(self._final, mmap_mode="r+")
+
+    def abort(self):
+        if self._temporary is not None:
+            self._array = None
+            _files.remove(self._temporary)
+            self._temporary = None
