@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import sys
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hostinfo
-from .errors import DeviceError, DTypeError, InputError, OOCGemmError, OptionError, OutputError, ShapeError
+from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionError, OutputError,
+                     ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
-from .plan.units import parse_size
+from .plan.units import format_size, parse_size
+from .diagnostics.events import traffic
 from .result import Result
 from .storage import MatrixSource, is_path, kind_of_path, open_sink, open_source
 
@@ -80,7 +83,7 @@ def _scalar(name: str, value):
 
 def _check_dtype(role: str, dtype) -> np.dtype:
     dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype.newbyteorder("=") not in SUPPORTED_DTYPES:  # '>f8' is float64 too
         raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
                          f"complex128")
     return dtype
@@ -148,6 +151,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
             raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in place")
         c_source = open_source(out, "out (read as c, beta != 0)")
         _check_matrix("out", c_source)
+        if tuple(c_source.shape) != (m, n):
+            what = f"out {os.fspath(out)!r}" if is_path(out) else "out"
+            raise ShapeError(f"{what} has shape {tuple(c_source.shape)}, expected {(m, n)} (it is "
+                             f"updated in place as c; op(a) is {(m, k)}, op(b) is {(k, n)})")
         in_place = True
     if c is not None and beta != 0 and out is not None:
         if is_path(out) and is_path(c) and _same_path(os.fspath(out), os.fspath(c)):
@@ -170,7 +177,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                          f"got {dtype}")
 
     out_operand = _check_out(out, (m, n), dtype, [("a", a, src_a), ("b", b, src_b)] + (
-        [("c", c, c_source)] if (c is not None and not in_place) else []), in_place)
+        [("c", c, c_source)] if (c is not None and not in_place) else []))
 
     if dev.kind == "cuda":
         from . import cuda
@@ -179,8 +186,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         model = cuda_model()
         mem = parse_size(memory_limit, total, name="memory_limit") or int(free * 0.9)
         if mem > free:
-            raise OOCGemmError(f"memory_limit={mem} bytes is more than the {free} bytes free on "
-                               f"{dev}")
+            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
+                              f"{format_size(free)} free on {dev}")
         staged = True
     else:
         total = hostinfo.total_memory()
@@ -190,26 +197,38 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     host = parse_size(host_memory_limit, hostinfo.total_memory(), name="host_memory_limit") or (
         hostinfo.total_memory() // 4)
 
+    def operand(src: MatrixSource) -> Operand:
+        rows, cols = src.shape
+        in_place = src.view((0, rows), (0, cols), dtype) is not None
+        return Operand(tuple(src.shape), src.chunks, src.on_disk, src.name, zero_copy=in_place)
+
     problem = Problem(
         m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
-        a=Operand(tuple(src_a.shape), src_a.chunks, src_a.on_disk, src_a.name),
-        b=Operand(tuple(src_b.shape), src_b.chunks, src_b.on_disk, src_b.name),
-        c=(Operand(tuple(c_source.shape), c_source.chunks, c_source.on_disk, c_source.name)
-           if (c_source is not None and beta != 0) else None),
+        a=operand(src_a), b=operand(src_b),
+        c=operand(c_source) if (c_source is not None and beta != 0) else None,
         out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
-    readers = 4
     transient = _read_transient(problem, [src_a, src_b] + ([c_source] if problem.c else []))
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=staged, readers=readers,
-                  read_transient=transient)
+                  host_memory_limit=host, staged=staged, read_transient=transient)
+    if staged:
+        # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
+        # 16 threads ~50 GB/s); the ring holds two stripes per reader.
+        readers = max(4, min(12, hostinfo.cores() - 2))
+        kwargs.update(readers=readers, n_stage=2 * readers, n_out=8)
+    else:
+        kwargs.update(readers=4)
+    staging = {k: kwargs[k] for k in ("readers", "n_stage", "n_out") if k in kwargs}
     if tile is not None:
         w, h, r = _parse_tile(tile)
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
         plan = Plan(tile=tile, chosen_by="tile", **kwargs).validate()
     else:
-        tile = choose_tile(problem, model, mem, host, staged=staged, readers=readers,
-                           read_transient=transient)
+        tile = choose_tile(problem, model, mem, host, staged=staged, read_transient=transient,
+                           **staging)
         plan = Plan(tile=tile, **kwargs).validate()
+    if staged:  # small products need no 32 MB stripes
+        w, h, r = plan.tile
+        plan = dataclasses.replace(plan, stripe=min(plan.stripe, max(w * r, r * h, w * h)))
     sources = {"A": src_a, "B": src_b}
     if problem.c is not None:
         sources["C"] = c_source
@@ -240,18 +259,15 @@ def _parse_tile(tile) -> tuple[int, int, int]:
     return values
 
 
-def _check_out(out, shape, dtype, inputs, in_place) -> Operand | None:
+def _check_out(out, shape, dtype, inputs) -> Operand:
     """Refuse outputs that alias an input or have the wrong shape; describe the output."""
-    if out is None:
-        return Operand(shape, None, False, "result array")
+    if out is None:  # a new numpy array of the compute dtype
+        return Operand(shape, None, False, "result array", zero_copy=True)
     if is_path(out):
         path = os.fspath(out)
         for role, obj, src in inputs:
             if _same_path(path, src.path):
                 raise OutputError(f"out {path!r} is the same file as {role}")
-        if os.path.exists(path) and in_place:
-            # updated in place: written under a temporary name and swapped in at the end
-            return Operand(shape, None, True, path)
         return Operand(shape, None, True, path)
     if not hasattr(out, "shape") or len(out.shape) != 2:
         raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")
@@ -264,8 +280,12 @@ def _check_out(out, shape, dtype, inputs, in_place) -> Operand | None:
         if obj is out or _overlaps(out, obj) or (src.array() is not None and src.array() is out):
             raise OutputError(f"out is the same array as {role} (or overlaps it); results would "
                               f"overwrite inputs still being read")
-    chunks = tuple(out.chunks) if hasattr(out, "chunks") and type(out).__module__.startswith("zarr") else None
-    return Operand(shape, chunks, type(out).__module__.startswith("zarr"), "out array")
+    is_zarr = type(out).__module__.startswith("zarr")
+    # align C blocks to what one write rewrites: the shard of a sharded array, else the chunk
+    chunks = tuple(getattr(out, "shards", None) or out.chunks) if is_zarr else None
+    in_place = (isinstance(out, np.ndarray) and not isinstance(out, np.memmap)
+                and out.dtype == dtype and out.strides[1] == out.itemsize)
+    return Operand(shape, chunks, is_zarr, "out array", zero_copy=in_place)
 
 
 # ------------------------------------------------------------------------------------------
@@ -356,10 +376,11 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                   "trans_b": prob.trans_b}
     sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, chunks=chunks,
                      overwrite=overwrite, in_place=prep.in_place, attributes=attributes)
-    on_event, bar = _progress(progress, plan_)
-    executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event)
-    start = time.perf_counter()
+    bar = None
     try:
+        on_event, bar = _progress(progress, plan_)
+        executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event)
+        start = time.perf_counter()
         log = executor.run()
         seconds = time.perf_counter() - start
         result_out = sink.commit()
@@ -369,8 +390,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     finally:
         if bar is not None:
             bar.close()
+    events = log.events()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
-                  bytes=plan_.schedule.traffic(), events=log.events())
+                  bytes=traffic(events), events=events,
+                  out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
 
 
 def _json_scalar(x):

@@ -25,6 +25,8 @@ class Result:
     """Bytes moved per level: storage_read, storage_write, h2d, d2h."""
     events: list = field(default_factory=list)
     """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start order."""
+    out_name: str | None = None
+    """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 
     @property
     def tflops(self) -> float:
@@ -44,7 +46,7 @@ class Result:
             "bytes": dict(self.bytes),
             "operations": len(self.events),
             "predicted_seconds": plan.prediction.total,
-            "out": getattr(plan, "_out_name", None),
+            "out": self.out_name,
         }
 
     def __str__(self) -> str:

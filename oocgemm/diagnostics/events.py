@@ -43,9 +43,11 @@ class EventLog:
     def now(self) -> float:
         return time.perf_counter() - self.origin
 
-    def add(self, op, lane: str, start: float, end: float) -> Event:
+    def add(self, op, lane: str, start: float, end: float, nbytes: int | None = None) -> Event:
+        """Record ``op``; ``nbytes`` overrides the bytes it moved (0 for data used in place)."""
         event = Event(index=op.index, kind=op.kind.value, operand=op.operand, key=op.key, q=op.q,
-                      lane=lane, start=start, end=end, nbytes=op.nbytes, flops=op.flops)
+                      lane=lane, start=start, end=end,
+                      nbytes=op.nbytes if nbytes is None else nbytes, flops=op.flops)
         with self._lock:
             self._events.append(event)
         return event
@@ -53,3 +55,17 @@ class EventLog:
     def events(self) -> list[Event]:
         with self._lock:
             return sorted(self._events, key=lambda e: (e.start, e.index))
+
+
+#: Which traffic level each kind of operation moves bytes on.
+LEVELS = {"read": "storage_read", "write": "storage_write", "upload": "h2d", "download": "d2h"}
+
+
+def traffic(events) -> dict[str, int]:
+    """Bytes actually moved per level (storage_read, storage_write, h2d, d2h)."""
+    total = dict.fromkeys(("storage_read", "storage_write", "h2d", "d2h"), 0)
+    for event in events:
+        level = LEVELS.get(event.kind)
+        if level is not None:
+            total[level] += event.nbytes
+    return total

@@ -48,8 +48,11 @@ class DeviceModel:
 
 
 def cuda_model() -> DeviceModel:
-    """H100 80GB over PCIe gen5 (shared/HARDWARE.md): 55 TFLOP/s DGEMM, 55 GB/s each way."""
-    return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, half_size=512)
+    """H100 80GB over PCIe gen5 (shared/HARDWARE.md): 55 TFLOP/s DGEMM, 55 GB/s each way; a
+    GEMM with r = 128 runs at about half rate."""
+    # Host staging copies run on many threads: 16 threads copy pageable -> pinned at ~50 GB/s.
+    return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=40e9,
+                       half_size=128)
 
 
 def cpu_model() -> DeviceModel:

@@ -17,6 +17,9 @@ class Operand:
     """True when reads come from storage (Zarr or .npy on disk), False for memory."""
     name: str = ""
     """How messages name this operand (a path or 'numpy array')."""
+    zero_copy: bool = False
+    """In memory, of the compute dtype and in a layout BLAS takes: an unstaged executor uses
+    it in place and moves no bytes for it."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ buffers) and sA.., sB.., sC.. for host staging. The list is in program order (ev
 points backwards), so an executor may dispatch it in order onto its lanes and wait on
 dependencies only; the checker (:mod:`oocgemm.plan.check`) proves the buffer discipline.
 
+Staged plans (CUDA) move every panel and C block in row stripes through a ring of small host
+buffers (sR0.. for what goes up, sO0.. for C coming down), so that pinned memory stays bounded
+whatever the tile, and many reader threads can fill the ring in parallel.
+
 The order follows the seed paper's figure 3: keep C_{ij} resident, stream the K panels of A and
 B through ping-pong slots, store C_{ij}, move on. C blocks run in serpentine order (rows left to
 right, then right to left) and K panels alternate direction, so consecutive blocks share a
@@ -63,6 +67,10 @@ class Op:
     panel is read as stored and used transposed)."""
     q: int = -1
     """K panel of a GEMM; -1 otherwise."""
+    offset: int = 0
+    """Element offset of this stripe in the device slot (UPLOAD: in ``dst``; DOWNLOAD: in
+    ``src``). Staged plans move panels and C blocks in row stripes through a ring of small
+    pinned buffers; a stripe's rows are contiguous in both buffers."""
     alpha: float | complex = 1.0
     """GEMM/FILL scale of the product."""
     beta: float | complex = 0.0
@@ -75,6 +83,11 @@ class Op:
     @property
     def lane(self) -> str:
         return LANES[self.kind]
+
+    @property
+    def elements(self) -> int:
+        (r0, r1), (c0, c1) = self.region
+        return (r1 - r0) * (c1 - c0)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -127,21 +140,19 @@ class Schedule:
 class _SlotState:
     """What a slot holds and who touched it last, while the schedule is being built."""
 
-    __slots__ = ("name", "content", "writer", "readers", "last_use")
+    __slots__ = ("name", "content", "writers", "readers", "last_use")
 
     def __init__(self, name: str):
         self.name = name
         self.content: tuple | None = None
-        self.writer: int | None = None
-        self.readers: list[int] = []
+        self.writers: list[int] = []   # the op(s) that produced the current content
+        self.readers: list[int] = []   # ops that read the current content
         self.last_use = -1
 
     def hazards(self) -> list[int]:
-        """Ops a new writer of this slot must wait for (its readers, or its writer)."""
-        deps = list(self.readers)
-        if self.writer is not None and not deps:
-            deps.append(self.writer)
-        return deps
+        """Ops a new writer of this slot must wait for: the readers of the current content,
+        or its writers when nobody read it."""
+        return list(self.readers) if self.readers else list(self.writers)
 
 
 class _Builder:
@@ -155,14 +166,15 @@ class _Builder:
         names = ([f"A{i}" for i in range(plan.n_a)] + [f"B{i}" for i in range(plan.n_b)]
                  + [f"C{i}" for i in range(plan.n_c)])
         if plan.staged:
-            names += ([f"sA{i}" for i in range(plan.n_stage)] + [f"sB{i}" for i in range(plan.n_stage)]
-                      + [f"sC{i}" for i in range(plan.n_c)])
+            names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
         self.state = {name: _SlotState(name) for name in names}
-        self.stage_turn = {"A": 0, "B": 0, "C": 0}
+        self.stage_turn = {"sR": 0, "sO": 0}
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
+    def emit(self, kind, operand, key, src, dst, deps, region, partial=False, **kw) -> int:
+        """Append an op. ``partial``: it writes one stripe of ``dst``; the stripes of one load
+        together make the slot's new content."""
         index = len(self.ops)
         deps = tuple(sorted(set(deps)))
         self.ops.append(Op(index=index, kind=kind, operand=operand, key=key, src=tuple(src),
@@ -174,21 +186,33 @@ class _Builder:
             st.last_use = self.clock
         if dst is not None:
             st = self.state[dst]
-            st.writer, st.readers, st.last_use = index, [], self.clock
+            if partial and st.writers and not st.readers and self.ops[st.writers[-1]].key == key:
+                st.writers.append(index)
+            else:
+                st.writers, st.readers = [index], []
+            st.last_use = self.clock
         return index
 
     def write_deps(self, slot: str, *extra: int) -> list[int]:
         return self.state[slot].hazards() + [e for e in extra if e is not None]
 
     def read_dep(self, slot: str) -> list[int]:
-        writer = self.state[slot].writer
-        return [] if writer is None else [writer]
+        return list(self.state[slot].writers)
 
-    def next_stage(self, operand: str) -> str:
-        count = self.plan.n_c if operand == "C" else self.plan.n_stage
-        turn = self.stage_turn[operand]
-        self.stage_turn[operand] = (turn + 1) % count
-        return f"s{operand}{turn}"
+    def next_stage(self, ring: str) -> str:
+        count = self.plan.n_stage if ring == "sR" else self.plan.n_out
+        turn = self.stage_turn[ring]
+        self.stage_turn[ring] = (turn + 1) % count
+        return f"{ring}{turn}"
+
+    def stripes(self, region):
+        """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
+        (r0, r1), (c0, c1) = region
+        cols = max(c1 - c0, 1)
+        step = max(1, self.plan.buffers.ring // self.s // cols)
+        for lo in range(r0, r1, step):
+            hi = min(lo + step, r1)
+            yield ((lo, hi), (c0, c1)), (lo - r0) * cols
 
     # -- regions ---------------------------------------------------------------------------
     def region(self, operand: str, key: tuple[int, int]):
@@ -209,18 +233,20 @@ class _Builder:
 
     # -- loading -----------------------------------------------------------------------------
     def load(self, operand: str, key: tuple[int, int], dst: str) -> None:
-        """Storage -> dst, through a staging slot when the plan is staged."""
+        """Storage -> dst; through the staging ring, stripe by stripe, when staged."""
         region = self.region(operand, key)
-        nbytes = self.nbytes(region)
         if not self.plan.staged:
             self.emit(OpKind.READ, operand, key, (), dst, self.write_deps(dst), region,
-                      nbytes=nbytes)
+                      nbytes=self.nbytes(region))
             return
-        stage = self.next_stage(operand)
-        read = self.emit(OpKind.READ, operand, key, (), stage, self.write_deps(stage), region,
-                         nbytes=nbytes)
-        self.emit(OpKind.UPLOAD, operand, key, (stage,), dst, self.write_deps(dst, read),
-                  region, nbytes=nbytes)
+        hazards = self.write_deps(dst)  # every stripe waits for the slot's previous readers
+        for stripe, offset in self.stripes(region):
+            stage = self.next_stage("sR")
+            nbytes = self.nbytes(stripe)
+            read = self.emit(OpKind.READ, operand, key, (), stage, self.write_deps(stage), stripe,
+                             nbytes=nbytes)
+            self.emit(OpKind.UPLOAD, operand, key, (stage,), dst, hazards + [read], stripe,
+                      nbytes=nbytes, offset=offset, partial=offset > 0)
 
     def ensure(self, operand: str, key: tuple[int, int], pinned: set[str]) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot."""
@@ -269,21 +295,26 @@ class _Builder:
                         transposed={"A": prob.trans_a, "B": prob.trans_b, "C": False})
 
     def store(self, key, c_slot, region) -> None:
-        nbytes = self.nbytes(region)
-        if self.plan.staged:
-            stage = self.next_stage("C")
-            down = self.emit(OpKind.DOWNLOAD, "C", key, (c_slot,), stage,
-                             self.write_deps(stage, *self.read_dep(c_slot)), region, nbytes=nbytes)
-            self.emit(OpKind.WRITE, "C", key, (stage,), None, [down], region, nbytes=nbytes)
-        else:
+        """C slot -> storage; through the output ring, stripe by stripe, when staged."""
+        if not self.plan.staged:
             self.emit(OpKind.WRITE, "C", key, (c_slot,), None, self.read_dep(c_slot), region,
-                      nbytes=nbytes)
+                      nbytes=self.nbytes(region))
+            return
+        produced = self.read_dep(c_slot)
+        for stripe, offset in self.stripes(region):
+            stage = self.next_stage("sO")
+            nbytes = self.nbytes(stripe)
+            down = self.emit(OpKind.DOWNLOAD, "C", key, (c_slot,), stage,
+                             self.write_deps(stage, *produced), stripe, nbytes=nbytes,
+                             offset=offset)
+            self.emit(OpKind.WRITE, "C", key, (stage,), None, [down], stripe, nbytes=nbytes)
 
     def slot_sizes(self) -> dict[str, int]:
         w, h, r = self.plan.tile
         computes = self.prob.computes_product
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h}
-        return {name: sizes[name.lstrip("s")[0]] for name in self.state}
+        ring = self.plan.buffers.ring // self.s
+        return {name: (ring if name.startswith("s") else sizes[name[0]]) for name in self.state}
 
 
 def serpentine(rows: int, cols: int):

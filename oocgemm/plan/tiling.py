@@ -32,12 +32,9 @@ class Buffers:
     """Each B panel buffer (B0, B1...), device side."""
     accumulator: int
     """Scratch for accumulating into C where the executor needs it (CPU), device side."""
-    stage_c: int
-    """Each host staging buffer for C (0 when the plan is not staged)."""
-    stage_a: int
-    """Each host staging buffer for A panels."""
-    stage_b: int
-    """Each host staging buffer for B panels."""
+    ring: int
+    """Each pinned ring buffer on the host (0 when the plan is not staged): a stripe of whole
+    rows, at least one row of the widest region."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,12 @@ class Plan:
     """A panel buffers (ping-pong A0/A1)."""
     n_b: int = 2
     """B panel buffers (ping-pong B0/B1)."""
-    n_stage: int = 2
-    """Host staging buffers per operand when staged."""
+    n_stage: int = 16
+    """Pinned ring buffers for what goes up (A, B, C stripes) when staged."""
+    n_out: int = 4
+    """Pinned ring buffers for C stripes coming down when staged."""
+    stripe: int = 4 << 20
+    """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
     readers: int = 4
     """Reader threads the executor may run; each may hold one chunk in flight."""
     read_transient: int = 0
@@ -102,7 +103,7 @@ class Plan:
     # ---- memory ---------------------------------------------------------------------------
     @property
     def buffers(self) -> Buffers:
-        return _buffers(self.problem, self.tile, self.model, self.staged)
+        return _buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0)
 
     @property
     def device_bytes(self) -> int:
@@ -112,8 +113,7 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
-        staging = self.n_stage * (buf.stage_a + buf.stage_b) + self.n_c * buf.stage_c
-        return staging + self.readers * self.read_transient
+        return (self.n_stage + self.n_out) * buf.ring + self.readers * self.read_transient
 
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
@@ -235,7 +235,8 @@ def _splits(extent: int, step: int) -> tuple[int, ...]:
     return tuple(range(0, extent, step)) + (extent,)
 
 
-def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, staged: bool) -> Buffers:
+def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int) -> Buffers:
+    """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged)."""
     w, h, r = tile
     s = prob.itemsize
     product = prob.computes_product
@@ -243,9 +244,8 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stag
     a = w * r * s if product else 0
     b = r * h * s if product else 0
     acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
-    return Buffers(c=c, a=a, b=b, accumulator=acc,
-                   stage_c=c if staged else 0, stage_a=a if staged else 0,
-                   stage_b=b if staged else 0)
+    ring = max(stripe, w, h, r) * s if stripe else 0
+    return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring)
 
 
 def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
@@ -285,25 +285,32 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     amp_b = math.prod(_amplification(x, c, prob.b.on_disk) for x, c in
                       zip((r, h), prob.b_chunks_kn()))
 
-    def read_rate(on_disk: bool) -> float:
-        return model.storage_read if on_disk else model.memory_copy
+    def read_seconds(nbytes: float, operand) -> float:
+        if operand.zero_copy and not staged:
+            return 0.0  # used in place
+        return nbytes / (model.storage_read if operand.on_disk else model.memory_copy)
 
-    storage_read = (a_loads * amp_a / read_rate(prob.a.on_disk)
-                    + b_loads * amp_b / read_rate(prob.b.on_disk))
+    storage_read = (read_seconds(a_loads * amp_a, prob.a) + read_seconds(b_loads * amp_b, prob.b))
     if prob.reads_c and prob.c is not None:
-        storage_read += c_in / read_rate(prob.c.on_disk)
+        storage_read += read_seconds(c_in, prob.c)
     out_disk = prob.out.on_disk if prob.out is not None else False
-    storage_write = c_bytes / (model.storage_write if out_disk else model.memory_copy)
+    out_in_place = prob.out is not None and prob.out.zero_copy and not staged
+    storage_write = 0.0 if out_in_place else c_bytes / (
+        model.storage_write if out_disk else model.memory_copy)
     h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
     d2h = c_bytes / model.d2h if model.d2h else 0.0
-    first_panels = (w * r + r * h) * s if prob.computes_product else 0
+    first_panels = 0
+    if prob.computes_product:
+        first_panels = sum(nbytes for nbytes, operand in ((w * r * s, prob.a), (r * h * s, prob.b))
+                           if not (operand.zero_copy and not staged))
     fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
         first_panels / model.memory_copy)
     fill += first_panels / model.h2d if model.h2d else 0.0
     fill += first_panels / model.first_touch if model.first_touch else 0.0
-    drain = w * h * s / (model.storage_write if out_disk else model.memory_copy)
-    drain += w * h * s / model.d2h if model.d2h else 0.0
-    drain += w * h * s / model.first_touch if model.first_touch else 0.0
+    last_block = 0 if out_in_place else w * h * s
+    drain = last_block / (model.storage_write if out_disk else model.memory_copy)
+    drain += last_block / model.d2h if model.d2h else 0.0
+    drain += last_block / model.first_touch if model.first_touch else 0.0
     n_ops = blocks * (2 * nk + 3) * (2 if staged else 1)
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, fill=fill, drain=drain,
@@ -336,6 +343,13 @@ def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
     return sorted(sizes)
 
 
+def _aligned(sizes: list[int], align: int | None, extent: int) -> list[int]:
+    """The sizes that are whole chunks (or the full extent); all of them without chunks."""
+    if not align or align >= extent:
+        return sizes
+    return [s for s in sizes if s % align == 0 or s == extent]
+
+
 def _r_candidates(rs: list[int], fits) -> list[int]:
     """The K depths worth predicting for one (w, h): the largest that fits and a few below
     (the prediction trades fill time against per-GEMM efficiency)."""
@@ -356,8 +370,9 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
-                *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 2,
-                readers: int = 4, read_transient: int = 0) -> tuple[int, int, int]:
+                *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
+                n_out: int = 4, stripe: int = 4 << 20, readers: int = 4, read_transient: int = 0
+                ) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets.
 
     Raises
@@ -378,24 +393,33 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     rs = _candidates(k, align_k, floor) if prob.computes_product else [1]
 
     def fits(tile):
-        plan_bufs = _buffers(prob, tile, model, staged)
+        plan_bufs = _buffers(prob, tile, model, stripe if staged else 0)
         dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
-        host = (n_stage * (plan_bufs.stage_a + plan_bufs.stage_b) + n_c * plan_bufs.stage_c
-                + readers * read_transient)
+        host = (n_stage + n_out) * plan_bufs.ring + readers * read_transient
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
-    best, best_time = None, math.inf
-    for w in ws:
-        for h in hs:
-            if not fits((w, h, 1))[0]:
-                continue
-            for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
-                tile = (w, h, r)
-                t = predict(prob, tile, model, staged=staged).total
-                # Prefer square-ish, larger tiles on ties (fewer, larger operations).
-                t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
-                if t < best_time:
-                    best, best_time = tile, t
+    def search(ws, hs, rs):
+        best, best_time = None, math.inf
+        for w in ws:
+            for h in hs:
+                if not fits((w, h, 1))[0]:
+                    continue
+                for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
+                    tile = (w, h, r)
+                    t = predict(prob, tile, model, staged=staged).total
+                    # Prefer square-ish, larger tiles on ties (fewer, larger operations).
+                    t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
+                    if t < best_time:
+                        best, best_time = tile, t
+        return best
+
+    # Chunk-aligned tiles first: a panel that cuts chunks decodes them twice, a cost the
+    # prediction hides whenever storage is not the bottleneck. Unaligned sizes only when no
+    # aligned tile fits the budgets.
+    best = search(_aligned(ws, align_m, m), _aligned(hs, align_n, n),
+                  _aligned(rs, align_k, k) if prob.computes_product else rs)
+    if best is None:
+        best = search(ws, hs, rs)
     if best is None:
         ok, dev, host = fits((1, 1, 1))
         which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit

@@ -39,8 +39,8 @@ def parse_size(value: int | float | str | None, total: int | None = None, *, nam
     if isinstance(value, bool):
         raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got {value!r}")
     if isinstance(value, (int, float)):
-        if value <= 0 or value != value:
-            raise OptionError(f"{name} must be positive, got {value!r}")
+        if not 1 <= value < float("inf"):  # NaN, inf, 0 and fractions of a byte too
+            raise OptionError(f"{name} must be a positive, finite byte count, got {value!r}")
         return int(value)
     if not isinstance(value, str):
         raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got {value!r}")
@@ -57,6 +57,8 @@ def parse_size(value: int | float | str | None, total: int | None = None, *, nam
     if unit not in _UNITS:
         raise OptionError(f"{name}={value!r}: unknown unit {match.group(2)!r}; "
                           f"use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or %")
+    if number * _UNITS[unit] == float("inf"):
+        raise OptionError(f"{name}={value!r} is not a finite size")
     result = int(number * _UNITS[unit])
     if result <= 0:
         raise OptionError(f"{name} must be positive, got {value!r}")
@@ -67,7 +69,7 @@ def format_size(nbytes: float) -> str:
     """``1536 -> '1.5 KiB'``: binary units, three significant digits."""
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+        if abs(value) < 1000 or unit == "TiB":  # 1000..1023 reads better as 0.98 of the next
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

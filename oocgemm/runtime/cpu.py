@@ -5,6 +5,11 @@ threads runs READs; one copy thread runs UPLOAD/DOWNLOAD of staged schedules; a 
 threads runs WRITEs. Every operation waits for its declared dependencies and nothing else, so
 the reads of the next panels overlap the current multiplication exactly as the schedule allows
 (the same double buffering the CUDA executor does with streams).
+
+Operands already in memory are used in place: where a source or the output is a numpy array
+of the compute dtype with a layout BLAS takes, a READ binds the slot to a view of it instead
+of copying, and a C slot is a view of the output, so that its WRITE has nothing left to move.
+The schedule, its order and its dependencies stay the same; only the bytes do not move.
 """
 
 from __future__ import annotations
@@ -48,31 +53,80 @@ class CpuExecutor:
         self._cancel = threading.Event()
         self._lane_names = threading.local()
         self._buffers: dict[str, np.ndarray] = {}
+        self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
+        self._alloc_lock = threading.Lock()
 
     # -- buffers ---------------------------------------------------------------------------
-    def _allocate(self) -> None:
-        for name, capacity in self.schedule.slots.items():
-            self._buffers[name] = np.empty(capacity, dtype=self.dtype)
-        acc = self.plan.buffers.accumulator // self.dtype.itemsize
-        self._buffers["accumulator"] = np.empty(acc, dtype=self.dtype)
+    def _buffer(self, slot: str) -> np.ndarray:
+        """The slot's buffer, allocated on first use: slots that only ever stand for
+        in-place operands take no memory."""
+        buf = self._buffers.get(slot)
+        if buf is None:
+            with self._alloc_lock:
+                buf = self._buffers.get(slot)
+                if buf is None:
+                    if slot == "accumulator":
+                        capacity = self.plan.buffers.accumulator // self.dtype.itemsize
+                    else:
+                        capacity = self.schedule.slots[slot]
+                    buf = self._buffers[slot] = np.empty(capacity, dtype=self.dtype)
+        return buf
 
     def view(self, slot: str, shape: tuple[int, int]) -> np.ndarray:
-        return self._buffers[slot][: shape[0] * shape[1]].reshape(shape)
+        bound = self._bound.get(slot)
+        if bound is not None:
+            return bound
+        return self._buffer(slot)[: shape[0] * shape[1]].reshape(shape)
+
+    def _bind(self, slot: str, array: np.ndarray | None) -> None:
+        if array is None:
+            self._bound.pop(slot, None)
+        else:
+            self._bound[slot] = array
+
+    def _bind_output(self, op) -> None:
+        """A C slot that starts a block stands for the output's region where it can."""
+        (r0, r1), (c0, c1) = op.region
+        self._bind(op.dst, self.sink.view((r0, r1), (c0, c1), self.dtype))
 
     # -- operations ------------------------------------------------------------------------
-    def _run_op(self, op) -> None:
+    def _run_op(self, op) -> int:
+        """Run one operation; return the bytes it actually moved (0 where a slot stands for
+        the data in place)."""
         kind = op.kind
         if kind is OpKind.READ:
             (r0, r1), (c0, c1) = op.region
-            self.sources[op.operand].read((r0, r1), (c0, c1), self.view(op.dst, op.shape))
-        elif kind in (OpKind.UPLOAD, OpKind.DOWNLOAD):
-            np.copyto(self.view(op.dst, op.shape), self.view(op.src[0], op.shape))
+            source = self.sources[op.operand]
+            if self.plan.staged:
+                source.read((r0, r1), (c0, c1), self.view(op.dst, op.shape))
+            elif op.operand == "C":
+                self._bind_output(op)
+                target = self.view(op.dst, op.shape)
+                data = source.view((r0, r1), (c0, c1), self.dtype)
+                if data is not None and np.shares_memory(data, target):
+                    return 0  # c is the output itself: updated in place
+                source.read((r0, r1), (c0, c1), target)
+            else:
+                self._bind(op.dst, source.view((r0, r1), (c0, c1), self.dtype))
+                if op.dst in self._bound:
+                    return 0
+                source.read((r0, r1), (c0, c1), self.view(op.dst, op.shape))
+        elif kind is OpKind.UPLOAD:  # a stripe into its place in the device slot
+            n = op.elements
+            np.copyto(self._buffer(op.dst)[op.offset:op.offset + n], self._buffer(op.src[0])[:n])
+        elif kind is OpKind.DOWNLOAD:
+            n = op.elements
+            np.copyto(self._buffer(op.dst)[:n], self._buffer(op.src[0])[op.offset:op.offset + n])
         elif kind is OpKind.WRITE:
             (r0, r1), (c0, c1) = op.region
+            if op.src[0] in self._bound:  # a bound C slot is the output's region already
+                return 0
             self.sink.write((r0, r1), (c0, c1), self.view(op.src[0], op.shape))
         elif kind is OpKind.GEMM:
             self._gemm(op)
         elif kind is OpKind.FILL:
+            if op.beta == 0 and not self.plan.staged:
+                self._bind_output(op)
             c = self.view(op.dst, op.shape)
             if op.beta == 0:
                 c.fill(0)
@@ -80,8 +134,11 @@ class CpuExecutor:
                 c *= op.beta
         else:  # pragma: no cover - the schedule has no other kinds
             raise AssertionError(kind)
+        return op.nbytes
 
     def _gemm(self, op) -> None:
+        if op.beta == 0 and not self.plan.staged:  # starts a block: C is not read
+            self._bind_output(op)
         a_shape, b_shape, c_shape = panel_shapes(self.plan, op)
         a = self.view(op.src[0], a_shape)
         b = self.view(op.src[1], b_shape)
@@ -108,8 +165,8 @@ class CpuExecutor:
         if self._cancel.is_set():
             raise Cancelled()
         start = self.log.now()
-        self._run_op(op)
-        event = self.log.add(op, lane, start, self.log.now())
+        moved = self._run_op(op)
+        event = self.log.add(op, lane, start, self.log.now(), nbytes=moved)
         if self.on_event is not None:
             self.on_event(event)
 
@@ -128,7 +185,6 @@ class CpuExecutor:
         """Replay the schedule; raise :class:`ExecutionError` (or the input's own
         :class:`OOCGemmError`) when an operation fails. Buffers are freed on return."""
         ops = self.schedule.ops
-        self._allocate()
         futures: list[Future] = [None] * len(ops)  # type: ignore[list-item]
         pools = {
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
@@ -170,6 +226,7 @@ class CpuExecutor:
             for pool in pools.values():
                 pool.shutdown(wait=True)
             self._buffers.clear()
+            self._bound.clear()
         return self.log
 
 

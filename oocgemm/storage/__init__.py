@@ -60,7 +60,9 @@ def open_source(obj, role: str) -> MatrixSource:
     if module == "zarr":
         from .zarr_store import ZarrSource
 
-        return ZarrSource(obj, name=f"{role} (zarr array)")
+        root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
+        path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
+        return ZarrSource(obj, name=f"{role} (zarr array)", path=path)
     if module == "cupy":
         return CupySource(obj, name=f"{role} (cupy array)")
     if module == "dask":

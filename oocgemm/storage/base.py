@@ -31,6 +31,11 @@ class MatrixSource(abc.ABC):
         """The underlying array object (for aliasing checks); None where there is none."""
         return None
 
+    def view(self, rows: tuple[int, int], cols: tuple[int, int], dtype) -> np.ndarray | None:
+        """The region as a zero-copy array BLAS can use in place, or None where the data must
+        be copied (on disk, another dtype, a layout BLAS cannot take)."""
+        return None
+
     def close(self) -> None:
         """Release file handles."""
 
@@ -59,3 +64,19 @@ class MatrixSink(abc.ABC):
 
     def array(self):
         return None
+
+    def view(self, rows: tuple[int, int], cols: tuple[int, int], dtype) -> np.ndarray | None:
+        """The region as a writable zero-copy array, or None: see :meth:`MatrixSource.view`."""
+        return None
+
+
+def blas_view(array: np.ndarray, rows, cols, dtype) -> np.ndarray | None:
+    """``array[rows, cols]`` when it is in memory, of ``dtype`` and has a unit stride in one
+    dimension (what BLAS takes without a copy); None otherwise."""
+    if isinstance(array, np.memmap) or array.dtype != np.dtype(dtype):
+        return None
+    region = array[rows[0]:rows[1], cols[0]:cols[1]]
+    size = region.itemsize
+    if region.size == 0 or region.strides[1] == size or region.strides[0] == size:
+        return region
+    return None

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from ..errors import OutputError
-from .base import MatrixSink, MatrixSource
+from .base import MatrixSink, MatrixSource, blas_view
 
 
 class NumpySource(MatrixSource):
@@ -22,6 +22,9 @@ class NumpySource(MatrixSource):
 
     def read(self, rows, cols, out):
         np.copyto(out, self._array[rows[0]:rows[1], cols[0]:cols[1]], casting="same_kind")
+
+    def view(self, rows, cols, dtype):
+        return None if self.on_disk else blas_view(self._array, rows, cols, dtype)
 
     def array(self):
         return self._array
@@ -81,6 +84,10 @@ class NumpySink(MatrixSink):
         if isinstance(self._array, np.memmap):
             self._array.flush()
         return self._array
+
+    def view(self, rows, cols, dtype):
+        region = blas_view(self._array, rows, cols, dtype)
+        return region if region is not None and region.strides[1] == region.itemsize else None
 
     def array(self):
         return self._array

@@ -19,7 +19,7 @@ def open_npy(path: str, role: str) -> NumpySource:
         raise InputError(f"{role}: no such file {path!r}")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError) as exc:  # np.load raises EOFError for an empty file
         raise InputError(f"{role}: {path!r} is not a readable .npy file (truncated or corrupt: "
                          f"{exc})") from None
     except OSError as exc:

@@ -98,7 +98,9 @@ class ZarrSink(MatrixSink):
             self._array = array
             self.path = None
             array.attrs["oocgemm"] = {"complete": False}
-        self.chunks = tuple(self._array.chunks)
+        # The unit a write rewrites: the shard of a sharded array (its inner chunks share one
+        # object), else the chunk. Blocks aligned to inner chunks only would race on a shard.
+        self.chunks = tuple(getattr(self._array, "shards", None) or self._array.chunks)
 
     def _aligned(self, rows, cols) -> bool:
         ok = True

@@ -1,0 +1,485 @@
+"""The ``oocgemm`` command line: a thin layer over :mod:`oocgemm.api` and :mod:`oocgemm.bench`.
+
+    oocgemm random a.zarr --shape 20000x30000 --seed 1
+    oocgemm random b.zarr --shape 30000x10000 --seed 2
+    oocgemm plan a.zarr b.zarr -o c.zarr
+    oocgemm multiply a.zarr b.zarr -o c.zarr
+    oocgemm info --bandwidth
+    oocgemm bench --cpu --size 4096
+
+Errors that oocgemm raises on purpose (:class:`~oocgemm.OOCGemmError`) and usage errors print
+``error: <message>`` on stderr and exit with status 2; an interrupt exits with 130. Anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import click
+
+from . import __version__
+from .errors import OOCGemmError
+from .plan.units import format_seconds, format_size
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+# ------------------------------------------------------------------------------------------
+# The group: uniform error handling for every command
+# ------------------------------------------------------------------------------------------
+class _State:
+    """What the running command has committed, for the interrupt message."""
+
+    wrote: str | None = None
+
+
+class OOCGemmGroup(click.Group):
+    """A click group whose ``main`` turns expected errors into ``error: ...`` and exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        _State.wrote = None
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `oocgemm`: the help
+            click.echo(exc.format_message(), err=True)
+            code = EXIT_ERROR
+        except click.ClickException as exc:
+            _error(exc.format_message(), getattr(exc, "ctx", None))
+            code = EXIT_ERROR
+        except OOCGemmError as exc:
+            _error(str(exc))
+            code = EXIT_ERROR
+        except (click.Abort, KeyboardInterrupt):
+            # click turns KeyboardInterrupt (and EOF on a prompt) into Abort
+            if _State.wrote:
+                click.echo(f"interrupted (after {_State.wrote} was written)", err=True)
+            else:
+                click.echo("interrupted; no output was written", err=True)
+            code = EXIT_INTERRUPTED
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _error(message: str, ctx: click.Context | None = None) -> None:
+    click.echo(f"error: {message}", err=True)
+    if ctx is not None and ctx.command is not None:
+        click.echo(f"(see '{ctx.command_path} --help')", err=True)
+
+
+def _json(data) -> None:
+    """JSON on stdout, and nothing else there."""
+    click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=True))
+
+
+def _json_default(obj):
+    if isinstance(obj, complex):
+        return [obj.real, obj.imag]
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (tuple, set)):
+        return list(obj)
+    return str(obj)
+
+
+# ------------------------------------------------------------------------------------------
+# Parameter types
+# ------------------------------------------------------------------------------------------
+class PairType(click.ParamType):
+    """Two positive integers written ``MxN`` (or ``M,N``)."""
+
+    def __init__(self, metavar: str, example: str):
+        self.name = metavar
+        self._metavar = metavar
+        self._example = example
+
+    def get_metavar(self, param, ctx=None):  # click >= 8.2 passes ctx
+        return self._metavar
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip().lower().replace("×", "x").replace(",", "x")
+        parts = text.split("x")
+        try:
+            pair = tuple(int(p) for p in parts)
+        except ValueError:
+            pair = ()
+        if len(pair) != 2 or min(pair) < 1:
+            self.fail(f"expected two positive integers like {self._example}, got {value!r}",
+                      param, ctx)
+        return pair
+
+
+class ScalarType(click.ParamType):
+    """A real number, or a complex one like ``1+2j``."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float, complex)):
+            return value
+        text = str(value).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            try:
+                number = complex(text.replace(" ", "").replace("i", "j"))
+            except ValueError:
+                self.fail(f"expected a number (e.g. 2.5 or 1+2j), got {value!r}", param, ctx)
+            if number.imag == 0:
+                number = number.real
+        if isinstance(number, float) and math.isnan(number):
+            self.fail("must not be NaN", param, ctx)
+        return number
+
+
+SHAPE = PairType("MxN", "1000x2000")
+CHUNKS = PairType("RxC", "1024x1024")
+SCALAR = ScalarType()
+
+
+def _product_options(func):
+    """The options that describe a product (shared by ``multiply`` and ``plan``)."""
+    options = [
+        click.option("--alpha", type=SCALAR, default=1.0, show_default=True,
+                     help="Scale of the product: C = alpha*op(A)@op(B) + beta*C."),
+        click.option("--beta", type=SCALAR, default=0.0, show_default=True,
+                     help="Scale of C. Non-zero reads C: from --c, else OUT is updated in place."),
+        click.option("-c", "--c", "c", metavar="PATH", default=None,
+                     help="The C matrix that --beta scales (.zarr or .npy)."),
+        click.option("--trans-a", is_flag=True, help="Use the transpose of A."),
+        click.option("--trans-b", is_flag=True, help="Use the transpose of B."),
+        click.option("--device", default="auto", show_default=True, metavar="DEVICE",
+                     help="auto, cpu, cuda or cuda:N (auto: a GPU when CuPy sees one)."),
+        click.option("--memory-limit", metavar="SIZE", default=None,
+                     help="Budget of the block buffers (GPU memory, or the CPU's working "
+                          "buffers): bytes, '8GB', '512MiB' or '80%'. Default: 90% of free "
+                          "GPU memory, or a quarter of RAM."),
+        click.option("--host-memory-limit", metavar="SIZE", default=None,
+                     help="Budget of host staging and read buffers (default a quarter of RAM)."),
+        click.option("--tile", metavar="W,H,R", default=None,
+                     help="Override the planner: C blocks of WxH, K panels of depth R."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile):
+    return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
+                memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile)
+
+
+def _rate(flops_per_second: float) -> str:
+    if flops_per_second >= 1e12:
+        return f"{flops_per_second / 1e12:.3g} TFLOP/s"
+    return f"{flops_per_second / 1e9:.3g} GFLOP/s"
+
+
+def _traffic(nbytes: dict) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in nbytes.items() if v)
+
+
+# ------------------------------------------------------------------------------------------
+# Commands
+# ------------------------------------------------------------------------------------------
+@click.group(cls=OOCGemmGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                 "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="oocgemm")
+def main():
+    """Out-of-core dense matrix multiplication: C = alpha*op(A)@op(B) + beta*C between .zarr
+    and .npy files larger than memory, on a GPU or the CPU."""
+
+
+@main.command()
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("-o", "--out", required=True, metavar="PATH",
+              help="The output C (.zarr: Zarr v3; .npy). Written under a temporary name and "
+                   "renamed when complete.")
+@_product_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
+def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
+             host_memory_limit, tile, overwrite, quiet, as_json):
+    """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
+
+    A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
+    """
+    from .api import multiply as api_multiply
+
+    result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet,
+                          **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
+                                        host_memory_limit, tile))
+    _State.wrote = out
+    if as_json:
+        summary = result.summary()
+        if summary.get("out") is None:
+            summary["out"] = os.path.abspath(out)
+        _json(summary)
+        return
+    if quiet:
+        return
+    prob = result.plan.problem
+    if result.flops:
+        speed = f"{_rate(result.flops / result.seconds) if result.seconds > 0 else 'inf'}"
+    else:
+        speed = "no product computed (alpha == 0 or K == 0)"
+    moved = _traffic(result.bytes)
+    click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
+               f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
+               + (f"; moved {moved}" if moved else ""))
+
+
+@main.command()
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("-o", "--out", default=None, metavar="PATH",
+              help="The output multiply would write (its format changes the prediction).")
+@_product_options
+@click.option("--overwrite", is_flag=True, help="Accepted as in multiply; no effect here.")
+@click.option("-q", "--quiet", is_flag=True, help="Accepted as in multiply; no effect here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit,
+         tile, overwrite, quiet, as_json):
+    """Show how multiply would tile OUT = alpha*op(A)@op(B) + beta*C (reads no data).
+
+    Takes the same options as multiply.
+    """
+    from .api import plan as api_plan
+
+    the_plan = api_plan(a, b, out, **_api_kwargs(alpha, beta, c, trans_a, trans_b, device,
+                                                 memory_limit, host_memory_limit, tile))
+    if as_json:
+        _json(the_plan.summary())
+    else:
+        click.echo(str(the_plan))
+    in_place = beta != 0 and c is None
+    if out is not None and os.path.exists(out) and not (overwrite or in_place):
+        click.echo(f"note: {out} exists; multiply will refuse it without --overwrite", err=True)
+
+
+@main.command()
+@click.argument("path", metavar="PATH")
+@click.option("--shape", type=SHAPE, required=True, help="Rows x columns, e.g. 1000x2000.")
+@click.option("--dtype", default="float64", show_default=True,
+              help="float32, float64, complex64 or complex128.")
+@click.option("--chunks", type=CHUNKS, default=None,
+              help="Zarr chunk shape (default min(shape, 2048x2048)); .zarr only.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed (non-negative). Default: a fresh one, printed so that it can be reused.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing PATH.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def random(path, shape, dtype, chunks, seed, overwrite, quiet):
+    """Write a random standard-normal matrix to PATH (.zarr or .npy).
+
+    The matrix is generated and written band by band, so it may be larger than memory. The
+    values depend only on the seed, the shape and the dtype: not on --chunks or the format
+    (element (i, j) comes from position i*N+j of one seekable PCG64 stream).
+    """
+    from .bench import write_random
+
+    info = write_random(path, shape, dtype, chunks=chunks, seed=seed, overwrite=overwrite,
+                        progress=False if quiet else None)
+    _State.wrote = path
+    if quiet:
+        return
+    layout = (f"zarr v3, chunks {info['chunks'][0]}x{info['chunks'][1]}" if info["format"] == "zarr"
+              else "npy")
+    click.echo(f"wrote {path}: {shape[0]}x{shape[1]} {info['dtype']} ({format_size(info['bytes'])},"
+               f" {layout}), seed {info['seed']}, in {format_seconds(info['seconds'])}")
+
+
+@main.command()
+@click.option("--bandwidth", is_flag=True,
+              help="Also measure host memcpy bandwidth (and GPU transfers where available).")
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+def info(bandwidth, as_json):
+    """Versions, host cores and memory, the numpy BLAS, GPUs."""
+    from .bench import measure_bandwidth, system_info
+
+    data = system_info()
+    if bandwidth:
+        data["bandwidth"] = measure_bandwidth(gpus=bool(data["gpus"]["devices"]))
+    if as_json:
+        _json(data)
+        return
+    v, host, blas, gpus = data["versions"], data["host"], data["blas"], data["gpus"]
+    lines = [f"oocgemm {v['oocgemm']}", "versions"]
+    for name in ("python", "numpy", "zarr", "dask", "click", "tqdm", "cupy"):
+        value = v.get(name)
+        if name == "cupy" and value is None:
+            value = "not installed"
+        lines.append(f"  {name:<10} {value or 'not found'}")
+    lines.append("host")
+    lines.append(f"  {'platform':<10} {host['platform']}")
+    if host.get("cpu"):
+        lines.append(f"  {'cpu':<10} {host['cpu']}")
+    lines.append(f"  {'cores':<10} {host['cores']} usable ({host['logical_cpus']} logical)")
+    lines.append(f"  {'memory':<10} {format_size(host['memory_total'])} total, "
+                 f"{format_size(host['memory_available'])} available")
+    blas_text = blas.get("name", "unknown") + (f" {blas['version']}" if blas.get("version") else "")
+    if blas.get("configuration"):
+        blas_text += f" ({blas['configuration']})"
+    lines.append(f"  {'blas':<10} {blas_text}")
+    for lib in blas.get("runtime", []):
+        lines.append(f"  {'':<10} loaded: {lib.get('internal_api')} {lib.get('version')}, "
+                     f"{lib.get('num_threads')} threads, {lib.get('architecture')}")
+    if blas.get("threads_env"):
+        settings = ", ".join(f"{k}={val}" for k, val in blas["threads_env"].items())
+        lines.append(f"  {'':<10} {settings}")
+    lines.append("gpus")
+    if gpus["devices"]:
+        if gpus.get("cuda_runtime"):
+            lines.append(f"  CUDA runtime {gpus['cuda_runtime']}, driver {gpus.get('cuda_driver')}")
+        for dev in gpus["devices"]:
+            lines.append(f"  {dev['device']:<10} {dev['name']}, {format_size(dev['memory_total'])}"
+                         f" ({format_size(dev['memory_free'])} free), compute capability "
+                         f"{dev['compute_capability']}")
+    else:
+        lines.append(f"  none ({gpus.get('note', 'no CUDA GPU')})")
+    if gpus.get("error"):
+        lines.append(f"  error while querying GPUs: {gpus['error']}")
+    if bandwidth:
+        bw = data["bandwidth"]
+        host_bw = bw["host_memcpy"]
+        lines.append("bandwidth")
+        lines.append(f"  {'host copy':<10} {host_bw['best_gbps']:.3g} GB/s best, "
+                     f"{host_bw['median_gbps']:.3g} GB/s median ({format_size(host_bw['bytes'])} "
+                     f"numpy.copyto, {host_bw['repeat']} times)")
+        for dev in bw["gpus"]:
+            if not dev["measured"]:
+                lines.append(f"  {dev['device']:<10} host<->device transfers: not measured yet")
+                continue
+            rates = ", ".join(f"{key[:-5].replace('_', ' ')} {value:.3g} GB/s"
+                              for key, value in dev.items() if key.endswith("_gbps"))
+            lines.append(f"  {dev['device']:<10} {rates}")
+    click.echo("\n".join(lines))
+
+
+@main.command()
+@click.option("--cpu", "cpu", is_flag=True,
+              help="oocgemm on the CPU against numpy.matmul, on in-memory operands.")
+@click.option("--gpu", "gpu", is_flag=True,
+              help="The CUDA executor against in-core cuBLAS, cuBLASXt and dask+CuPy "
+                   "(default --size 32768 under --memory-limit 16GB).")
+@click.option("--big", type=click.IntRange(min=1), default=None,
+              help="With --gpu: one product of this size instead (operands beyond GPU memory).")
+@click.option("--memory-limit", default="16GB", show_default=True,
+              help="With --gpu: GPU memory the CUDA executor may use.")
+@click.option("--cases", default=None,
+              help="With --gpu: comma-separated subset of incore,numpy,npy,cublasxt,dask.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="With --gpu: where the .npy operands are written (default: a temp dir).")
+@click.option("--size", type=click.IntRange(min=1), default=None,
+              help="N: the operands are NxN (4096 for --cpu, 32768 for --gpu).")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed rounds (each times numpy then oocgemm); medians are reported.")
+@click.option("--dtype", default="float64", show_default=True,
+              help="float32, float64, complex64 or complex128.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the operands.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+@click.pass_context
+def bench(ctx, cpu, gpu, big, memory_limit, cases, workdir, size, repeat, dtype, seed, as_json):
+    """Benchmarks. --cpu: oocgemm.multiply(device='cpu') against numpy.matmul. --gpu: the
+    CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy chunks.
+
+    Exits with status 1 when a result differs from its reference beyond the tolerance.
+    """
+    from .bench import cpu_benchmark
+
+    if cpu == gpu:
+        raise click.UsageError("choose one benchmark: --cpu or --gpu", ctx)
+    if gpu:
+        _bench_gpu(ctx, big=big, size=size or 32768, memory_limit=memory_limit, cases=cases,
+                   workdir=workdir, repeat=repeat, dtype=dtype, seed=seed, as_json=as_json)
+        return
+    size = size or 4096
+
+    def on_step(step, t_numpy, t_oocgemm):
+        click.echo(f"  round {step + 1}/{repeat}: numpy {format_seconds(t_numpy)}, "
+                   f"oocgemm {format_seconds(t_oocgemm)}", err=True)
+
+    if not as_json:
+        click.echo(f"bench --cpu: {size}x{size} {dtype}, {repeat} round(s)...", err=True)
+    res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype, seed=seed,
+                        on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        npy, ooc = res["numpy"], res["oocgemm"]
+        w, h, r = ooc["tile"]
+        click.echo("\n".join([
+            f"CPU benchmark: {size}x{size} @ {size}x{size} {res['dtype']}, median of "
+            f"{repeat}, {res['cores']} cores, BLAS {res['blas']}",
+            f"  numpy.matmul     {format_seconds(npy['median_seconds']):>9}  "
+            f"{npy['gflops']:8.2f} GFLOP/s",
+            f"  oocgemm (cpu)    {format_seconds(ooc['median_seconds']):>9}  "
+            f"{ooc['gflops']:8.2f} GFLOP/s   (execution alone "
+            f"{format_seconds(ooc['execute_median_seconds'])}; tile w={w} h={h} r={r}, "
+            f"{ooc['operations']} operations)",
+            f"  ratio            {res['ratio']:.3f}  (target >= {res['target_ratio']:.2f}: "
+            f"{'met' if res['meets_target'] else 'NOT met'})",
+            f"  max rel. error   {res['max_rel_error']:.3g}  (tolerance {res['tolerance']:.3g}: "
+            f"{'ok' if res['correct'] else 'FAILED'})",
+        ]))
+    if not res["correct"]:
+        click.echo(f"error: oocgemm's result differs from numpy's: max relative error "
+                   f"{res['max_rel_error']:.3g} > {res['tolerance']:.3g}", err=True)
+        ctx.exit(1)
+
+
+def _bench_gpu(ctx, *, big, size, memory_limit, cases, workdir, repeat, dtype, seed, as_json):
+    from .bench import gpu_benchmark, gpu_big_benchmark
+
+    if big:
+        res = gpu_big_benchmark(big, dtype=dtype, seed=seed)
+        if as_json:
+            _json(res)
+        else:
+            click.echo(f"GPU product beyond GPU memory: n={res['size']} ({format_size(res['operand_bytes'])} "
+                       f"of operands): {format_seconds(res['seconds'])}, {res['tflops']:.2f} TFLOP/s, "
+                       f"tile {res['tile']}, sampled error {res['max_rel_error_sampled']:.2g}")
+        if not res["correct"]:
+            ctx.exit(1)
+        return
+
+    def on_step(name, entry):
+        click.echo(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
+                   f"({format_seconds(entry['seconds'])})", err=True)
+
+    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    res = gpu_benchmark(size, memory_limit=memory_limit, dtype=dtype, seed=seed, repeat=repeat,
+                        workdir=workdir, cases=chosen, on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        lines = [f"GPU benchmark: {size}^3 {res['dtype']}, GPU memory limit {memory_limit}, "
+                 f"tile {res['plan']['tile']} (grid {res['plan']['grid']})"]
+        for name, entry in res["cases"].items():
+            check = entry.get("correct")
+            lines.append(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
+                         f"{format_seconds(entry['seconds']):>9}"
+                         + ("" if check is None else f"  sampled error "
+                            f"{entry['max_rel_error_sampled']:.2g} {'ok' if check else 'FAILED'}"))
+        for key in ("numpy_vs_incore", "npy_vs_incore", "numpy_vs_cublasxt"):
+            if key in res:
+                lines.append(f"  {key:<24} {res[key]:.3f}")
+        click.echo("\n".join(lines))
+    if any(entry.get("correct") is False for entry in res["cases"].values()):
+        ctx.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="oocgemm")

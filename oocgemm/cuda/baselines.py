@@ -1,0 +1,143 @@
+"""What oocgemm's CUDA executor is measured against (``oocgemm bench --gpu``).
+
+- in-core cuBLAS on one block of the plan's shape (the ceiling per block);
+- cuBLASXt ``cublasXtDgemm``, NVIDIA's own out-of-core GEMM, through ctypes (it ships in
+  libcublas), with pinned or pageable host operands;
+- dask.array with CuPy chunks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+
+import cupy
+from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into the process)
+
+
+def _timed_events(fn, repeat: int = 3) -> float:
+    """Median seconds of ``fn`` on the current stream, timed with CUDA events after a warm-up."""
+    fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return float(np.median(times))
+
+
+def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5) -> float:
+    """Median seconds of one in-core cuBLAS GEMM ``C[w,h] += A[w,r] @ B[r,h]``."""
+    rng = cupy.random.default_rng(7)
+    a = rng.standard_normal((w, r), dtype=np.float64).astype(dtype)
+    b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
+    c = cupy.empty((w, h), dtype=dtype)
+    seconds = _timed_events(lambda: cupy.matmul(a, b, out=c), repeat)
+    del a, b, c
+    cupy.get_default_memory_pool().free_all_blocks()
+    return seconds
+
+
+def _libcublas() -> ctypes.CDLL:
+    """The libcublas that CuPy loaded (so that both use one library), found in the process map."""
+    with open("/proc/self/maps") as fh:
+        paths = {line.split()[-1] for line in fh if "libcublas.so" in line and "Lt" not in line}
+    for path in sorted(paths):
+        return ctypes.CDLL(path)
+    for name in ("libcublas.so", "libcublas.so.13", "libcublas.so.12"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise OSError("libcublas not found")
+
+
+def cublasxt_dgemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, block_dim: int,
+                   device: int = 0, pin_memory: bool = False) -> float:
+    """``c = a @ b`` with cuBLASXt on one GPU; returns wall seconds. Row-major operands: in
+    column-major terms this is C^T = B^T A^T, so B goes first."""
+    lib = _libcublas()
+    handle = ctypes.c_void_p()
+    check = _checker("cublasXt")
+    check(lib.cublasXtCreate(ctypes.byref(handle)))
+    try:
+        devices = (ctypes.c_int * 1)(device)
+        check(lib.cublasXtDeviceSelect(handle, 1, devices))
+        check(lib.cublasXtSetBlockDim(handle, ctypes.c_int(block_dim)))
+        if pin_memory:  # CUBLASXT_PINNING_ENABLED: let cuBLASXt pin pageable operands itself
+            check(lib.cublasXtSetPinningMemMode(handle, 1))
+        m, k = a.shape
+        n = b.shape[1]
+        alpha, beta = ctypes.c_double(1.0), ctypes.c_double(0.0)
+        size_t = ctypes.c_size_t
+        lib.cublasXtDgemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, size_t, size_t,
+                                      size_t, ctypes.c_void_p, ctypes.c_void_p, size_t,
+                                      ctypes.c_void_p, size_t, ctypes.c_void_p, ctypes.c_void_p,
+                                      size_t]
+        start = time.perf_counter()
+        check(lib.cublasXtDgemm(handle, 0, 0, n, m, k, ctypes.byref(alpha), b.ctypes.data, n,
+                                a.ctypes.data, k, ctypes.byref(beta), c.ctypes.data, n))
+        cupy.cuda.runtime.deviceSynchronize()
+        return time.perf_counter() - start
+    finally:
+        lib.cublasXtDestroy(handle)
+
+
+def _checker(what: str):
+    def check(status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with status {status}")
+    return check
+
+
+def pinned_empty(shape, dtype="float64") -> tuple[np.ndarray, object]:
+    """A page-locked numpy array (and the CuPy memory that owns it: keep it alive)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    memory = cupy.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(memory, dtype=dtype, count=int(np.prod(shape))).reshape(shape), memory
+
+
+def dask_cupy_matmul(a: np.ndarray, b: np.ndarray, chunk: int) -> tuple[np.ndarray, float]:
+    """``a @ b`` as dask.array with CuPy chunks, threaded scheduler, result stored to numpy."""
+    import dask
+    import dask.array as da
+
+    x = da.from_array(a, chunks=chunk, asarray=False).map_blocks(cupy.asarray)
+    y = da.from_array(b, chunks=chunk, asarray=False).map_blocks(cupy.asarray)
+    product = (x @ y).map_blocks(cupy.asnumpy)
+    out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
+    start = time.perf_counter()
+    with dask.config.set(scheduler="threads"):
+        da.store(product, out, lock=False)
+    return out, time.perf_counter() - start
+
+
+def h2d_d2h_bandwidth(nbytes: int = 1 << 30, device: int = 0) -> dict:
+    """Measured host<->device bandwidth (GB/s) from pinned and pageable host memory."""
+    with cupy.cuda.Device(device):
+        dev = cupy.empty(nbytes, dtype=np.uint8)
+        pinned, _owner = pinned_empty((nbytes,), np.uint8)
+        pageable = np.ones(nbytes, dtype=np.uint8)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        result = {}
+        for name, host in (("pinned", pinned), ("pageable", pageable)):
+            for direction in ("h2d", "d2h"):
+                def copy():
+                    if direction == "h2d":
+                        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes, 1,
+                                                      stream.ptr)
+                    else:
+                        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, nbytes, 2,
+                                                      stream.ptr)
+                with stream:
+                    seconds = _timed_events(copy, repeat=3)
+                result[f"{direction}_{name}_GBps"] = nbytes / seconds / 1e9
+        del dev
+        return result

@@ -1,0 +1,187 @@
+"""The CUDA executor: replays a staged schedule with CuPy streams, events and pinned buffers.
+
+Lanes (the seed used four streams; here three streams and two thread pools):
+
+- reader threads fill the pinned ring (sR*) from the sources, many stripes at once;
+- stream ``h2d`` uploads A and B stripes into the device slots A0/A1, B0/B1;
+- stream ``compute`` runs the cuBLAS GEMM of each K panel into the resident C slot;
+- stream ``c`` brings C in (beta != 0) and takes finished C blocks out, stripe by stripe,
+  through the output ring (sO*), while the next block computes in the other C slot;
+- writer threads drain the output ring into the sink.
+
+The dispatcher (the calling thread) walks the schedule in order and enqueues each device
+operation after its dependencies: a dependency on another stream becomes an event wait on the
+GPU, a dependency on a host operation (a READ) is waited for on the host. Host operations wait
+for the CUDA events of the device operations they depend on. No device-wide synchronisation
+happens inside the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+
+from ..diagnostics.events import EventLog
+from ..plan.schedule import OpKind
+from .base import Cancelled, panel_shapes
+from .cpu import _translate
+
+#: Which stream each device operation runs on.
+def _stream_of(op) -> str:
+    if op.kind in (OpKind.GEMM, OpKind.FILL):
+        return "compute"
+    if op.kind is OpKind.UPLOAD and op.operand in ("A", "B"):
+        return "h2d"
+    return "c"
+
+
+class CudaExecutor:
+    """Replays ``plan.schedule`` (a staged plan) on GPU ``plan.device``.
+
+    Parameters are those of :class:`oocgemm.runtime.cpu.CpuExecutor`.
+    """
+
+    def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,
+                 writers: int | None = None):
+        if not plan.staged:
+            raise ValueError("the CUDA executor replays staged plans only")
+        self.plan = plan
+        self.schedule = plan.schedule
+        self.sources = sources
+        self.sink = sink
+        self.on_event = on_event
+        self.log = EventLog()
+        self.readers = readers or max(2, plan.readers)
+        self.writers = writers or max(2, plan.n_out)
+        self.index = int(plan.device.partition(":")[2] or 0)
+        self._cancel = threading.Event()
+
+    # -- host lanes ---------------------------------------------------------------------------
+    def _host_task(self, op, gpu, host_futures, device_futures):
+        def run():
+            for d in op.deps:
+                if d in device_futures:
+                    device_futures[d].result()[1].synchronize()
+                else:
+                    host_futures[d].result()
+            if self._cancel.is_set():
+                raise Cancelled()
+            start = self.log.now()
+            (r0, r1), (c0, c1) = op.region
+            if op.kind is OpKind.READ:
+                self.sources[op.operand].read((r0, r1), (c0, c1), gpu.host_view(op.dst, op.shape))
+            else:  # WRITE from the output ring
+                self.sink.write((r0, r1), (c0, c1), gpu.host_view(op.src[0], op.shape))
+            lane = "read" if op.kind is OpKind.READ else "write"
+            event = self.log.add(op, f"{lane}-{threading.current_thread().name.rsplit('_', 1)[-1]}",
+                                 start, self.log.now())
+            if self.on_event is not None and op.kind is OpKind.WRITE:
+                self.on_event(event)
+        return run
+
+    # -- device lanes -------------------------------------------------------------------------
+    def _enqueue(self, gpu, op) -> None:
+        stream = _stream_of(op)
+        trans = self.schedule.transposed
+        if op.kind is OpKind.UPLOAD:
+            gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
+        elif op.kind is OpKind.DOWNLOAD:
+            gpu.download(op.src[0], op.dst, op.nbytes, stream, src_offset=op.offset)
+        elif op.kind is OpKind.GEMM:
+            _, _, (w, h) = panel_shapes(self.plan, op)
+            r = self.plan.k_splits[op.q + 1] - self.plan.k_splits[op.q]
+            gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
+                     op.alpha, op.beta)
+        elif op.kind is OpKind.FILL:
+            gpu.scale(op.dst, op.elements, op.beta)
+        else:  # pragma: no cover
+            raise AssertionError(op.kind)
+
+    def run(self) -> EventLog:
+        """Replay the schedule; device and pinned buffers are freed on return, also on error."""
+        from ..cuda.engine import GpuContext
+
+        ops = self.schedule.ops
+        host_futures: dict[int, Future] = {}
+        device_futures: dict[int, Future] = {}  # resolved to (start event, end event) once enqueued
+        timed: list[tuple] = []
+        pools = {
+            "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
+            "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
+        }
+        watcher = None
+        with GpuContext(self.index, self.plan.problem.dtype) as gpu:
+            try:
+                for name, elements in self.schedule.slots.items():
+                    if name.startswith("s"):
+                        gpu.pinned_buffer(name, elements)
+                    else:
+                        gpu.device_buffer(name, elements)
+                for op in ops:
+                    if op.kind not in (OpKind.READ, OpKind.WRITE):
+                        device_futures[op.index] = Future()
+                for op in ops:
+                    if op.kind in (OpKind.READ, OpKind.WRITE):
+                        pool = pools["read" if op.kind is OpKind.READ else "write"]
+                        host_futures[op.index] = pool.submit(
+                            self._host_task(op, gpu, host_futures, device_futures))
+                reference = gpu.event("compute")
+                reference.synchronize()
+                origin = self.log.now()
+                if self.on_event is not None:
+                    watcher = threading.Thread(target=self._watch, daemon=True,
+                                               args=(ops, device_futures, reference, origin, gpu))
+                    watcher.start()
+                for op in ops:
+                    if op.kind in (OpKind.READ, OpKind.WRITE):
+                        continue
+                    stream = _stream_of(op)
+                    for d in op.deps:
+                        if d in host_futures:
+                            host_futures[d].result()
+                        elif _stream_of(ops[d]) != stream:
+                            gpu.wait(stream, device_futures[d].result()[1])
+                    start = gpu.event(stream)
+                    self._enqueue(gpu, op)
+                    end = gpu.event(stream)
+                    device_futures[op.index].set_result((start, end))
+                    timed.append((op, stream, start, end))
+                for fut in host_futures.values():
+                    fut.result()
+                for stream in gpu.streams.values():
+                    stream.synchronize()
+                for op, stream, start, end in timed:
+                    self.log.add(op, stream, origin + gpu.elapsed_ms(reference, start) / 1e3,
+                                 origin + gpu.elapsed_ms(reference, end) / 1e3)
+            except BaseException as exc:
+                self._cancel.set()
+                for fut in list(device_futures.values()) + list(host_futures.values()):
+                    fut.cancel()
+                for pool in pools.values():
+                    pool.shutdown(wait=True, cancel_futures=True)
+                raise _translate(exc, list(host_futures.values()) + list(device_futures.values())
+                                 ) from None
+            finally:
+                for pool in pools.values():
+                    pool.shutdown(wait=True)
+                if watcher is not None:
+                    watcher.join(timeout=5)
+        return self.log
+
+    def _watch(self, ops, device_futures, reference, origin, gpu) -> None:
+        """Report each GEMM/FILL as the GPU finishes it (progress bars)."""
+        for op in ops:
+            if op.kind not in (OpKind.GEMM, OpKind.FILL):
+                continue
+            try:
+                start, end = device_futures[op.index].result()
+                end.synchronize()
+            except (CancelledError, Exception):
+                return
+            t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
+            t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
+            from ..diagnostics.events import Event
+
+            self.on_event(Event(index=op.index, kind=op.kind.value, operand=op.operand,
+                                key=op.key, q=op.q, lane="compute", start=t0, end=t1,
+                                nbytes=op.nbytes, flops=op.flops))

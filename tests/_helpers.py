@@ -1,0 +1,77 @@
+"""Helpers for the tests: random matrices, the float64 reference and its error bound."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from oocgemm.storage._files import PARTIAL
+
+
+def rand(rng: np.random.Generator, shape, dtype="float64") -> np.ndarray:
+    """Random normal entries (never zeros); complex dtypes get a random imaginary part."""
+    dtype = np.dtype(dtype)
+    x = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def poisoned(shape, dtype="float64") -> np.ndarray:
+    """An array full of NaN (and one inf), to prove that its old content never leaks."""
+    x = np.full(shape, np.nan, dtype=dtype)
+    if x.size:
+        x.flat[0] = np.inf
+    return x
+
+
+def op(x, transposed: bool):
+    return np.asarray(x).T if transposed else np.asarray(x)
+
+
+def reference(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
+    """``alpha * op(a) @ op(b) + beta * c`` in float64 / complex128, honouring BLAS rules
+    (alpha == 0: no product; beta == 0: c not read)."""
+    a, b = op(a, trans_a), op(b, trans_b)
+    wide = np.complex128 if any(np.iscomplexobj(x) for x in (a, b, c) if x is not None) or \
+        isinstance(alpha, complex) or isinstance(beta, complex) else np.float64
+    m, n = a.shape[0], b.shape[1]
+    result = np.zeros((m, n), dtype=wide)
+    if alpha != 0:
+        result += alpha * (a.astype(wide) @ b.astype(wide))
+    if beta != 0:
+        result += beta * np.asarray(c).astype(wide)
+    return result
+
+
+def assert_gemm(got, a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                dtype=None):
+    """``got`` equals the float64 reference within a rounding bound of the compute dtype.
+
+    The bound is elementwise: 16 (K + 2) eps (|alpha| |op(a)| |op(b)| + |beta| |c|), the
+    standard error bound of a dot product, with room to spare; NaN anywhere fails.
+    """
+    got = np.asarray(got)
+    want = reference(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    dtype = np.dtype(dtype if dtype is not None else got.dtype)
+    eps = np.finfo(dtype).eps
+    A, B = np.abs(op(a, trans_a)).astype(np.float64), np.abs(op(b, trans_b)).astype(np.float64)
+    k = A.shape[1]
+    scale = np.zeros(want.shape)
+    if alpha != 0:
+        scale += abs(alpha) * (A @ B)
+    if beta != 0:
+        scale += abs(beta) * np.abs(np.asarray(c)).astype(np.float64)
+    bound = 16 * (k + 2) * eps * scale + np.finfo(np.float64).tiny
+    assert np.all(np.isfinite(got)), "NaN or inf in the result"
+    err = np.abs(got.astype(np.result_type(got.dtype, want.dtype)) - want)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+    assert np.all(err <= bound), (f"max error {err.max():.3g} at {worst}: got {got[worst]}, "
+                                  f"want {want[worst]} (bound {bound[worst]:.3g})")
+
+
+def leftovers(directory) -> list[str]:
+    """Temporary files of interrupted runs in ``directory``."""
+    return sorted(name for name in os.listdir(directory) if PARTIAL in name)

@@ -1,0 +1,424 @@
+"""The command line, end to end in tmp_path: CliRunner for most, one real ``python -m oocgemm``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+from oocgemm import bench
+from oocgemm.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------
+def run(*args, code=0):
+    """Invoke the CLI; check the exit code; return the result (stdout, stderr, output)."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == code, (
+        f"exit {result.exit_code} != {code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        f"\nexception: {result.exception!r}")
+    return result
+
+
+def fails(*args) -> str:
+    """Invoke the CLI expecting an error: exit 2, 'error:' on stderr, no traceback."""
+    result = run(*args, code=2)
+    assert "error:" in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return result.stderr
+
+
+def load(path) -> np.ndarray:
+    path = str(path)
+    return np.load(path) if path.endswith(".npy") else zarr.open_array(path, mode="r")[:]
+
+
+def leftovers(directory) -> list[str]:
+    return [p.name for p in Path(directory).iterdir() if ".oocgemm-partial-" in p.name]
+
+
+@pytest.fixture
+def operands(tmp_path):
+    """A (30x20, zarr, chunks 8x6), B (20x25, npy), C (30x25, zarr), written by the CLI."""
+    a, b, c = tmp_path / "a.zarr", tmp_path / "b.npy", tmp_path / "c.zarr"
+    run("random", a, "--shape", "30x20", "--chunks", "8x6", "--seed", "1")
+    run("random", b, "--shape", "20x25", "--seed", "2")
+    run("random", c, "--shape", "30x25", "--seed", "3", "-q")
+    return a, b, c
+
+
+# ------------------------------------------------------------------------------------------
+# random
+# ------------------------------------------------------------------------------------------
+def test_random_zarr_honours_shape_dtype_chunks(tmp_path):
+    path = tmp_path / "m.zarr"
+    result = run("random", path, "--shape", "33x17", "--dtype", "float32", "--chunks", "8x5",
+                 "--seed", "7")
+    assert "seed 7" in result.stdout and "33x17" in result.stdout
+    array = zarr.open_array(str(path), mode="r")
+    assert array.shape == (33, 17) and array.dtype == np.float32 and array.chunks == (8, 5)
+    assert array.metadata.zarr_format == 3
+    assert not array.compressors
+    data = array[:]
+    assert np.isfinite(data).all() and data.std() > 0.5
+    assert leftovers(tmp_path) == []
+
+
+def test_random_zarr_default_chunks(tmp_path):
+    path = tmp_path / "m.zarr"
+    run("random", path, "--shape", "10x3000", "--seed", "1", "-q")
+    array = zarr.open_array(str(path), mode="r")
+    assert array.chunks == (10, 2048)
+
+
+def test_random_npy_honours_shape_dtype(tmp_path):
+    path = tmp_path / "m.npy"
+    run("random", path, "--shape", "12x9", "--dtype", "complex64", "--seed", "5")
+    data = np.load(path)
+    assert data.shape == (12, 9) and data.dtype == np.complex64
+    assert np.abs(data.imag).max() > 0
+    assert leftovers(tmp_path) == []
+
+
+def test_random_same_seed_same_data_whatever_chunks_format_and_bands(tmp_path):
+    paths = [tmp_path / "a.zarr", tmp_path / "b.zarr", tmp_path / "c.npy"]
+    run("random", paths[0], "--shape", "40x30", "--seed", "11", "--chunks", "7x4")
+    run("random", paths[1], "--shape", "40x30", "--seed", "11")
+    run("random", paths[2], "--shape", "40x30", "--seed", "11")
+    first = load(paths[0])
+    for p in paths[1:]:
+        np.testing.assert_array_equal(load(p), first)
+    # tiny blocks: bands of one chunk row cut into column pieces give the same values
+    bench.write_random(tmp_path / "d.zarr", (40, 30), chunks=(3, 4), seed=11, block_bytes=64,
+                       progress=False)
+    np.testing.assert_array_equal(load(tmp_path / "d.zarr"), first)
+    # a shorter matrix is a prefix of a taller one; float32 is the rounded float64
+    run("random", tmp_path / "e.npy", "--shape", "9x30", "--seed", "11", "--dtype", "float32")
+    np.testing.assert_array_equal(load(tmp_path / "e.npy"), first[:9].astype(np.float32))
+    # another seed, other data
+    run("random", tmp_path / "f.npy", "--shape", "40x30", "--seed", "12")
+    assert not np.array_equal(load(tmp_path / "f.npy"), first)
+
+
+def test_random_without_seed_prints_a_reusable_seed(tmp_path):
+    out = run("random", tmp_path / "a.npy", "--shape", "5x6").stdout
+    seed = out.split("seed ")[1].split(",")[0]
+    run("random", tmp_path / "b.npy", "--shape", "5x6", "--seed", seed)
+    np.testing.assert_array_equal(load(tmp_path / "a.npy"), load(tmp_path / "b.npy"))
+
+
+def test_random_refuses_existing_path_unless_overwrite(tmp_path):
+    for name in ("m.zarr", "m.npy"):
+        path = tmp_path / name
+        run("random", path, "--shape", "4x4", "--seed", "1")
+        before = load(path)
+        message = fails("random", path, "--shape", "4x4", "--seed", "2")
+        assert "exists" in message and "--overwrite" in message
+        np.testing.assert_array_equal(load(path), before)
+        run("random", path, "--shape", "6x3", "--seed", "2", "--overwrite")
+        assert load(path).shape == (6, 3)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--shape", "10"], ["--shape", "10"]),
+    (["--shape", "10x0"], ["--shape"]),
+    (["--shape", "axb"], ["--shape"]),
+    (["--shape", "3x4x5"], ["--shape"]),
+    (["--shape", "4x4", "--dtype", "int8"], ["int8", "float64"]),
+    (["--shape", "4x4", "--dtype", "nonsense"], ["nonsense"]),
+    (["--shape", "4x4", "--chunks", "0x2"], ["--chunks"]),
+    (["--shape", "4x4", "--chunks", "2"], ["--chunks"]),
+    (["--shape", "4x4", "--seed", "-1"], ["--seed"]),
+    ([], ["--shape"]),
+])
+def test_random_bad_options(tmp_path, args, words):
+    message = fails("random", tmp_path / "m.zarr", *args)
+    for word in words:
+        assert word in message
+    assert not (tmp_path / "m.zarr").exists() and leftovers(tmp_path) == []
+
+
+def test_random_bad_paths(tmp_path):
+    assert ".zarr" in fails("random", tmp_path / "m.txt", "--shape", "4x4")
+    assert "chunks" in fails("random", tmp_path / "m.npy", "--shape", "4x4", "--chunks", "2x2")
+    assert "does not exist" in fails("random", tmp_path / "no" / "m.npy", "--shape", "4x4")
+
+
+def test_random_interrupted_leaves_nothing(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.NormalStream, "block", interrupt)
+    result = run("random", tmp_path / "m.zarr", "--shape", "4x4", code=130)
+    assert "interrupted; no output was written" in result.stderr
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------
+# multiply
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("out_name", ["out.zarr", "out.npy"])
+def test_multiply_end_to_end(operands, tmp_path, out_name):
+    a, b, _ = operands
+    out = tmp_path / out_name
+    result = run("multiply", a, b, "-o", out, "--device", "cpu")
+    assert f"wrote {out}" in result.stdout and "FLOP/s" in result.stdout
+    np.testing.assert_allclose(load(out), load(a) @ load(b), rtol=1e-12, atol=1e-12)
+    assert leftovers(tmp_path) == []
+
+
+def test_multiply_transpose_alpha_beta_c_and_tile(operands, tmp_path):
+    a, _, _ = operands
+    out = tmp_path / "out.npy"
+    # op(a) = a.T is 20x30; a @ ... needs a 30xN: use a itself (30x20) as B -> 20x20, C 20x20
+    run("random", tmp_path / "c2.npy", "--shape", "20x20", "--seed", "9")
+    result = run("multiply", a, a, "-o", out, "--trans-a", "--alpha", "2", "--beta", "0.5",
+                 "--c", tmp_path / "c2.npy", "--tile", "8,6,7", "--device", "cpu", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["tile"] == [8, 6, 7]
+    A = load(a)
+    expected = 2 * A.T @ A + 0.5 * load(tmp_path / "c2.npy")
+    np.testing.assert_allclose(load(out), expected, rtol=1e-12, atol=1e-12)
+    # --trans-b, and C from a zarr
+    out2 = tmp_path / "out2.zarr"
+    assert "cc.zarr" in fails("multiply", a, a, "-o", out2, "--trans-b", "--beta", "-1",
+                              "-c", tmp_path / "cc.zarr")  # no such C yet
+    run("random", tmp_path / "cc.zarr", "--shape", "30x30", "--seed", "4", "-q")
+    run("multiply", a, a, "-o", out2, "--trans-b", "--beta", "-1", "-c", tmp_path / "cc.zarr",
+        "-q")
+    np.testing.assert_allclose(load(out2), A @ A.T - load(tmp_path / "cc.zarr"), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_multiply_beta_updates_existing_output_in_place(operands, tmp_path):
+    a, b, _ = operands
+    out = tmp_path / "out.zarr"
+    run("multiply", a, b, "-o", out, "-q")
+    first = load(out)
+    run("multiply", a, b, "-o", out, "--beta", "1", "-q")  # in place: no --overwrite needed
+    np.testing.assert_allclose(load(out), 2 * first, rtol=1e-12, atol=1e-12)
+
+
+def test_multiply_json_is_the_only_stdout(operands, tmp_path):
+    a, b, _ = operands
+    result = run("multiply", a, b, "-o", tmp_path / "out.zarr", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["tflops"] > 0
+    assert summary["shape"] == [30, 25, 20]
+    assert summary["flops"] == 2 * 30 * 25 * 20
+    assert summary["out"] == str(tmp_path / "out.zarr")
+    assert set(summary["bytes"]) >= {"storage_read", "storage_write"}
+
+
+def test_multiply_quiet_prints_nothing(operands, tmp_path):
+    a, b, _ = operands
+    result = run("multiply", a, b, "-o", tmp_path / "out.npy", "--quiet")
+    assert result.stdout == "" and result.stderr == ""
+
+
+def test_multiply_overwrite(operands, tmp_path):
+    a, b, _ = operands
+    out = tmp_path / "out.npy"
+    out.write_bytes(b"not a matrix")
+    message = fails("multiply", a, b, "-o", out)
+    assert "exists" in message and "--overwrite" in message
+    assert out.read_bytes() == b"not a matrix"
+    run("multiply", a, b, "-o", out, "--overwrite", "-q")
+    np.testing.assert_allclose(load(out), load(a) @ load(b), rtol=1e-12, atol=1e-12)
+
+
+def test_multiply_interrupted_writes_nothing(operands, tmp_path, monkeypatch):
+    from oocgemm.storage.zarr_store import ZarrSource
+
+    def interrupt(self, rows, cols, out):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ZarrSource, "read", interrupt)
+    a, b, _ = operands
+    result = run("multiply", a, b, "-o", tmp_path / "out.zarr", "-q", code=130)
+    assert "interrupted; no output was written" in result.stderr
+    assert not (tmp_path / "out.zarr").exists() and leftovers(tmp_path) == []
+
+
+def test_unexpected_exceptions_keep_their_traceback(operands, tmp_path, monkeypatch):
+    import oocgemm.api
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a real bug")
+
+    monkeypatch.setattr(oocgemm.api, "multiply", broken)
+    a, b, _ = operands
+    result = CliRunner().invoke(main, ["multiply", str(a), str(b), "-o", str(tmp_path / "x.npy")])
+    assert isinstance(result.exception, RuntimeError)
+    assert result.exit_code == 1
+
+
+# ------------------------------------------------------------------------------------------
+# errors (exit 2, 'error:', no traceback)
+# ------------------------------------------------------------------------------------------
+def test_error_missing_file(operands, tmp_path):
+    a, _, _ = operands
+    message = fails("multiply", a, tmp_path / "missing.zarr", "-o", tmp_path / "out.zarr")
+    assert "missing.zarr" in message
+
+
+def test_error_mismatched_inner_dimensions(operands, tmp_path):
+    a, _, c = operands  # a is 30x20, c is 30x25
+    message = fails("multiply", a, c, "-o", tmp_path / "out.zarr")
+    assert "(30, 20)" in message and "(30, 25)" in message
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--tile", "1,2"], "tile"),
+    (["--tile", "a,b,c"], "tile"),
+    (["--tile", "0,4,4"], "tile"),
+    (["--device", "tpu"], "tpu"),
+    (["--device", "cuda:x"], "cuda:x"),
+    (["--memory-limit", "12QB"], "memory_limit"),
+    (["--memory-limit", "-5"], "memory_limit"),
+    (["--host-memory-limit", "lots"], "host_memory_limit"),
+    (["--memory-limit", "10B"], "too small"),
+    (["--memory-limit", "2KB", "--tile", "30,25,20"], "over memory_limit"),
+    (["--alpha", "x"], "--alpha"),
+    (["--beta", "1"], "beta"),  # beta != 0 needs C or an existing output
+    (["--no-such-option"], "--no-such-option"),
+])
+def test_error_bad_options(operands, tmp_path, args, word):
+    a, b, _ = operands
+    for command in ("multiply", "plan"):
+        assert word in fails(command, a, b, "-o", tmp_path / "out.zarr", *args)
+    assert not (tmp_path / "out.zarr").exists() and leftovers(tmp_path) == []
+
+
+def test_error_cuda_unavailable_or_named_index_checked(operands, tmp_path):
+    from oocgemm import cuda
+
+    if cuda.device_count() > 0:
+        pytest.skip("a GPU is present")
+    a, b, _ = operands
+    assert "cpu" in fails("multiply", a, b, "-o", tmp_path / "out.zarr", "--device", "cuda")
+
+
+def test_error_usage(operands, tmp_path):
+    a, _, _ = operands
+    assert "Missing argument" in fails("multiply", a)
+    assert "Missing option" in fails("multiply", a, a)
+    assert "No such command" in fails("frobnicate")
+
+
+def test_no_arguments_shows_help():
+    result = run(code=2)
+    assert "multiply" in result.stderr and "Traceback" not in result.output
+
+
+def test_version_and_help():
+    from oocgemm import __version__
+
+    assert __version__ in run("--version").stdout
+    for command in ("multiply", "plan", "random", "info", "bench"):
+        assert "Usage:" in run(command, "--help").stdout
+
+
+# ------------------------------------------------------------------------------------------
+# plan, info, bench
+# ------------------------------------------------------------------------------------------
+def test_plan_mentions_the_tile(operands, tmp_path):
+    a, b, _ = operands
+    out = run("plan", a, b, "-o", tmp_path / "out.zarr").stdout
+    assert "oocgemm plan" in out and "tile" in out and "w=" in out
+    out = run("plan", a, b, "--tile", "8,5,4").stdout
+    assert "w=8 h=5 r=4" in out
+    data = json.loads(run("plan", a, b, "--tile", "8,5,4", "--json").stdout)
+    assert data["tile"] == {"w": 8, "h": 5, "r": 4}
+    assert data["shape"] == {"m": 30, "n": 25, "k": 20}
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_plan_notes_an_existing_output(operands, tmp_path):
+    a, b, c = operands
+    result = run("plan", a, b, "-o", c)
+    assert "--overwrite" in result.stderr
+
+
+def test_info_runs():
+    out = run("info").stdout
+    for word in ("oocgemm", "numpy", "zarr", "dask", "cores", "memory", "blas", "gpus"):
+        assert word in out
+    data = json.loads(run("info", "--json").stdout)
+    assert data["host"]["cores"] >= 1 and data["host"]["memory_total"] > 0
+    assert data["versions"]["numpy"] == np.__version__
+
+
+def test_info_bandwidth(monkeypatch):
+    real = bench.host_memcpy_bandwidth
+    monkeypatch.setattr(bench, "host_memcpy_bandwidth",
+                        lambda nbytes=None, repeat=5: real(4 << 20, 2))
+    out = run("info", "--bandwidth").stdout
+    assert "bandwidth" in out and "GB/s" in out
+    data = json.loads(run("info", "--bandwidth", "--json").stdout)
+    assert data["bandwidth"]["host_memcpy"]["best_gbps"] > 0
+
+
+def test_bench_cpu_reports_a_ratio():
+    result = run("bench", "--cpu", "--size", "256", "--repeat", "1")
+    assert "ratio" in result.stdout and "numpy" in result.stdout and "GFLOP/s" in result.stdout
+    assert "ok" in result.stdout
+    data = json.loads(run("bench", "--cpu", "--size", "64", "--repeat", "2", "--json").stdout)
+    assert data["ratio"] > 0 and data["correct"] and data["target_ratio"] == 0.8
+    assert len(data["numpy"]["seconds"]) == len(data["oocgemm"]["seconds"]) == 2
+    assert data["max_rel_error"] <= data["tolerance"]
+
+
+def test_bench_errors():
+    assert "--cpu" in fails("bench")
+    assert "int8" in fails("bench", "--cpu", "--size", "16", "--dtype", "int8")
+    assert "--size" in fails("bench", "--cpu", "--size", "0")
+
+
+def test_cpu_benchmark_function_returns_plain_data():
+    res = bench.cpu_benchmark(size=32, repeat=1, dtype="complex64", warmup=False)
+    assert res["correct"] and res["dtype"] == "complex64" and res["flops"] == 8 * 32 ** 3
+    json.dumps(res)
+
+
+# ------------------------------------------------------------------------------------------
+# a real process
+# ------------------------------------------------------------------------------------------
+def test_python_dash_m_end_to_end(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "oocgemm", *map(str, args)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    for name, shape, seed in (("a.zarr", "24x16", 1), ("b.npy", "16x12", 2)):
+        proc = cli("random", name, "--shape", shape, "--seed", seed)
+        assert proc.returncode == 0, proc.stderr
+    proc = cli("multiply", "a.zarr", "b.npy", "-o", "c.zarr", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tflops"] > 0
+    np.testing.assert_allclose(load(tmp_path / "c.zarr"),
+                               load(tmp_path / "a.zarr") @ load(tmp_path / "b.npy"),
+                               rtol=1e-12, atol=1e-12)
+    proc = cli("multiply", "a.zarr", "a.zarr", "-o", "d.zarr")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error:") and "(24, 16)" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = cli("--help")
+    assert proc.returncode == 0 and "Usage: oocgemm" in proc.stdout

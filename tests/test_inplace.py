@@ -1,0 +1,261 @@
+"""In-place updates (beta != 0 reading the output) and what a failed run leaves behind."""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+import oocgemm
+from _helpers import assert_gemm, leftovers, poisoned, rand
+
+
+def save(path: str, x: np.ndarray, chunks=(4, 4)):
+    if path.endswith(".npy"):
+        np.save(path, x)
+    else:
+        z = zarr.create_array(path, shape=x.shape, dtype=x.dtype, chunks=chunks)
+        z[...] = x
+
+
+def load(path: str) -> np.ndarray:
+    return np.load(path) if path.endswith(".npy") else zarr.open_array(path, mode="r")[:]
+
+
+def corrupt_zarr_chunks(path: str, how: str = "garble") -> None:
+    """Garble (or truncate) every stored chunk of a Zarr v3 array."""
+    chunks = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "c")) for f in fs]
+    assert chunks
+    for chunk in chunks:
+        data = open(chunk, "rb").read()
+        with open(chunk, "wb") as fh:
+            fh.write(data[: len(data) // 2] if how == "truncate" else b"\x00garbage" * 3)
+
+
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-0.5, 2.0), (0.0, -1.0), (2.0, 0.5)])
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_update_existing_out_path_in_place(rng, workdir, suffix, alpha, beta):
+    m, n, k = 13, 10, 7
+    a, b, old = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
+    path = "c" + suffix
+    save(path, old)
+    r = oocgemm.multiply(a, b, path, alpha=alpha, beta=beta, tile=(4, 3, 2), device="cpu")
+    assert r.plan.problem.c is not None
+    assert_gemm(load(path), a, b, old, alpha=alpha, beta=beta)
+    assert_gemm(r.out[:], a, b, old, alpha=alpha, beta=beta)
+    if suffix == ".zarr":
+        assert zarr.open_array(path, mode="r").attrs["oocgemm"]["complete"] is True
+    assert leftovers(workdir) == []
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_c_given_as_the_same_path_as_out(rng, workdir, suffix):
+    m, n, k = 9, 11, 6
+    a, b, old = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
+    path = "c" + suffix
+    save(path, old)
+    oocgemm.multiply(a, b, path, c=path, beta=-0.75, tile=(3, 4, 4), device="cpu")
+    assert_gemm(load(path), a, b, old, beta=-0.75)
+    # also through another spelling of the same path
+    again = load(path)
+    oocgemm.multiply(a, b, "./" + path, c=os.path.abspath(path), beta=2.0, tile=(3, 4, 4),
+                     device="cpu")
+    assert_gemm(load(path), a, b, again, beta=2.0)
+    assert leftovers(workdir) == []
+
+
+def test_update_given_numpy_array_in_place(rng):
+    a, b, old = rand(rng, (8, 5)), rand(rng, (5, 9)), rand(rng, (8, 9))
+    out = old.copy()
+    r = oocgemm.multiply(a, b, out, alpha=3.0, beta=-1.0, tile=(3, 4, 2), device="cpu")
+    assert r.out is out
+    assert_gemm(out, a, b, old, alpha=3.0, beta=-1.0)
+
+
+def test_c_is_out_same_numpy_array(rng):
+    a, b, old = rand(rng, (8, 5)), rand(rng, (5, 9)), rand(rng, (8, 9))
+    out = old.copy()
+    oocgemm.multiply(a, b, out, c=out, beta=0.5, tile=(2, 2, 2), device="cpu")
+    assert_gemm(out, a, b, old, beta=0.5)
+
+
+def test_update_given_zarr_array_in_place(rng, tmp_path):
+    a, b, old = rand(rng, (8, 5)), rand(rng, (5, 9)), rand(rng, (8, 9))
+    z = zarr.create_array(str(tmp_path / "z.zarr"), shape=old.shape, dtype="f8", chunks=(3, 3))
+    z[:] = old
+    oocgemm.multiply(a, b, z, beta=1.0, tile=(4, 4, 2), device="cpu")
+    assert_gemm(zarr.open_array(str(tmp_path / "z.zarr"), mode="r")[:], a, b, old, beta=1.0)
+
+
+def test_in_place_needs_c_or_existing_out(rng, workdir):
+    a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
+    with pytest.raises(oocgemm.OptionError, match="beta != 0"):
+        oocgemm.multiply(a, b, beta=1.0, device="cpu")
+    with pytest.raises(oocgemm.OptionError, match="beta != 0"):
+        oocgemm.multiply(a, b, "missing.zarr", beta=1.0, device="cpu")
+    assert not os.path.exists("missing.zarr")
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_in_place_out_of_wrong_shape_is_refused_and_left_alone(rng, workdir, suffix):
+    a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
+    path = "c" + suffix
+    old = rand(rng, (6, 5))
+    save(path, old)
+    with pytest.raises(oocgemm.ShapeError, match=r"\(6, 5\).*\(4, 5\)"):
+        oocgemm.multiply(a, b, path, beta=1.0, device="cpu")
+    np.testing.assert_array_equal(load(path), old)
+
+
+def test_in_place_out_that_is_not_a_matrix(rng, workdir):
+    a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
+    np.save("c.npy", rand(rng, (20,)))
+    with pytest.raises(oocgemm.InputError, match="not a matrix"):
+        oocgemm.multiply(a, b, "c.npy", beta=1.0, device="cpu")
+
+
+def test_in_place_numpy_out_of_wrong_shape(rng):
+    a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
+    with pytest.raises(oocgemm.ShapeError, match="out has shape"):
+        oocgemm.multiply(a, b, rand(rng, (5, 4)), beta=1.0, device="cpu")
+
+
+def test_out_overlapping_c_is_refused(rng):
+    a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
+    big = rand(rng, (5, 5))
+    with pytest.raises(oocgemm.OutputError, match="overlaps"):
+        oocgemm.multiply(a, b, big[1:], c=big[:4], beta=1.0, device="cpu")
+
+
+# -- failures mid-run ------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["garble", "truncate"])
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_failed_run_leaves_no_output(rng, workdir, suffix, how):
+    m, n, k = 12, 10, 9
+    a = rand(rng, (m, k))
+    save("b.zarr", rand(rng, (k, n)))
+    corrupt_zarr_chunks("b.zarr", how)
+    out = "c" + suffix
+    with pytest.raises(oocgemm.OOCGemmError, match="b.zarr.*corrupt or truncated chunk"):
+        oocgemm.multiply(a, "b.zarr", out, tile=(4, 3, 3), device="cpu")
+    assert not os.path.exists(out)
+    assert leftovers(workdir) == []
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_failed_in_place_update_keeps_the_original(rng, workdir, suffix):
+    m, n, k = 12, 10, 9
+    a, old = rand(rng, (m, k)), rand(rng, (m, n))
+    save("b.zarr", rand(rng, (k, n)))
+    corrupt_zarr_chunks("b.zarr")
+    path = "c" + suffix
+    save(path, old)
+    with pytest.raises(oocgemm.OOCGemmError, match="corrupt"):
+        oocgemm.multiply(a, "b.zarr", path, beta=1.0, tile=(4, 3, 3), device="cpu")
+    np.testing.assert_array_equal(load(path), old)
+    assert leftovers(workdir) == []
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_failed_overwrite_keeps_the_original(rng, workdir, suffix):
+    save("b.zarr", rand(rng, (9, 10)))
+    corrupt_zarr_chunks("b.zarr")
+    path, old = "c" + suffix, rand(rng, (12, 10))
+    save(path, old)
+    with pytest.raises(oocgemm.OOCGemmError):
+        oocgemm.multiply(rand(rng, (12, 9)), "b.zarr", path, overwrite=True, tile=(4, 3, 3),
+                         device="cpu")
+    np.testing.assert_array_equal(load(path), old)
+    assert leftovers(workdir) == []
+
+
+def failing_dask(rng, shape, bad_block, chunks=(4, 4)):
+    """A dask array whose block ``bad_block`` raises when computed (a failing source late in
+    the run, after other blocks were written)."""
+    x = rand(rng, shape)
+
+    def block(blk, block_info=None):
+        if tuple(block_info[0]["chunk-location"]) == bad_block:
+            raise OSError("simulated read failure")
+        return blk
+
+    return da.from_array(x, chunks=chunks).map_blocks(block, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+def test_failure_late_in_the_run(rng, workdir, suffix):
+    """Blocks were already written when the failure comes: still nothing looks complete."""
+    m, n, k = 16, 16, 8
+    b = failing_dask(rng, (k, n), bad_block=(1, 3))
+    out = "c" + suffix
+    with pytest.raises(oocgemm.ExecutionError, match="simulated read failure"):
+        oocgemm.multiply(rand(rng, (m, k)), b, out, tile=(4, 4, 4), device="cpu")
+    assert not os.path.exists(out)
+    assert leftovers(workdir) == []
+
+
+def test_failure_from_a_progress_callback_aborts(rng, workdir):
+    class Boom(Exception):
+        pass
+
+    seen = []
+
+    def progress(event):
+        seen.append(event)
+        if event.kind == "gemm" and len([e for e in seen if e.kind == "gemm"]) == 5:
+            raise Boom("stop here")
+
+    with pytest.raises(oocgemm.ExecutionError, match="stop here"):
+        oocgemm.multiply(rand(rng, (12, 8)), rand(rng, (8, 12)), "c.zarr", tile=(3, 3, 4),
+                         device="cpu", progress=progress)
+    assert not os.path.exists("c.zarr")
+    assert leftovers(workdir) == []
+
+
+def test_failure_before_the_run_starts_leaves_no_partial(rng, workdir, monkeypatch):
+    """An executor that fails while being set up: the temporary output is removed too."""
+    from oocgemm.runtime import cpu
+
+    def broken(self, *args, **kwargs):
+        raise MemoryError("cannot allocate the buffers")
+
+    monkeypatch.setattr(cpu.CpuExecutor, "__init__", broken)
+    for out in ("c.zarr", "c.npy"):
+        with pytest.raises(MemoryError):
+            oocgemm.multiply(rand(rng, (4, 3)), rand(rng, (3, 5)), out, device="cpu")
+        assert not os.path.exists(out)
+        assert leftovers(workdir) == []
+
+
+def test_given_numpy_out_after_failure_has_no_nan_leak_claims(rng):
+    """A given array is written in place: after a failure its content is unspecified, but a
+    later successful run overwrites every element (poison does not survive)."""
+    out = poisoned((16, 16))
+    b = failing_dask(rng, (8, 16), bad_block=(1, 3))
+    with pytest.raises(oocgemm.ExecutionError):
+        oocgemm.multiply(rand(rng, (16, 8)), b, out, tile=(4, 4, 4), device="cpu")
+    a2, b2 = rand(rng, (16, 8)), rand(rng, (8, 16))
+    oocgemm.multiply(a2, b2, out, tile=(4, 4, 4), device="cpu")
+    assert_gemm(out, a2, b2)
+
+
+@pytest.mark.parametrize("layout", ["fortran", "transposed-view", "float32", "strided"])
+def test_in_place_update_of_unusual_arrays(rng, layout):
+    a, b, old = rand(rng, (9, 7)), rand(rng, (7, 8)), rand(rng, (9, 8))
+    if layout == "fortran":
+        out = np.asfortranarray(old)
+    elif layout == "transposed-view":
+        out = np.ascontiguousarray(old.T).T
+    elif layout == "float32":
+        out = old.astype(np.float32)
+        old = out.astype(np.float64)  # what the update starts from
+    else:
+        big = rand(rng, (18, 24))
+        out = big[::2, ::3]
+        out[...] = old
+    r = oocgemm.multiply(a, b, out, c=out, beta=-2.0, tile=(4, 3, 2), device="cpu")
+    assert r.out is out
+    assert_gemm(out, a, b, old, beta=-2.0, dtype=out.dtype)

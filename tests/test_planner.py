@@ -1,0 +1,171 @@
+"""The planner: it reads no data, respects the budgets, aligns tiles to chunks, explains itself."""
+
+from __future__ import annotations
+
+import re
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+import oocgemm
+from oocgemm.storage.memory import DaskSource, NumpySource
+from oocgemm.storage.zarr_store import ZarrSource
+from _helpers import rand
+
+
+@pytest.fixture
+def no_reads(monkeypatch):
+    """Every source's read() fails: whatever calls it is caught."""
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"{self.name} was read")
+
+    for cls in (NumpySource, ZarrSource, DaskSource):
+        monkeypatch.setattr(cls, "read", refuse)
+
+
+def test_plan_reads_no_data(rng, workdir, no_reads):
+    x = rand(rng, (30, 20))
+    np.save("a.npy", x)
+    zarr.create_array("b.zarr", shape=(20, 25), dtype="f8", chunks=(8, 8))[:] = rand(rng, (20, 25))
+    np.save("c.npy", rand(rng, (30, 25)))
+    d = da.from_array(rand(rng, (20, 25)), chunks=(5, 5))
+    for a, b in (("a.npy", "b.zarr"), (x, d), (np.load("a.npy", mmap_mode="r"), "b.zarr")):
+        p = oocgemm.plan(a, b, c="c.npy", beta=0.5, device="cpu")
+        assert p.problem.m == 30 and p.problem.n == 25 and p.problem.k == 20
+        str(p)
+        p.summary()
+    with pytest.raises(oocgemm.OOCGemmError, match="was read"):  # the fixture does bite
+        oocgemm.multiply("a.npy", "b.zarr", device="cpu")
+
+
+def test_plan_works_on_a_npy_with_garbage_data(rng, workdir):
+    """A valid header over garbage bytes: plan() never looks past the header."""
+    np.save("a.npy", rand(rng, (40, 30)))
+    raw = bytearray(open("a.npy", "rb").read())
+    header = len(raw) - 40 * 30 * 8
+    raw[header:] = bytes([0xFF]) * (len(raw) - header)  # NaN bit patterns everywhere
+    open("a.npy", "wb").write(bytes(raw))
+    p = oocgemm.plan("a.npy", rand(rng, (30, 10)), device="cpu")
+    assert p.problem.k == 30
+    r = oocgemm.multiply("a.npy", rand(rng, (30, 10)), device="cpu")  # the data is garbage...
+    assert np.isnan(r.out).all()  # ...which a run does read
+
+
+def test_plan_on_a_dask_array_that_cannot_be_computed(rng):
+    def explode(block):
+        raise RuntimeError("computed")
+
+    b = da.from_array(rand(rng, (12, 9)), chunks=(4, 3)).map_blocks(explode, dtype="f8")
+    p = oocgemm.plan(rand(rng, (7, 12)), b, device="cpu", tile=(3, 3, 4))
+    assert p.grid == (3, 3, 3)
+    with pytest.raises(oocgemm.ExecutionError, match="computed"):
+        oocgemm.multiply(rand(rng, (7, 12)), b, device="cpu", tile=(3, 3, 4))
+
+
+def test_plan_on_huge_metadata_only_zarr(workdir):
+    """A 200k x 200k product, planned from metadata alone (the arrays hold no chunks)."""
+    zarr.create_array("a.zarr", shape=(200_000, 150_000), dtype="f4", chunks=(1024, 1024))
+    zarr.create_array("b.zarr", shape=(150_000, 200_000), dtype="f4", chunks=(1024, 1024))
+    p = oocgemm.plan("a.zarr", "b.zarr", "c.zarr", device="cpu", memory_limit="2GB")
+    assert p.device_bytes <= 2 * 10**9
+    w, h, r = p.tile
+    assert w % 1024 == 0 and h % 1024 == 0 and r % 1024 == 0
+    assert p.problem.flops == 2 * 200_000 * 200_000 * 150_000
+
+
+def aligned(size, chunk, extent):
+    return size % chunk == 0 or size == extent
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("m,k,n", [(300, 200, 260), (256, 320, 192), (1000, 1000, 1000),
+                                   (450, 130, 700)])
+@pytest.mark.parametrize("limit", ["1MB", "4MB", "16MB", None])
+def test_tiles_align_to_input_chunks(workdir, fmt, m, k, n, limit):
+    zarr.create_array("a.zarr", shape=(m, k), dtype="f8", chunks=(64, 64), zarr_format=fmt)
+    zarr.create_array("b.zarr", shape=(k, n), dtype="f8", chunks=(64, 64), zarr_format=fmt)
+    p = oocgemm.plan("a.zarr", "b.zarr", "c.zarr", device="cpu", memory_limit=limit)
+    w, h, r = p.tile
+    assert max(w, h, r) > 64  # the budget allows tiles bigger than a chunk
+    assert aligned(w, 64, m) and aligned(h, 64, n) and aligned(r, 64, k), p.tile
+    assert p.device_bytes <= p.memory_limit
+
+
+@pytest.mark.parametrize("limit", ["400KB", "1MB", None])
+def test_tiles_align_to_transposed_chunks(workdir, limit):
+    # A is stored K x M = 200 x 300 with chunks (32, 64): along M the chunks are 64, along K 32
+    zarr.create_array("at.zarr", shape=(200, 300), dtype="f8", chunks=(32, 64))
+    zarr.create_array("b.zarr", shape=(200, 260), dtype="f8", chunks=(32, 64))
+    p = oocgemm.plan("at.zarr", "b.zarr", device="cpu", memory_limit=limit, trans_a=True)
+    w, h, r = p.tile
+    assert aligned(w, 64, 300) and aligned(r, 32, 200) and aligned(h, 64, 260), p.tile
+
+
+@pytest.mark.parametrize("limit", ["400KB", "1MB", "4MB"])
+def test_tiles_align_to_a_given_zarr_output(workdir, limit):
+    zarr.create_array("a.zarr", shape=(300, 200), dtype="f8", chunks=(64, 64))
+    zarr.create_array("b.zarr", shape=(200, 260), dtype="f8", chunks=(64, 64))
+    out = zarr.create_array("o.zarr", shape=(300, 260), dtype="f8", chunks=(48, 40))
+    p = oocgemm.plan("a.zarr", "b.zarr", out, device="cpu", memory_limit=limit)
+    w, h, r = p.tile
+    assert aligned(w, 48, 300) and aligned(h, 40, 260) and aligned(r, 64, 200), p.tile
+
+
+@pytest.mark.parametrize("limit", [2_000, 10_000, 100_000, 1_000_000, "3MiB"])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_plan_respects_memory_limit(rng, limit, beta):
+    a, b, c = rand(rng, (120, 90)), rand(rng, (90, 110)), rand(rng, (120, 110))
+    p = oocgemm.plan(a, b, c=c, beta=beta, memory_limit=limit, device="cpu")
+    assert p.device_bytes <= p.memory_limit
+    assert p.host_bytes <= p.host_memory_limit
+    assert p.memory_limit == (limit if isinstance(limit, int) else 3 << 20)
+    p.validate()
+
+
+def test_smaller_budgets_give_more_blocks(rng):
+    a, b = rand(rng, (200, 150)), rand(rng, (150, 180))
+    counts = [oocgemm.plan(a, b, memory_limit=lim, device="cpu").grid
+              for lim in (5_000_000, 200_000, 20_000)]
+    blocks = [p * q * nk for p, q, nk in counts]
+    assert blocks[0] <= blocks[1] <= blocks[2] and blocks[0] < blocks[2]
+
+
+def test_str_and_summary(rng):
+    a, b = rand(rng, (37, 41)), rand(rng, (41, 23))
+    p = oocgemm.plan(a, b, c=rand(rng, (37, 23)), alpha=2.0, beta=-0.5, tile=(5, 6, 7),
+                     device="cpu")
+    text = str(p)
+    assert "w=5 h=6 r=7" in text and "(tile)" in text
+    assert "8x4 C blocks, 6 K panels each" in text
+    assert f"{len(p.schedule.ops)} operations" in text
+    assert "C[37x23]" in text and "float64" in text and "K=41" in text
+    assert re.search(r"predicted\s+\S+", text)
+    s = p.summary()
+    assert s["tile"] == {"w": 5, "h": 6, "r": 7}
+    assert s["grid"] == {"row_blocks": 8, "col_blocks": 4, "k_panels": 6}
+    assert s["operations"] == len(p.schedule.ops)
+    assert s["flops"] == 2 * 37 * 23 * 41
+    assert s["device_bytes"] == p.device_bytes <= s["memory_limit"]
+
+
+def test_planner_choice_is_reported(rng):
+    p = oocgemm.plan(rand(rng, (30, 20)), rand(rng, (20, 10)), device="cpu")
+    assert p.chosen_by == "planner" and "(planner)" in str(p)
+    assert p.prediction.total > 0
+
+
+def test_plan_and_multiply_agree(rng):
+    a, b = rand(rng, (40, 33)), rand(rng, (33, 27))
+    p = oocgemm.plan(a, b, memory_limit="30KB", device="cpu")
+    r = oocgemm.multiply(a, b, memory_limit="30KB", device="cpu")
+    assert r.plan.tile == p.tile and r.plan.grid == p.grid
+    assert len(r.events) == len(p.schedule.ops)
+    np.testing.assert_allclose(r.out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_plan_ignores_unknown_keywords_like_overwrite(rng):
+    p = oocgemm.plan(rand(rng, (3, 2)), rand(rng, (2, 4)), device="cpu", overwrite=True,
+                     progress=False)
+    assert p.problem.m == 3

@@ -1,0 +1,147 @@
+"""What multiply() returns, and what importing oocgemm costs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import oocgemm
+from oocgemm.diagnostics import Event
+from _helpers import assert_gemm, rand
+
+TRAFFIC_KEYS = {"storage_read", "storage_write", "h2d", "d2h"}
+
+
+@pytest.mark.parametrize("m,n,k,tile", [(23, 17, 31, (5, 4, 6)), (8, 8, 8, None),
+                                        (1, 30, 2, (1, 7, 1))])
+def test_result_fields(rng, workdir, m, n, k, tile):
+    a, b, c = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
+    np.save("a.npy", a)
+    np.save("c.npy", c)
+    r = oocgemm.multiply("a.npy", b, "out.npy", c="c.npy", beta=0.5, tile=tile, device="cpu")
+    assert isinstance(r, oocgemm.Result)
+    assert_gemm(r.out, a, b, c, beta=0.5)
+    assert r.flops == 2 * m * n * k
+    assert r.seconds > 0 and r.tflops > 0
+    assert r.tflops == pytest.approx(r.flops / r.seconds / 1e12)
+    assert set(r.bytes) == TRAFFIC_KEYS
+    assert r.bytes["h2d"] == r.bytes["d2h"] == 0  # no device on the CPU
+    assert r.bytes["storage_write"] == m * n * 8  # the .npy output, exactly once
+    # A (on disk) at least once and C exactly once; B is in memory and may be used in place
+    assert r.bytes["storage_read"] >= (m * k + m * n) * 8
+    assert r.bytes == traffic_of(r.events)
+    assert r.plan.device == "cpu"
+
+
+def traffic_of(events) -> dict:
+    levels = {"read": "storage_read", "write": "storage_write", "upload": "h2d",
+              "download": "d2h"}
+    total = dict.fromkeys(TRAFFIC_KEYS, 0)
+    for e in events:
+        if e.kind in levels:
+            total[levels[e.kind]] += e.nbytes
+    return total
+
+
+def test_result_bytes_in_memory(rng):
+    """In-memory operands may be used in place: bytes count what actually moved, no more
+    than the schedule's traffic."""
+    m, n, k = 20, 12, 9
+    a, b, c = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
+    r = oocgemm.multiply(a, b, c=c, beta=2.0, tile=(6, 5, 4), device="cpu")
+    assert_gemm(r.out, a, b, c, beta=2.0)
+    assert set(r.bytes) == TRAFFIC_KEYS
+    planned = r.plan.schedule.traffic()
+    for key in TRAFFIC_KEYS:
+        assert 0 <= r.bytes[key] <= planned[key]
+    assert r.bytes == traffic_of(r.events)
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_events_match_the_schedule(rng, workdir, on_disk):
+    a, b, c = rand(rng, (19, 14)), rand(rng, (14, 16)), rand(rng, (19, 16))
+    if on_disk:
+        for name, x in (("a", a), ("b", b), ("c", c)):
+            np.save(f"{name}.npy", x)
+        a, b, c = "a.npy", "b.npy", "c.npy"
+    r = oocgemm.multiply(a, b, "out.npy" if on_disk else None, c=c, beta=-1.0, tile=(4, 5, 3),
+                         device="cpu")
+    ops = r.plan.schedule.ops
+    assert len(r.events) == len(ops)
+    assert sorted(e.index for e in r.events) == list(range(len(ops)))
+    for e in r.events:
+        assert isinstance(e, Event)
+        assert 0 <= e.start <= e.end
+        op = ops[e.index]
+        assert (e.kind, e.operand, e.key, e.q, e.flops) == (op.kind.value, op.operand, op.key,
+                                                            op.q, op.flops)
+        assert e.nbytes == op.nbytes if on_disk else 0 <= e.nbytes <= op.nbytes
+        assert e.lane
+    assert [e.start for e in r.events] == sorted(e.start for e in r.events)
+    by_index = {e.index: e for e in r.events}
+    for op in ops:  # an op never starts before its dependencies ended
+        for d in op.deps:
+            assert by_index[d].end <= by_index[op.index].start
+    kinds = Counter(e.kind for e in r.events)
+    p, q, nk = r.plan.grid
+    assert kinds["gemm"] == p * q * nk and kinds["write"] == p * q
+    assert sum(e.flops for e in r.events) == r.flops
+
+
+def test_complex_flops_and_alpha_zero_flops(rng):
+    a, b = rand(rng, (5, 4), "complex128"), rand(rng, (4, 3), "complex128")
+    assert oocgemm.multiply(a, b, device="cpu").flops == 8 * 5 * 3 * 4
+    r = oocgemm.multiply(a, b, alpha=0.0, c=rand(rng, (5, 3), "complex128"), beta=1.0,
+                         device="cpu")
+    assert r.flops == 0 and r.tflops == 0
+
+
+def test_progress_callback_sees_every_event(rng):
+    seen = []
+    a, b = rand(rng, (12, 9)), rand(rng, (9, 10))
+    r = oocgemm.multiply(a, b, tile=(4, 4, 4), device="cpu", progress=seen.append)
+    assert sorted(e.index for e in seen) == sorted(e.index for e in r.events)
+
+
+def test_progress_bar_false_and_true(rng, capsys):
+    a, b = rand(rng, (12, 9)), rand(rng, (9, 10))
+    oocgemm.multiply(a, b, tile=(4, 4, 4), device="cpu", progress=False)
+    assert capsys.readouterr().err == ""
+    r = oocgemm.multiply(a, b, tile=(4, 4, 4), device="cpu", progress=True)
+    np.testing.assert_allclose(r.out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_summary_and_str(rng):
+    a, b = rand(rng, (12, 9)), rand(rng, (9, 10))
+    r = oocgemm.multiply(a, b, tile=(4, 4, 4), device="cpu")
+    s = r.summary()
+    assert s["shape"] == [12, 10, 9] and s["tile"] == [4, 4, 4]
+    assert s["flops"] == r.flops and s["operations"] == len(r.events)
+    assert "C[12x10]" in str(r) and "GFLOP/s" in str(r)
+
+
+def run_python(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_import_and_cpu_multiply_do_not_import_cupy():
+    out = run_python("""
+        import sys
+        import numpy as np
+        import oocgemm
+        assert "cupy" not in sys.modules, "import oocgemm imported cupy"
+        a = np.random.default_rng(5).standard_normal((20, 10))
+        r = oocgemm.multiply(a, a.T, device="cpu", tile=(4, 4, 4))
+        assert np.allclose(r.out, a @ a.T)
+        oocgemm.plan(a, a.T, device="auto")
+        print(sorted(m for m in sys.modules if m == "cupy" or m.startswith("cupy.")))
+    """)
+    assert out.strip() == "[]"
