@@ -41,6 +41,9 @@ def plans(draw, max_extent=40):
     tile = tuple(draw(st.integers(1, max(e, 1) + 2)) for e in (m, n, k))
     staged = draw(st.booleans())
     slots = {name: draw(st.integers(1, 3)) for name in ("n_a", "n_b", "n_c", "n_stage", "n_out")}
+    slots["split_last"] = draw(st.integers(1, 4))  # the last panel's GEMM in row stripes
+    slots["ramp"] = draw(st.integers(0, 3))  # the first panel in halving pieces
+    slots["tail_panels"] = draw(st.integers(1, 4))  # the last panels stripe by stripe
     if staged:
         slots["stripe"] = draw(st.integers(1, 64))  # many stripes per panel
     return make_plan(m, n, k, tile, alpha=draw(st.sampled_from([0.0, 1.0, 2.5])),
@@ -56,7 +59,11 @@ def test_random_plans_pass_the_checker(plan):
     check_schedule(schedule, plan)
     p, q, nk = plan.grid
     prob = plan.problem
-    assert schedule.count(OpKind.GEMM) == (p * q * nk if prob.computes_product else 0)
+    gemms = [op for op in schedule.ops if op.kind is OpKind.GEMM]
+    assert len({(op.key, op.q) for op in gemms}) == (p * q * nk if prob.computes_product else 0)
+    assert sum(op.flops for op in gemms) == prob.flops
+    tail = min(plan.tail_panels, nk, plan.n_a, plan.n_b)
+    assert len(gemms) <= p * q * (nk - tail + tail * plan.split_last)
     assert schedule.count(OpKind.FILL) == (0 if prob.computes_product else p * q)
     written = sum(op.nbytes for op in schedule.ops if op.kind is OpKind.WRITE)
     assert written == prob.m * prob.n * prob.itemsize
@@ -114,6 +121,10 @@ MUTATION_PLANS = {
     "unstaged beta=1 trans": dict(beta=1.0, trans_a=True, trans_b=True),
     "staged beta=0": dict(beta=0.0, staged=True, stripe=5, n_stage=3, n_out=2),
     "staged beta=-0.5": dict(beta=-0.5, staged=True, stripe=7, n_stage=2, n_out=2),
+    "staged split last GEMM": dict(beta=0.5, staged=True, stripe=6, n_stage=2, n_out=2,
+                                   split_last=3),
+    "staged tail of 2 panels": dict(beta=0.0, staged=True, stripe=6, n_stage=2, n_out=2,
+                                    split_last=3, tail_panels=2, n_a=3, n_b=3),
     "staged one slot each": dict(beta=1.0, staged=True, stripe=9, n_stage=1, n_out=1, n_a=1,
                                  n_b=1, n_c=1),
 }
@@ -284,6 +295,9 @@ def executed_plans(draw):
     tile = tuple(draw(st.integers(1, max(e, 1) + 1)) for e in (m, n, k))
     slots = {name: draw(st.integers(1, 3)) for name in ("n_a", "n_b", "n_c", "n_stage", "n_out")}
     slots["stripe"] = draw(st.integers(1, 40))
+    slots["split_last"] = draw(st.integers(1, 4))
+    slots["ramp"] = draw(st.integers(0, 3))
+    slots["tail_panels"] = draw(st.integers(1, 4))
     return dict(m=m, n=n, k=k, tile=tile, alpha=draw(st.sampled_from([0.0, 1.0, -2.5])),
                 beta=draw(st.sampled_from([0.0, 1.0, -0.5])), trans_a=draw(st.booleans()),
                 trans_b=draw(st.booleans()), staged=draw(st.booleans()),

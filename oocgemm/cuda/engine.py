@@ -111,6 +111,10 @@ class GpuContext:
             cupy.get_default_memory_pool().free_all_blocks()
             self.device.__exit__(None, None, None)
 
+    def on_device(self):
+        """Make this GPU current in the calling thread (CuPy's current device is per thread)."""
+        return cupy.cuda.Device(self.index)
+
     # -- buffers -----------------------------------------------------------------------------
     def device_buffer(self, name: str, elements: int) -> None:
         self._device_buffers[name] = cupy.empty(max(elements, 1), dtype=self.dtype)
@@ -159,23 +163,30 @@ class GpuContext:
 
     # -- arithmetic ----------------------------------------------------------------------------
     def gemm(self, a_slot: str, b_slot: str, c_slot: str, w: int, h: int, r: int,
-             trans_a: bool, trans_b: bool, alpha, beta) -> None:
-        """Row-major ``C[w,h] = alpha * op(A) @ op(B) + beta * C`` on the compute stream.
+             trans_a: bool, trans_b: bool, alpha, beta, row0: int = 0, rows: int | None = None
+             ) -> None:
+        """Row-major ``C[row0:row0+rows, :h] = alpha * op(A)[row0:...] @ op(B) + beta * C[...]``
+        on the compute stream, for a C block of ``w`` rows.
 
         cuBLAS is column-major: the row-major C buffer is C^T there, and
         C^T = op(B)^T @ op(A)^T, so B comes first. A row-major B (r×h) read column-major is
         B^T with leading dimension h (no transpose needed); a stored-transposed B (h×r) is
-        op(B) itself there, so it takes CUBLAS_OP_T with leading dimension r. Likewise for A.
+        op(B) itself there, so it takes CUBLAS_OP_T with leading dimension r. Likewise for A,
+        whose row stripe starts ``row0`` rows in (``row0`` columns in when stored transposed).
         """
+        rows = w - row0 if rows is None else rows
+        size = self.dtype.itemsize
         scalars = np.array([alpha, beta], dtype=self.dtype)
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
         op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N
+        a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
+        c_ptr = self.device_ptr(c_slot) + row0 * h * size
         with self.streams["compute"]:
             _GEMM[self.dtype](
-                self._handle, op_b, op_a, h, w, r,
+                self._handle, op_b, op_a, h, rows, r,
                 scalars[0:1].ctypes.data, self.device_ptr(b_slot), r if trans_b else h,
-                self.device_ptr(a_slot), w if trans_a else r,
-                scalars[1:2].ctypes.data, self.device_ptr(c_slot), h)
+                a_ptr, w if trans_a else r,
+                scalars[1:2].ctypes.data, c_ptr, h)
 
     def scale(self, c_slot: str, elements: int, beta) -> None:
         """C = beta * C (or zero, C unread, for beta == 0) on the compute stream."""

@@ -15,9 +15,7 @@ Two passes over the operation list:
 
 from __future__ import annotations
 
-from collections import Counter
-
-from .schedule import OpKind, Schedule
+from .schedule import OpKind, Schedule, op_span
 
 
 class ScheduleError(AssertionError):
@@ -31,15 +29,8 @@ def check_schedule(schedule: Schedule, plan) -> None:
 
 
 def _span(op, slot: str, schedule: Schedule, writing: bool) -> tuple[int, int]:
-    """Element range of ``slot`` that ``op`` touches: a stripe at its offset in a device slot,
-    the whole content otherwise."""
-    if op.kind is OpKind.UPLOAD and writing:
-        return (op.offset, op.offset + op.elements)
-    if op.kind is OpKind.DOWNLOAD and not writing:
-        return (op.offset, op.offset + op.elements)
-    if op.kind in (OpKind.GEMM, OpKind.FILL):
-        return (0, schedule.slots[slot])  # a GEMM touches its whole panels and C block
-    return (0, op.elements)
+    lo, hi = op_span(op, slot, writing)
+    return lo, min(hi, schedule.slots[slot])
 
 
 def _check_hazards(schedule: Schedule) -> None:
@@ -107,8 +98,10 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
     if prob.computes_product:
         _check_tiling("K panels", ks, prob.k)
     content: dict[str, tuple] = {}
+    cstate: dict[str, tuple] = {}  # C slot -> (block key, _Ranges of "input" / panel sets)
+    want_panels = frozenset(range(nk)) if prob.computes_product else frozenset()
     written: dict[tuple[int, int], list] = {}
-    accumulated: Counter = Counter()
+    accumulated: dict[tuple[int, int, int], list] = {}
 
     def region_of(operand, key):
         if operand == "A":
@@ -142,6 +135,9 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {op.dst}")
             # (operand, key, state, covered ranges); a host stage holds one stripe
             content[op.dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
+            if op.operand == "C" and not op.dst.startswith("s"):
+                cstate[op.dst] = (op.key, _Ranges())
+                cstate[op.dst][1].set(lo, hi, "input")
         elif op.kind is OpKind.UPLOAD:
             tag = content.get(op.src[0])
             lo, hi, total = expect_stripe(op, op.operand, op.key)
@@ -156,15 +152,26 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 covered = set(previous[3])
             covered.add((lo, hi))
             content[op.dst] = (op.operand, op.key, "input", _merge(covered))
+            if op.operand == "C":
+                if cstate.get(op.dst, (None,))[0] != op.key:
+                    cstate[op.dst] = (op.key, _Ranges())
+                cstate[op.dst][1].set(lo, hi, "input")
         elif op.kind in (OpKind.GEMM, OpKind.FILL):
             i, j = op.key
             c_slot = op.dst
-            previous = content.get(c_slot)
-            # A GEMM accumulates when the slot already holds a partial sum of this block;
-            # otherwise it is the block's first touch (with beta == 1 the first GEMM also has
-            # op.beta == 1, so op.beta alone cannot tell).
-            starts = op.kind is OpKind.FILL or not (
-                previous is not None and previous[:2] == ("C", op.key) and previous[2] != "input")
+            lo, hi, total = expect_stripe(op, "C", op.key)
+            if op.offset != lo:
+                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
+            ranges = cstate.get(c_slot)
+            if ranges is None or ranges[0] != op.key:
+                ranges = cstate[c_slot] = (op.key, _Ranges())
+            pieces = ranges[1].get(lo, hi)
+            if len(set(pieces)) != 1:
+                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} are in mixed states {pieces}")
+            previous = pieces[0]
+            # A GEMM accumulates where the slot holds a partial sum of this block; elsewhere it
+            # is the first touch (with beta == 1 the first GEMM has op.beta == 1 too).
+            starts = op.kind is OpKind.FILL or not isinstance(previous, frozenset)
             if op.kind is OpKind.GEMM:
                 q = op.q
                 a_tag, b_tag = content.get(op.src[0]), content.get(op.src[1])
@@ -174,60 +181,68 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                     raise ScheduleError(f"{op}: B slot {op.src[1]} holds {b_tag}, expected all of B{(q, j)}")
                 if op.alpha != prob.alpha:
                     raise ScheduleError(f"{op}: alpha {op.alpha}, expected {prob.alpha}")
-                accumulated[(i, j, q)] += 1
+                accumulated.setdefault((i, j, q), []).append((lo, hi))
                 panels = frozenset({q})
             else:
                 if prob.computes_product:
                     raise ScheduleError(f"{op}: FILL although a product is computed")
                 panels = frozenset()
             if starts:
-                # The first touch of this C block: beta * C (read) or nothing (beta == 0).
+                # The first touch of these rows: beta * C (as read) or nothing (beta == 0).
                 want_beta = prob.beta if prob.reads_c else 0.0
                 if op.beta != want_beta:
                     raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected {want_beta}")
-                if prob.reads_c and not _whole(previous, "C", op.key, region_of):
-                    raise ScheduleError(f"{op}: scales {previous}, expected all of C{op.key} as read")
+                if prob.reads_c and previous != "input":
+                    raise ScheduleError(f"{op}: scales {previous}, expected rows {lo}:{hi} of "
+                                        f"C{op.key} as read")
                 if (c_slot in op.src) != (op.beta != 0):
                     raise ScheduleError(f"{op}: reads C exactly when beta != 0")
-                content[c_slot] = ("C", op.key, panels, None)
+                ranges[1].set(lo, hi, panels)
             else:
                 if op.beta != 1.0 or c_slot not in op.src:
                     raise ScheduleError(f"{op}: accumulates into C{op.key} with beta={op.beta} "
                                         f"and sources {op.src}, expected beta=1 reading {c_slot}")
-                content[c_slot] = ("C", op.key, previous[2] | panels, None)
+                ranges[1].set(lo, hi, previous | panels)
         elif op.kind is OpKind.DOWNLOAD:
-            tag = content.get(op.src[0])
             lo, hi, total = expect_stripe(op, "C", op.key)
             if op.offset != lo:
                 raise ScheduleError(f"{op}: stripe {lo}:{hi} downloaded from offset {op.offset}")
-            if tag is None or tag[:2] != ("C", op.key) or tag[2] == "input":
-                raise ScheduleError(f"{op}: downloads {tag}, expected C{op.key}")
-            content[op.dst] = ("C", op.key, tag[2], frozenset({(lo, hi)}))
+            state = _finished(cstate.get(op.src[0]), op.key, lo, hi, want_panels)
+            if state is None:
+                raise ScheduleError(f"{op}: downloads rows {lo}:{hi} of C{op.key} before every "
+                                    f"panel {sorted(want_panels)} is in them")
+            content[op.dst] = ("C", op.key, want_panels, frozenset({(lo, hi)}))
         elif op.kind is OpKind.WRITE:
-            tag = content.get(op.src[0])
             lo, hi, total = expect_stripe(op, "C", op.key)
-            want = frozenset(range(nk)) if prob.computes_product else frozenset()
-            if tag is None or tag[:2] != ("C", op.key) or tag[2] != want:
-                raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels {sorted(want)}")
-            if tag[3] is not None and tag[3] != frozenset({(lo, hi)}):
-                raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding {tag[3]}")
+            if op.src[0] in cstate:  # unstaged: straight from the C slot
+                if _finished(cstate[op.src[0]], op.key, lo, hi, want_panels) is None:
+                    raise ScheduleError(f"{op}: writes C{op.key} before every panel "
+                                        f"{sorted(want_panels)} is in it")
+            else:
+                tag = content.get(op.src[0])
+                if tag is None or tag[:2] != ("C", op.key) or tag[2] != want_panels:
+                    raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels "
+                                        f"{sorted(want_panels)}")
+                if tag[3] != frozenset({(lo, hi)}):
+                    raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding {tag[3]}")
             written.setdefault(op.key, []).append((lo, hi))
 
     for key, stripes in written.items():
         (r0, r1), (c0, c1) = region_of("C", key)
-        total = (r1 - r0) * (c1 - c0)
-        covered = sorted(stripes)
-        if covered[0][0] != 0 or covered[-1][1] != total or any(
-                a[1] != b[0] for a, b in zip(covered, covered[1:])):
-            raise ScheduleError(f"C{key}: stripes {covered} do not cover its {total} elements exactly once")
+        if not _tiles(stripes, (r1 - r0) * (c1 - c0)):
+            raise ScheduleError(f"C{key}: stripes {sorted(stripes)} do not cover its elements "
+                                f"exactly once")
+
     expected_blocks = {(i, j) for i in range(p) for j in range(q_blocks)}
     if set(written) != expected_blocks:
         missing = expected_blocks - set(written)
         raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}")
     if prob.computes_product:
-        for key, times in accumulated.items():
-            if times != 1:
-                raise ScheduleError(f"panel {key} accumulated {times} times")
+        for (i, j, q), parts in accumulated.items():
+            (r0, r1), (c0, c1) = region_of("C", (i, j))
+            if not _tiles(parts, (r1 - r0) * (c1 - c0)):
+                raise ScheduleError(f"panel {(i, j, q)} accumulated over {sorted(parts)}, not "
+                                    f"exactly once over the block")
         if len(accumulated) != p * q_blocks * nk:
             raise ScheduleError(f"{len(accumulated)} (i, j, q) products, expected {p * q_blocks * nk}")
 
@@ -255,3 +270,52 @@ def _whole(tag, operand: str, key, region_of) -> bool:
         return False
     (r0, r1), (c0, c1) = region_of(operand, key)
     return tag[3] == frozenset({(0, (r1 - r0) * (c1 - c0))})
+
+
+def _tiles(parts, total: int) -> bool:
+    """True when the [lo, hi) ranges cover [0, total) exactly once."""
+    covered = sorted(parts)
+    return (bool(covered) and covered[0][0] == 0 and covered[-1][1] == total
+            and all(a[1] == b[0] for a, b in zip(covered, covered[1:])))
+
+
+class _Ranges:
+    """Disjoint [lo, hi) ranges of a slot, each with a state."""
+
+    def __init__(self):
+        self.parts: list[list] = []  # [lo, hi, state], sorted
+
+    def get(self, lo: int, hi: int) -> list:
+        """The states over [lo, hi), None for what no range covers."""
+        states, at = [], lo
+        for a, b, state in self.parts:
+            if b <= lo or a >= hi:
+                continue
+            if a > at:
+                states.append(None)
+            states.append(state)
+            at = b
+        if at < hi:
+            states.append(None)
+        return states
+
+    def set(self, lo: int, hi: int, state) -> None:
+        kept = []
+        for a, b, old in self.parts:
+            if b <= lo or a >= hi:
+                kept.append([a, b, old])
+                continue
+            if a < lo:
+                kept.append([a, lo, old])
+            if b > hi:
+                kept.append([hi, b, old])
+        kept.append([lo, hi, state])
+        self.parts = sorted(kept)
+
+
+def _finished(entry, key, lo: int, hi: int, want) -> object:
+    """The state of rows [lo, hi) of C[key] in a C slot when all of them hold every panel."""
+    if entry is None or entry[0] != key:
+        return None
+    states = entry[1].get(lo, hi)
+    return want if states and all(st == want for st in states) else None

@@ -103,6 +103,25 @@ class Op:
                 f"{where}->{to} deps={list(self.deps)}")
 
 
+WHOLE = 1 << 62  # "to the end of the slot"
+
+
+def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
+    """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
+
+    Stripes (UPLOAD into a device slot, DOWNLOAD out of one) and GEMM/FILL on a C slot touch
+    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole; a host buffer or a
+    storage read/write touches the first ``elements``.
+    """
+    if op.kind is OpKind.UPLOAD and writing or op.kind is OpKind.DOWNLOAD and not writing:
+        return (op.offset, op.offset + op.elements)
+    if op.kind in (OpKind.GEMM, OpKind.FILL):
+        if slot == op.dst:
+            return (op.offset, op.offset + op.elements)
+        return (0, WHOLE)
+    return (0, op.elements)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The ordered operations of a plan, and the slot sizes they need (bytes)."""
@@ -138,21 +157,38 @@ class Schedule:
 
 
 class _SlotState:
-    """What a slot holds and who touched it last, while the schedule is being built."""
+    """What a slot holds and who touched which of its elements, while building."""
 
     __slots__ = ("name", "content", "writers", "readers", "last_use")
 
     def __init__(self, name: str):
         self.name = name
         self.content: tuple | None = None
-        self.writers: list[int] = []   # the op(s) that produced the current content
-        self.readers: list[int] = []   # ops that read the current content
+        self.writers: list[tuple[int, int, int]] = []  # (op, lo, hi) that produced the content
+        self.readers: list[tuple[int, int, int]] = []  # (op, lo, hi) that read it since
         self.last_use = -1
 
-    def hazards(self) -> list[int]:
-        """Ops a new writer of this slot must wait for: the readers of the current content,
-        or its writers when nobody read it."""
-        return list(self.readers) if self.readers else list(self.writers)
+    @staticmethod
+    def _overlapping(entries, lo: int, hi: int) -> list[int]:
+        return [index for index, a, b in entries if a < hi and lo < b]
+
+    def producers(self, lo: int = 0, hi: int = WHOLE) -> list[int]:
+        """Ops whose writes a reader of [lo, hi) must wait for."""
+        return self._overlapping(self.writers, lo, hi)
+
+    def hazards(self, lo: int = 0, hi: int = WHOLE) -> list[int]:
+        """Ops a new writer of [lo, hi) must wait for: the readers of what is there, or its
+        writers when nobody read it."""
+        return self._overlapping(self.readers, lo, hi) or self._overlapping(self.writers, lo, hi)
+
+    def record(self, index: int, lo: int, hi: int, writing: bool) -> None:
+        if not writing:
+            self.readers.append((index, lo, hi))
+            return
+        def kept(entries):
+            return [e for e in entries if not (lo <= e[1] and e[2] <= hi)]
+        self.writers = kept(self.writers) + [(index, lo, hi)]
+        self.readers = kept(self.readers)
 
 
 class _Builder:
@@ -172,32 +208,26 @@ class _Builder:
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def emit(self, kind, operand, key, src, dst, deps, region, partial=False, **kw) -> int:
-        """Append an op. ``partial``: it writes one stripe of ``dst``; the stripes of one load
-        together make the slot's new content."""
+    def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
+        """Append an op and record which elements of which slots it touches."""
         index = len(self.ops)
-        deps = tuple(sorted(set(deps)))
-        self.ops.append(Op(index=index, kind=kind, operand=operand, key=key, src=tuple(src),
-                           dst=dst, deps=deps, region=region, **kw))
+        op = Op(index=index, kind=kind, operand=operand, key=key, src=tuple(src), dst=dst,
+                deps=tuple(sorted(set(deps))), region=region, **kw)
+        self.ops.append(op)
         self.clock += 1
         for name in src:
-            st = self.state[name]
-            st.readers.append(index)
-            st.last_use = self.clock
+            self.state[name].record(index, *op_span(op, name, False), writing=False)
+            self.state[name].last_use = self.clock
         if dst is not None:
-            st = self.state[dst]
-            if partial and st.writers and not st.readers and self.ops[st.writers[-1]].key == key:
-                st.writers.append(index)
-            else:
-                st.writers, st.readers = [index], []
-            st.last_use = self.clock
+            self.state[dst].record(index, *op_span(op, dst, True), writing=True)
+            self.state[dst].last_use = self.clock
         return index
 
-    def write_deps(self, slot: str, *extra: int) -> list[int]:
-        return self.state[slot].hazards() + [e for e in extra if e is not None]
+    def write_deps(self, slot: str, *extra: int, lo: int = 0, hi: int = WHOLE) -> list[int]:
+        return self.state[slot].hazards(lo, hi) + [e for e in extra if e is not None]
 
-    def read_dep(self, slot: str) -> list[int]:
-        return list(self.state[slot].writers)
+    def read_dep(self, slot: str, lo: int = 0, hi: int = WHOLE) -> list[int]:
+        return self.state[slot].producers(lo, hi)
 
     def next_stage(self, ring: str) -> str:
         count = self.plan.n_stage if ring == "sR" else self.plan.n_out
@@ -246,7 +276,7 @@ class _Builder:
             read = self.emit(OpKind.READ, operand, key, (), stage, self.write_deps(stage), stripe,
                              nbytes=nbytes)
             self.emit(OpKind.UPLOAD, operand, key, (stage,), dst, hazards + [read], stripe,
-                      nbytes=nbytes, offset=offset, partial=offset > 0)
+                      nbytes=nbytes, offset=offset)
 
     def ensure(self, operand: str, key: tuple[int, int], pinned: set[str]) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot."""
@@ -278,21 +308,46 @@ class _Builder:
                 self.emit(OpKind.FILL, "C", c_key, src, c_slot, deps, c_region,
                           alpha=0.0, beta=prob.beta)
             else:
-                panels = range(nk) if t % 2 == 0 else range(nk - 1, -1, -1)
-                for n_done, q in enumerate(panels):
-                    a_slot = self.ensure("A", (i, q), pinned=set())
-                    b_slot = self.ensure("B", (q, j), pinned=set())
-                    beta = (prob.beta if prob.reads_c else 0.0) if n_done == 0 else 1.0
-                    src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
-                    deps = self.read_dep(a_slot) + self.read_dep(b_slot)
-                    deps += self.read_dep(c_slot) if beta != 0 else self.write_deps(c_slot)
-                    r = self.ks[q + 1] - self.ks[q]
-                    factor = 8 if prob.dtype.startswith("complex") else 2
-                    self.emit(OpKind.GEMM, "C", c_key, src, c_slot, deps, c_region, q=q,
-                              alpha=prob.alpha, beta=beta, flops=factor * w * h * r)
+                panels = list(range(nk) if t % 2 == 0 else range(nk - 1, -1, -1))
+                # The last `tail` panels run stripe by stripe (each row stripe through all of
+                # them), so that C's rows become final one stripe at a time over several
+                # panels and travel back while the rest computes: the drain of the run is one
+                # stripe, not one block. Their panels stay resident meanwhile.
+                tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
+                head, rest = panels[:nk - tail], panels[nk - tail:]
+                for q in head:
+                    self.gemm(t, i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
+                              c_region=c_region, h=h, pinned=set())
+                pinned: set[str] = set()
+                for q in rest:  # load the tail panels, each into a slot of its own
+                    pinned.add(self.ensure("A", (i, q), pinned=pinned))
+                    pinned.add(self.ensure("B", (q, j), pinned=pinned))
+                for x0, x1 in _row_parts(w, plan.split_last):
+                    for q in rest:
+                        self.gemm(t, i, j, q, first=q == panels[0], rows=(x0, x1),
+                                  c_slot=c_slot, c_region=c_region, h=h, pinned=pinned)
             self.store(c_key, c_slot, c_region)
         return Schedule(ops=tuple(self.ops), slots=self.slot_sizes(),
                         transposed={"A": prob.trans_a, "B": prob.trans_b, "C": False})
+
+    def gemm(self, t, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
+        """C[i, j] rows ``rows`` (+)= A(i, q) @ B(q, j): beta of the problem (or 0) on the first
+        panel of the block, 1 after."""
+        prob = self.prob
+        a_slot = self.ensure("A", (i, q), pinned=pinned)
+        b_slot = self.ensure("B", (q, j), pinned=pinned)
+        beta = (prob.beta if prob.reads_c else 0.0) if first else 1.0
+        r = self.ks[q + 1] - self.ks[q]
+        x0, x1 = rows
+        lo, hi = x0 * h, x1 * h
+        src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
+        deps = self.read_dep(a_slot) + self.read_dep(b_slot)
+        deps += (self.read_dep(c_slot, lo=lo, hi=hi) if beta != 0
+                 else self.write_deps(c_slot, lo=lo, hi=hi))
+        region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
+        factor = 8 if prob.dtype.startswith("complex") else 2
+        self.emit(OpKind.GEMM, "C", (i, j), src, c_slot, deps, region, q=q, alpha=prob.alpha,
+                  beta=beta, offset=lo, flops=factor * (x1 - x0) * h * r)
 
     def store(self, key, c_slot, region) -> None:
         """C slot -> storage; through the output ring, stripe by stripe, when staged."""
@@ -300,10 +355,10 @@ class _Builder:
             self.emit(OpKind.WRITE, "C", key, (c_slot,), None, self.read_dep(c_slot), region,
                       nbytes=self.nbytes(region))
             return
-        produced = self.read_dep(c_slot)
         for stripe, offset in self.stripes(region):
             stage = self.next_stage("sO")
             nbytes = self.nbytes(stripe)
+            produced = self.read_dep(c_slot, lo=offset, hi=offset + self.nbytes(stripe) // self.s)
             down = self.emit(OpKind.DOWNLOAD, "C", key, (c_slot,), stage,
                              self.write_deps(stage, *produced), stripe, nbytes=nbytes,
                              offset=offset)
@@ -315,6 +370,13 @@ class _Builder:
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h}
         ring = self.plan.buffers.ring // self.s
         return {name: (ring if name.startswith("s") else sizes[name[0]]) for name in self.state}
+
+
+def _row_parts(rows: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, rows)`` cut into at most ``parts`` near-equal ranges of whole rows."""
+    parts = max(1, min(parts, rows))
+    bounds = [rows * p // parts for p in range(parts + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def serpentine(rows: int, cols: int):

@@ -70,6 +70,19 @@ class Plan:
     """Pinned ring buffers for C stripes coming down when staged."""
     stripe: int = 4 << 20
     """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
+    split_last: int = 1
+    """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
+    way back while the rest of the block computes (1: not cut)."""
+    tail_panels: int = 1
+    """The last K panels of each block that run row stripe by row stripe (``split_last``
+    stripes), so that C's rows become final over several panels; needs that many A and B
+    slots (one more lets the next block's first panels arrive meanwhile)."""
+    ramp: int = 0
+    """Halvings of the first K panel: with 3 it runs as r/8, r/8, r/4, r/2, so that the first
+    GEMM starts after an eighth of a panel has arrived (pieces stay multiples of
+    ``ramp_granule``)."""
+    ramp_granule: int = 1
+    """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
     readers: int = 4
     """Reader threads the executor may run; each may hold one chunk in flight."""
     read_transient: int = 0
@@ -88,7 +101,14 @@ class Plan:
 
     @property
     def k_splits(self) -> tuple[int, ...]:
-        return _splits(self.problem.k, self.tile[2]) if self.problem.computes_product else (0,)
+        if not self.problem.computes_product:
+            return (0,)
+        splits = _splits(self.problem.k, self.tile[2])
+        if self.ramp and len(splits) > 2:
+            r, g = splits[1], max(self.ramp_granule, 1)
+            pieces = {(r >> h) // g * g for h in range(self.ramp, 0, -1)}
+            splits = (0,) + tuple(sorted(x for x in pieces if 0 < x < r)) + splits[1:]
+        return splits
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -125,7 +145,9 @@ class Plan:
 
     @property
     def prediction(self) -> "Prediction":
-        return predict(self.problem, self.tile, self.model, staged=self.staged)
+        return predict(self.problem, self.tile, self.model, staged=self.staged,
+                       split_last=self.split_last, ramp=self.ramp,
+                       tail=min(self.tail_panels, self.n_a, self.n_b))
 
     def validate(self) -> "Plan":
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -207,6 +229,8 @@ class Prediction:
     d2h: float
     storage_read: float
     storage_write: float
+    host_copy: float
+    """Copies between host memory and the executor's buffers (staging, in-memory operands)."""
     fill: float
     drain: float
     overhead: float
@@ -214,19 +238,20 @@ class Prediction:
 
     @property
     def bound(self) -> str:
-        candidates = {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
-                      "storage read": self.storage_read, "storage write": self.storage_write}
-        return max(candidates, key=candidates.get)
+        return max(self._resources(), key=self._resources().get)
+
+    def _resources(self) -> dict[str, float]:
+        return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
+                "storage read": self.storage_read, "storage write": self.storage_write,
+                "host copy": self.host_copy}
 
     @property
     def total(self) -> float:
-        return (max(self.compute, self.h2d, self.d2h, self.storage_read, self.storage_write)
-                + self.fill + self.drain + self.overhead)
+        return max(self._resources().values()) + self.fill + self.drain + self.overhead
 
     def describe(self) -> str:
-        return ", ".join(f"{name} {format_seconds(v)}" for name, v in (
-            ("compute", self.compute), ("h2d", self.h2d), ("d2h", self.d2h),
-            ("read", self.storage_read), ("write", self.storage_write)) if v)
+        return ", ".join(f"{name} {format_seconds(v)}" for name, v in self._resources().items()
+                         if v)
 
 
 def _splits(extent: int, step: int) -> tuple[int, ...]:
@@ -256,9 +281,11 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
     return max(1.0, min(touched * chunk, size + 2 * chunk) / size)
 
 
-def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool
-            ) -> Prediction:
-    """Predict each resource's busy time for a tiling (seconds)."""
+def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
+            split_last: int = 1, ramp: int = 0, tail: int = 1) -> Prediction:
+    """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
+    shrink the drain (one row stripe of the last block) and the fill (the first piece of the
+    first panel)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -285,35 +312,47 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     amp_b = math.prod(_amplification(x, c, prob.b.on_disk) for x, c in
                       zip((r, h), prob.b_chunks_kn()))
 
-    def read_seconds(nbytes: float, operand) -> float:
-        if operand.zero_copy and not staged:
-            return 0.0  # used in place
-        return nbytes / (model.storage_read if operand.on_disk else model.memory_copy)
-
-    storage_read = (read_seconds(a_loads * amp_a, prob.a) + read_seconds(b_loads * amp_b, prob.b))
+    # Storage traffic runs at storage rates; copies between host memory and the executor's
+    # buffers share one resource, the host's memory bandwidth (reads and writes together).
+    storage_read = storage_write = host_copy = 0.0
+    reads = [(a_loads * amp_a, prob.a), (b_loads * amp_b, prob.b)]
     if prob.reads_c and prob.c is not None:
-        storage_read += read_seconds(c_in, prob.c)
+        reads.append((c_in, prob.c))
+    for nbytes, operand in reads:
+        if operand.on_disk:
+            storage_read += nbytes / model.storage_read
+        elif not (operand.zero_copy and not staged):  # else used in place
+            host_copy += nbytes / model.memory_copy
     out_disk = prob.out.on_disk if prob.out is not None else False
     out_in_place = prob.out is not None and prob.out.zero_copy and not staged
-    storage_write = 0.0 if out_in_place else c_bytes / (
-        model.storage_write if out_disk else model.memory_copy)
+    if out_disk:
+        storage_write = c_bytes / model.storage_write
+    elif not out_in_place:
+        host_copy += c_bytes / model.memory_copy
     h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
     d2h = c_bytes / model.d2h if model.d2h else 0.0
     first_panels = 0
     if prob.computes_product:
-        first_panels = sum(nbytes for nbytes, operand in ((w * r * s, prob.a), (r * h * s, prob.b))
+        r_first = max(r >> ramp, 1) if nk > 1 else r
+        first_panels = sum(nbytes for nbytes, operand in ((w * r_first * s, prob.a),
+                                                          (r_first * h * s, prob.b))
                            if not (operand.zero_copy and not staged))
     fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
         first_panels / model.memory_copy)
     fill += first_panels / model.h2d if model.h2d else 0.0
     fill += first_panels / model.first_touch if model.first_touch else 0.0
-    last_block = 0 if out_in_place else w * h * s
-    drain = last_block / (model.storage_write if out_disk else model.memory_copy)
-    drain += last_block / model.d2h if model.d2h else 0.0
-    drain += last_block / model.first_touch if model.first_touch else 0.0
+    # The last block's C leaves after its last panels: with `tail` panels run stripe by
+    # stripe, its rows become final over those panels' time, and only what the copies cannot
+    # keep up with (at least one stripe) is left at the end.
+    per_byte = 1 / (model.storage_write if out_disk else model.memory_copy)
+    per_byte += 1 / model.d2h if model.d2h else 0.0
+    per_byte += 1 / model.first_touch if model.first_touch else 0.0
+    block_out = 0 if out_in_place else w * h * s * per_byte
+    tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
+    drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
     n_ops = blocks * (2 * nk + 3) * (2 if staged else 1)
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
-                      storage_write=storage_write, fill=fill, drain=drain,
+                      storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
                       overhead=n_ops * OP_OVERHEAD)
 
 
@@ -350,6 +389,17 @@ def _aligned(sizes: list[int], align: int | None, extent: int) -> list[int]:
     return [s for s in sizes if s % align == 0 or s == extent]
 
 
+def _with_granule(chunk: int | None, granule: int) -> int | None:
+    """The alignment for one dimension: whole chunks, in multiples of the device's granule
+    where that stays within four chunks (storage alignment matters more)."""
+    if granule <= 1:
+        return chunk
+    if not chunk:
+        return granule
+    both = math.lcm(chunk, granule)
+    return both if both <= 4 * max(chunk, granule) else chunk
+
+
 def _r_candidates(rs: list[int], fits) -> list[int]:
     """The K depths worth predicting for one (w, h): the largest that fits and a few below
     (the prediction trades fill time against per-GEMM efficiency)."""
@@ -371,7 +421,8 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
-                n_out: int = 4, stripe: int = 4 << 20, readers: int = 4, read_transient: int = 0
+                n_out: int = 4, stripe: int = 4 << 20, readers: int = 4, read_transient: int = 0,
+                split_last: int = 1, ramp: int = 0, tail_panels: int = 1
                 ) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets.
 
@@ -384,9 +435,9 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     a_m, a_k = prob.a_chunks_mk()
     b_k, b_n = prob.b_chunks_kn()
     out_m, out_n = prob.out.chunks if (prob.out is not None and prob.out.chunks) else (None, None)
-    align_m = out_m or a_m
-    align_n = out_n or b_n
-    align_k = a_k or b_k
+    align_m = _with_granule(out_m or a_m, model.granule)
+    align_n = _with_granule(out_n or b_n, model.granule)
+    align_k = _with_granule(a_k or b_k, model.granule)
     floor = 16 if model.name == "cpu" else 64
     ws = _candidates(m, align_m, floor)
     hs = _candidates(n, align_n, floor)
@@ -406,7 +457,8 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                     continue
                 for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
                     tile = (w, h, r)
-                    t = predict(prob, tile, model, staged=staged).total
+                    t = predict(prob, tile, model, staged=staged, split_last=split_last,
+                                ramp=ramp, tail=min(tail_panels, n_a, n_b)).total
                     # Prefer square-ish, larger tiles on ties (fewer, larger operations).
                     t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
                     if t < best_time:

@@ -15,7 +15,7 @@ The schedule, its order and its dependencies stay the same; only the bytes do no
 from __future__ import annotations
 
 import threading
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
 
 import numpy as np
 
@@ -86,8 +86,10 @@ class CpuExecutor:
 
     def _bind_output(self, op) -> None:
         """A C slot that starts a block stands for the output's region where it can."""
-        (r0, r1), (c0, c1) = op.region
-        self._bind(op.dst, self.sink.view((r0, r1), (c0, c1), self.dtype))
+        i, j = op.key
+        rows, cols = self.plan.row_splits, self.plan.col_splits
+        self._bind(op.dst, self.sink.view((rows[i], rows[i + 1]), (cols[j], cols[j + 1]),
+                                          self.dtype))
 
     # -- operations ------------------------------------------------------------------------
     def _run_op(self, op) -> int:
@@ -139,20 +141,23 @@ class CpuExecutor:
     def _gemm(self, op) -> None:
         if op.beta == 0 and not self.plan.staged:  # starts a block: C is not read
             self._bind_output(op)
-        a_shape, b_shape, c_shape = panel_shapes(self.plan, op)
+        a_shape, b_shape, (w, h) = panel_shapes(self.plan, op)
+        x0 = op.offset // h  # a GEMM may cover a row stripe of its block
+        x1 = x0 + op.shape[0]
         a = self.view(op.src[0], a_shape)
         b = self.view(op.src[1], b_shape)
         if self.schedule.transposed["A"]:
             a = a.T
         if self.schedule.transposed["B"]:
             b = b.T
-        c = self.view(op.dst, c_shape)
+        a = a[x0:x1]
+        c = self.view(op.dst, (w, h))[x0:x1]
         if op.beta == 0:  # BLAS: C is not read, whatever it holds
             np.matmul(a, b, out=c)
             if op.alpha != 1:
                 c *= op.alpha
             return
-        acc = self.view("accumulator", c_shape)
+        acc = self.view("accumulator", c.shape)
         np.matmul(a, b, out=acc)
         if op.beta != 1:
             c *= op.beta
@@ -238,7 +243,8 @@ def _translate(exc: BaseException, futures) -> BaseException:
     for fut in futures:
         if fut is not None and fut.done() and not fut.cancelled():
             err = fut.exception()
-            if err is not None and not isinstance(err, (Cancelled, CancelledError)):
+            if err is not None and not isinstance(err, (Cancelled, CancelledError,
+                                                        InvalidStateError)):
                 first = err
                 break
     if isinstance(first, OOCGemmError):

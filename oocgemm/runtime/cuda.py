@@ -19,7 +19,7 @@ happens inside the loop.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 
 from ..diagnostics.events import EventLog
 from ..plan.schedule import OpKind
@@ -91,7 +91,7 @@ class CudaExecutor:
             _, _, (w, h) = panel_shapes(self.plan, op)
             r = self.plan.k_splits[op.q + 1] - self.plan.k_splits[op.q]
             gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
-                     op.alpha, op.beta)
+                     op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0])
         elif op.kind is OpKind.FILL:
             gpu.scale(op.dst, op.elements, op.beta)
         else:  # pragma: no cover
@@ -105,6 +105,7 @@ class CudaExecutor:
         host_futures: dict[int, Future] = {}
         device_futures: dict[int, Future] = {}  # resolved to (start event, end event) once enqueued
         timed: list[tuple] = []
+        lane_futures: list[Future] = []
         pools = {
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
@@ -132,20 +133,24 @@ class CudaExecutor:
                     watcher = threading.Thread(target=self._watch, daemon=True,
                                                args=(ops, device_futures, reference, origin, gpu))
                     watcher.start()
+                # One dispatcher per stream, each enqueuing its own operations in schedule
+                # order: a stream held up on the host (the C stream waiting for writers to free
+                # the output ring) never holds up the uploads of the next panels.
+                lanes: dict[str, list] = {}
                 for op in ops:
-                    if op.kind in (OpKind.READ, OpKind.WRITE):
-                        continue
-                    stream = _stream_of(op)
-                    for d in op.deps:
-                        if d in host_futures:
-                            host_futures[d].result()
-                        elif _stream_of(ops[d]) != stream:
-                            gpu.wait(stream, device_futures[d].result()[1])
-                    start = gpu.event(stream)
-                    self._enqueue(gpu, op)
-                    end = gpu.event(stream)
-                    device_futures[op.index].set_result((start, end))
-                    timed.append((op, stream, start, end))
+                    if op.kind not in (OpKind.READ, OpKind.WRITE):
+                        lanes.setdefault(_stream_of(op), []).append(op)
+                dispatchers = ThreadPoolExecutor(len(lanes) or 1,
+                                                 thread_name_prefix="oocgemm-dispatch")
+                try:
+                    lane_futures += [dispatchers.submit(self._dispatch, gpu, stream, lane_ops, ops,
+                                                        host_futures, device_futures, timed)
+                                     for stream, lane_ops in lanes.items()]
+                    wait(lane_futures)  # all of them: a failed lane makes the others stop
+                    for fut in lane_futures:
+                        fut.result()
+                finally:
+                    dispatchers.shutdown(wait=True)
                 for fut in host_futures.values():
                     fut.result()
                 for stream in gpu.streams.values():
@@ -159,14 +164,41 @@ class CudaExecutor:
                     fut.cancel()
                 for pool in pools.values():
                     pool.shutdown(wait=True, cancel_futures=True)
-                raise _translate(exc, list(host_futures.values()) + list(device_futures.values())
-                                 ) from None
+                raise _translate(exc, list(host_futures.values()) + lane_futures) from None
             finally:
                 for pool in pools.values():
                     pool.shutdown(wait=True)
                 if watcher is not None:
                     watcher.join(timeout=5)
         return self.log
+
+    def _dispatch(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed) -> None:
+        """Enqueue one stream's operations in order, each after its dependencies: host ones
+        waited for here, other streams' ones as event waits on the GPU."""
+        try:
+            with gpu.on_device():
+                self._dispatch_lane(gpu, stream, lane_ops, ops, host_futures, device_futures,
+                                    timed)
+        except BaseException:
+            self._cancel.set()  # the other lanes stop at their next operation...
+            for fut in device_futures.values():
+                fut.cancel()    # ...or wherever they wait for one of this lane's operations
+            raise
+
+    def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
+        for op in lane_ops:
+            if self._cancel.is_set():
+                raise Cancelled()
+            for d in op.deps:
+                if d in host_futures:
+                    host_futures[d].result()
+                elif _stream_of(ops[d]) != stream:
+                    gpu.wait(stream, device_futures[d].result()[1])
+            start = gpu.event(stream)
+            self._enqueue(gpu, op)
+            end = gpu.event(stream)
+            device_futures[op.index].set_result((start, end))
+            timed.append((op, stream, start, end))
 
     def _watch(self, ops, device_futures, reference, origin, gpu) -> None:
         """Report each GEMM/FILL as the GPU finishes it (progress bars)."""
