@@ -419,16 +419,19 @@ def _progress(progress, plan_):
     from tqdm.auto import tqdm
 
     prob = plan_.problem
-    total = prob.flops or plan_.n_blocks
-    unit, scale = ("GFLOP", 1e9) if prob.flops else ("block", 1)
-    bar = tqdm(total=total / scale, unit=unit, unit_scale=False, desc="oocgemm", leave=False,
-               dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} "
-                                              "[{elapsed}<{remaining}]")
+    # Integer counts (flops, or blocks when there is no product): float GFLOP steps add up
+    # past the total by rounding.
+    if prob.flops:
+        bar = tqdm(total=prob.flops, unit="flop", unit_scale=True, desc="oocgemm", leave=False,
+                   dynamic_ncols=True)
+    else:
+        bar = tqdm(total=plan_.n_blocks, unit="block", desc="oocgemm", leave=False,
+                   dynamic_ncols=True)
 
     def on_event(event):
         if prob.flops and event.kind == "gemm":
-            bar.update(event.flops / scale)
-        elif not prob.flops and event.kind == "write":
+            bar.update(event.flops)
+        elif not prob.flops and event.kind == "fill":  # one per block
             bar.update(1)
 
     return on_event, bar

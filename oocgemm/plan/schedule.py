@@ -308,7 +308,13 @@ class _Builder:
                 self.emit(OpKind.FILL, "C", c_key, src, c_slot, deps, c_region,
                           alpha=0.0, beta=prob.beta)
             else:
-                panels = list(range(nk) if t % 2 == 0 else range(nk - 1, -1, -1))
+                panels = list(range(nk))
+                if t % 2:  # backwards, starting on the panel the previous block ended on...
+                    ramp = plan.ramp_pieces
+                    # ...with the small ramp pieces right after it, so that every block ends
+                    # on full panels (the tail below is what hides the drain).
+                    panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
+                    panels = list(dict.fromkeys(panels))
                 # The last `tail` panels run stripe by stripe (each row stripe through all of
                 # them), so that C's rows become final one stripe at a time over several
                 # panels and travel back while the rest computes: the drain of the run is one

@@ -111,6 +111,13 @@ class Plan:
         return splits
 
     @property
+    def ramp_pieces(self) -> int:
+        """How many of the first K panels are ramp pieces (smaller than ``r``)."""
+        if not self.problem.computes_product:
+            return 0
+        return len(self.k_splits) - len(_splits(self.problem.k, self.tile[2]))
+
+    @property
     def grid(self) -> tuple[int, int, int]:
         """Blocks along M, blocks along N, panels along K."""
         return (len(self.row_splits) - 1, len(self.col_splits) - 1, len(self.k_splits) - 1)
