@@ -473,7 +473,8 @@ def _bench_gpu(ctx, *, big, size, memory_limit, cases, workdir, repeat, dtype, s
                          f"{format_seconds(entry['seconds']):>9}"
                          + ("" if check is None else f"  sampled error "
                             f"{entry['max_rel_error_sampled']:.2g} {'ok' if check else 'FAILED'}"))
-        for key in ("numpy_vs_incore", "npy_vs_incore", "numpy_vs_cublasxt"):
+        for key in ("numpy_vs_incore", "numpy_vs_incore_sustained", "npy_vs_incore",
+                    "numpy_vs_cublasxt"):
             if key in res:
                 lines.append(f"  {key:<24} {res[key]:.3f}")
         click.echo("\n".join(lines))

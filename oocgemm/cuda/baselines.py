@@ -44,6 +44,28 @@ def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5
     return seconds
 
 
+def sustained_gemm_seconds(w: int, h: int, r: int, total_flops: float, dtype="float64") -> float:
+    """Seconds of in-core cuBLAS GEMMs of the block shape run back to back until they add up
+    to ``total_flops``: the rate the GPU sustains over a whole product (clocks settle lower
+    than in a burst of a few GEMMs)."""
+    rng = cupy.random.default_rng(7)
+    a = rng.standard_normal((w, r), dtype=np.float64).astype(dtype)
+    b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
+    c = cupy.empty((w, h), dtype=dtype)
+    count = max(1, round(total_flops / (2 * w * h * r)))
+    cupy.matmul(a, b, out=c)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(count):
+        cupy.matmul(a, b, out=c)
+    end.record()
+    end.synchronize()
+    seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
+    del a, b, c
+    cupy.get_default_memory_pool().free_all_blocks()
+    return seconds * total_flops / (count * 2 * w * h * r)
+
+
 def _libcublas() -> ctypes.CDLL:
     """The libcublas that CuPy loaded (so that both use one library), found in the process map."""
     with open("/proc/self/maps") as fh:

@@ -26,6 +26,16 @@ from ..plan.schedule import OpKind
 from .base import Cancelled, panel_shapes
 from .cpu import _translate
 
+def _settle(future: Future, task) -> None:
+    """Run ``task`` and settle ``future`` with its outcome (unless it was cancelled)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(task())
+    except BaseException as exc:
+        future.set_exception(exc)
+
+
 #: Which stream each device operation runs on.
 def _stream_of(op) -> str:
     if op.kind in (OpKind.GEMM, OpKind.FILL):
@@ -57,6 +67,20 @@ class CudaExecutor:
         self._cancel = threading.Event()
 
     # -- host lanes ---------------------------------------------------------------------------
+    def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
+        for op in ops:
+            if self._cancel.is_set():
+                return
+            if op.kind in (OpKind.READ, OpKind.WRITE):
+                pool = pools["read" if op.kind is OpKind.READ else "write"]
+                target = host_futures[op.index]
+                task = self._host_task(op, gpu, host_futures, device_futures)
+                try:
+                    pool.submit(_settle, target, task)
+                except RuntimeError:  # the pools shut down: the run is being torn down
+                    target.cancel()
+                    return
+
     def _host_task(self, op, gpu, host_futures, device_futures):
         def run():
             for d in op.deps:
@@ -110,7 +134,7 @@ class CudaExecutor:
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }
-        watcher = None
+        watcher = feeder = None
         with GpuContext(self.index, self.plan.problem.dtype) as gpu:
             try:
                 for name, elements in self.schedule.slots.items():
@@ -119,13 +143,16 @@ class CudaExecutor:
                     else:
                         gpu.device_buffer(name, elements)
                 for op in ops:
-                    if op.kind not in (OpKind.READ, OpKind.WRITE):
-                        device_futures[op.index] = Future()
-                for op in ops:
                     if op.kind in (OpKind.READ, OpKind.WRITE):
-                        pool = pools["read" if op.kind is OpKind.READ else "write"]
-                        host_futures[op.index] = pool.submit(
-                            self._host_task(op, gpu, host_futures, device_futures))
+                        host_futures[op.index] = Future()
+                    else:
+                        device_futures[op.index] = Future()
+                # Host tasks are handed to their pools by a feeder thread, in schedule order,
+                # while the dispatchers already run: thousands of submissions would otherwise
+                # stand before the first GEMM.
+                feeder = threading.Thread(target=self._feed, daemon=True, name="oocgemm-feed",
+                                          args=(ops, pools, gpu, host_futures, device_futures))
+                feeder.start()
                 reference = gpu.event("compute")
                 reference.synchronize()
                 origin = self.log.now()
@@ -166,6 +193,8 @@ class CudaExecutor:
                     pool.shutdown(wait=True, cancel_futures=True)
                 raise _translate(exc, list(host_futures.values()) + lane_futures) from None
             finally:
+                if feeder is not None:  # done, or stopped by the shut-down pools
+                    feeder.join()
                 for pool in pools.values():
                     pool.shutdown(wait=True)
                 if watcher is not None:
