@@ -18,7 +18,7 @@ from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .diagnostics.events import traffic
 from .result import Result
-from .storage import MatrixSource, is_path, kind_of_path, open_sink, open_source
+from .storage import MatrixSource, is_path, open_sink, open_source
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 

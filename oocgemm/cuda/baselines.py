@@ -39,7 +39,7 @@ def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5
     b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
     c = cupy.empty((w, h), dtype=dtype)
     seconds = _timed_events(lambda: cupy.matmul(a, b, out=c), repeat)
-    del a, b, c
+    a = b = c = None  # back to the pool, then to the driver
     cupy.get_default_memory_pool().free_all_blocks()
     return seconds
 
@@ -61,7 +61,7 @@ def sustained_gemm_seconds(w: int, h: int, r: int, total_flops: float, dtype="fl
     end.record()
     end.synchronize()
     seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
-    del a, b, c
+    a = b = c = None
     cupy.get_default_memory_pool().free_all_blocks()
     return seconds * total_flops / (count * 2 * w * h * r)
 
@@ -161,5 +161,5 @@ def h2d_d2h_bandwidth(nbytes: int = 1 << 30, device: int = 0) -> dict:
                 with stream:
                     seconds = _timed_events(copy, repeat=3)
                 result[f"{direction}_{name}_GBps"] = nbytes / seconds / 1e9
-        del dev
+        dev = None
         return result

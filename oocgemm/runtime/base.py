@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import threading
 
+from ..diagnostics.events import EventLog
 from ..errors import DeviceError
 
 #: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
@@ -33,3 +35,22 @@ def panel_shapes(plan, op):
 
 class Cancelled(Exception):
     """Raised inside lanes when the run is being torn down."""
+
+
+class Executor:
+    """What every executor holds: the plan and its schedule, the sources (``{'A': ..., 'B':
+    ..., 'C': ...}``, C only when beta != 0), the sink, the event log, and a flag that tells
+    every lane to stop. ``run()`` replays the schedule and returns the log."""
+
+    def __init__(self, plan, sources, sink, *, on_event=None):
+        self.plan = plan
+        self.schedule = plan.schedule
+        self.sources = sources
+        self.sink = sink
+        self.on_event = on_event
+        """Called with each finished :class:`~oocgemm.diagnostics.Event` (progress bars)."""
+        self.log = EventLog()
+        self._cancel = threading.Event()
+
+    def run(self) -> EventLog:  # pragma: no cover - abstract
+        raise NotImplementedError

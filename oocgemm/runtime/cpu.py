@@ -22,10 +22,10 @@ import numpy as np
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, OOCGemmError
 from ..plan.schedule import OpKind
-from .base import Cancelled, panel_shapes
+from .base import Cancelled, Executor, panel_shapes
 
 
-class CpuExecutor:
+class CpuExecutor(Executor):
     """Replays ``plan.schedule`` on the host.
 
     Parameters
@@ -41,16 +41,10 @@ class CpuExecutor:
     """
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2):
-        self.plan = plan
-        self.schedule = plan.schedule
-        self.sources = sources
-        self.sink = sink
-        self.on_event = on_event
-        self.log = EventLog()
+        super().__init__(plan, sources, sink, on_event=on_event)
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
-        self._cancel = threading.Event()
         self._lane_names = threading.local()
         self._buffers: dict[str, np.ndarray] = {}
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now

@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 
 from ..diagnostics.events import EventLog
 from ..plan.schedule import OpKind
-from .base import Cancelled, panel_shapes
+from .base import Cancelled, Executor, panel_shapes
 from .cpu import _translate
 
 def _settle(future: Future, task) -> None:
@@ -45,7 +45,7 @@ def _stream_of(op) -> str:
     return "c"
 
 
-class CudaExecutor:
+class CudaExecutor(Executor):
     """Replays ``plan.schedule`` (a staged plan) on GPU ``plan.device``.
 
     Parameters are those of :class:`oocgemm.runtime.cpu.CpuExecutor`.
@@ -55,16 +55,10 @@ class CudaExecutor:
                  writers: int | None = None):
         if not plan.staged:
             raise ValueError("the CUDA executor replays staged plans only")
-        self.plan = plan
-        self.schedule = plan.schedule
-        self.sources = sources
-        self.sink = sink
-        self.on_event = on_event
-        self.log = EventLog()
+        super().__init__(plan, sources, sink, on_event=on_event)
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
-        self._cancel = threading.Event()
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
