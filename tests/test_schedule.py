@@ -358,19 +358,3 @@ def test_cpu_executor_on_a_staged_plan_from_the_api(rng):
     assert staged.schedule.count(OpKind.UPLOAD) > 0
     assert_gemm(run_plan(staged, a, b, c), a, b, c, beta=0.5)
 
-
-def test_cuda_feeds_the_first_gemms_reads_first():
-    """The CUDA executor hands the reads of the first GEMM to its readers before any other
-    (the fill): exactly the READs behind the uploads the first GEMM waits for."""
-    from oocgemm.runtime.cuda import _first_reads
-
-    plan = make_plan(40, 30, 50, (20, 30, 16), staged=True, stripe=100, n_stage=4, n_out=2,
-                     ramp=2, ramp_granule=4)
-    ops = plan.schedule.ops
-    first_gemm = next(op for op in ops if op.kind is OpKind.GEMM)
-    uploads = [ops[d] for d in first_gemm.deps if ops[d].kind is OpKind.UPLOAD]
-    want = {d for up in uploads for d in up.deps if ops[d].kind is OpKind.READ}
-    got = _first_reads(ops)
-    assert got == want and got
-    assert {ops[i].key for i in got} == {(0, 0)}  # A(0, 0) and B(0, 0): the first ramp piece
-    assert plan.k_splits[1] < plan.tile[2]

@@ -36,22 +36,6 @@ def _settle(future: Future, task) -> None:
         future.set_exception(exc)
 
 
-def _first_reads(ops) -> set[int]:
-    """The READs that the first GEMM (or FILL) depends on, directly or through uploads."""
-    start = next((op for op in ops if op.kind in (OpKind.GEMM, OpKind.FILL)), None)
-    if start is None:
-        return set()
-    needed, stack = set(), list(start.deps)
-    while stack:
-        index = stack.pop()
-        op = ops[index]
-        if op.kind is OpKind.READ:
-            needed.add(index)
-        elif op.kind is OpKind.UPLOAD:
-            stack.extend(op.deps)
-    return needed
-
-
 #: Which stream each device operation runs on.
 def _stream_of(op) -> str:
     if op.kind in (OpKind.GEMM, OpKind.FILL):
@@ -78,16 +62,12 @@ class CudaExecutor(Executor):
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
-        """Hand the host operations to their pools in schedule order, the reads that the first
-        GEMM needs first: alone, they get the host's memory bandwidth to themselves, and the
-        GPU starts sooner (the fill of the run)."""
-        first = _first_reads(ops)
-        order = [ops[i] for i in sorted(first)] + [op for op in ops if op.index not in first]
-        for n, op in enumerate(order):
+        """Hand the host operations to their pools in schedule order. (Holding the rest back
+        until the first GEMM's reads are done was tried: the first reads did not get faster,
+        and the second panel's reads started late.)"""
+        for op in ops:
             if self._cancel.is_set():
                 return
-            if n == len(first):
-                wait([host_futures[i] for i in first])
             if op.kind in (OpKind.READ, OpKind.WRITE):
                 pool = pools["read" if op.kind is OpKind.READ else "write"]
                 target = host_futures[op.index]
