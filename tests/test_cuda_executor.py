@@ -138,3 +138,46 @@ def test_auto_picks_the_gpu(rng):
     r = oocgemm.multiply(a, b)
     assert r.plan.device == "cuda:0"
     assert_gemm(r.out, a, b)
+
+
+
+class _Slow(NumpySource):
+    """A slow disk: every read takes a few milliseconds; counts the reads."""
+
+    def __init__(self, array):
+        super().__init__(array)
+        self.reads = 0
+
+    def read(self, rows, cols, out):
+        import time
+
+        time.sleep(0.005)
+        self.reads += 1
+        super().read(rows, cols, out)
+
+
+def test_ctrl_c_stops_the_run_and_frees_memory(rng, tmp_path):
+    """A real SIGINT while the calling thread waits: the run stops (most reads never happen),
+    memory returns to its starting level, and the caller can remove the output."""
+    import os
+    import signal
+    import threading
+
+    a, b = rand(rng, (512, 512)), rand(rng, (512, 512))
+    plan = _tight_plan(a, b, tile=(64, 64, 32), stripe=512, ring=2)
+    total = sum(1 for op in plan.schedule.ops if op.kind.value == "read")
+    assert total > 500  # ~3 s of 5 ms reads over a handful of readers
+    source_a, source_b = _Slow(a), _Slow(b)
+    before = _levels()
+    sink = open_sink(str(tmp_path / "c.npy"), shape=(512, 512), dtype="float64")
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(plan, {"A": source_a, "B": source_b}, sink)
+    finally:
+        timer.cancel()
+    sink.abort()
+    assert source_a.reads + source_b.reads < total // 2
+    assert _levels() == before
+    assert not list(tmp_path.iterdir())

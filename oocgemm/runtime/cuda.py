@@ -173,6 +173,13 @@ class CudaExecutor(Executor):
                     wait(lane_futures)  # all of them: a failed lane makes the others stop
                     for fut in lane_futures:
                         fut.result()
+                except BaseException:
+                    # Ctrl-C lands here, in the calling thread: stop the dispatchers before
+                    # waiting for them, or they would enqueue the rest of the product first.
+                    self._cancel.set()
+                    for fut in list(device_futures.values()) + list(host_futures.values()):
+                        fut.cancel()
+                    raise
                 finally:
                     dispatchers.shutdown(wait=True)
                 for fut in host_futures.values():
