@@ -163,13 +163,13 @@ def test_ctrl_c_stops_the_run_and_frees_memory(rng, tmp_path):
     import signal
     import threading
 
-    a, b = rand(rng, (512, 512)), rand(rng, (512, 512))
-    plan = _tight_plan(a, b, tile=(64, 64, 32), stripe=512, ring=2)
+    a, b = rand(rng, (768, 768)), rand(rng, (768, 768))
+    plan = _tight_plan(a, b, tile=(64, 64, 64), stripe=4096, ring=4)
     total = sum(1 for op in plan.schedule.ops if op.kind.value == "read")
-    assert total > 500  # ~3 s of 5 ms reads over a handful of readers
+    assert total > 2000  # 5 ms each over at most 12 readers: over a second, signal at 0.3 s
     source_a, source_b = _Slow(a), _Slow(b)
     before = _levels()
-    sink = open_sink(str(tmp_path / "c.npy"), shape=(512, 512), dtype="float64")
+    sink = open_sink(str(tmp_path / "c.npy"), shape=(768, 768), dtype="float64")
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
