@@ -238,10 +238,39 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     if staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         plan = dataclasses.replace(plan, stripe=min(plan.stripe, max(w * r, r * h, w * h)))
+    plan = _with_cache(plan)
     sources = {"A": src_a, "B": src_b}
+    if plan.cache:
+        from .storage.cache import CachedSource
+
+        size = {"A": m * k, "B": k * n}
+        for name in plan.cache:
+            sources[name] = CachedSource(sources[name], size[name] * dtype.itemsize)
     if problem.c is not None:
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev)
+
+
+def _with_cache(plan: Plan) -> Plan:
+    """Keep on-disk operands that the schedule reads more than once in host memory, the most
+    re-read bytes first, where each fits whole in what staging leaves of host_memory_limit:
+    storage is then read once (HARDWARE.md: storage is 25-40x slower than PCIe)."""
+    prob = plan.problem
+    if not prob.computes_product:
+        return plan
+    p, q, nk = plan.grid
+    rereads = {"A": (1 if nk == 1 else q) - 1, "B": p - 1}
+    operands = {"A": prob.a, "B": prob.b}
+    size = {"A": prob.m * prob.k * prob.itemsize, "B": prob.k * prob.n * prob.itemsize}
+    spare = plan.host_memory_limit - plan.host_bytes
+    chosen = []
+    for name in sorted(rereads, key=lambda x: -rereads[x] * size[x]):
+        if operands[name].on_disk and rereads[name] > 0 and size[name] <= spare:
+            chosen.append(name)
+            spare -= size[name]
+    if not chosen:
+        return plan
+    return dataclasses.replace(plan, cache=tuple(sorted(chosen))).validate()
 
 
 def _read_transient(problem: Problem, sources) -> int:

@@ -87,6 +87,9 @@ class Plan:
     """Reader threads the executor may run; each may hold one chunk in flight."""
     read_transient: int = 0
     """Bytes a reader may hold beside the slots (one decoded chunk), per reader."""
+    cache: tuple[str, ...] = ()
+    """On-disk operands ('A', 'B') kept in host memory as they are read, so that reloading a
+    panel reads memory instead of storage; counted in ``host_bytes``."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
 
@@ -140,7 +143,15 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
-        return (self.n_stage + self.n_out) * buf.ring + self.readers * self.read_transient
+        staging = (self.n_stage + self.n_out) * buf.ring + self.readers * self.read_transient
+        return staging + self.cache_bytes
+
+    @property
+    def cache_bytes(self) -> int:
+        """Host memory the cached operands take once read (compute dtype)."""
+        prob = self.problem
+        size = {"A": prob.m * prob.k, "B": prob.k * prob.n}
+        return sum(size[name] for name in self.cache) * prob.itemsize
 
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
@@ -154,7 +165,7 @@ class Plan:
     def prediction(self) -> "Prediction":
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, ramp=self.ramp,
-                       tail=min(self.tail_panels, self.n_a, self.n_b))
+                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache)
 
     def validate(self) -> "Plan":
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -217,7 +228,9 @@ class Plan:
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
-            " (staging and read buffers)",
+            + (f" (staging, read buffers, and {' and '.join(self.cache)} kept in memory as read:"
+               f" {format_size(self.cache_bytes)})" if self.cache else
+               " (staging and read buffers)"),
             "  traffic     " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
                                          for k, v in traffic.items() if v),
             f"  work        {prob.flops / 1e9:.4g} GFLOP",
@@ -289,7 +302,8 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
-            split_last: int = 1, ramp: int = 0, tail: int = 1) -> Prediction:
+            split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = ()
+            ) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel)."""
@@ -322,11 +336,15 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     # Storage traffic runs at storage rates; copies between host memory and the executor's
     # buffers share one resource, the host's memory bandwidth (reads and writes together).
     storage_read = storage_write = host_copy = 0.0
-    reads = [(a_loads * amp_a, prob.a), (b_loads * amp_b, prob.b)]
+    reads = [(a_loads * amp_a, prob.a, m * k * s * amp_a if "A" in cache else None),
+             (b_loads * amp_b, prob.b, k * n * s * amp_b if "B" in cache else None)]
     if prob.reads_c and prob.c is not None:
-        reads.append((c_in, prob.c))
-    for nbytes, operand in reads:
-        if operand.on_disk:
+        reads.append((c_in, prob.c, None))
+    for nbytes, operand, once in reads:
+        if operand.on_disk and once is not None:  # read once, reloads come from host memory
+            storage_read += min(once, nbytes) / model.storage_read
+            host_copy += max(nbytes - once, 0) / model.memory_copy
+        elif operand.on_disk:
             storage_read += nbytes / model.storage_read
         elif not (operand.zero_copy and not staged):  # else used in place
             host_copy += nbytes / model.memory_copy
