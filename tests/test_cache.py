@@ -76,21 +76,25 @@ def test_replay_reads_each_region_from_storage_once(rng, staged, workdir):
 
 def test_plan_caches_within_host_memory_limit(rng, workdir):
     a, b = rand(rng, (64, 64)), rand(rng, (64, 64))
-    np.save("a.npy", a)
-    np.save("b.npy", b)
-    roomy = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16))
+    for name, x in (("a.zarr", a), ("b.zarr", b)):
+        zarr.create_array(name, shape=x.shape, dtype=x.dtype, chunks=(16, 16))[:] = x
+    roomy = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
     assert set(roomy.cache) == {"A", "B"}
     assert roomy.host_bytes >= 2 * a.nbytes and "kept in memory" in str(roomy)
-    tight = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16),
-                         host_memory_limit=a.nbytes + 100)
-    assert len(tight.cache) == 1 and tight.host_bytes <= a.nbytes + 100
-    none = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16),
-                        host_memory_limit=1000)
+    tight = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
+                         host_memory_limit=a.nbytes + 2 * 16 * 16 * 8 * 4 + 100)
+    assert len(tight.cache) == 1 and tight.host_bytes <= tight.host_memory_limit
+    none = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
+                        host_memory_limit=10_000)
     assert none.cache == ()
     in_memory = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 16))
     assert in_memory.cache == ()  # nothing to save: the data is in memory already
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    memmaps = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16))
+    assert memmaps.cache == ()  # the OS page cache is already their cache
     for plan_ in (roomy, tight, none):
-        r = oocgemm.multiply("a.npy", "b.npy", device="cpu", tile=(16, 16, 16),
+        r = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
                              host_memory_limit=plan_.host_memory_limit)
         assert r.plan.cache == plan_.cache
         assert_gemm(r.out, a, b)
