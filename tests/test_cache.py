@@ -9,7 +9,6 @@ import zarr
 
 import oocgemm
 from oocgemm.runtime.cpu import CpuExecutor
-from oocgemm.storage import open_source
 from oocgemm.storage.cache import CachedSource
 from oocgemm.storage.memory import NumpySink, NumpySource
 from _helpers import assert_gemm, poisoned, rand
