@@ -214,12 +214,14 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
         # 16 threads ~50 GB/s); the ring holds two stripes per reader. The last panels' GEMMs
         # go in 8 row stripes (16 drained faster but ran the GEMMs slower: 1.5% slower end to
-        # end on the H100) and the first panel in pieces (r/8, r/8, r/4, r/2), so that
+        # end on the H100) and the first panel in pieces (r/4, r/4, r/2: two halvings were
+        # ~1% ahead of three in two sweeps), so that
         # neither the first load nor the last store of C stands alone on the timeline; the
         # last 4 panels run stripe by stripe (5 slots each for A and B: 4 resident + 1 for
         # the next block's first panel), so C's rows become final over 4 panels' time.
         readers = max(4, min(10, hostinfo.cores() - 4))
-        kwargs.update(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=3,
+        kwargs.update(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
+                      min_stripes=readers,
                       tail_panels=4, n_a=5, n_b=5,
                       ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
                                        problem.b_chunks_kn()[0] or 1))

@@ -44,6 +44,7 @@ def plans(draw, max_extent=40):
     slots["split_last"] = draw(st.integers(1, 4))  # the last panel's GEMM in row stripes
     slots["ramp"] = draw(st.integers(0, 3))  # the first panel in halving pieces
     slots["tail_panels"] = draw(st.integers(1, 4))  # the last panels stripe by stripe
+    slots["min_stripes"] = draw(st.integers(1, 5))
     if staged:
         slots["stripe"] = draw(st.integers(1, 64))  # many stripes per panel
     return make_plan(m, n, k, tile, alpha=draw(st.sampled_from([0.0, 1.0, 2.5])),
@@ -63,7 +64,7 @@ def test_random_plans_pass_the_checker(plan):
     assert len({(op.key, op.q) for op in gemms}) == (p * q * nk if prob.computes_product else 0)
     assert sum(op.flops for op in gemms) == prob.flops
     tail = min(plan.tail_panels, nk, plan.n_a, plan.n_b)
-    assert len(gemms) <= p * q * (nk - tail + tail * plan.split_last)
+    assert len(gemms) <= p * q * (nk - tail + tail * (plan.split_last + 3))  # +3: the taper
     assert schedule.count(OpKind.FILL) == (0 if prob.computes_product else p * q)
     written = sum(op.nbytes for op in schedule.ops if op.kind is OpKind.WRITE)
     assert written == prob.m * prob.n * prob.itemsize
@@ -298,6 +299,7 @@ def executed_plans(draw):
     slots["split_last"] = draw(st.integers(1, 4))
     slots["ramp"] = draw(st.integers(0, 3))
     slots["tail_panels"] = draw(st.integers(1, 4))
+    slots["min_stripes"] = draw(st.integers(1, 5))
     return dict(m=m, n=n, k=k, tile=tile, alpha=draw(st.sampled_from([0.0, 1.0, -2.5])),
                 beta=draw(st.sampled_from([0.0, 1.0, -0.5])), trans_a=draw(st.booleans()),
                 trans_b=draw(st.booleans()), staged=draw(st.booleans()),

@@ -239,7 +239,8 @@ class _Builder:
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
         (r0, r1), (c0, c1) = region
         cols = max(c1 - c0, 1)
-        step = max(1, self.plan.buffers.ring // self.s // cols)
+        step = max(1, min(self.plan.buffers.ring // self.s // cols,
+                          -(-(r1 - r0) // max(self.plan.min_stripes, 1))))
         for lo in range(r0, r1, step):
             hi = min(lo + step, r1)
             yield ((lo, hi), (c0, c1)), (lo - r0) * cols
@@ -328,7 +329,8 @@ class _Builder:
                 for q in rest:  # load the tail panels, each into a slot of its own
                     pinned.add(self.ensure("A", (i, q), pinned=pinned))
                     pinned.add(self.ensure("B", (q, j), pinned=pinned))
-                for x0, x1 in _row_parts(w, plan.split_last):
+                last_block = t == p * q_blocks - 1
+                for x0, x1 in _row_parts(w, plan.split_last, taper=last_block):
                     for q in rest:
                         self.gemm(t, i, j, q, first=q == panels[0], rows=(x0, x1),
                                   c_slot=c_slot, c_region=c_region, h=h, pinned=pinned)
@@ -378,10 +380,17 @@ class _Builder:
         return {name: (ring if name.startswith("s") else sizes[name[0]]) for name in self.state}
 
 
-def _row_parts(rows: int, parts: int) -> list[tuple[int, int]]:
-    """``[0, rows)`` cut into at most ``parts`` near-equal ranges of whole rows."""
+def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, int]]:
+    """``[0, rows)`` cut into at most ``parts`` near-equal ranges of whole rows; with
+    ``taper`` the last range is cut again into halving pieces (1/2, 1/4, 1/8, 1/8 of it), so
+    that the last rows to become final, what is left to copy after the run's last GEMM, are
+    few (the end of the whole product)."""
     parts = max(1, min(parts, rows))
     bounds = [rows * p // parts for p in range(parts + 1)]
+    if taper and parts > 1:
+        lo, hi = bounds[-2], bounds[-1]
+        span = hi - lo
+        bounds[-1:] = [lo + span // 2, lo + 3 * span // 4, lo + 7 * span // 8, hi]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 

@@ -70,6 +70,9 @@ class Plan:
     """Pinned ring buffers for C stripes coming down when staged."""
     stripe: int = 4 << 20
     """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
+    min_stripes: int = 1
+    """Stripes a staged region is cut into at the least, so that small regions (the ramp's
+    first pieces) are copied by several readers at once."""
     split_last: int = 1
     """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
     way back while the rest of the block computes (1: not cut)."""
