@@ -15,8 +15,8 @@ from . import hostinfo
 from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionError, OutputError,
                      ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
+from .plan.schedule import traffic
 from .plan.units import format_size, parse_size
-from .diagnostics.events import traffic
 from .result import Result
 from .storage import MatrixSource, is_path, open_sink, open_source
 

@@ -124,17 +124,11 @@ class GpuContext:
         ptr, raw = PINNED.acquire(nbytes)
         self._pinned[name] = (ptr, raw.view(self.dtype))
 
-    def is_pinned(self, name: str) -> bool:
-        return name in self._pinned
-
     def host_view(self, name: str, shape) -> np.ndarray:
         return self._pinned[name][1][: shape[0] * shape[1]].reshape(shape)
 
     def device_ptr(self, name: str) -> int:
         return self._device_buffers[name].data.ptr
-
-    def device_view(self, name: str, shape):
-        return self._device_buffers[name][: shape[0] * shape[1]].reshape(shape)
 
     # -- copies, events ------------------------------------------------------------------------
     def upload(self, stage: str, slot: str, nbytes: int, stream: str, dst_offset: int = 0

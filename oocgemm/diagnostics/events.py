@@ -56,16 +56,3 @@ class EventLog:
         with self._lock:
             return sorted(self._events, key=lambda e: (e.start, e.index))
 
-
-#: Which traffic level each kind of operation moves bytes on.
-LEVELS = {"read": "storage_read", "write": "storage_write", "upload": "h2d", "download": "d2h"}
-
-
-def traffic(events) -> dict[str, int]:
-    """Bytes actually moved per level (storage_read, storage_write, h2d, d2h)."""
-    total = dict.fromkeys(("storage_read", "storage_write", "h2d", "d2h"), 0)
-    for event in events:
-        level = LEVELS.get(event.kind)
-        if level is not None:
-            total[level] += event.nbytes
-    return total

@@ -103,6 +103,22 @@ class Op:
                 f"{where}->{to} deps={list(self.deps)}")
 
 
+#: Which traffic level each kind of operation moves its bytes on.
+LEVELS = {OpKind.READ: "storage_read", OpKind.WRITE: "storage_write", OpKind.UPLOAD: "h2d",
+          OpKind.DOWNLOAD: "d2h"}
+
+
+def traffic(items) -> dict[str, int]:
+    """Bytes per level (storage_read, storage_write, h2d, d2h) of operations, or of executed
+    events (whose ``kind`` is the operation kind's value and ``nbytes`` what really moved)."""
+    total = dict.fromkeys(LEVELS.values(), 0)
+    for item in items:
+        level = LEVELS.get(OpKind(item.kind))
+        if level is not None:
+            total[level] += item.nbytes
+    return total
+
+
 WHOLE = 1 << 62  # "to the end of the slot"
 
 
@@ -133,18 +149,8 @@ class Schedule:
     """Operand -> whether its panels are used transposed ('A', 'B'; 'C' never)."""
 
     def traffic(self) -> dict[str, int]:
-        """Bytes each level moves: storage reads/writes and host<->device copies."""
-        total = {"storage_read": 0, "storage_write": 0, "h2d": 0, "d2h": 0}
-        for op in self.ops:
-            if op.kind is OpKind.READ:
-                total["storage_read"] += op.nbytes
-            elif op.kind is OpKind.WRITE:
-                total["storage_write"] += op.nbytes
-            elif op.kind is OpKind.UPLOAD:
-                total["h2d"] += op.nbytes
-            elif op.kind is OpKind.DOWNLOAD:
-                total["d2h"] += op.nbytes
-        return total
+        """Bytes each level is planned to move: storage reads/writes, host<->device copies."""
+        return traffic(self.ops)
 
     def count(self, kind: OpKind) -> int:
         return sum(1 for op in self.ops if op.kind is kind)
@@ -300,7 +306,6 @@ class _Builder:
             c_key = (i, j)
             c_region = self.region("C", c_key)
             w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
-            self.state[c_slot].content = ("C", c_key)
             if prob.reads_c:
                 self.load("C", c_key, c_slot)
             if not prob.computes_product:
@@ -323,7 +328,7 @@ class _Builder:
                 tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
                 head, rest = panels[:nk - tail], panels[nk - tail:]
                 for q in head:
-                    self.gemm(t, i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
+                    self.gemm(i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
                               c_region=c_region, h=h, pinned=set())
                 pinned: set[str] = set()
                 for q in rest:  # load the tail panels, each into a slot of its own
@@ -332,13 +337,13 @@ class _Builder:
                 last_block = t == p * q_blocks - 1
                 for x0, x1 in _row_parts(w, plan.split_last, taper=last_block):
                     for q in rest:
-                        self.gemm(t, i, j, q, first=q == panels[0], rows=(x0, x1),
+                        self.gemm(i, j, q, first=q == panels[0], rows=(x0, x1),
                                   c_slot=c_slot, c_region=c_region, h=h, pinned=pinned)
             self.store(c_key, c_slot, c_region)
         return Schedule(ops=tuple(self.ops), slots=self.slot_sizes(),
                         transposed={"A": prob.trans_a, "B": prob.trans_b, "C": False})
 
-    def gemm(self, t, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
+    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
         """C[i, j] rows ``rows`` (+)= A(i, q) @ B(q, j): beta of the problem (or 0) on the first
         panel of the block, 1 after."""
         prob = self.prob
