@@ -212,13 +212,13 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                   host_memory_limit=host, staged=staged, read_transient=transient)
     if staged:
         # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
-        # 16 threads ~50 GB/s); the ring holds two stripes per reader. The last panels' GEMMs
-        # go in 8 row stripes (16 drained faster but ran the GEMMs slower: 1.5% slower end to
-        # end on the H100) and the first panel in pieces (r/4, r/4, r/2: two halvings were
-        # ~1% ahead of three in two sweeps), so that
-        # neither the first load nor the last store of C stands alone on the timeline; the
-        # last 4 panels run stripe by stripe (5 slots each for A and B: 4 resident + 1 for
-        # the next block's first panel), so C's rows become final over 4 panels' time.
+        # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
+        # spread over all readers. The first panel runs in pieces (r/4, r/4, r/2: two
+        # halvings were ~1% ahead of three in two sweeps on the H100), so that the first GEMM
+        # starts early. The last 4 panels of a block run row stripe by row stripe, 8 stripes
+        # (16 drained faster but ran the GEMMs slower: 1.5% slower end to end), with 5 slots
+        # each for A and B (4 resident + 1 for the next block's first panel), so that C's
+        # rows become final over 4 panels' time and leave while the rest computes.
         readers = max(4, min(10, hostinfo.cores() - 4))
         kwargs.update(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
                       min_stripes=readers,
@@ -245,9 +245,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     if plan.cache:
         from .storage.cache import CachedSource
 
-        size = {"A": m * k, "B": k * n}
         for name in plan.cache:
-            sources[name] = CachedSource(sources[name], size[name] * dtype.itemsize)
+            sources[name] = CachedSource(sources[name], problem.operand_bytes(name))
     if problem.c is not None:
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev)
@@ -265,15 +264,14 @@ def _with_cache(plan: Plan) -> Plan:
     p, q, nk = plan.grid
     rereads = {"A": (1 if nk == 1 else q) - 1, "B": p - 1}
     operands = {"A": prob.a, "B": prob.b}
-    size = {"A": prob.m * prob.k * prob.itemsize, "B": prob.k * prob.n * prob.itemsize}
     spare = plan.host_memory_limit - plan.host_bytes
     chosen = []
-    for name in sorted(rereads, key=lambda x: -rereads[x] * size[x]):
+    for name in sorted(rereads, key=lambda x: -rereads[x] * prob.operand_bytes(x)):
         operand = operands[name]
         chunked = operand.on_disk and operand.chunks is not None
-        if chunked and rereads[name] > 0 and size[name] <= spare:
+        if chunked and rereads[name] > 0 and prob.operand_bytes(name) <= spare:
             chosen.append(name)
-            spare -= size[name]
+            spare -= prob.operand_bytes(name)
     if not chosen:
         return plan
     return dataclasses.replace(plan, cache=tuple(sorted(chosen))).validate()

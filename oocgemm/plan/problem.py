@@ -65,6 +65,11 @@ class Problem:
         factor = 8 if self.dtype.startswith("complex") else 2
         return factor * self.m * self.n * self.k
 
+    def operand_bytes(self, name: str) -> int:
+        """Bytes of op(A) ('A', M×K) or op(B) ('B', K×N) in the compute dtype."""
+        elements = {"A": self.m * self.k, "B": self.k * self.n}[name]
+        return elements * self.itemsize
+
     def a_chunks_mk(self) -> tuple[int | None, int | None]:
         """A's chunk sizes along (M, K), after the transpose."""
         return _oriented(self.a.chunks, self.trans_a)

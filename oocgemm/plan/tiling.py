@@ -152,9 +152,7 @@ class Plan:
     @property
     def cache_bytes(self) -> int:
         """Host memory the cached operands take once read (compute dtype)."""
-        prob = self.problem
-        size = {"A": prob.m * prob.k, "B": prob.k * prob.n}
-        return sum(size[name] for name in self.cache) * prob.itemsize
+        return sum(self.problem.operand_bytes(name) for name in self.cache)
 
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
