@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 
-from ..diagnostics.events import EventLog
+from ..diagnostics.events import Event, EventLog
 from ..plan.schedule import OpKind
 from .base import Cancelled, Executor, panel_shapes
 from .cpu import _translate
@@ -176,9 +176,7 @@ class CudaExecutor(Executor):
                 except BaseException:
                     # Ctrl-C lands here, in the calling thread: stop the dispatchers before
                     # waiting for them, or they would enqueue the rest of the product first.
-                    self._cancel.set()
-                    for fut in list(device_futures.values()) + list(host_futures.values()):
-                        fut.cancel()
+                    self._stop(device_futures, host_futures)
                     raise
                 finally:
                     dispatchers.shutdown(wait=True)
@@ -190,9 +188,7 @@ class CudaExecutor(Executor):
                     self.log.add(op, stream, origin + gpu.elapsed_ms(reference, start) / 1e3,
                                  origin + gpu.elapsed_ms(reference, end) / 1e3)
             except BaseException as exc:
-                self._cancel.set()
-                for fut in list(device_futures.values()) + list(host_futures.values()):
-                    fut.cancel()
+                self._stop(device_futures, host_futures)
                 for pool in pools.values():
                     pool.shutdown(wait=True, cancel_futures=True)
                 raise _translate(exc, list(host_futures.values()) + lane_futures) from None
@@ -213,10 +209,16 @@ class CudaExecutor(Executor):
                 self._dispatch_lane(gpu, stream, lane_ops, ops, host_futures, device_futures,
                                     timed)
         except BaseException:
-            self._cancel.set()  # the other lanes stop at their next operation...
-            for fut in device_futures.values():
-                fut.cancel()    # ...or wherever they wait for one of this lane's operations
+            self._stop(device_futures, host_futures)
             raise
+
+    def _stop(self, *futures: dict) -> None:
+        """Tell every lane to stop: at its next operation, or wherever it waits for a future
+        that will now never be settled (pending futures are cancelled)."""
+        self._cancel.set()
+        for group in futures:
+            for fut in group.values():
+                fut.cancel()
 
     def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
         for op in lane_ops:
@@ -245,8 +247,6 @@ class CudaExecutor(Executor):
                 return
             t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
             t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
-            from ..diagnostics.events import Event
-
             self.on_event(Event(index=op.index, kind=op.kind.value, operand=op.operand,
                                 key=op.key, q=op.q, lane="compute", start=t0, end=t1,
                                 nbytes=op.nbytes, flops=op.flops))
