@@ -33,6 +33,12 @@ def panel_shapes(plan, op):
     return a, b, (w, h)
 
 
+def thread_lane(prefix: str) -> str:
+    """The lane of the calling pool thread: ``prefix`` and the thread's number in its pool
+    ('read-3'), one timeline row per thread."""
+    return f"{prefix}-{threading.current_thread().name.rsplit('_', 1)[-1]}"
+
+
 class Cancelled(Exception):
     """Raised inside lanes when the run is being torn down."""
 

@@ -22,7 +22,7 @@ import numpy as np
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, OOCGemmError
 from ..plan.schedule import OpKind
-from .base import Cancelled, Executor, panel_shapes
+from .base import Cancelled, Executor, panel_shapes, thread_lane
 
 
 class CpuExecutor(Executor):
@@ -45,7 +45,6 @@ class CpuExecutor(Executor):
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
-        self._lane_names = threading.local()
         self._buffers: dict[str, np.ndarray] = {}
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
         self._alloc_lock = threading.Lock()
@@ -173,11 +172,7 @@ class CpuExecutor(Executor):
         def run():
             for d in op.deps:
                 futures[d].result()
-            name = getattr(self._lane_names, "name", None)
-            if name is None:
-                name = f"{lane_prefix}-{threading.current_thread().name.rsplit('_', 1)[-1]}"
-                self._lane_names.name = name
-            self._timed(op, name)
+            self._timed(op, thread_lane(lane_prefix))
         return run
 
     def run(self) -> EventLog:

@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 
 from ..diagnostics.events import Event, EventLog
 from ..plan.schedule import OpKind
-from .base import Cancelled, Executor, panel_shapes
+from .base import Cancelled, Executor, panel_shapes, thread_lane
 from .cpu import _translate
 
 def _settle(future: Future, task) -> None:
@@ -94,8 +94,7 @@ class CudaExecutor(Executor):
             else:  # WRITE from the output ring
                 self.sink.write((r0, r1), (c0, c1), gpu.host_view(op.src[0], op.shape))
             lane = "read" if op.kind is OpKind.READ else "write"
-            event = self.log.add(op, f"{lane}-{threading.current_thread().name.rsplit('_', 1)[-1]}",
-                                 start, self.log.now())
+            event = self.log.add(op, thread_lane(lane), start, self.log.now())
             if self.on_event is not None and op.kind is OpKind.WRITE:
                 self.on_event(event)
         return run
