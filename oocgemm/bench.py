@@ -400,7 +400,12 @@ def gpu_benchmark(size: int = 32768, *, memory_limit="16GB", dtype="float64", se
 
     from .api import multiply, plan as make_plan
 
-    cases = tuple(cases or ("incore", "numpy", "npy", "cublasxt", "dask"))
+    known = ("incore", "numpy", "npy", "cublasxt", "dask")
+    cases = tuple(cases or known)
+    unknown = [c for c in cases if c not in known]
+    if unknown:
+        raise OptionError(f"unknown benchmark case(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(known)}")
     dt = _check_dtype(dtype)
     n = size
     flops = (8 if dt.kind == "c" else 2) * n ** 3

@@ -422,3 +422,14 @@ def test_python_dash_m_end_to_end(tmp_path):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     proc = cli("--help")
     assert proc.returncode == 0 and "Usage: oocgemm" in proc.stdout
+
+
+def test_bench_gpu_unknown_case_is_a_clear_error():
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--gpu", "--cases", "numpy,nope"])
+    assert result.exit_code == 2
+    assert "unknown benchmark case(s) nope" in result.output
+    assert "Traceback" not in result.output
