@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import hostinfo
+from .cuda.catalog import DEFAULT as DEFAULT_KERNEL, check_kernel
 from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionError, OutputError,
                      ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
@@ -117,7 +118,7 @@ def _overlaps(x, y) -> bool:
 
 
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile) -> _Prepared:
+             host_memory_limit, tile, kernel=None) -> _Prepared:
     alpha = _scalar("alpha", alpha)
     beta = _scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
@@ -176,6 +177,11 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         raise DTypeError(f"alpha={alpha!r}, beta={beta!r}: complex scalars need complex operands, "
                          f"got {dtype}")
 
+    kernel = check_kernel(kernel, dtype)
+    if kernel != DEFAULT_KERNEL and dev.kind != "cuda":
+        raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
+                          "leave kernel unset on the CPU")
+
     out_operand = _check_out(out, (m, n), dtype, [("a", a, src_a), ("b", b, src_b)] + (
         [("c", c, c_source)] if (c is not None and not in_place) else []))
 
@@ -209,7 +215,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
     transient = _read_transient(problem, [src_a, src_b] + ([c_source] if problem.c else []))
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=staged, read_transient=transient)
+                  host_memory_limit=host, staged=staged, read_transient=transient, kernel=kernel)
     if staged:
         # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
         # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
@@ -332,7 +338,8 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 
 # ------------------------------------------------------------------------------------------
 def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-         device="auto", memory_limit=None, host_memory_limit=None, tile=None, **_ignored) -> Plan:
+         device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
+         **_ignored) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -346,13 +353,13 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     """
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                         device=device, memory_limit=memory_limit,
-                        host_memory_limit=host_memory_limit, tile=tile)
+                        host_memory_limit=host_memory_limit, tile=tile, kernel=kernel)
     return prepared.plan
 
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
-             overwrite=False, progress=None) -> Result:
+             kernel=None, overwrite=False, progress=None) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -382,6 +389,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         Bytes or string bounding host staging and read buffers (default a quarter of host RAM).
     tile
         (w, h, r) to override the planner: C blocks of w×h, K panels of depth r.
+    kernel
+        The per-block GEMM on a GPU: 'cublas' (the default, the fastest measured) or one of
+        the kernels of ``kernels/``: 'naive', 'tiled', 'opt', 'regblock' (float32/float64),
+        'dmma' (float64, FP64 tensor cores, compute capability 8.0+). Not for the CPU.
     overwrite
         Replace an existing output path.
     progress
@@ -405,7 +416,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
-                    tile=tile)
+                    tile=tile, kernel=kernel)
     plan_ = prep.plan
     from .runtime.base import executor_class
     from .storage.zarr_store import block_chunks

@@ -167,15 +167,20 @@ def _product_options(func):
                      help="Budget of host staging and read buffers (default a quarter of RAM)."),
         click.option("--tile", metavar="W,H,R", default=None,
                      help="Override the planner: C blocks of WxH, K panels of depth R."),
+        click.option("--kernel", metavar="NAME", default=None,
+                     help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, "
+                          "regblock or dmma (kernels/)."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
-def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile):
+def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile,
+                kernel):
     return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
-                memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile)
+                memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile,
+                kernel=kernel)
 
 
 def _rate(flops_per_second: float) -> str:
@@ -211,7 +216,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, overwrite, quiet, as_json):
+             host_memory_limit, tile, kernel, overwrite, quiet, as_json):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
@@ -220,7 +225,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
 
     result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
-                                        host_memory_limit, tile))
+                                        host_memory_limit, tile, kernel))
     _State.wrote = out
     if as_json:
         summary = result.summary()
@@ -251,7 +256,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
 @click.option("-q", "--quiet", is_flag=True, help="Accepted as in multiply; no effect here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit,
-         tile, overwrite, quiet, as_json):
+         tile, kernel, overwrite, quiet, as_json):
     """Show how multiply would tile OUT = alpha*op(A)@op(B) + beta*C (reads no data).
 
     Takes the same options as multiply.
@@ -259,7 +264,8 @@ def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host
     from .api import plan as api_plan
 
     the_plan = api_plan(a, b, out, **_api_kwargs(alpha, beta, c, trans_a, trans_b, device,
-                                                 memory_limit, host_memory_limit, tile))
+                                                 memory_limit, host_memory_limit, tile,
+                                                 kernel))
     if as_json:
         _json(the_plan.summary())
     else:

@@ -37,3 +37,7 @@ class DeviceError(OOCGemmError):
 
 class ExecutionError(OOCGemmError):
     """The run failed midway (an I/O error, a corrupt chunk); no output was committed."""
+
+
+class KernelError(OOCGemmError):
+    """A CUDA kernel failed to compile or to load; the compiler log is in the message."""

@@ -72,9 +72,11 @@ PINNED = PinnedPool()
 class GpuContext:
     """Streams (h2d, compute, c for C in/out), a cuBLAS handle, and the buffers of one run."""
 
-    def __init__(self, index: int, dtype):
+    def __init__(self, index: int, dtype, kernel: str = "cublas"):
         self.index = index
         self.dtype = np.dtype(dtype)
+        self.kernel = kernel
+        """'cublas' or the name of a kernel of ``kernels/`` for :meth:`gemm`."""
         self.device = cupy.cuda.Device(index)
         self._device_buffers: dict[str, cupy.ndarray] = {}
         self._pinned: dict[str, tuple] = {}
@@ -167,14 +169,23 @@ class GpuContext:
         B^T with leading dimension h (no transpose needed); a stored-transposed B (h×r) is
         op(B) itself there, so it takes CUBLAS_OP_T with leading dimension r. Likewise for A,
         whose row stripe starts ``row0`` rows in (``row0`` columns in when stored transposed).
+        The kernels of ``kernels/`` take the row-major operands as they are.
         """
         rows = w - row0 if rows is None else rows
         size = self.dtype.itemsize
+        a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
+        c_ptr = self.device_ptr(c_slot) + row0 * h * size
+        if self.kernel != "cublas":
+            from . import kernels
+
+            kernels.gemm(self.kernel, rows, h, r, alpha, a_ptr, w if trans_a else r,
+                         self.device_ptr(b_slot), r if trans_b else h, beta, c_ptr, h,
+                         dtype=self.dtype, trans_a=trans_a, trans_b=trans_b,
+                         stream=self.streams["compute"])
+            return
         scalars = np.array([alpha, beta], dtype=self.dtype)
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
         op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N
-        a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
-        c_ptr = self.device_ptr(c_slot) + row0 * h * size
         with self.streams["compute"]:
             _GEMM[self.dtype](
                 self._handle, op_b, op_a, h, rows, r,

@@ -95,6 +95,8 @@ class Plan:
     panel reads memory instead of storage; counted in ``host_bytes``."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
+    kernel: str = "cublas"
+    """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -203,6 +205,7 @@ class Plan:
             "device": self.device,
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
+            "kernel": self.kernel,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": len(sched.ops),
             "device_bytes": self.device_bytes,
@@ -223,7 +226,8 @@ class Plan:
         lines = [
             f"oocgemm plan: C[{prob.m}x{prob.n}] = {prob.alpha:g}·A{ta}·B{tb}"
             + (f" + {prob.beta:g}·C" if prob.reads_c else "") + f"  ({prob.dtype}, K={prob.k})",
-            f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else ""),
+            f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else "")
+            + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
             f"  blocks      {p}x{q} C blocks, {nk} K panels each, {len(self.schedule.ops)} operations",
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"

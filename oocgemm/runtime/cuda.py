@@ -59,6 +59,14 @@ class CudaExecutor(Executor):
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
+        if plan.kernel != "cublas":
+            # Compile before the run is timed, and fail before any byte is read.
+            from ..cuda import kernels
+
+            prob = plan.problem
+            for vec in (True, False):
+                kernels.function(plan.kernel, prob.dtype, prob.trans_a, prob.trans_b, vec,
+                                 device=self.index)
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
@@ -131,7 +139,7 @@ class CudaExecutor(Executor):
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }
         watcher = feeder = None
-        with GpuContext(self.index, self.plan.problem.dtype) as gpu:
+        with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel) as gpu:
             try:
                 for name, elements in self.schedule.slots.items():
                     if name.startswith("s"):

@@ -1,0 +1,103 @@
+"""The per-block GEMM kernels one can choose with ``kernel=``: names, sources and launch shapes.
+
+Pure data (no CuPy), so that argument checks, the CLI and the compile tests read it on machines
+without a GPU. :mod:`oocgemm.cuda.kernels` compiles and launches them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import OptionError
+
+#: The default: cuBLAS (through CuPy), the fastest on every GPU measured so far.
+DEFAULT = "cublas"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """How to compile and launch one kernel of ``kernels/``."""
+
+    name: str
+    """What ``kernel=`` calls it."""
+    source: str
+    """File name under ``kernels/``."""
+    function: str
+    """The C++ template ``function<T, TA, TB, VEC>`` the file defines."""
+    threads: tuple[int, int]
+    """Block shape (x, y) in threads."""
+    tile: tuple[int, int]
+    """Rows x columns of C one block computes; the grid is ceil(N / cols) x ceil(M / rows)."""
+    dtypes: tuple[str, ...] = ("float64", "float32")
+    """Element types it multiplies."""
+    dynamic_shared: int = 0
+    """Bytes of dynamic shared memory a block needs."""
+    min_capability: int = 70
+    """Lowest compute capability (major * 10 + minor) it runs on."""
+    about: str = ""
+    """One line for ``oocgemm bench --kernels`` and the docs."""
+
+    def expression(self, dtype: str, trans_a: bool, trans_b: bool, vec: bool) -> str:
+        """The template instance NVRTC compiles, e.g. ``dmma_gemm<double,false,true,true>``."""
+        t = {"float64": "double", "float32": "float"}[dtype]
+        flags = ",".join("true" if f else "false" for f in (trans_a, trans_b, vec))
+        return f"{self.function}<{t},{flags}>"
+
+
+KERNELS: dict[str, KernelSpec] = {
+    spec.name: spec for spec in (
+        KernelSpec("naive", "naive.cu", "naive_gemm", (16, 16), (16, 16),
+                   about="one thread per C element, operands from global memory"),
+        KernelSpec("tiled", "tiled.cu", "tiled_gemm", (32, 32), (32, 32),
+                   about="shared-memory tiles of A and B, one C element a thread"),
+        KernelSpec("opt", "opt.cu", "opt_gemm", (64, 1), (64, 64),
+                   about="the seed paper's 3.2 mapping: A in shared memory, B in registers, "
+                         "a thread computes C columns"),
+        KernelSpec("regblock", "regblock.cu", "regblock_gemm", (256, 1), (128, 128),
+                   about="2-D register blocking 8x8 a thread, double-buffered shared memory"),
+        KernelSpec("dmma", "dmma.cu", "dmma_gemm", (256, 1), (128, 128), dtypes=("float64",),
+                   dynamic_shared=4 * 2 * 128 * 20 * 8, min_capability=80,
+                   about="FP64 tensor cores (mma.sync), 4-stage cp.async pipeline"),
+    )
+}
+
+#: Every name ``kernel=`` accepts.
+CHOICES = (DEFAULT, *KERNELS)
+
+
+def kernels_dir() -> Path:
+    """Where the .cu sources are: ``$OOCGEMM_KERNELS`` or the ``kernels/`` folder of the
+    checkout this package runs from."""
+    override = os.environ.get("OOCGEMM_KERNELS")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "kernels"
+
+
+def source_text(spec: KernelSpec) -> str:
+    path = kernels_dir() / spec.source
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise OptionError(f"kernel {spec.name!r}: cannot read its source {path} ({exc}); "
+                          "set OOCGEMM_KERNELS to the folder holding the .cu files") from exc
+
+
+def check_kernel(kernel, dtype) -> str:
+    """Normalise ``kernel=`` (None means the default) and check that it multiplies ``dtype``.
+
+    Raises
+    ------
+    OptionError
+        An unknown name, or a kernel that does not handle ``dtype``.
+    """
+    name = DEFAULT if kernel is None else kernel
+    if not isinstance(name, str) or name.strip().lower() not in CHOICES:
+        raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)}")
+    name = name.strip().lower()
+    if name != DEFAULT:
+        spec = KERNELS[name]
+        if str(dtype) not in spec.dtypes:
+            raise OptionError(f"kernel {name!r} multiplies {' and '.join(spec.dtypes)}, not "
+                              f"{dtype}; use kernel='cublas' for {dtype}")
+    return name
