@@ -732,3 +732,53 @@ def _positive_pair(value, name: str) -> tuple[int, int]:
     if not ok:
         raise OptionError(f"{name} must be two positive integers, got {value!r}")
     return pair
+
+
+#: Issue targets of ``oocgemm bench --kernels`` (H100): SIMT kernels against the FMA peak,
+#: the tensor-core kernel against cuBLAS at the largest size.
+KERNEL_TARGETS = {"opt": ("fma_peak", 0.80), "regblock": ("fma_peak", 0.80),
+                  "dmma": ("cublas", 0.90)}
+
+
+def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="float64",
+                     repeat: int = 5, seed: int = 0, on_step=None) -> dict:
+    """GFLOP/s of each kernel of ``kernels/`` and of cuBLAS on n³ products (random operands,
+    CUDA events, medians of ``repeat``), the FMA peak of the CUDA cores, and each kernel's
+    registers, shared memory and local memory (spills).
+
+    ``on_step(size, rates)`` is called after each size. Relative errors are against cuBLAS.
+    """
+    from .cuda import catalog
+
+    dt = _check_dtype(dtype)
+    names = list(kernels or catalog.KERNELS)
+    unknown = [k for k in names if k not in catalog.KERNELS]
+    if unknown:
+        raise OptionError(f"unknown kernel(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(catalog.KERNELS)}")
+    names = [k for k in names if dt.name in catalog.KERNELS[k].dtypes]
+    if not cuda.device_count():
+        raise OptionError("bench --kernels needs a GPU (none found)")
+    from .cuda import kernels as kmod
+
+    result: dict = {"benchmark": "kernels", "dtype": dt.name, "gpu": gpu_info(),
+                    "fma_peak_gflops": kmod.fma_peak(dt) / 1e9, "sizes": {},
+                    "resources": {k: kmod.resources(k, dt) for k in names}}
+    for n in sizes:
+        rates = kmod.square_rates(names, n, dt, repeat=repeat, seed=seed)
+        for entry in rates.values():
+            entry["gflops"] = 2 * n ** 3 / entry["seconds"] / 1e9
+            entry["correct"] = entry["max_rel_error"] <= tolerance(dt, n)
+        result["sizes"][n] = rates
+        if on_step is not None:
+            on_step(n, rates)
+    largest = result["sizes"][max(sizes)]
+    result["targets"] = {}
+    for name, (against, ratio) in KERNEL_TARGETS.items():
+        if name not in largest:
+            continue
+        base = result["fma_peak_gflops"] if against == "fma_peak" else largest["cublas"]["gflops"]
+        got = largest[name]["gflops"] / base
+        result["targets"][name] = {"against": against, "ratio": got, "target": ratio,
+                                   "met": got >= ratio}
+    return result

@@ -376,6 +376,8 @@ def info(bandwidth, as_json):
 @main.command()
 @click.option("--cpu", "cpu", is_flag=True,
               help="oocgemm on the CPU against numpy.matmul, on in-memory operands.")
+@click.option("--kernels", "kernels", is_flag=True,
+              help="The per-block kernels of kernels/ against cuBLAS and the FMA peak (GPU).")
 @click.option("--gpu", "gpu", is_flag=True,
               help="The CUDA executor against in-core cuBLAS, cuBLASXt and dask+CuPy "
                    "(default --size 32768 under --memory-limit 16GB).")
@@ -397,16 +399,23 @@ def info(bandwidth, as_json):
               help="Seed of the operands.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 @click.pass_context
-def bench(ctx, cpu, gpu, big, memory_limit, cases, workdir, size, repeat, dtype, seed, as_json):
+def bench(ctx, cpu, kernels, gpu, big, memory_limit, cases, workdir, size, repeat, dtype, seed,
+          as_json):
     """Benchmarks. --cpu: oocgemm.multiply(device='cpu') against numpy.matmul. --gpu: the
     CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy chunks.
+    --kernels: each kernel of kernels/ against cuBLAS at 1024..8192 (--size for one size,
+    --cases for some kernels) and the FMA peak of the CUDA cores.
 
     Exits with status 1 when a result differs from its reference beyond the tolerance.
     """
     from .bench import cpu_benchmark
 
-    if cpu == gpu:
-        raise click.UsageError("choose one benchmark: --cpu or --gpu", ctx)
+    if cpu + gpu + kernels != 1:
+        raise click.UsageError("choose one benchmark: --cpu, --gpu or --kernels", ctx)
+    if kernels:
+        _bench_kernels(ctx, size=size, cases=cases, repeat=repeat, dtype=dtype, seed=seed,
+                       as_json=as_json)
+        return
     if gpu:
         _bench_gpu(ctx, big=big, size=size or 32768, memory_limit=memory_limit, cases=cases,
                    workdir=workdir, repeat=repeat, dtype=dtype, seed=seed, as_json=as_json)
@@ -443,6 +452,41 @@ def bench(ctx, cpu, gpu, big, memory_limit, cases, workdir, size, repeat, dtype,
     if not res["correct"]:
         click.echo(f"error: oocgemm's result differs from numpy's: max relative error "
                    f"{res['max_rel_error']:.3g} > {res['tolerance']:.3g}", err=True)
+        ctx.exit(1)
+
+
+def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
+    from .bench import kernel_benchmark
+
+    def on_step(n, rates):
+        click.echo(f"  {n}^3: " + ", ".join(f"{k} {e['gflops']:.0f}" for k, e in rates.items())
+                   + " GFLOP/s", err=True)
+
+    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    sizes = (size,) if size else (1024, 2048, 4096, 8192)
+    res = kernel_benchmark(sizes, kernels=chosen, dtype=dtype, repeat=max(repeat, 5), seed=seed,
+                           on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        names = list(res["sizes"][sizes[0]])
+        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {max(repeat, 5)}); "
+                 f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s",
+                 f"  {'kernel':<9}" + "".join(f"{n:>9}" for n in sizes)
+                 + "   regs  shared  local"]
+        for name in names:
+            row = "".join(f"{res['sizes'][n][name]['gflops']:9.0f}" for n in sizes)
+            flags = "" if all(res["sizes"][n][name]["correct"] for n in sizes) else "  WRONG"
+            use = res["resources"].get(name)
+            if use:
+                row += (f"   {use['registers']:4d} {use['shared_bytes']:7d} "
+                        f"{use['local_bytes']:6d}")
+            lines.append(f"  {name:<9}{row}{flags}")
+        for name, t in res["targets"].items():
+            lines.append(f"  {name}: {t['ratio']:.3f} of {t['against']} at {max(sizes)}^3 "
+                         f"(target >= {t['target']:.2f}: {'met' if t['met'] else 'NOT met'})")
+        click.echo("\n".join(lines))
+    if any(not e["correct"] for rates in res["sizes"].values() for e in rates.values()):
         ctx.exit(1)
 
 

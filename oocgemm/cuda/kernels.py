@@ -13,7 +13,7 @@ import numpy as np
 import cupy
 
 from ..errors import KernelError
-from .catalog import KERNELS, KernelSpec, source_text
+from .catalog import KERNELS, KernelSpec, kernels_dir, source_text
 
 _OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
@@ -38,7 +38,7 @@ def function(name: str, dtype, trans_a: bool, trans_b: bool, vec: bool,
     spec = KERNELS[name]
     dev = cupy.cuda.Device().id if device is None else device
     expr = spec.expression(np.dtype(dtype).name, trans_a, trans_b, vec)
-    key = (dev, expr)
+    key = (dev, expr, kernels_dir())  # a different source folder compiles anew
     with _lock:
         fn = _compiled.get(key)
         if fn is None:
@@ -110,8 +110,6 @@ def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None) -> None:
 def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
     """Measured FMA throughput of the CUDA cores (no tensor cores), FLOP/s, from
     ``kernels/fma_peak.cu``: enough independent FMA chains per thread to fill every SM."""
-    from .catalog import kernels_dir
-
     suffix = {"float64": "f64", "float32": "f32"}[np.dtype(dtype).name]
     module = cupy.RawModule(code=(kernels_dir() / "fma_peak.cu").read_text(), options=_OPTIONS)
     try:
@@ -143,3 +141,38 @@ def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
         rates.append(2 * chains * iters * blocks * threads
                      / (cupy.cuda.get_elapsed_time(start, end) / 1e3))
     return float(np.median(rates))
+
+
+def _median_seconds(fn, repeat: int) -> float:
+    """Median of ``repeat`` timings of ``fn`` on the current stream (CUDA events), after a
+    warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return float(np.median(times))
+
+
+def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
+    """Seconds and relative error (against cuBLAS) of each kernel on one n³ product of random
+    operands with alpha = 1, beta = 0; 'cublas' is timed too, first."""
+    dtype = np.dtype(dtype)
+    rng = cupy.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=dtype)
+    b = rng.standard_normal((n, n), dtype=dtype)
+    ref = cupy.empty((n, n), dtype=dtype)
+    out = {"cublas": {"seconds": _median_seconds(lambda: cupy.matmul(a, b, out=ref), repeat),
+                      "max_rel_error": 0.0}}
+    scale = float(cupy.abs(ref).max())
+    c = cupy.empty((n, n), dtype=dtype)
+    for name in names:
+        c.fill(cupy.nan)  # poisoned: a tile the kernel skips shows up
+        seconds = _median_seconds(lambda: gemm_arrays(name, a, b, c), repeat)
+        error = float(cupy.abs(c - ref).max()) / scale
+        out[name] = {"seconds": seconds, "max_rel_error": error if np.isfinite(error) else float("inf")}
+    return out

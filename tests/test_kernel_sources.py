@@ -1,0 +1,139 @@
+"""The kernels of kernels/ without a GPU: every instance compiles with nvcc for sm_80 and sm_90,
+the plain instances do not spill, and dmma's machine code holds FP64 tensor-core instructions.
+Skipped where nvcc is not on the PATH. The GPU tests run them (tests/test_gpu_kernels.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oocgemm.cuda import catalog
+from oocgemm.errors import OptionError
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+ARCHS = ("sm_80", "sm_90")
+
+
+def _instances(spec: catalog.KernelSpec) -> list[tuple[str, str]]:
+    """(template expression, explicit instantiation) for every dtype x transposes x VEC."""
+    out = []
+    for dtype, ta, tb, vec in itertools.product(spec.dtypes, (False, True), (False, True),
+                                                (False, True)):
+        expr = spec.expression(dtype, ta, tb, vec)
+        t = {"float64": "double", "float32": "float"}[dtype]
+        out.append((expr, f"template __global__ void {expr}(int, int, int, {t}, const {t}*, int, "
+                          f"const {t}*, int, {t}, {t}*, int);"))
+    return out
+
+
+def _compile(spec, arch: str, tmp_path: Path) -> tuple[Path, str]:
+    """Compile the source with all its instances to a cubin; returns it and ptxas's report."""
+    src = tmp_path / f"{spec.name}_{arch}.cu"
+    src.write_text(catalog.source_text(spec) + "\n"
+                   + "\n".join(inst for _, inst in _instances(spec)) + "\n")
+    cubin = tmp_path / f"{spec.name}_{arch}.cubin"
+    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                           "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return cubin, proc.stderr
+
+
+def _report(ptxas: str) -> dict[str, dict]:
+    """ptxas -v figures per mangled function name."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in ptxas.splitlines():
+        m = re.search(r"Function properties for (\S+)", line) or re.search(
+            r"Compiling entry function '(\S+)'", line)
+        if m:
+            current = out.setdefault(m.group(1), {})
+        elif current is not None:
+            if (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)):
+                current["stack"], current["spills"] = int(m.group(1)), int(m.group(2))
+            if (m := re.search(r"Used (\d+) registers", line)):
+                current["registers"] = int(m.group(1))
+    return out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(catalog.KERNELS))
+def test_every_instance_compiles(name, arch, tmp_path):
+    spec = catalog.KERNELS[name]
+    _, ptxas = _compile(spec, arch, tmp_path)
+    report = _report(ptxas)
+    assert len(report) == len(_instances(spec)), ptxas
+    # The instance the pipeline runs most (double, no transposes, 16-byte access) must keep
+    # everything in registers.
+    plain = [v for k, v in report.items() if "Lb0ELb0ELb1E" in k and "IdL" in k]
+    assert plain and all(v["spills"] == 0 and v["stack"] == 0 for v in plain), report
+
+
+def _sass_tool() -> str | None:
+    """cuobjdump, from the PATH or the nvidia-cuda-cuobjdump wheel (with nvdisasm beside it)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        for cand in Path(root).glob("cu*/bin/cuobjdump"):
+            if (cand.parent / "nvdisasm").exists():
+                return str(cand)
+    return None
+
+
+@needs_nvcc
+def test_dmma_runs_on_fp64_tensor_cores(tmp_path):
+    tool = _sass_tool()
+    if tool is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (the test extra brings them)")
+    for arch, instruction in (("sm_80", "DMMA.884"), ("sm_90", "DMMA.16x8x8")):
+        cubin, _ = _compile(catalog.KERNELS["dmma"], arch, tmp_path)
+        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
+                              env=env, check=True).stdout
+        assert instruction in sass, f"no {instruction} in the {arch} SASS of dmma"
+
+
+@pytest.mark.parametrize("name", list(catalog.KERNELS))
+def test_catalog_matches_the_launch_comment(name):
+    """The launch shape in the catalog is the one the source documents."""
+    spec = catalog.KERNELS[name]
+    text = catalog.source_text(spec)
+    assert re.search(rf"\b{spec.function}\s*\(", text)
+    launch = text[text.index("// launch:"):][:400]
+    assert f"block = ({spec.threads[0]}, {spec.threads[1]}, 1)" in launch
+    assert f"{spec.tile[0]} x {spec.tile[1]}" in launch
+
+
+@pytest.mark.parametrize("kernel,dtype,why", [
+    ("bogus", "float64", "unknown kernel"),
+    ("dmma", "float32", "multiplies float64"),
+    ("regblock", "complex128", "not complex128"),
+    (3, "float64", "unknown kernel"),
+])
+def test_check_kernel_errors(kernel, dtype, why):
+    with pytest.raises(OptionError, match=why):
+        catalog.check_kernel(kernel, np.dtype(dtype))
+
+
+def test_check_kernel_normalises():
+    assert catalog.check_kernel(None, np.dtype("float64")) == "cublas"
+    assert catalog.check_kernel(" DMMA ", np.dtype("float64")) == "dmma"
+
+
+def test_cuda_kernel_on_the_cpu_is_an_error(rng):
+    import oocgemm
+
+    a, b = rng.standard_normal((20, 10)), rng.standard_normal((10, 5))
+    with pytest.raises(OptionError, match="CUDA kernel"):
+        oocgemm.multiply(a, b, device="cpu", kernel="regblock")
