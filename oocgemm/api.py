@@ -16,7 +16,6 @@ from .cuda.catalog import DEFAULT as DEFAULT_KERNEL, check_kernel
 from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionError, OutputError,
                      ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
-from .plan.schedule import traffic
 from .plan.units import format_size, parse_size
 from .result import Result
 from .storage import MatrixSource, is_path, open_sink, open_source
@@ -359,7 +358,7 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
-             kernel=None, overwrite=False, progress=None) -> Result:
+             kernel=None, overwrite=False, progress=None, events=True) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -399,6 +398,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         True for a progress bar on stderr, False for none, None for a bar only when stderr is
         a terminal and the run is predicted to take over two seconds, or a callable that
         receives each finished :class:`~oocgemm.diagnostics.Event`.
+    events
+        True (the default) to record one timed event per block operation (``result.events``,
+        ``result.timeline``); False records none, to measure what recording costs
+        (``result.bytes`` is counted either way; a ``progress`` callable still gets its events).
 
     Returns
     -------
@@ -414,6 +417,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     """
     if not isinstance(overwrite, (bool, np.bool_)):
         raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
+    if not isinstance(events, (bool, np.bool_)):
+        raise OptionError(f"events must be True or False, got {events!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel)
@@ -432,7 +437,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     bar = None
     try:
         on_event, bar = _progress(progress, plan_)
-        executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event)
+        executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event,
+                                                    record=bool(events))
         start = time.perf_counter()
         log = executor.run()
         seconds = time.perf_counter() - start
@@ -443,9 +449,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     finally:
         if bar is not None:
             bar.close()
-    events = log.events()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
-                  bytes=traffic(events), events=events,
+                  bytes=log.traffic(), events=log.events(),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
 
 

@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..plan.schedule import LEVELS
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -16,43 +18,106 @@ class Event:
     kind: str
     """'read', 'upload', 'fill', 'gemm', 'download', 'write'."""
     operand: str
+    """'A', 'B' or 'C': whose data the operation moved or produced."""
     key: tuple[int, int]
     """Block key (A: (i, q); B: (q, j); C: (i, j))."""
     q: int
+    """K panel of a GEMM; -1 otherwise."""
     lane: str
     """Where it ran: a thread ('read-0', 'compute') or a CUDA stream."""
     start: float
     """Seconds since the run started (host clock, time.perf_counter)."""
     end: float
+    """Seconds since the run started, when the operation finished."""
     nbytes: int = 0
+    """Bytes the operation moved (0 for data used in place, and for GEMM/FILL)."""
     flops: int = 0
+    """Floating-point operations (GEMM)."""
 
     @property
     def seconds(self) -> float:
         return self.end - self.start
 
 
-class EventLog:
-    """Thread-safe list of events, timed from the log's creation."""
+#: Kinds of operation that compute (on the compute lane) and that move data.
+COMPUTE_KINDS = ("gemm", "fill")
+COPY_KINDS = ("read", "upload", "download", "write")
 
-    def __init__(self):
+#: What each kind is called on a timeline: the issue's vocabulary (an UPLOAD is a host->device
+#: copy, H2D; a DOWNLOAD device->host, D2H; a READ fills a staging or working buffer from the
+#: source, a WRITE stores to the output).
+KIND_NAMES = {"read": "read", "upload": "H2D", "fill": "fill", "gemm": "gemm",
+              "download": "D2H", "write": "write"}
+
+#: One colour per kind (plots, NVTX ranges), '#rrggbb'.
+KIND_COLORS = {"gemm": "#2ca02c", "fill": "#98df8a", "read": "#ff7f0e", "upload": "#1f77b4",
+               "download": "#9467bd", "write": "#d62728"}
+
+
+def op_name(kind: str, operand: str) -> str:
+    """'gemm', 'H2D A', 'D2H C', 'read B', 'write C', 'fill C'."""
+    return "gemm" if kind == "gemm" else f"{KIND_NAMES.get(kind, kind)} {operand}"
+
+
+def op_label(kind: str, operand: str, key, q: int = -1) -> str:
+    """An operation with its block: 'gemm C(1,2) q=3', 'H2D A(1,0)'."""
+    block = f"({key[0]},{key[1]})"
+    if kind == "gemm":
+        return f"gemm C{block} q={q}"
+    return f"{op_name(kind, operand)}{block}"
+
+
+class EventLog:
+    """Thread-safe list of events, timed from the log's creation, and the bytes that moved.
+
+    Parameters
+    ----------
+    record
+        False to keep no events (to measure what recording costs): :meth:`add` then only
+        counts the bytes moved, and builds an :class:`Event` only when asked for one.
+    """
+
+    def __init__(self, record: bool = True):
         self.origin = time.perf_counter()
+        self.record = bool(record)
         self._events: list[Event] = []
+        self._moved: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def now(self) -> float:
         return time.perf_counter() - self.origin
 
-    def add(self, op, lane: str, start: float, end: float, nbytes: int | None = None) -> Event:
-        """Record ``op``; ``nbytes`` overrides the bytes it moved (0 for data used in place)."""
+    def add(self, op, lane: str, start: float, end: float, nbytes: int | None = None, *,
+            wanted: bool = False) -> Event | None:
+        """Record ``op``; ``nbytes`` overrides the bytes it moved (0 for data used in place).
+
+        Returns the :class:`Event`, or None when the log does not record and the caller did
+        not say it ``wanted`` one (for a callback)."""
+        moved = op.nbytes if nbytes is None else nbytes
+        if not (self.record or wanted):
+            self.count(op, moved)
+            return None
         event = Event(index=op.index, kind=op.kind.value, operand=op.operand, key=op.key, q=op.q,
-                      lane=lane, start=start, end=end,
-                      nbytes=op.nbytes if nbytes is None else nbytes, flops=op.flops)
+                      lane=lane, start=start, end=end, nbytes=moved, flops=op.flops)
         with self._lock:
-            self._events.append(event)
+            self._moved[event.kind] = self._moved.get(event.kind, 0) + moved
+            if self.record:
+                self._events.append(event)
         return event
+
+    def count(self, op, nbytes: int | None = None) -> None:
+        """Count the bytes ``op`` moved without recording an event."""
+        moved = op.nbytes if nbytes is None else nbytes
+        if moved:
+            with self._lock:
+                self._moved[op.kind.value] = self._moved.get(op.kind.value, 0) + moved
 
     def events(self) -> list[Event]:
         with self._lock:
             return sorted(self._events, key=lambda e: (e.start, e.index))
 
+    def traffic(self) -> dict[str, int]:
+        """Bytes moved per level (storage_read, storage_write, h2d, d2h), counted whether
+        events were recorded or not."""
+        with self._lock:
+            return {level: self._moved.get(kind.value, 0) for kind, level in LEVELS.items()}

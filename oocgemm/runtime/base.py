@@ -46,16 +46,18 @@ class Cancelled(Exception):
 class Executor:
     """What every executor holds: the plan and its schedule, the sources (``{'A': ..., 'B':
     ..., 'C': ...}``, C only when beta != 0), the sink, the event log, and a flag that tells
-    every lane to stop. ``run()`` replays the schedule and returns the log."""
+    every lane to stop. ``run()`` replays the schedule and returns the log. ``record=False``
+    keeps no events (the bytes moved are still counted), to measure what recording costs."""
 
-    def __init__(self, plan, sources, sink, *, on_event=None):
+    def __init__(self, plan, sources, sink, *, on_event=None, record: bool = True):
         self.plan = plan
         self.schedule = plan.schedule
         self.sources = sources
         self.sink = sink
         self.on_event = on_event
         """Called with each finished :class:`~oocgemm.diagnostics.Event` (progress bars)."""
-        self.log = EventLog()
+        self.log = EventLog(record)
+        """Events of the run (none kept with ``record=False``) and the bytes it moved."""
         self._cancel = threading.Event()
 
     def run(self) -> EventLog:  # pragma: no cover - abstract

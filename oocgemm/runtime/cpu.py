@@ -38,10 +38,13 @@ class CpuExecutor(Executor):
         Where C blocks are written.
     on_event
         Called with each :class:`~oocgemm.diagnostics.Event` as it finishes (progress bars).
+    record
+        False to keep no events (only the bytes moved are counted).
     """
 
-    def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2):
-        super().__init__(plan, sources, sink, on_event=on_event)
+    def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
+                 record: bool = True):
+        super().__init__(plan, sources, sink, on_event=on_event, record=record)
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
@@ -159,20 +162,28 @@ class CpuExecutor(Executor):
         c += acc
 
     # -- replay ------------------------------------------------------------------------------
-    def _timed(self, op, lane: str) -> None:
+    def _timed(self, op, lane: str, pooled: bool = False) -> None:
+        """Run ``op`` on ``lane`` (a pool's prefix when ``pooled``: the thread names the lane)
+        and record it; without recording nor a callback, only its bytes are counted."""
         if self._cancel.is_set():
             raise Cancelled()
         start = self.log.now()
         moved = self._run_op(op)
-        event = self.log.add(op, lane, start, self.log.now(), nbytes=moved)
-        if self.on_event is not None:
+        end = self.log.now()
+        wanted = self.on_event is not None
+        if not (self.log.record or wanted):
+            self.log.count(op, moved)
+            return
+        event = self.log.add(op, thread_lane(lane) if pooled else lane, start, end, nbytes=moved,
+                             wanted=wanted)
+        if wanted:
             self.on_event(event)
 
     def _task(self, op, futures, lane_prefix: str):
         def run():
             for d in op.deps:
                 futures[d].result()
-            self._timed(op, thread_lane(lane_prefix))
+            self._timed(op, lane_prefix, pooled=True)
         return run
 
     def run(self) -> EventLog:

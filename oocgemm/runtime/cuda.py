@@ -14,6 +14,12 @@ operation after its dependencies: a dependency on another stream becomes an even
 GPU, a dependency on a host operation (a READ) is waited for on the host. Host operations wait
 for the CUDA events of the device operations they depend on. No device-wide synchronisation
 happens inside the loop.
+
+Timing: a pair of CUDA events brackets every device operation; after the run they are mapped
+onto the host clock of the event log through a reference event recorded (and waited for) just
+before the first operation, so host and device events share one clock. Every operation is
+also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
+(:mod:`oocgemm.cuda.nvtx`).
 """
 
 from __future__ import annotations
@@ -52,10 +58,10 @@ class CudaExecutor(Executor):
     """
 
     def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,
-                 writers: int | None = None):
+                 writers: int | None = None, record: bool = True):
         if not plan.staged:
             raise ValueError("the CUDA executor replays staged plans only")
-        super().__init__(plan, sources, sink, on_event=on_event)
+        super().__init__(plan, sources, sink, on_event=on_event, record=record)
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
@@ -97,13 +103,23 @@ class CudaExecutor(Executor):
                 raise Cancelled()
             start = self.log.now()
             (r0, r1), (c0, c1) = op.region
-            if op.kind is OpKind.READ:
-                self.sources[op.operand].read((r0, r1), (c0, c1), gpu.host_view(op.dst, op.shape))
-            else:  # WRITE from the output ring
-                self.sink.write((r0, r1), (c0, c1), gpu.host_view(op.src[0], op.shape))
+            self._nvtx.push(op)
+            try:
+                if op.kind is OpKind.READ:
+                    self.sources[op.operand].read((r0, r1), (c0, c1),
+                                                  gpu.host_view(op.dst, op.shape))
+                else:  # WRITE from the output ring
+                    self.sink.write((r0, r1), (c0, c1), gpu.host_view(op.src[0], op.shape))
+            finally:
+                self._nvtx.pop()
+            end = self.log.now()
+            wanted = self.on_event is not None and op.kind is OpKind.WRITE
+            if not (self.log.record or wanted):
+                self.log.count(op)
+                return
             lane = "read" if op.kind is OpKind.READ else "write"
-            event = self.log.add(op, thread_lane(lane), start, self.log.now())
-            if self.on_event is not None and op.kind is OpKind.WRITE:
+            event = self.log.add(op, thread_lane(lane), start, end, wanted=wanted)
+            if wanted:
                 self.on_event(event)
         return run
 
@@ -128,6 +144,9 @@ class CudaExecutor(Executor):
     def run(self) -> EventLog:
         """Replay the schedule; device and pinned buffers are freed on return, also on error."""
         from ..cuda.engine import GpuContext
+        from ..cuda.nvtx import Ranges
+
+        self._nvtx = Ranges()
 
         ops = self.schedule.ops
         host_futures: dict[int, Future] = {}
@@ -228,6 +247,7 @@ class CudaExecutor(Executor):
                 fut.cancel()
 
     def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
+        timing = self.log.record or self.on_event is not None
         for op in lane_ops:
             if self._cancel.is_set():
                 raise Cancelled()
@@ -236,11 +256,20 @@ class CudaExecutor(Executor):
                     host_futures[d].result()
                 elif _stream_of(ops[d]) != stream:
                     gpu.wait(stream, device_futures[d].result()[1])
-            start = gpu.event(stream)
-            self._enqueue(gpu, op)
-            end = gpu.event(stream)
+            self._nvtx.push(op)
+            try:
+                # The start event times the operation (the events, progress bars); the end
+                # event is what later operations wait for.
+                start = gpu.event(stream) if timing else None
+                self._enqueue(gpu, op)
+                end = gpu.event(stream)
+            finally:
+                self._nvtx.pop()
             device_futures[op.index].set_result((start, end))
-            timed.append((op, stream, start, end))
+            if self.log.record:
+                timed.append((op, stream, start, end))
+            else:
+                self.log.count(op)
 
     def _watch(self, ops, device_futures, reference, origin, gpu) -> None:
         """Report each GEMM/FILL as the GPU finishes it (progress bars)."""
