@@ -18,8 +18,11 @@
 //   - Shared tiles keep each operand's stored layout: "K-major" (rows along M or N, contiguous
 //     along K: A, or a transposed B) or "MN-major" (rows along K: B, or a transposed A), each row
 //     padded by 4 doubles so that the fragment loads of a half-warp hit 16 distinct 8-byte banks.
-//   - Tensor-core shape: m16n8k8 on sm_90 (Hopper's f64 shapes), m8n8k4 on sm_80 (or when
-//     OOCGEMM_DMMA_884 is defined). Fragment layouts are those of the PTX ISA for f64 mma.
+//   - Tensor-core shape: m16n8k16 on sm_90 (Hopper's f64 shapes; m16n8k8 with
+//     OOCGEMM_DMMA_K8), m8n8k4 on sm_80 (or with OOCGEMM_DMMA_884). Fragment layouts are those
+//     of the PTX ISA for f64 mma: fewer, larger instructions read fewer registers per FMA.
+//   - Each thread's tile copies share one base pointer and stride; interior tiles copy without
+//     bounds checks (the checks cost ~7% when every copy made them).
 //   - Thread blocks are rasterised in groups of 8 tile rows, so the blocks resident at one time
 //     share A and B panels in L2.
 //
@@ -29,20 +32,52 @@
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !defined(OOCGEMM_DMMA_884)
 #define OOCGEMM_DMMA_16x8x8 1
+#ifndef OOCGEMM_DMMA_K8
+#define OOCGEMM_DMMA_K16 1   // m16n8k16: 48.1 TFLOP/s at 8192^3 on the H100, m16n8k8 46.0, m8n8k4 26
+#endif
+#endif
+// Tuning knobs (defaults measured best on the H100; the loader's shared-memory size assumes
+// them): K step, pipeline depth, warps along M (of 8).
+#ifndef OOCGEMM_DMMA_BK
+#define OOCGEMM_DMMA_BK 16
+#endif
+#ifndef OOCGEMM_DMMA_STAGES
+#define OOCGEMM_DMMA_STAGES 4
+#endif
+#ifndef OOCGEMM_DMMA_WARPS_M
+#define OOCGEMM_DMMA_WARPS_M 2
+#endif
+#ifndef OOCGEMM_DMMA_GROUP_M
+#define OOCGEMM_DMMA_GROUP_M 8
 #endif
 
 namespace dmma_detail {
 
-constexpr int BM = 128, BN = 128, BK = 16, STAGES = 4, THREADS = 256;
-constexpr int WARPS_M = 2, WARPS_N = 4;
+constexpr int BM = 128, BN = 128, THREADS = 256;
+constexpr int BK = OOCGEMM_DMMA_BK, STAGES = OOCGEMM_DMMA_STAGES;
+constexpr int WARPS_M = OOCGEMM_DMMA_WARPS_M, WARPS_N = 8 / WARPS_M;
 constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;   // 64 x 32 per warp
 constexpr int KPAD = BK + 4;                           // row stride of a K-major tile (doubles)
 constexpr int MNPAD = BM + 4;                          // row stride of an MN-major tile
 constexpr int TILE = (BM * KPAD > BK * MNPAD) ? BM * KPAD : BK * MNPAD;
-constexpr int GROUP_M = 8;                             // rasterisation group (tile rows)
+constexpr int GROUP_M = OOCGEMM_DMMA_GROUP_M;          // rasterisation group (tile rows)
 static_assert(BM == BN, "one tile size serves A and B");
 
-#ifdef OOCGEMM_DMMA_16x8x8
+#if defined(OOCGEMM_DMMA_16x8x8) && defined(OOCGEMM_DMMA_K16)
+constexpr int MM = 16, MN = 8, MK = 16, AR = 8, BR = 4, CR = 4;
+__device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
+__device__ __forceinline__ int a_col(int i, int t) { return t + 4 * (i >> 1); }
+__device__ __forceinline__ int b_row(int i, int t) { return t + 4 * i; }
+__device__ __forceinline__ int c_row(int i, int g) { return g + 8 * (i >> 1); }
+__device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+        : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+#elif defined(OOCGEMM_DMMA_16x8x8)
 constexpr int MM = 16, MN = 8, MK = 8, AR = 4, BR = 2, CR = 4;
 // Fragment coordinates of value i for lane (g = lane / 4, t = lane % 4).
 __device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
@@ -95,32 +130,65 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
-// Load one operand's tile for K step k0 into shared memory `s`.
-//   KMAJOR: tile is 128 rows (outer: M or N) x BK, stored contiguous along K in global memory.
-//   else:   tile is BK rows x 128 (outer), contiguous along the outer dimension.
-// `outer0`/`outer_n`: first row/column of the tile along M or N and the matrix extent there.
+// One thread's share of the copies of one operand's tiles, global -> shared.
+//   KMAJOR: a tile is 128 rows (outer: M or N) x BK, contiguous along K in global memory;
+//   else:   BK rows x 128 (outer), contiguous along the outer dimension.
+// Copy i of a thread sits ROWS_PER_PASS tile rows below copy i - 1: one base pointer and one
+// stride serve them all, and interior tiles (the common case) copy without any bounds check.
 template <bool KMAJOR, bool VEC>
-__device__ __forceinline__ void load_tile(double* s, const double* __restrict__ g, int ld,
-                                          int outer0, int outer_n, int k0, int K, int tid) {
-    constexpr int W = VEC ? 2 : 1;                       // doubles a copy
-    constexpr int COPIES = BM * BK / W / THREADS;        // copies a thread
-    #pragma unroll
-    for (int i = 0; i < COPIES; ++i) {
-        const int c = tid + i * THREADS;
-        int o, k;                                        // tile coordinates of the copy's first element
-        if (KMAJOR) { o = c / (BK / W); k = (c % (BK / W)) * W; }
-        else        { k = c / (BM / W); o = (c % (BM / W)) * W; }
-        const int go = outer0 + o, gk = k0 + k;
-        int valid = 0;                                   // elements inside the matrix
-        if (go < outer_n && gk < K) {
-            const int room = KMAJOR ? K - gk : outer_n - go;
-            valid = room < W ? room : W;
-        }
-        const double* src = valid ? g + (KMAJOR ? (size_t)go * ld + gk : (size_t)gk * ld + go) : g;
-        double* dst = KMAJOR ? s + o * KPAD + k : s + k * MNPAD + o;
-        cp_async<W * 8>(dst, src, valid * 8);
+struct TileLoader {
+    static constexpr int W = VEC ? 2 : 1;                         // doubles a copy
+    static constexpr int PER_ROW = (KMAJOR ? BK : BM) / W;        // copies along a tile row
+    static constexpr int ROWS_PER_PASS = THREADS / PER_ROW;
+    static constexpr int COPIES = BM * BK / W / THREADS;
+    static constexpr int SROW = KMAJOR ? KPAD : MNPAD;            // shared row stride
+    static_assert(THREADS % PER_ROW == 0 && COPIES * ROWS_PER_PASS * PER_ROW * W == BM * BK, "");
+
+    const double* base;   // global address of copy 0 at K step 0
+    long long pass;       // global elements between copies i and i + 1
+    long long step_size;  // global elements per K step
+    int dst;              // shared offset of copy 0
+    int row, col;         // tile coordinates of copy 0: row along the tile's rows, col along them
+    int outer0, outer_n, K;
+
+    __device__ __forceinline__ TileLoader(const double* g, int ld, int outer0_, int outer_n_,
+                                          int K_, int tid)
+        : outer0(outer0_), outer_n(outer_n_), K(K_) {
+        row = tid / PER_ROW;
+        col = (tid % PER_ROW) * W;
+        dst = row * SROW + col;
+        pass = (long long)ROWS_PER_PASS * ld;
+        // KMAJOR: rows are M/N (outer), cols are K; else rows are K, cols are outer.
+        base = KMAJOR ? g + (long long)(outer0 + row) * ld + col
+                      : g + (long long)row * ld + outer0 + col;
+        step_size = KMAJOR ? BK : (long long)BK * ld;
     }
-}
+
+    __device__ __forceinline__ void load(double* s, int step) const {
+        const double* src = base + step * step_size;
+        const int k0 = step * BK;
+        const bool interior = outer0 + BM <= outer_n && k0 + BK <= K;
+        if (interior) {
+            #pragma unroll
+            for (int i = 0; i < COPIES; ++i)
+                cp_async<W * 8>(s + dst + i * ROWS_PER_PASS * SROW, src + i * pass, W * 8);
+            return;
+        }
+        #pragma unroll
+        for (int i = 0; i < COPIES; ++i) {
+            const int r = row + i * ROWS_PER_PASS;
+            const int go = KMAJOR ? outer0 + r : outer0 + col;    // along M or N
+            const int gk = KMAJOR ? k0 + col : k0 + r;            // along K
+            int valid = 0;                                        // elements inside the matrix
+            if (go < outer_n && gk < K) {
+                const int room = KMAJOR ? K - gk : outer_n - go;
+                valid = room < W ? room : W;
+            }
+            cp_async<W * 8>(s + dst + i * ROWS_PER_PASS * SROW, valid ? src + i * pass : base,
+                            valid * 8);
+        }
+    }
+};
 
 }  // namespace dmma_detail
 
@@ -156,10 +224,12 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
             for (int v = 0; v < CR; ++v) acc[i][j][v] = 0.0;
 
     const int steps = (K + BK - 1) / BK;
+    const TileLoader<!TA, VEC> load_a(A, lda, m0, M, K, tid);
+    const TileLoader<TB, VEC> load_b(B, ldb, n0, N, K, tid);
     auto load_stage = [&](int step) {
         double* sa = smem + (step % STAGES) * 2 * TILE;
-        load_tile<!TA, VEC>(sa, A, lda, m0, M, step * BK, K, tid);
-        load_tile<TB, VEC>(sa + TILE, B, ldb, n0, N, step * BK, K, tid);
+        load_a.load(sa, step);
+        load_b.load(sa + TILE, step);
     };
 
     #pragma unroll

@@ -49,7 +49,7 @@ def _launch(name, a, b, c, alpha, beta, trans_a, trans_b, *, offset: int = 0):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernel_every_option(rng, name, shape):
+def test_kernel_all_cases(rng, name, shape):
     m, n, k = shape
     for dtype in catalog.KERNELS[name].dtypes:
         for (alpha, beta), trans_a, trans_b in itertools.product(SCALARS, (False, True),
