@@ -5,13 +5,13 @@
 """
 
 from .api import multiply, plan
-from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError,
-                     OOCGemmError, OptionError, OutputError, ShapeError)
+from .errors import (BudgetError, DependencyError, DeviceError, DTypeError, ExecutionError,
+                     InputError, OOCGemmError, OptionError, OutputError, ShapeError)
 from .plan import Plan
 from .result import Result
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetError", "DTypeError", "DeviceError", "ExecutionError", "InputError",
-           "OOCGemmError", "OptionError", "OutputError", "Plan", "Result", "ShapeError",
-           "multiply", "plan", "__version__"]
+__all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "ExecutionError",
+           "InputError", "OOCGemmError", "OptionError", "OutputError", "Plan", "Result",
+           "ShapeError", "multiply", "plan", "__version__"]

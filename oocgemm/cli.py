@@ -3,7 +3,8 @@
     oocgemm random a.zarr --shape 20000x30000 --seed 1
     oocgemm random b.zarr --shape 30000x10000 --seed 2
     oocgemm plan a.zarr b.zarr -o c.zarr
-    oocgemm multiply a.zarr b.zarr -o c.zarr
+    oocgemm multiply a.zarr b.zarr -o c.zarr --timeline run.json --plot run.png
+    oocgemm timeline run.json
     oocgemm info --bandwidth
     oocgemm bench --cpu --size 4096
 
@@ -22,7 +23,7 @@ import sys
 import click
 
 from . import __version__
-from .errors import OOCGemmError
+from .errors import OOCGemmError, OutputError
 from .plan.units import format_seconds, format_size
 
 EXIT_ERROR = 2
@@ -215,22 +216,39 @@ def main():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
+@click.option("--timeline", "timeline_path", metavar="PATH", default=None,
+              help="Save the run's timeline as Chrome trace JSON (open it in Perfetto or "
+                   "chrome://tracing) and print its summary.")
+@click.option("--plot", "plot_path", metavar="PATH", default=None,
+              help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs matplotlib) and "
+                   "print its summary.")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel, overwrite, quiet, as_json):
+             host_memory_limit, tile, kernel, overwrite, quiet, as_json, timeline_path,
+             plot_path):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
     """
     from .api import multiply as api_multiply
 
+    # fail before the run, not after it
+    _check_writable(timeline_path, "the timeline")
+    _check_writable(plot_path, "the plot")
+    if plot_path is not None:
+        from .diagnostics.plot import require_matplotlib
+
+        require_matplotlib()
     result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
                                         host_memory_limit, tile, kernel))
     _State.wrote = out
+    timeline = _save_timeline(result, timeline_path, plot_path)
     if as_json:
         summary = result.summary()
         if summary.get("out") is None:
             summary["out"] = os.path.abspath(out)
+        if timeline is not None:
+            summary["timeline"] = timeline.to_dict()
         _json(summary)
         return
     if quiet:
@@ -244,6 +262,62 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
                f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
                + (f"; moved {moved}" if moved else ""))
+    if timeline is not None:
+        click.echo(str(timeline))
+        _echo_saved(timeline_path, plot_path)
+
+
+def _check_writable(path, what: str) -> None:
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OutputError(f"cannot write {what} to {path!r}: {folder!r} is not a directory")
+
+
+def _save_timeline(result, timeline_path, plot_path):
+    """Save and plot the run's timeline where asked; return it, or None when nothing was
+    asked."""
+    if timeline_path is None and plot_path is None:
+        return None
+    timeline = result.timeline
+    if timeline_path is not None:
+        timeline.save(timeline_path)
+    if plot_path is not None:
+        timeline.plot(plot_path)
+    return timeline
+
+
+def _echo_saved(timeline_path, plot_path) -> None:
+    if timeline_path is not None:
+        click.echo(f"timeline saved to {timeline_path} (open it in https://ui.perfetto.dev or "
+                   f"chrome://tracing)")
+    if plot_path is not None:
+        click.echo(f"timeline plotted in {plot_path}")
+
+
+@main.command("timeline")
+@click.argument("trace", metavar="TRACE")
+@click.option("--plot", "plot_path", metavar="PATH", default=None,
+              help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs matplotlib).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def timeline_command(trace, plot_path, as_json):
+    """Summarise a timeline saved by 'multiply --timeline' (TRACE, a .json Chrome trace): busy
+    time per lane, compute idle, exposed copy time, rates, the bound; --plot draws it."""
+    from .diagnostics.timeline import Timeline
+
+    if plot_path is not None:
+        from .diagnostics.plot import require_matplotlib
+
+        require_matplotlib()
+    timeline = Timeline.load(trace)
+    if plot_path is not None:
+        timeline.plot(plot_path)
+    if as_json:
+        _json(timeline.to_dict())
+        return
+    click.echo(str(timeline))
+    _echo_saved(None, plot_path)
 
 
 @main.command()

@@ -41,3 +41,8 @@ class ExecutionError(OOCGemmError):
 
 class KernelError(OOCGemmError):
     """A CUDA kernel failed to compile or to load; the compiler log is in the message."""
+
+
+class DependencyError(OOCGemmError):
+    """An optional dependency is not installed (matplotlib for plots); the message says
+    what to install."""

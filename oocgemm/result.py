@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,19 @@ class Result:
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 
+    @functools.cached_property
+    def timeline(self):
+        """The overlap report of the run (:class:`~oocgemm.diagnostics.Timeline`): busy time
+        per lane, compute idle (fill, drain, stalls), exposed copy time, rates per link, the
+        bounding resource beside the plan's prediction. ``print(result.timeline)`` for a
+        summary; ``.save('run.json')`` for Perfetto, ``.plot('run.png')`` for a Gantt chart.
+        Empty when the run recorded no events (``events=False``)."""
+        from .diagnostics.timeline import Timeline, plan_figures
+
+        predicted, meta = plan_figures(self.plan)
+        return Timeline.from_events(self.events, run_seconds=self.seconds, predicted=predicted,
+                                    meta=meta)
+
     @property
     def tflops(self) -> float:
         """Achieved TFLOP/s over the wall time."""
@@ -44,7 +58,7 @@ class Result:
             "flops": self.flops,
             "tflops": self.tflops,
             "bytes": dict(self.bytes),
-            "operations": len(self.events),
+            "operations": len(self.plan.schedule.ops),
             "predicted_seconds": plan.prediction.total,
             "out": self.out_name,
         }

@@ -1,5 +1,7 @@
-"""Timeline events recorded by the executors (exporters come separately)."""
+"""Timeline events recorded by the executors, the overlap report built from them, and its
+exporters: Chrome trace JSON (:mod:`.trace`) and a Gantt plot (:mod:`.plot`, needs matplotlib)."""
 
 from .events import Event, EventLog
+from .timeline import LaneStats, LinkStats, Timeline
 
-__all__ = ["Event", "EventLog"]
+__all__ = ["Event", "EventLog", "LaneStats", "LinkStats", "Timeline"]
