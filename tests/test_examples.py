@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -11,10 +12,19 @@ import pytest
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
+def _extra_args(script: pathlib.Path) -> list[str]:
+    """Arguments an example asks the tests to add (a '# example-test-args: ...' line: a GPU
+    example runs small, and on the CPU where there is no GPU)."""
+    for line in script.read_text().splitlines():
+        if line.startswith("# example-test-args:"):
+            return shlex.split(line.partition(":")[2])
+    return []
+
+
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_runs(script, tmp_path):
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)] + _extra_args(script),
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "max relative error" in done.stdout
 
