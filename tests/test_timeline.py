@@ -145,7 +145,7 @@ def test_summary_text_fits_one_screen():
     assert "busy 38.5%" in text and "fill 4.00 s" in text
     assert "stalls 1.00 s in 1 gaps" in text and "drain 3.00 s" in text
     assert "exposed 8.00 s (61.5% of the wall)" in text
-    assert "bound     storage read" in text
+    assert "bound     storage read, the busiest (6.00 s of the wall; nothing is busy half" in text
 
 
 # -- the Chrome trace ------------------------------------------------------------------------------

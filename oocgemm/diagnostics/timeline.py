@@ -414,7 +414,8 @@ class Timeline:
             text = f"compute (busy {self.compute_fraction:.1%} >= {COMPUTE_BOUND:.0%} of the wall)"
         else:
             busy = self.compute_busy if self.bound == "compute" else self.link(self.bound).busy
-            text = f"{self.bound}, the busiest ({format_seconds(busy)} of the wall)"
+            half = "; nothing is busy half of it: waits dominate" if busy < 0.5 * self.wall else ""
+            text = f"{self.bound}, the busiest ({format_seconds(busy)} of the wall{half})"
         p = self.predicted
         if p.get("bound"):
             text += (f"; predicted: {p['bound']}-bound, "
