@@ -1,0 +1,277 @@
+// regblock_gemm: two-level blocking with an 8 x 8 register tile per thread (the seed 003
+// family). C = alpha * op(A) @ op(B) + beta * C.
+//
+// launch: block = (256, 1, 1) threads; one block per 128 x 128 tile of C; grid = (ceil(N / 128), ceil(M / 128), 1); dynamic shared memory = 0 bytes
+//
+// Row-major operands (numpy order):
+//   C(i, j) = C[i * ldc + j]                                  (M x N)
+//   op(A)(i, k) = TA ? A[k * lda + i] : A[i * lda + k]         (M x K)
+//   op(B)(k, j) = TB ? B[j * ldb + k] : B[k * ldb + j]         (K x N)
+// When beta == 0, C is only written, never read (it may hold NaN).
+// VEC == true promises 16-byte aligned A, B, C and lda, ldb, ldc multiples of 16 / sizeof(T):
+// pairs of elements are then moved with one 2-element vector access (16 bytes in double).
+//
+// Design
+// - Block: 128 x 128 tile of C, 256 threads, K walked in steps of BK = 8.
+// - Shared memory: As[stage][k][i] holds op(A) transposed (k-major), Bs[stage][k][j] holds
+//   op(B); both are k-major so that the values one thread needs at one k are contiguous.
+//   Two stages: while the block multiplies the tile in stage s, each thread already has
+//   the next K-tile's global loads in flight into registers (4 elements of A, 4 of B, a
+//   2 x 2 patch of each); after its FMAs it writes them to stage s ^ 1, and ONE
+//   __syncthreads per K-tile both publishes stage s ^ 1 and retires the reads of stage s.
+//   Tiles wholly inside the operands (all but the edges) are loaded without guards.
+// - Thread -> C mapping ("warp tile"): 8 warps as 4 (M) x 2 (N), each warp a 32 x 64 tile;
+//   its 32 lanes as 4 (M) x 8 (N), every quad of consecutive lanes a 2 x 2 square. A thread
+//   owns rows wm*32 + lm*2 + 8*g + {0,1}, g < 4, and columns wn*64 + ln*2 + 16*h + {0,1},
+//   h < 4: an 8 x 8 tile made of 4 x 4 pairs. Per k it reads its 8 A and 8 B values from
+//   shared memory with 8 two-element vector loads (8 LDS.128 per 64 DFMA in double).
+//   Why quads: measured on the H100, lanes reading the same shared address share the
+//   fetch only inside a quad of consecutive lanes; a warp-wide LDS.128 costs the sum over
+//   its 8 quads of their distinct bytes, in 128-byte wavefronts, and at least 2. With
+//   2 x 2 quads each load touches 2 distinct pairs per quad: the minimum, 2 wavefronts.
+// - Global loads: a thread stages a 2 x 2 patch (2 rows/columns of the tile x 2 k) of each
+//   operand. Lanes are laid out along the operand's contiguous dimension in memory, so
+//   both storage orders are read coalesced; the patch is stored into shared memory as
+//   two 2-element vectors (transposing on the fly where the operand is k-contiguous): one
+//   16-byte store per lane in double, each warp store filling whole 128-byte bank rows,
+//   so it costs the minimum 4 wavefronts.
+// - Edges: elements outside op(A) or op(B) are staged as zeros (so ragged K adds nothing)
+//   and stores outside C are skipped. A vector access is used only when both of its
+//   elements are inside; a pair that straddles the end of a row (e.g. K = 1001 with
+//   lda = 1002) is read element by element, the outside one as zero.
+//
+// Self-contained on purpose: it is compiled at run time by NVRTC, which has no headers.
+
+constexpr int RB_BM = 128;      // rows of C per block
+constexpr int RB_BN = 128;      // columns of C per block
+constexpr int RB_BK = 8;        // K per shared-memory stage
+constexpr int RB_TM = 8;        // rows of C per thread
+constexpr int RB_TN = 8;        // columns of C per thread
+constexpr int RB_THREADS = 256;
+
+static_assert(RB_BM * RB_BN == RB_THREADS * RB_TM * RB_TN, "one 8 x 8 tile per thread");
+static_assert(RB_BM * RB_BK == RB_THREADS * 4 && RB_BN * RB_BK == RB_THREADS * 4,
+              "one 2 x 2 patch of each operand per thread and stage");
+
+// Two consecutive elements, moved as one vector access (16 bytes for double).
+template <typename T>
+struct alignas(2 * sizeof(T)) rb_pair {
+    T x, y;
+};
+
+template <typename T>
+__device__ __forceinline__ rb_pair<T> rb_load_pair(const T* p)
+{
+    return *reinterpret_cast<const rb_pair<T>*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void rb_store_pair(T* p, T x, T y)
+{
+    rb_pair<T> v;
+    v.x = x;
+    v.y = y;
+    *reinterpret_cast<rb_pair<T>*>(p) = v;
+}
+
+// Reads p[0] and p[1] of one memory row; `avail` elements of the row are inside the
+// operand from p on (<= 0: none), and row_ok says whether the row itself is inside.
+template <typename T, bool VEC>
+__device__ __forceinline__ void rb_load_two(const T* p, bool row_ok, int avail, T& x, T& y)
+{
+    if (VEC && row_ok && avail >= 2) {
+        const rb_pair<T> v = rb_load_pair(p);
+        x = v.x;
+        y = v.y;
+    } else {
+        x = T(0);
+        y = T(0);
+        if (row_ok && avail >= 1) x = p[0];
+        if (row_ok && avail >= 2) y = p[1];
+    }
+}
+
+// One thread's share of staging a TILE_MN x RB_BK tile of an operand: a 2 x 2 patch.
+// The operand element (mn, k) (mn along M for A, along N for B) lives at
+// X[mn * ld + k] when KCONTIG, at X[k * ld + mn] otherwise. The shared tile is S[k][mn].
+template <typename T, int TILE_MN, bool KCONTIG, bool VEC>
+struct rb_stager {
+    const T* p;      // element (patch mn, patch k) of the current K-tile
+    long long step;  // address advance from one K-tile to the next
+    int ld;
+    int mn;          // patch origin inside the tile (even)
+    int kk;
+    int mn_avail;    // operand rows/columns inside, counted from the patch origin
+
+    __device__ __forceinline__ rb_stager(const T* X, int ld_, int mn_base, int MN, int tid)
+    {
+        constexpr int KPAIRS = RB_BK / 2;
+        constexpr int MNPAIRS = TILE_MN / 2;
+        // Consecutive lanes walk the dimension that is contiguous in memory.
+        const int kp = KCONTIG ? tid % KPAIRS : tid / MNPAIRS;
+        const int mp = KCONTIG ? tid / KPAIRS : tid % MNPAIRS;
+        mn = 2 * mp;
+        kk = 2 * kp;
+        ld = ld_;
+        mn_avail = MN - (mn_base + mn);
+        const long long g = mn_base + mn;
+        p = X + (KCONTIG ? g * ld_ + kk : (long long)kk * ld_ + g);
+        step = KCONTIG ? (long long)RB_BK : (long long)RB_BK * ld_;
+    }
+
+    // r = { (mn, k), (mn, k+1), (mn+1, k), (mn+1, k+1) } of the tile starting at k0,
+    // zeros outside the operand. `inside` says that the whole TILE_MN x RB_BK tile lies
+    // inside the operand (true for every tile but the edges): then no guard is needed.
+    __device__ __forceinline__ void load(int k0, int K, bool inside, T r[4]) const
+    {
+        if (inside) {
+            if (VEC) {
+                const rb_pair<T> v0 = rb_load_pair(p);
+                const rb_pair<T> v1 = rb_load_pair(p + ld);
+                r[0] = v0.x;
+                r[KCONTIG ? 1 : 2] = v0.y;
+                r[KCONTIG ? 2 : 1] = v1.x;
+                r[3] = v1.y;
+            } else {
+                r[0] = p[0];
+                r[KCONTIG ? 1 : 2] = p[1];
+                r[KCONTIG ? 2 : 1] = p[ld];
+                r[3] = p[ld + 1];
+            }
+            return;
+        }
+        const int k_avail = K - (k0 + kk);
+        if (KCONTIG) {  // memory rows are mn, k contiguous
+            rb_load_two<T, VEC>(p, mn_avail >= 1, k_avail, r[0], r[1]);
+            rb_load_two<T, VEC>(p + ld, mn_avail >= 2, k_avail, r[2], r[3]);
+        } else {        // memory rows are k, mn contiguous
+            rb_load_two<T, VEC>(p, k_avail >= 1, mn_avail, r[0], r[2]);
+            rb_load_two<T, VEC>(p + ld, k_avail >= 2, mn_avail, r[1], r[3]);
+        }
+    }
+
+    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T r[4]) const
+    {
+        rb_store_pair(&S[kk][mn], r[0], r[2]);
+        rb_store_pair(&S[kk + 1][mn], r[1], r[3]);
+    }
+
+    __device__ __forceinline__ void advance() { p += step; }
+};
+
+template <typename T, bool TA, bool TB, bool VEC>
+__global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K, T alpha,
+    const T* __restrict__ A, int lda, const T* __restrict__ B, int ldb,
+    T beta, T* __restrict__ C, int ldc)
+{
+    __shared__ alignas(16) T As[2][RB_BK][RB_BM];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
+    __shared__ alignas(16) T Bs[2][RB_BK][RB_BN];  // Bs[s][k][j] = op(B)(k0 + k, n0 + j)
+
+    const int tid = threadIdx.x;
+    const int m0 = blockIdx.y * RB_BM;
+    const int n0 = blockIdx.x * RB_BN;
+
+    // op(A) is k-contiguous when stored untransposed; op(B) when stored transposed.
+    rb_stager<T, RB_BM, !TA, VEC> sa(A, lda, m0, M, tid);
+    rb_stager<T, RB_BN, TB, VEC> sb(B, ldb, n0, N, tid);
+
+    // Warp tile mapping (see the header): warp (wm, wn) in 4 x 2, lane (lm, ln) in 4 x 8,
+    // each quad of consecutive lanes a 2 x 2 square of (lm, ln).
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int quad = lane / 4;
+    const int lm = (quad / 4) * 2 + (lane % 4) / 2;     // 0 .. 3
+    const int ln = (quad % 4) * 2 + (lane % 2);         // 0 .. 7
+    const int row0 = (warp / 2) * 32 + lm * 2;  // rows row0 + 8 g + {0, 1}
+    const int col0 = (warp % 2) * 64 + ln * 2;  // cols col0 + 16 h + {0, 1}
+
+    T acc[RB_TM][RB_TN];
+#pragma unroll
+    for (int i = 0; i < RB_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RB_TN; ++j) acc[i][j] = T(0);
+
+    // Whole tiles along M (for A) and N (for B); along K, every tile but the last.
+    const bool a_rows_inside = m0 + RB_BM <= M;
+    const bool b_cols_inside = n0 + RB_BN <= N;
+
+    T ra[4], rb[4];
+    sa.load(0, K, a_rows_inside && RB_BK <= K, ra);
+    sb.load(0, K, b_cols_inside && RB_BK <= K, rb);
+    sa.store(As[0], ra);
+    sb.store(Bs[0], rb);
+    __syncthreads();
+
+    const int ktiles = (K + RB_BK - 1) / RB_BK;
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt & 1;
+        const bool more = kt + 1 < ktiles;
+        if (more) {  // next K-tile: global -> registers, in flight during the FMAs below
+            sa.advance();
+            sb.advance();
+            const int k0 = (kt + 1) * RB_BK;
+            const bool k_inside = k0 + RB_BK <= K;
+            sa.load(k0, K, a_rows_inside && k_inside, ra);
+            sb.load(k0, K, b_cols_inside && k_inside, rb);
+        }
+
+#pragma unroll
+        for (int k = 0; k < RB_BK; ++k) {
+            T a[RB_TM], b[RB_TN];
+#pragma unroll
+            for (int g = 0; g < RB_TM / 2; ++g) {
+                const rb_pair<T> v = rb_load_pair(&As[s][k][row0 + 8 * g]);
+                a[2 * g] = v.x;
+                a[2 * g + 1] = v.y;
+            }
+#pragma unroll
+            for (int h = 0; h < RB_TN / 2; ++h) {
+                const rb_pair<T> v = rb_load_pair(&Bs[s][k][col0 + 16 * h]);
+                b[2 * h] = v.x;
+                b[2 * h + 1] = v.y;
+            }
+#pragma unroll
+            for (int i = 0; i < RB_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < RB_TN; ++j) acc[i][j] += a[i] * b[j];
+        }
+
+        if (more) {  // stage s ^ 1 was last read in the previous K-tile, before the barrier
+            sa.store(As[s ^ 1], ra);
+            sb.store(Bs[s ^ 1], rb);
+        }
+        __syncthreads();
+    }
+
+    // Epilogue: acc[2g + r][2h + c] is C(m0 + row0 + 8g + r, n0 + col0 + 16h + c).
+    const bool read_c = beta != T(0);
+#pragma unroll
+    for (int i = 0; i < RB_TM; ++i) {
+        const int row = m0 + row0 + 8 * (i / 2) + (i % 2);
+        if (row >= M) continue;
+        T* crow = C + (long long)row * ldc;
+#pragma unroll
+        for (int h = 0; h < RB_TN / 2; ++h) {
+            const int col = n0 + col0 + 16 * h;
+            T v0 = alpha * acc[i][2 * h];
+            T v1 = alpha * acc[i][2 * h + 1];
+            if (VEC && col + 1 < N) {
+                if (read_c) {
+                    const rb_pair<T> c = rb_load_pair(crow + col);
+                    v0 += beta * c.x;
+                    v1 += beta * c.y;
+                }
+                rb_store_pair(crow + col, v0, v1);
+            } else {
+                if (col < N) {
+                    if (read_c) v0 += beta * crow[col];
+                    crow[col] = v0;
+                }
+                if (col + 1 < N) {
+                    if (read_c) v1 += beta * crow[col + 1];
+                    crow[col + 1] = v1;
+                }
+            }
+        }
+    }
+}
