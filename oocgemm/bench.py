@@ -406,6 +406,11 @@ def gpu_benchmark(size: int = 32768, *, memory_limit="16GB", dtype="float64", se
     if unknown:
         raise OptionError(f"unknown benchmark case(s) {', '.join(unknown)}; known: "
                           f"{', '.join(known)}")
+    if workdir is not None and "npy" in cases:  # before any timing, not after the first case
+        try:
+            os.makedirs(workdir, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"workdir {workdir!r} cannot be created: {exc}") from None
     dt = _check_dtype(dtype)
     n = size
     flops = (8 if dt.kind == "c" else 2) * n ** 3

@@ -433,3 +433,28 @@ def test_bench_gpu_unknown_case_is_a_clear_error():
     assert result.exit_code == 2
     assert "unknown benchmark case(s) nope" in result.output
     assert "Traceback" not in result.output
+
+
+def test_bench_gpu_bad_workdir_fails_before_any_case(tmp_path):
+    """A workdir that cannot be made is an error up front (exit 2), not a traceback after the
+    first cases have run."""
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(main, ["bench", "--gpu", "--cases", "npy",
+                                       "--workdir", str(blocker / "sub")])
+    assert result.exit_code == 2
+    assert "workdir" in result.output and "cannot be created" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_kernels_is_one_benchmark_among_three():
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--kernels"])
+    assert result.exit_code == 2 and "choose one benchmark" in result.output
