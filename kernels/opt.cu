@@ -51,7 +51,7 @@
 // - TB == true reads each thread's columns as scalars from two memory rows, one k at a
 //   time (uncoalesced across lanes; L1 serves the rest of each line): slower than TB false.
 //
-// Self-contained on purpose: it is compiled at run time by NVRTC, which has no headers.
+// Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
 constexpr int OPT_W = 32;          // rows of the C sub-block (= C elements per thread column)
 constexpr int OPT_R = 16;          // K per shared-memory step
@@ -66,111 +66,8 @@ constexpr int OPT_PATCHES_PER_THREAD = (OPT_PATCHES + OPT_THREADS - 1) / OPT_THR
 static_assert(OPT_W % 2 == 0 && OPT_R % 2 == 0, "A is staged in 2 x 2 patches");
 static_assert(OPT_COLS % 2 == 0, "columns are moved in pairs");
 
-// Two consecutive elements, moved as one vector access (16 bytes for double).
-template <typename T>
-struct alignas(2 * sizeof(T)) opt_pair {
-    T x, y;
-};
+#include "pairs.cuh"
 
-template <typename T>
-__device__ __forceinline__ opt_pair<T> opt_load_pair(const T* p)
-{
-    return *reinterpret_cast<const opt_pair<T>*>(p);
-}
-
-template <typename T>
-__device__ __forceinline__ void opt_store_pair(T* p, T x, T y)
-{
-    opt_pair<T> v;
-    v.x = x;
-    v.y = y;
-    *reinterpret_cast<opt_pair<T>*>(p) = v;
-}
-
-// Reads p[0] and p[1] of one memory row; `avail` elements of the row are inside the
-// operand from p on (<= 0: none), and row_ok says whether the row itself is inside.
-template <typename T, bool VEC>
-__device__ __forceinline__ void opt_load_two(const T* p, bool row_ok, int avail, T& x, T& y)
-{
-    if (VEC && row_ok && avail >= 2) {
-        const opt_pair<T> v = opt_load_pair(p);
-        x = v.x;
-        y = v.y;
-    } else {
-        x = T(0);
-        y = T(0);
-        if (row_ok && avail >= 1) x = p[0];
-        if (row_ok && avail >= 2) y = p[1];
-    }
-}
-
-// One 2 x 2 patch of the OPT_W x OPT_R sub-block of op(A), staged into As[k][i].
-// op(A)(i, k) lives at A[i * lda + k] when KCONTIG (A stored untransposed), else at
-// A[k * lda + i]. Consecutive patches walk the dimension that is contiguous in memory,
-// so consecutive lanes read consecutive 16-byte pairs.
-template <typename T, bool KCONTIG, bool VEC>
-struct opt_a_patch {
-    const T* p;      // element (i, k) of the patch origin in the current r-step
-    long long step;  // address advance from one r-step to the next
-    int lda;
-    int i;           // patch origin inside the sub-block (even)
-    int kk;
-    int m_avail;     // rows of op(A) inside, counted from the patch origin
-
-    __device__ __forceinline__ void init(const T* A, int lda_, int m0, int M, int patch)
-    {
-        constexpr int KPAIRS = OPT_R / 2;
-        constexpr int IPAIRS = OPT_W / 2;
-        const int kp = KCONTIG ? patch % KPAIRS : patch / IPAIRS;
-        const int ip = KCONTIG ? patch / KPAIRS : patch % IPAIRS;
-        i = 2 * ip;
-        kk = 2 * kp;
-        lda = lda_;
-        m_avail = M - (m0 + i);
-        const long long g = m0 + i;
-        p = A + (KCONTIG ? g * lda_ + kk : (long long)kk * lda_ + g);
-        step = KCONTIG ? (long long)OPT_R : (long long)OPT_R * lda_;
-    }
-
-    // r = { (i, k), (i, k+1), (i+1, k), (i+1, k+1) } of the r-step starting at k0, zeros
-    // outside op(A). `inside` says that the whole sub-block lies inside op(A) (true for
-    // every r-step but the edges): then no guard is needed.
-    __device__ __forceinline__ void load(int k0, int K, bool inside, T r[4]) const
-    {
-        if (inside) {
-            if (VEC) {
-                const opt_pair<T> v0 = opt_load_pair(p);
-                const opt_pair<T> v1 = opt_load_pair(p + lda);
-                r[0] = v0.x;
-                r[KCONTIG ? 1 : 2] = v0.y;
-                r[KCONTIG ? 2 : 1] = v1.x;
-                r[3] = v1.y;
-            } else {
-                r[0] = p[0];
-                r[KCONTIG ? 1 : 2] = p[1];
-                r[KCONTIG ? 2 : 1] = p[lda];
-                r[3] = p[lda + 1];
-            }
-            return;
-        }
-        const int k_avail = K - (k0 + kk);
-        if (KCONTIG) {  // memory rows are i, k contiguous
-            opt_load_two<T, VEC>(p, m_avail >= 1, k_avail, r[0], r[1]);
-            opt_load_two<T, VEC>(p + lda, m_avail >= 2, k_avail, r[2], r[3]);
-        } else {        // memory rows are k, i contiguous
-            opt_load_two<T, VEC>(p, k_avail >= 1, m_avail, r[0], r[2]);
-            opt_load_two<T, VEC>(p + lda, k_avail >= 2, m_avail, r[1], r[3]);
-        }
-    }
-
-    __device__ __forceinline__ void store(T (*S)[OPT_W], const T r[4]) const
-    {
-        opt_store_pair(&S[kk][i], r[0], r[2]);
-        opt_store_pair(&S[kk + 1][i], r[1], r[3]);
-    }
-
-    __device__ __forceinline__ void advance() { p += step; }
-};
 
 // The thread's OPT_COLS columns of op(B), read one k at a time: B(k, j .. j + OPT_COLS - 1).
 template <typename T, bool TB, bool VEC>
@@ -199,7 +96,7 @@ struct opt_b_cols {
 #pragma unroll
                 for (int c = 0; c < OPT_COLS; c += 2) {
                     if (VEC) {
-                        const opt_pair<T> v = opt_load_pair(p + c);
+                        const pair2<T> v = load_pair(p + c);
                         b[c] = v.x;
                         b[c + 1] = v.y;
                     } else {
@@ -210,7 +107,7 @@ struct opt_b_cols {
             } else {
 #pragma unroll
                 for (int c = 0; c < OPT_COLS; c += 2)
-                    opt_load_two<T, VEC>(p + c, k_ok, n_avail - c, b[c], b[c + 1]);
+                    load_two<T, VEC>(p + c, k_ok, n_avail - c, b[c], b[c + 1]);
             }
         } else {    // one per memory row j + c
 #pragma unroll
@@ -235,7 +132,7 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
     const int m0 = blockIdx.y * OPT_W;
     const int j = blockIdx.x * OPT_H + OPT_COLS * tid;  // this thread's columns j, j + 1
 
-    opt_a_patch<T, !TA, VEC> pa[OPT_PATCHES_PER_THREAD];
+    PatchStager<T, OPT_W, OPT_R, !TA, VEC> pa[OPT_PATCHES_PER_THREAD];
 #pragma unroll
     for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q) {
         const int patch = tid + q * OPT_THREADS;
@@ -296,7 +193,7 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
             bc.next(K, bq[OPT_D - 1]);  // B(k + OPT_D, .)
 #pragma unroll
             for (int i = 0; i < OPT_W; i += 2) {
-                const opt_pair<T> a = opt_load_pair(&As[s][kk][i]);  // broadcast
+                const pair2<T> a = load_pair(&As[s][kk][i]);  // broadcast
 #pragma unroll
                 for (int c = 0; c < OPT_COLS; ++c) {
                     acc[i][c] += a.x * b[c];
@@ -326,11 +223,11 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
             T v1 = alpha * acc[i][c + 1];
             if (VEC && j + c + 1 < N) {
                 if (read_c) {
-                    const opt_pair<T> old = opt_load_pair(crow + c);
+                    const pair2<T> old = load_pair(crow + c);
                     v0 += beta * old.x;
                     v1 += beta * old.y;
                 }
-                opt_store_pair(crow + c, v0, v1);
+                store_pair(crow + c, v0, v1);
             } else {
                 if (j + c < N) {
                     if (read_c) v0 += beta * crow[c];

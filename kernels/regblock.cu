@@ -40,7 +40,7 @@
 //   elements are inside; a pair that straddles the end of a row (e.g. K = 1001 with
 //   lda = 1002) is read element by element, the outside one as zero.
 //
-// Self-contained on purpose: it is compiled at run time by NVRTC, which has no headers.
+// Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
 constexpr int RB_BM = 128;      // rows of C per block
 constexpr int RB_BN = 128;      // columns of C per block
@@ -53,111 +53,8 @@ static_assert(RB_BM * RB_BN == RB_THREADS * RB_TM * RB_TN, "one 8 x 8 tile per t
 static_assert(RB_BM * RB_BK == RB_THREADS * 4 && RB_BN * RB_BK == RB_THREADS * 4,
               "one 2 x 2 patch of each operand per thread and stage");
 
-// Two consecutive elements, moved as one vector access (16 bytes for double).
-template <typename T>
-struct alignas(2 * sizeof(T)) rb_pair {
-    T x, y;
-};
+#include "pairs.cuh"
 
-template <typename T>
-__device__ __forceinline__ rb_pair<T> rb_load_pair(const T* p)
-{
-    return *reinterpret_cast<const rb_pair<T>*>(p);
-}
-
-template <typename T>
-__device__ __forceinline__ void rb_store_pair(T* p, T x, T y)
-{
-    rb_pair<T> v;
-    v.x = x;
-    v.y = y;
-    *reinterpret_cast<rb_pair<T>*>(p) = v;
-}
-
-// Reads p[0] and p[1] of one memory row; `avail` elements of the row are inside the
-// operand from p on (<= 0: none), and row_ok says whether the row itself is inside.
-template <typename T, bool VEC>
-__device__ __forceinline__ void rb_load_two(const T* p, bool row_ok, int avail, T& x, T& y)
-{
-    if (VEC && row_ok && avail >= 2) {
-        const rb_pair<T> v = rb_load_pair(p);
-        x = v.x;
-        y = v.y;
-    } else {
-        x = T(0);
-        y = T(0);
-        if (row_ok && avail >= 1) x = p[0];
-        if (row_ok && avail >= 2) y = p[1];
-    }
-}
-
-// One thread's share of staging a TILE_MN x RB_BK tile of an operand: a 2 x 2 patch.
-// The operand element (mn, k) (mn along M for A, along N for B) lives at
-// X[mn * ld + k] when KCONTIG, at X[k * ld + mn] otherwise. The shared tile is S[k][mn].
-template <typename T, int TILE_MN, bool KCONTIG, bool VEC>
-struct rb_stager {
-    const T* p;      // element (patch mn, patch k) of the current K-tile
-    long long step;  // address advance from one K-tile to the next
-    int ld;
-    int mn;          // patch origin inside the tile (even)
-    int kk;
-    int mn_avail;    // operand rows/columns inside, counted from the patch origin
-
-    __device__ __forceinline__ rb_stager(const T* X, int ld_, int mn_base, int MN, int tid)
-    {
-        constexpr int KPAIRS = RB_BK / 2;
-        constexpr int MNPAIRS = TILE_MN / 2;
-        // Consecutive lanes walk the dimension that is contiguous in memory.
-        const int kp = KCONTIG ? tid % KPAIRS : tid / MNPAIRS;
-        const int mp = KCONTIG ? tid / KPAIRS : tid % MNPAIRS;
-        mn = 2 * mp;
-        kk = 2 * kp;
-        ld = ld_;
-        mn_avail = MN - (mn_base + mn);
-        const long long g = mn_base + mn;
-        p = X + (KCONTIG ? g * ld_ + kk : (long long)kk * ld_ + g);
-        step = KCONTIG ? (long long)RB_BK : (long long)RB_BK * ld_;
-    }
-
-    // r = { (mn, k), (mn, k+1), (mn+1, k), (mn+1, k+1) } of the tile starting at k0,
-    // zeros outside the operand. `inside` says that the whole TILE_MN x RB_BK tile lies
-    // inside the operand (true for every tile but the edges): then no guard is needed.
-    __device__ __forceinline__ void load(int k0, int K, bool inside, T r[4]) const
-    {
-        if (inside) {
-            if (VEC) {
-                const rb_pair<T> v0 = rb_load_pair(p);
-                const rb_pair<T> v1 = rb_load_pair(p + ld);
-                r[0] = v0.x;
-                r[KCONTIG ? 1 : 2] = v0.y;
-                r[KCONTIG ? 2 : 1] = v1.x;
-                r[3] = v1.y;
-            } else {
-                r[0] = p[0];
-                r[KCONTIG ? 1 : 2] = p[1];
-                r[KCONTIG ? 2 : 1] = p[ld];
-                r[3] = p[ld + 1];
-            }
-            return;
-        }
-        const int k_avail = K - (k0 + kk);
-        if (KCONTIG) {  // memory rows are mn, k contiguous
-            rb_load_two<T, VEC>(p, mn_avail >= 1, k_avail, r[0], r[1]);
-            rb_load_two<T, VEC>(p + ld, mn_avail >= 2, k_avail, r[2], r[3]);
-        } else {        // memory rows are k, mn contiguous
-            rb_load_two<T, VEC>(p, k_avail >= 1, mn_avail, r[0], r[2]);
-            rb_load_two<T, VEC>(p + ld, k_avail >= 2, mn_avail, r[1], r[3]);
-        }
-    }
-
-    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T r[4]) const
-    {
-        rb_store_pair(&S[kk][mn], r[0], r[2]);
-        rb_store_pair(&S[kk + 1][mn], r[1], r[3]);
-    }
-
-    __device__ __forceinline__ void advance() { p += step; }
-};
 
 template <typename T, bool TA, bool TB, bool VEC>
 __global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K, T alpha,
@@ -172,8 +69,10 @@ __global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K,
     const int n0 = blockIdx.x * RB_BN;
 
     // op(A) is k-contiguous when stored untransposed; op(B) when stored transposed.
-    rb_stager<T, RB_BM, !TA, VEC> sa(A, lda, m0, M, tid);
-    rb_stager<T, RB_BN, TB, VEC> sb(B, ldb, n0, N, tid);
+    PatchStager<T, RB_BM, RB_BK, !TA, VEC> sa;
+    PatchStager<T, RB_BN, RB_BK, TB, VEC> sb;
+    sa.init(A, lda, m0, M, tid);
+    sb.init(B, ldb, n0, N, tid);
 
     // Warp tile mapping (see the header): warp (wm, wn) in 4 x 2, lane (lm, ln) in 4 x 8,
     // each quad of consecutive lanes a 2 x 2 square of (lm, ln).
@@ -220,13 +119,13 @@ __global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K,
             T a[RB_TM], b[RB_TN];
 #pragma unroll
             for (int g = 0; g < RB_TM / 2; ++g) {
-                const rb_pair<T> v = rb_load_pair(&As[s][k][row0 + 8 * g]);
+                const pair2<T> v = load_pair(&As[s][k][row0 + 8 * g]);
                 a[2 * g] = v.x;
                 a[2 * g + 1] = v.y;
             }
 #pragma unroll
             for (int h = 0; h < RB_TN / 2; ++h) {
-                const rb_pair<T> v = rb_load_pair(&Bs[s][k][col0 + 16 * h]);
+                const pair2<T> v = load_pair(&Bs[s][k][col0 + 16 * h]);
                 b[2 * h] = v.x;
                 b[2 * h + 1] = v.y;
             }
@@ -257,11 +156,11 @@ __global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K,
             T v1 = alpha * acc[i][2 * h + 1];
             if (VEC && col + 1 < N) {
                 if (read_c) {
-                    const rb_pair<T> c = rb_load_pair(crow + col);
+                    const pair2<T> c = load_pair(crow + col);
                     v0 += beta * c.x;
                     v1 += beta * c.y;
                 }
-                rb_store_pair(crow + col, v0, v1);
+                store_pair(crow + col, v0, v1);
             } else {
                 if (col < N) {
                     if (read_c) v0 += beta * crow[col];

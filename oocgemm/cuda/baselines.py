@@ -17,7 +17,7 @@ import cupy
 from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into the process)
 
 
-def _timed_events(fn, repeat: int = 3) -> float:
+def timed_events(fn, repeat: int = 3) -> float:
     """Median seconds of ``fn`` on the current stream, timed with CUDA events after a warm-up."""
     fn()
     cupy.cuda.get_current_stream().synchronize()
@@ -38,7 +38,7 @@ def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5
     a = rng.standard_normal((w, r), dtype=np.float64).astype(dtype)
     b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
     c = cupy.empty((w, h), dtype=dtype)
-    seconds = _timed_events(lambda: cupy.matmul(a, b, out=c), repeat)
+    seconds = timed_events(lambda: cupy.matmul(a, b, out=c), repeat)
     a = b = c = None  # back to the pool, then to the driver
     cupy.get_default_memory_pool().free_all_blocks()
     return seconds
@@ -159,7 +159,7 @@ def h2d_d2h_bandwidth(nbytes: int = 1 << 30, device: int = 0) -> dict:
                         cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, nbytes, 2,
                                                       stream.ptr)
                 with stream:
-                    seconds = _timed_events(copy, repeat=3)
+                    seconds = timed_events(copy, repeat=3)
                 result[f"{direction}_{name}_GBps"] = nbytes / seconds / 1e9
         dev = None
         return result

@@ -7,6 +7,7 @@ without a GPU. :mod:`oocgemm.cuda.kernels` compiles and launches them.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,13 +75,26 @@ def kernels_dir() -> Path:
     return Path(override) if override else Path(__file__).resolve().parents[2] / "kernels"
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
 def source_text(spec: KernelSpec) -> str:
-    path = kernels_dir() / spec.source
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise OptionError(f"kernel {spec.name!r}: cannot read its source {path} ({exc}); "
-                          "set OOCGEMM_KERNELS to the folder holding the .cu files") from exc
+    """The kernel's source with its local ``#include "x.cuh"`` files spliced in, so that
+    NVRTC needs no include path and CuPy's kernel cache keys on every line compiled."""
+    folder = kernels_dir()
+
+    def read(name: str) -> str:
+        path = folder / name
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise OptionError(f"kernel {spec.name!r}: cannot read {path} ({exc}); set "
+                              "OOCGEMM_KERNELS to the folder holding the .cu files") from exc
+
+    def splice(match: re.Match) -> str:
+        return f"// ---- {match.group(1)} ----\n" + read(match.group(1)).replace("#pragma once", "")
+
+    return _INCLUDE.sub(splice, read(spec.source))
 
 
 def check_kernel(kernel, dtype) -> str:

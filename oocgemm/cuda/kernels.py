@@ -13,6 +13,7 @@ import numpy as np
 import cupy
 
 from ..errors import KernelError
+from .baselines import timed_events
 from .catalog import KERNELS, KernelSpec, kernels_dir, source_text
 
 _OPTIONS = ("-std=c++17",)
@@ -143,21 +144,6 @@ def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
     return float(np.median(rates))
 
 
-def _median_seconds(fn, repeat: int) -> float:
-    """Median of ``repeat`` timings of ``fn`` on the current stream (CUDA events), after a
-    warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return float(np.median(times))
-
-
 def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
     """Seconds and relative error (against cuBLAS) of each kernel on one n³ product of random
     operands with alpha = 1, beta = 0; 'cublas' is timed too, first."""
@@ -166,13 +152,13 @@ def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0)
     a = rng.standard_normal((n, n), dtype=dtype)
     b = rng.standard_normal((n, n), dtype=dtype)
     ref = cupy.empty((n, n), dtype=dtype)
-    out = {"cublas": {"seconds": _median_seconds(lambda: cupy.matmul(a, b, out=ref), repeat),
+    out = {"cublas": {"seconds": timed_events(lambda: cupy.matmul(a, b, out=ref), repeat),
                       "max_rel_error": 0.0}}
     scale = float(cupy.abs(ref).max())
     c = cupy.empty((n, n), dtype=dtype)
     for name in names:
         c.fill(cupy.nan)  # poisoned: a tile the kernel skips shows up
-        seconds = _median_seconds(lambda: gemm_arrays(name, a, b, c), repeat)
+        seconds = timed_events(lambda: gemm_arrays(name, a, b, c), repeat)
         error = float(cupy.abs(c - ref).max()) / scale
         out[name] = {"seconds": seconds, "max_rel_error": error if np.isfinite(error) else float("inf")}
     return out

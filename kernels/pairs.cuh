@@ -1,0 +1,113 @@
+// pairs.cuh: element pairs moved as one vector access, and the 2 x 2 patch stager that
+// opt.cu and regblock.cu use to copy operand tiles global -> registers -> shared memory in
+// either storage order. The loader splices this file into the sources that include it
+// (so NVRTC and CuPy's kernel cache see one text); nvcc finds it beside them.
+
+#pragma once
+
+// Two consecutive elements, moved as one vector access (16 bytes for double).
+template <typename T>
+struct alignas(2 * sizeof(T)) pair2 {
+    T x, y;
+};
+
+template <typename T>
+__device__ __forceinline__ pair2<T> load_pair(const T* p)
+{
+    return *reinterpret_cast<const pair2<T>*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, T x, T y)
+{
+    pair2<T> v;
+    v.x = x;
+    v.y = y;
+    *reinterpret_cast<pair2<T>*>(p) = v;
+}
+
+// Reads p[0] and p[1] of one memory row; `avail` elements of the row are inside the
+// operand from p on (<= 0: none), and row_ok says whether the row itself is inside.
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_two(const T* p, bool row_ok, int avail, T& x, T& y)
+{
+    if (VEC && row_ok && avail >= 2) {
+        const pair2<T> v = load_pair(p);
+        x = v.x;
+        y = v.y;
+    } else {
+        x = T(0);
+        y = T(0);
+        if (row_ok && avail >= 1) x = p[0];
+        if (row_ok && avail >= 2) y = p[1];
+    }
+}
+
+// One thread's share of staging a TILE_MN x BK tile of an operand: a 2 x 2 patch.
+// The operand element (mn, k) (mn along M for A, along N for B) lives at
+// X[mn * ld + k] when KCONTIG, at X[k * ld + mn] otherwise. The shared tile is S[k][mn].
+template <typename T, int TILE_MN, int BK, bool KCONTIG, bool VEC>
+struct PatchStager {
+    const T* p;      // element (patch mn, patch k) of the current K-tile
+    long long step;  // address advance from one K-tile to the next
+    int ld;
+    int mn;          // patch origin inside the tile (even)
+    int kk;
+    int mn_avail;    // operand rows/columns inside, counted from the patch origin
+
+    // `index`: which patch of the tile this is (a thread number when one patch a thread).
+    __device__ __forceinline__ void init(const T* X, int ld_, int mn_base, int MN, int index)
+    {
+        constexpr int KPAIRS = BK / 2;
+        constexpr int MNPAIRS = TILE_MN / 2;
+        // Consecutive lanes walk the dimension that is contiguous in memory.
+        const int kp = KCONTIG ? index % KPAIRS : index / MNPAIRS;
+        const int mp = KCONTIG ? index / KPAIRS : index % MNPAIRS;
+        mn = 2 * mp;
+        kk = 2 * kp;
+        ld = ld_;
+        mn_avail = MN - (mn_base + mn);
+        const long long g = mn_base + mn;
+        p = X + (KCONTIG ? g * ld_ + kk : (long long)kk * ld_ + g);
+        step = KCONTIG ? (long long)BK : (long long)BK * ld_;
+    }
+
+    // r = { (mn, k), (mn, k+1), (mn+1, k), (mn+1, k+1) } of the tile starting at k0,
+    // zeros outside the operand. `inside` says that the whole TILE_MN x BK tile lies
+    // inside the operand (true for every tile but the edges): then no guard is needed.
+    __device__ __forceinline__ void load(int k0, int K, bool inside, T r[4]) const
+    {
+        if (inside) {
+            if (VEC) {
+                const pair2<T> v0 = load_pair(p);
+                const pair2<T> v1 = load_pair(p + ld);
+                r[0] = v0.x;
+                r[KCONTIG ? 1 : 2] = v0.y;
+                r[KCONTIG ? 2 : 1] = v1.x;
+                r[3] = v1.y;
+            } else {
+                r[0] = p[0];
+                r[KCONTIG ? 1 : 2] = p[1];
+                r[KCONTIG ? 2 : 1] = p[ld];
+                r[3] = p[ld + 1];
+            }
+            return;
+        }
+        const int k_avail = K - (k0 + kk);
+        if (KCONTIG) {  // memory rows are mn, k contiguous
+            load_two<T, VEC>(p, mn_avail >= 1, k_avail, r[0], r[1]);
+            load_two<T, VEC>(p + ld, mn_avail >= 2, k_avail, r[2], r[3]);
+        } else {        // memory rows are k, mn contiguous
+            load_two<T, VEC>(p, k_avail >= 1, mn_avail, r[0], r[2]);
+            load_two<T, VEC>(p + ld, k_avail >= 2, mn_avail, r[1], r[3]);
+        }
+    }
+
+    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T r[4]) const
+    {
+        store_pair(&S[kk][mn], r[0], r[2]);
+        store_pair(&S[kk + 1][mn], r[1], r[3]);
+    }
+
+    __device__ __forceinline__ void advance() { p += step; }
+};
