@@ -44,6 +44,9 @@
 #ifndef OOCGEMM_DMMA_STAGES
 #define OOCGEMM_DMMA_STAGES 4
 #endif
+#ifndef OOCGEMM_DMMA_WARPS
+#define OOCGEMM_DMMA_WARPS 8
+#endif
 #ifndef OOCGEMM_DMMA_WARPS_M
 #define OOCGEMM_DMMA_WARPS_M 2
 #endif
@@ -53,9 +56,9 @@
 
 namespace dmma_detail {
 
-constexpr int BM = 128, BN = 128, THREADS = 256;
+constexpr int BM = 128, BN = 128, THREADS = 32 * OOCGEMM_DMMA_WARPS;
 constexpr int BK = OOCGEMM_DMMA_BK, STAGES = OOCGEMM_DMMA_STAGES;
-constexpr int WARPS_M = OOCGEMM_DMMA_WARPS_M, WARPS_N = 8 / WARPS_M;
+constexpr int WARPS_M = OOCGEMM_DMMA_WARPS_M, WARPS_N = OOCGEMM_DMMA_WARPS / WARPS_M;
 constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;   // 64 x 32 per warp
 constexpr int KPAD = BK + 4;                           // row stride of a K-major tile (doubles)
 constexpr int MNPAD = BM + 4;                          // row stride of an MN-major tile
@@ -195,7 +198,7 @@ struct TileLoader {
 #define DMMA_SMEM_BYTES (dmma_detail::STAGES * 2 * dmma_detail::TILE * 8)
 
 template <typename T, bool TA, bool TB, bool VEC>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(dmma_detail::THREADS, 1)
 dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
           const T* __restrict__ B, int ldb, T beta, T* __restrict__ C, int ldc) {
     using namespace dmma_detail;
