@@ -53,6 +53,7 @@ class Result:
             "shape": [plan.problem.m, plan.problem.n, plan.problem.k],
             "dtype": plan.problem.dtype,
             "device": plan.device,
+            "kernel": plan.kernel,
             "tile": list(plan.tile),
             "seconds": self.seconds,
             "flops": self.flops,

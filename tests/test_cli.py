@@ -458,3 +458,22 @@ def test_bench_kernels_is_one_benchmark_among_three():
 
     result = CliRunner().invoke(main, ["bench", "--cpu", "--kernels"])
     assert result.exit_code == 2 and "choose one benchmark" in result.output
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--kernel", "bogus"], "unknown kernel 'bogus'"),
+    (["--kernel", "regblock", "--device", "cpu"], "is a CUDA kernel"),
+])
+def test_kernel_option_errors(tmp_path, rng, args, why):
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    np.save(a, rng.standard_normal((12, 8)))
+    np.save(b, rng.standard_normal((8, 5)))
+    for command in (["plan", str(a), str(b)], ["multiply", str(a), str(b), "-o", str(tmp_path / "c.npy")]):
+        result = CliRunner().invoke(main, command + args)
+        assert result.exit_code == 2, result.output
+        assert why in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "c.npy").exists()
