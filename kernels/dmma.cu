@@ -68,10 +68,6 @@ static_assert(BM == BN, "one tile size serves A and B");
 
 #if defined(OOCGEMM_DMMA_16x8x8) && defined(OOCGEMM_DMMA_K16)
 constexpr int MM = 16, MN = 8, MK = 16, AR = 8, BR = 4, CR = 4;
-__device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
-__device__ __forceinline__ int a_col(int i, int t) { return t + 4 * (i >> 1); }
-__device__ __forceinline__ int b_row(int i, int t) { return t + 4 * i; }
-__device__ __forceinline__ int c_row(int i, int g) { return g + 8 * (i >> 1); }
 __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 "
@@ -82,11 +78,6 @@ __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], cons
 }
 #elif defined(OOCGEMM_DMMA_16x8x8)
 constexpr int MM = 16, MN = 8, MK = 8, AR = 4, BR = 2, CR = 4;
-// Fragment coordinates of value i for lane (g = lane / 4, t = lane % 4).
-__device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
-__device__ __forceinline__ int a_col(int i, int t) { return t + 4 * (i >> 1); }
-__device__ __forceinline__ int b_row(int i, int t) { return t + 4 * i; }
-__device__ __forceinline__ int c_row(int i, int g) { return g + 8 * (i >> 1); }
 __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 "
@@ -96,10 +87,6 @@ __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], cons
 }
 #else
 constexpr int MM = 8, MN = 8, MK = 4, AR = 1, BR = 1, CR = 2;
-__device__ __forceinline__ int a_row(int, int g) { return g; }
-__device__ __forceinline__ int a_col(int, int t) { return t; }
-__device__ __forceinline__ int b_row(int, int t) { return t; }
-__device__ __forceinline__ int c_row(int, int g) { return g; }
 __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
     asm volatile(
         "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
@@ -107,7 +94,14 @@ __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], cons
         : "d"(a[0]), "d"(b[0]));
 }
 #endif
-// Both shapes: B value i sits in column g; C value i in column 2t + (i & 1).
+// Fragment coordinates of value i for lane (g = lane / 4, t = lane % 4), the PTX ISA's f64
+// layouts. One set serves every shape: m16n8k16 and m16n8k8 differ only in how many values
+// a thread holds, and with m8n8k4's single A and B value and two C values (i = 0, 1) they
+// reduce to its (g, t), (t, g) and (g, 2t + i). B value i sits in column g.
+__device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
+__device__ __forceinline__ int a_col(int i, int t) { return t + 4 * (i >> 1); }
+__device__ __forceinline__ int b_row(int i, int t) { return t + 4 * i; }
+__device__ __forceinline__ int c_row(int i, int g) { return g + 8 * (i >> 1); }
 __device__ __forceinline__ int c_col(int i, int t) { return 2 * t + (i & 1); }
 
 constexpr int FM = WM / MM, FN = WN / MN;   // fragments a warp holds along M and N
