@@ -26,6 +26,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from ..plan.intervals import intersection, measure, union
 from ..plan.units import format_seconds, format_size
 from .events import COMPUTE_KINDS, COPY_KINDS, Event
 
@@ -37,37 +38,6 @@ LINKS = {"storage read": "read", "h2d": "upload", "d2h": "download", "storage wr
 
 #: Display order of lane families (anything else comes last, by name).
 _LANE_ORDER = {"compute": 0, "h2d": 1, "c": 2, "d2h": 3, "copy": 4, "read": 5, "write": 6}
-
-
-# -- intervals -----------------------------------------------------------------------------------
-def union(intervals) -> list[tuple[float, float]]:
-    """Sorted, disjoint intervals covering the given ``(start, end)`` pairs."""
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def measure(intervals: list[tuple[float, float]]) -> float:
-    """Total length of disjoint intervals."""
-    return sum(e - s for s, e in intervals)
-
-
-def intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
-    """Length of the intersection of two sorted lists of disjoint intervals."""
-    total, i, j = 0.0, 0, 0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if hi > lo:
-            total += hi - lo
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def lane_family(lane: str) -> str:

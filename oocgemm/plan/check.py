@@ -15,6 +15,7 @@ Two passes over the operation list:
 
 from __future__ import annotations
 
+from .intervals import union
 from .schedule import OpKind, Schedule, op_span
 
 
@@ -255,13 +256,7 @@ def _check_tiling(what: str, splits: tuple[int, ...], extent: int) -> None:
 
 def _merge(ranges) -> frozenset:
     """Union of [lo, hi) ranges, merged where they touch."""
-    merged: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return frozenset((lo, hi) for lo, hi in merged)
+    return frozenset(union(ranges))
 
 
 def _whole(tag, operand: str, key, region_of) -> bool:
