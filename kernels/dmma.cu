@@ -54,6 +54,8 @@
 #define OOCGEMM_DMMA_GROUP_M 8
 #endif
 
+#include "pairs.cuh"
+
 namespace dmma_detail {
 
 constexpr int BM = 128, BN = 128, THREADS = 32 * OOCGEMM_DMMA_WARPS;
@@ -278,19 +280,7 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
                 const int r = m0 + wm + i * MM + c_row(v, g);
                 const int c = n0 + wn + j * MN + c_col(v, t);
                 if (r >= M) continue;
-                T* out = C + (size_t)r * ldc + c;
-                const double x0 = alpha * acc[i][j][v], x1 = alpha * acc[i][j][v + 1];
-                if (VEC && c + 1 < N) {
-                    double2 y = make_double2(x0, x1);
-                    if (beta != 0.0) {
-                        const double2 old = *reinterpret_cast<const double2*>(out);
-                        y.x += beta * old.x;
-                        y.y += beta * old.y;
-                    }
-                    *reinterpret_cast<double2*>(out) = y;
-                } else {
-                    if (c < N) out[0] = beta != 0.0 ? x0 + beta * out[0] : x0;
-                    if (c + 1 < N) out[1] = beta != 0.0 ? x1 + beta * out[1] : x1;
-                }
+                update_c_pair<T, VEC>(C + (size_t)r * ldc + c, N - c, alpha * acc[i][j][v],
+                                      alpha * acc[i][j][v + 1], beta, beta != 0.0);
             }
 }

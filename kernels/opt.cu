@@ -219,25 +219,8 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
         T* crow = C + (long long)row * ldc + j;
 #pragma unroll
         for (int c = 0; c < OPT_COLS; c += 2) {
-            T v0 = alpha * acc[i][c];
-            T v1 = alpha * acc[i][c + 1];
-            if (VEC && j + c + 1 < N) {
-                if (read_c) {
-                    const pair2<T> old = load_pair(crow + c);
-                    v0 += beta * old.x;
-                    v1 += beta * old.y;
-                }
-                store_pair(crow + c, v0, v1);
-            } else {
-                if (j + c < N) {
-                    if (read_c) v0 += beta * crow[c];
-                    crow[c] = v0;
-                }
-                if (j + c + 1 < N) {
-                    if (read_c) v1 += beta * crow[c + 1];
-                    crow[c + 1] = v1;
-                }
-            }
+            update_c_pair<T, VEC>(crow + c, N - (j + c), alpha * acc[i][c],
+                                  alpha * acc[i][c + 1], beta, read_c);
         }
     }
 }

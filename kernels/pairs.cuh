@@ -1,5 +1,5 @@
-// pairs.cuh: element pairs moved as one vector access, and the 2 x 2 patch stager that
-// opt.cu and regblock.cu use to copy operand tiles global -> registers -> shared memory in
+// pairs.cuh: element pairs moved as one vector access, the C-pair epilogue, and the 2 x 2
+// patch stager; opt.cu and regblock.cu use to copy operand tiles global -> registers -> shared memory in
 // either storage order. The loader splices this file into the sources that include it
 // (so NVRTC and CuPy's kernel cache see one text); nvcc finds it beside them.
 
@@ -41,6 +41,25 @@ __device__ __forceinline__ void load_two(const T* p, bool row_ok, int avail, T& 
         if (row_ok && avail >= 1) x = p[0];
         if (row_ok && avail >= 2) y = p[1];
     }
+}
+
+// The epilogue of a pair of adjacent C elements: p[0], p[1] = v0, v1 (+ beta * old when
+// read_c), `avail` columns of the row inside C from p on. With beta == 0 the caller passes
+// read_c = false and C is never read.
+template <typename T, bool VEC>
+__device__ __forceinline__ void update_c_pair(T* p, int avail, T v0, T v1, T beta, bool read_c)
+{
+    if (VEC && avail >= 2) {
+        if (read_c) {
+            const pair2<T> old = load_pair(p);
+            v0 += beta * old.x;
+            v1 += beta * old.y;
+        }
+        store_pair(p, v0, v1);
+        return;
+    }
+    if (avail >= 1) p[0] = read_c ? v0 + beta * p[0] : v0;
+    if (avail >= 2) p[1] = read_c ? v1 + beta * p[1] : v1;
 }
 
 // One thread's share of staging a TILE_MN x BK tile of an operand: a 2 x 2 patch.

@@ -152,25 +152,8 @@ __global__ void __launch_bounds__(RB_THREADS) regblock_gemm(int M, int N, int K,
 #pragma unroll
         for (int h = 0; h < RB_TN / 2; ++h) {
             const int col = n0 + col0 + 16 * h;
-            T v0 = alpha * acc[i][2 * h];
-            T v1 = alpha * acc[i][2 * h + 1];
-            if (VEC && col + 1 < N) {
-                if (read_c) {
-                    const pair2<T> c = load_pair(crow + col);
-                    v0 += beta * c.x;
-                    v1 += beta * c.y;
-                }
-                store_pair(crow + col, v0, v1);
-            } else {
-                if (col < N) {
-                    if (read_c) v0 += beta * crow[col];
-                    crow[col] = v0;
-                }
-                if (col + 1 < N) {
-                    if (read_c) v1 += beta * crow[col + 1];
-                    crow[col + 1] = v1;
-                }
-            }
+            update_c_pair<T, VEC>(crow + col, N - col, alpha * acc[i][2 * h],
+                                  alpha * acc[i][2 * h + 1], beta, read_c);
         }
     }
 }
