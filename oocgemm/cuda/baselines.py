@@ -19,17 +19,27 @@ from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into 
 
 def timed_events(fn, repeat: int = 3) -> float:
     """Median seconds of ``fn`` on the current stream, timed with CUDA events after a warm-up."""
-    fn()
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
+    return interleaved_medians({"fn": fn}, repeat)["fn"]
+
+
+def interleaved_medians(fns: dict, repeat: int = 3) -> dict:
+    """Median seconds of each of ``fns`` (name: callable), timed with CUDA events after a
+    warm-up of each, in ``repeat`` rounds that run every one of them in turn: so each meets
+    the clocks and temperature of the whole run, not only those of its turn (under DGEMM
+    power the clocks drift by several percent within seconds)."""
+    for fn in fns.values():
         fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return float(np.median(times))
+    cupy.cuda.get_current_stream().synchronize()
+    times: dict = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5) -> float:
