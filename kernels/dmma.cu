@@ -1,20 +1,25 @@
 // dmma: double-precision GEMM on the FP64 tensor cores (mma.sync with f64 operands), fed by a
 // multi-stage cp.async pipeline. The modern form of the seed paper's "optimised DGEMM kernel".
 //
-// launch: block = (256, 1, 1) threads; one block per BM x BN = 128 x 128 tile of C;
-//         grid = (ceil(N / 128), ceil(M / 128), 1); dynamic shared memory = DMMA_SMEM_BYTES
-//         (163840 bytes: 4 stages of a 128x16 A tile and a 16x128 B tile, padded; the loader
-//         raises the function's dynamic shared-memory limit to that).
+// launch: block = (128, 1, 1) threads; one block per BM x BN = 128 x 64 tile of C;
+//         grid = (ceil(N / 64), ceil(M / 128), 1); dynamic shared memory = DMMA_SMEM_BYTES
+//         (92160 bytes: 3 stages of a 128x16 A tile and a 16x64 B tile, padded; the loader
+//         raises the function's dynamic shared-memory limit to that). Two blocks share an SM.
 //
 // Data mapping
-//   - A block of 256 threads (8 warps, 2 along M x 4 along N) owns a 128 x 128 tile of C; each
+//   - A block of 128 threads (4 warps, 2 along M x 2 along N) owns a 128 x 64 tile of C; each
 //     warp owns a 64 x 32 sub-tile, held in registers as tensor-core accumulator fragments
-//     (64 doubles a thread).
-//   - K advances in steps of BK = 16. Each step's A tile (128 x 16) and B tile (16 x 128) are
+//     (64 doubles a thread). Two blocks per SM (250 registers, 90 KB of shared memory each),
+//     so that one block's barrier leaves the other's warps feeding the tensor cores.
+//   - K advances in steps of BK = 16. Each step's A tile (128 x 16) and B tile (16 x 64) are
 //     copied global -> shared with cp.async (16-byte copies when VEC, 8-byte otherwise; the
-//     copy's source size zero-fills the ragged edges), STAGES = 4 steps ahead, so the copies of
-//     tiles k+1..k+3 are in flight while the tensor cores work on tile k. One __syncthreads a
-//     step: the stage written next is the one every warp finished in the previous step.
+//     copy's source size zero-fills the ragged edges), STAGES - 1 = 2 steps ahead.
+//   - Fragments are read from shared memory one k slice ahead of the tensor cores: during the
+//     mmas of A fragment i the thread reads fragment i + 1, and during the last row of mmas of
+//     a step it reads the next step's first A fragment and its B fragments. The one
+//     __syncthreads a step (the next stage has landed; the stage refilled next is read out)
+//     comes after the step's first row of mmas is issued. So the tensor cores never wait for
+//     a whole step's shared-memory reads (that wait cost 6-8% at 8192^3).
 //   - Shared tiles keep each operand's stored layout: "K-major" (rows along M or N, contiguous
 //     along K: A, or a transposed B) or "MN-major" (rows along K: B, or a transposed A), each row
 //     padded by 4 doubles so that the fragment loads of a half-warp hit 16 distinct 8-byte banks.
@@ -36,19 +41,23 @@
 #define OOCGEMM_DMMA_K16 1   // m16n8k16: 48.1 TFLOP/s at 8192^3 on the H100, m16n8k8 46.0, m8n8k4 26
 #endif
 #endif
-// Tuning knobs (defaults measured best on the H100; the loader's shared-memory size assumes
-// them): K step, pipeline depth, warps along M (of 8).
+// Tuning knobs (defaults measured best on the H100; the loader's launch shape and shared-memory
+// size assume them): K step, pipeline depth, warps, warps along M, tile columns, raster group.
+// 128 x 128 tiles of 8 warps and 4 stages ran 3-4% slower than these 128 x 64 tiles of 4.
 #ifndef OOCGEMM_DMMA_BK
 #define OOCGEMM_DMMA_BK 16
 #endif
 #ifndef OOCGEMM_DMMA_STAGES
-#define OOCGEMM_DMMA_STAGES 4
+#define OOCGEMM_DMMA_STAGES 3
 #endif
 #ifndef OOCGEMM_DMMA_WARPS
-#define OOCGEMM_DMMA_WARPS 8
+#define OOCGEMM_DMMA_WARPS 4
 #endif
 #ifndef OOCGEMM_DMMA_WARPS_M
 #define OOCGEMM_DMMA_WARPS_M 2
+#endif
+#ifndef OOCGEMM_DMMA_BN
+#define OOCGEMM_DMMA_BN 64
 #endif
 #ifndef OOCGEMM_DMMA_GROUP_M
 #define OOCGEMM_DMMA_GROUP_M 8
@@ -58,15 +67,19 @@
 
 namespace dmma_detail {
 
-constexpr int BM = 128, BN = 128, THREADS = 32 * OOCGEMM_DMMA_WARPS;
+constexpr int BM = 128, BN = OOCGEMM_DMMA_BN, THREADS = 32 * OOCGEMM_DMMA_WARPS;
+constexpr int MIN_BLOCKS = THREADS >= 256 ? 1 : 256 / THREADS;   // blocks an SM holds at once
 constexpr int BK = OOCGEMM_DMMA_BK, STAGES = OOCGEMM_DMMA_STAGES;
 constexpr int WARPS_M = OOCGEMM_DMMA_WARPS_M, WARPS_N = OOCGEMM_DMMA_WARPS / WARPS_M;
 constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;   // 64 x 32 per warp
 constexpr int KPAD = BK + 4;                           // row stride of a K-major tile (doubles)
-constexpr int MNPAD = BM + 4;                          // row stride of an MN-major tile
-constexpr int TILE = (BM * KPAD > BK * MNPAD) ? BM * KPAD : BK * MNPAD;
+// Row stride of an MN-major tile OUTER wide, and the doubles a tile of either layout takes.
+__host__ __device__ constexpr int mn_pad(int outer) { return outer + 4; }
+__host__ __device__ constexpr int tile_size(int outer) {
+    return outer * KPAD > BK * mn_pad(outer) ? outer * KPAD : BK * mn_pad(outer);
+}
+constexpr int TILE_A = tile_size(BM), TILE = TILE_A + tile_size(BN);   // one stage: A, then B
 constexpr int GROUP_M = OOCGEMM_DMMA_GROUP_M;          // rasterisation group (tile rows)
-static_assert(BM == BN, "one tile size serves A and B");
 
 #if defined(OOCGEMM_DMMA_16x8x8) && defined(OOCGEMM_DMMA_K16)
 constexpr int MM = 16, MN = 8, MK = 16, AR = 8, BR = 4, CR = 4;
@@ -134,14 +147,15 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 //   else:   BK rows x 128 (outer), contiguous along the outer dimension.
 // Copy i of a thread sits ROWS_PER_PASS tile rows below copy i - 1: one base pointer and one
 // stride serve them all, and interior tiles (the common case) copy without any bounds check.
-template <bool KMAJOR, bool VEC>
+template <int OUTER, bool KMAJOR, bool VEC>
 struct TileLoader {
     static constexpr int W = VEC ? 2 : 1;                         // doubles a copy
-    static constexpr int PER_ROW = (KMAJOR ? BK : BM) / W;        // copies along a tile row
+    static constexpr int PER_ROW = (KMAJOR ? BK : OUTER) / W;     // copies along a tile row
     static constexpr int ROWS_PER_PASS = THREADS / PER_ROW;
-    static constexpr int COPIES = BM * BK / W / THREADS;
-    static constexpr int SROW = KMAJOR ? KPAD : MNPAD;            // shared row stride
-    static_assert(THREADS % PER_ROW == 0 && COPIES * ROWS_PER_PASS * PER_ROW * W == BM * BK, "");
+    static constexpr int COPIES = OUTER * BK / W / THREADS;
+    static constexpr int SROW = KMAJOR ? KPAD : mn_pad(OUTER);    // shared row stride
+    static_assert(THREADS % PER_ROW == 0 && COPIES * ROWS_PER_PASS * PER_ROW * W == OUTER * BK,
+                  "");
 
     const double* base;   // global address of copy 0 at K step 0
     long long pass;       // global elements between copies i and i + 1
@@ -166,7 +180,7 @@ struct TileLoader {
     __device__ __forceinline__ void load(double* s, int step) const {
         const double* src = base + step * step_size;
         const int k0 = step * BK;
-        const bool interior = outer0 + BM <= outer_n && k0 + BK <= K;
+        const bool interior = outer0 + OUTER <= outer_n && k0 + BK <= K;
         if (interior) {
             #pragma unroll
             for (int i = 0; i < COPIES; ++i)
@@ -191,10 +205,10 @@ struct TileLoader {
 
 }  // namespace dmma_detail
 
-#define DMMA_SMEM_BYTES (dmma_detail::STAGES * 2 * dmma_detail::TILE * 8)
+#define DMMA_SMEM_BYTES (dmma_detail::STAGES * dmma_detail::TILE * 8)
 
 template <typename T, bool TA, bool TB, bool VEC>
-__global__ void __launch_bounds__(dmma_detail::THREADS, 1)
+__global__ void __launch_bounds__(dmma_detail::THREADS, dmma_detail::MIN_BLOCKS)
 dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
           const T* __restrict__ B, int ldb, T beta, T* __restrict__ C, int ldc) {
     using namespace dmma_detail;
@@ -223,12 +237,28 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
             for (int v = 0; v < CR; ++v) acc[i][j][v] = 0.0;
 
     const int steps = (K + BK - 1) / BK;
-    const TileLoader<!TA, VEC> load_a(A, lda, m0, M, K, tid);
-    const TileLoader<TB, VEC> load_b(B, ldb, n0, N, K, tid);
+    const TileLoader<BM, !TA, VEC> load_a(A, lda, m0, M, K, tid);
+    const TileLoader<BN, TB, VEC> load_b(B, ldb, n0, N, K, tid);
+    auto stage = [&](int step) { return smem + (step % STAGES) * TILE; };
     auto load_stage = [&](int step) {
-        double* sa = smem + (step % STAGES) * 2 * TILE;
+        double* sa = stage(step);
         load_a.load(sa, step);
-        load_b.load(sa + TILE, step);
+        load_b.load(sa + TILE_A, step);
+    };
+    // Fragment i (along M) of A and j (along N) of B, k slice kk, from one stage's tiles.
+    auto a_frag = [&](const double* sa, int kk, int i, double (&f)[AR]) {
+        #pragma unroll
+        for (int v = 0; v < AR; ++v) {
+            const int r = wm + i * MM + a_row(v, g), k = kk + a_col(v, t);
+            f[v] = TA ? sa[k * mn_pad(BM) + r] : sa[r * KPAD + k];
+        }
+    };
+    auto b_frag = [&](const double* sb, int kk, int j, double (&f)[BR]) {
+        #pragma unroll
+        for (int v = 0; v < BR; ++v) {
+            const int k = kk + b_row(v, t), n = wn + j * MN + g;
+            f[v] = TB ? sb[n * KPAD + k] : sb[k * mn_pad(BN) + n];
+        }
     };
 
     #pragma unroll
@@ -237,35 +267,46 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
         cp_async_commit();   // empty groups keep the count of groups in flight fixed
     }
 
-    for (int step = 0; step < steps; ++step) {
-        cp_async_wait<STAGES - 2>();   // this step's tiles have landed (this thread's copies)
-        __syncthreads();               // ... every thread's; and the stage refilled next is free
-        if (step + STAGES - 1 < steps) load_stage(step + STAGES - 1);
-        cp_async_commit();
+    // Fragments are loaded one k slice ahead of the tensor cores: while the mma of A fragment
+    // i runs, fragment i + 1 is read from shared memory, and each B fragment is re-read for the
+    // next slice as soon as its last mma of this slice is issued. So the tensor cores find the
+    // operands of a step in registers when they reach it, instead of waiting at every step for
+    // the whole block's shared-memory reads.
+    static_assert(STAGES >= 3, "the fragments of step + 1 are read during step");
+    double acur[AR], anext[AR], bf[FN][BR];
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();   // stage 0 has landed
+    a_frag(stage(0), 0, 0, acur);
+    #pragma unroll
+    for (int j = 0; j < FN; ++j) b_frag(stage(0) + TILE_A, 0, j, bf[j]);
 
-        const double* sa = smem + (step % STAGES) * 2 * TILE;
-        const double* sb = sa + TILE;
+    for (int step = 0; step < steps; ++step) {
+        const double* sa = stage(step);
+        const double* na = stage(step + 1);
+        // One row of mmas (A fragment i against the warp's B fragments) of slice q at a time.
         #pragma unroll
-        for (int kk = 0; kk < BK; kk += MK) {
-            double af[FM][AR], bf[FN][BR];
+        for (int row = 0; row < BK / MK * FM; ++row) {
+            const int q = row / FM, i = row % FM, kk = q * MK;
+            // Where the next slice lies: further along this stage, or at the next one's start.
+            const double* xa = kk + MK < BK ? sa : na;
+            const int xk = kk + MK < BK ? kk + MK : 0;
+            if (i + 1 < FM) a_frag(sa, kk, i + 1, anext);
+            else a_frag(xa, xk, 0, anext);
             #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                #pragma unroll
-                for (int v = 0; v < AR; ++v) {
-                    const int r = wm + i * MM + a_row(v, g), k = kk + a_col(v, t);
-                    af[i][v] = TA ? sa[k * MNPAD + r] : sa[r * KPAD + k];
-                }
+            for (int j = 0; j < FN; ++j) {
+                mma(acc[i][j], acur, bf[j]);
+                if (i + 1 == FM) b_frag(xa + TILE_A, xk, j, bf[j]);
+            }
+            if (row == 0) {
+                // With the first mmas of the step queued on the tensor cores: wait for the
+                // next stage, and refill the one the previous step read.
+                cp_async_wait<STAGES - 3>();   // step + 1's tiles have landed (own copies)
+                __syncthreads();               // ... every thread's; stage step - 1 is free
+                if (step + STAGES - 1 < steps) load_stage(step + STAGES - 1);
+                cp_async_commit();
+            }
             #pragma unroll
-            for (int j = 0; j < FN; ++j)
-                #pragma unroll
-                for (int v = 0; v < BR; ++v) {
-                    const int k = kk + b_row(v, t), n = wn + j * MN + g;
-                    bf[j][v] = TB ? sb[n * KPAD + k] : sb[k * MNPAD + n];
-                }
-            #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                #pragma unroll
-                for (int j = 0; j < FN; ++j) mma(acc[i][j], af[i], bf[j]);
+            for (int v = 0; v < AR; ++v) acur[v] = anext[v];
         }
     }
     cp_async_wait<0>();

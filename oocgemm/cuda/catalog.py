@@ -58,9 +58,10 @@ KERNELS: dict[str, KernelSpec] = {
                          "a thread computes two columns of C"),
         KernelSpec("regblock", "regblock.cu", "regblock_gemm", (256, 1), (128, 128),
                    about="2-D register blocking 8x8 a thread, double-buffered shared memory"),
-        KernelSpec("dmma", "dmma.cu", "dmma_gemm", (256, 1), (128, 128), dtypes=("float64",),
-                   dynamic_shared=4 * 2 * 128 * 20 * 8, min_capability=80,
-                   about="FP64 tensor cores (mma.sync), 4-stage cp.async pipeline"),
+        KernelSpec("dmma", "dmma.cu", "dmma_gemm", (128, 1), (128, 64), dtypes=("float64",),
+                   dynamic_shared=3 * (128 * 20 + 64 * 20) * 8, min_capability=80,
+                   about="FP64 tensor cores (mma.sync), 3-stage cp.async pipeline, "
+                         "fragments read a k slice ahead"),
     )
 }
 
