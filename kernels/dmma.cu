@@ -273,10 +273,14 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
     // operands of a step in registers when they reach it, instead of waiting at every step for
     // the whole block's shared-memory reads.
     static_assert(STAGES >= 3, "the fragments of step + 1 are read during step");
-    double acur[AR], anext[AR], bf[FN][BR];
+    // Two A fragments, used in turn by the rows of mmas (an even number a step, so every step
+    // starts on af[0] and the unrolled rows need no register copies); the B fragments are
+    // overwritten in place once their last mma of the slice is issued.
+    static_assert((BK / MK * FM) % 2 == 0, "rows of mmas a step alternate the A fragments");
+    double af[2][AR], bf[FN][BR];
     cp_async_wait<STAGES - 2>();
     __syncthreads();   // stage 0 has landed
-    a_frag(stage(0), 0, 0, acur);
+    a_frag(stage(0), 0, 0, af[0]);
     #pragma unroll
     for (int j = 0; j < FN; ++j) b_frag(stage(0) + TILE_A, 0, j, bf[j]);
 
@@ -290,6 +294,8 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
             // Where the next slice lies: further along this stage, or at the next one's start.
             const double* xa = kk + MK < BK ? sa : na;
             const int xk = kk + MK < BK ? kk + MK : 0;
+            double (&acur)[AR] = af[row % 2];
+            double (&anext)[AR] = af[(row + 1) % 2];
             if (i + 1 < FM) a_frag(sa, kk, i + 1, anext);
             else a_frag(xa, xk, 0, anext);
             #pragma unroll
@@ -305,8 +311,6 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
                 if (step + STAGES - 1 < steps) load_stage(step + STAGES - 1);
                 cp_async_commit();
             }
-            #pragma unroll
-            for (int v = 0; v < AR; ++v) acur[v] = anext[v];
         }
     }
     cp_async_wait<0>();
