@@ -38,7 +38,7 @@
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !defined(OOCGEMM_DMMA_884)
 #define OOCGEMM_DMMA_16x8x8 1
 #ifndef OOCGEMM_DMMA_K8
-#define OOCGEMM_DMMA_K16 1   // m16n8k16: 48.1 TFLOP/s at 8192^3 on the H100, m16n8k8 46.0, m8n8k4 26
+#define OOCGEMM_DMMA_K16 1   // m16n8k16; m16n8k8 ran 2-5% slower on the H100, m8n8k4 about half
 #endif
 #endif
 // Tuning knobs (defaults measured best on the H100; the loader's launch shape and shared-memory
@@ -143,8 +143,9 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
 // One thread's share of the copies of one operand's tiles, global -> shared.
-//   KMAJOR: a tile is 128 rows (outer: M or N) x BK, contiguous along K in global memory;
-//   else:   BK rows x 128 (outer), contiguous along the outer dimension.
+//   KMAJOR: a tile is OUTER rows (along M or N: BM for A, BN for B) x BK, contiguous along K
+//           in global memory;
+//   else:   BK rows x OUTER, contiguous along the outer dimension.
 // Copy i of a thread sits ROWS_PER_PASS tile rows below copy i - 1: one base pointer and one
 // stride serve them all, and interior tiles (the common case) copy without any bounds check.
 template <int OUTER, bool KMAJOR, bool VEC>
