@@ -69,6 +69,33 @@ class PinnedPool:
 PINNED = PinnedPool()
 
 
+class HandlePool:
+    """cuBLAS handles per GPU, kept for reuse between runs (creating and destroying one cost
+    milliseconds a run); a run holds its own, so that concurrent runs never share a stream
+    setting."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: dict[int, list[int]] = {}
+
+    def acquire(self, index: int) -> int:
+        """A handle for GPU ``index``, which must be the current device."""
+        with self._lock:
+            idle = self._idle.get(index)
+            if idle:
+                return idle.pop()
+        handle = cublas.create()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        return handle
+
+    def give_back(self, index: int, handle: int) -> None:
+        with self._lock:
+            self._idle.setdefault(index, []).append(handle)
+
+
+HANDLES = HandlePool()
+
+
 class GpuContext:
     """Streams (h2d, compute, c for C in/out), a cuBLAS handle, and the buffers of one run."""
 
@@ -89,8 +116,7 @@ class GpuContext:
         try:
             self.streams = {name: cupy.cuda.Stream(non_blocking=True)
                             for name in ("h2d", "compute", "c")}
-            self._handle = cublas.create()
-            cublas.setPointerMode(self._handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            self._handle = HANDLES.acquire(self.index)
             cublas.setStream(self._handle, self.streams["compute"].ptr)
         except BaseException:
             self.device.__exit__(None, None, None)
@@ -107,7 +133,8 @@ class GpuContext:
                 PINNED.give_back(ptr)
             self._pinned.clear()
             if self._handle is not None:
-                cublas.destroy(self._handle)
+                cublas.setStream(self._handle, 0)  # not a stream about to be destroyed
+                HANDLES.give_back(self.index, self._handle)
                 self._handle = None
             self.streams = {}
             cupy.get_default_memory_pool().free_all_blocks()

@@ -15,19 +15,21 @@ GPU, a dependency on a host operation (a READ) is waited for on the host. Host o
 for the CUDA events of the device operations they depend on. No device-wide synchronisation
 happens inside the loop.
 
-Timing: a pair of CUDA events brackets every device operation; after the run they are mapped
-onto the host clock of the event log through a reference event recorded (and waited for) just
-before the first operation, so host and device events share one clock. Every operation is
+Timing: a pair of CUDA events brackets every device operation; a clock thread maps them onto
+the host clock of the event log as the GPU finishes each one, through a reference event
+recorded (and waited for) just before the first operation, so host and device events share one
+clock and little is left to convert once the last operation ends. Every operation is
 also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
 (:mod:`oocgemm.cuda.nvtx`).
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from ..diagnostics.events import Event, EventLog
+from ..diagnostics.events import EventLog
 from ..plan.schedule import OpKind
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 from .cpu import _translate
@@ -40,6 +42,38 @@ def _settle(future: Future, task) -> None:
         future.set_result(task())
     except BaseException as exc:
         future.set_exception(exc)
+
+
+def _on_host(op) -> bool:
+    return op.kind in (OpKind.READ, OpKind.WRITE)
+
+
+class _Futures(dict):
+    """The futures of operations by index, each made on first use: a product has thousands
+    of operations, and making all their futures before the first read delayed it by tens of
+    milliseconds. :meth:`cancel_all` cancels those made so far and every one made later."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def __missing__(self, index: int) -> Future:
+        with self._lock:
+            fut = self.get(index)
+            if fut is None:
+                fut = Future()
+                if self._cancelled:
+                    fut.cancel()
+                self[index] = fut
+            return fut
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            futures = list(self.values())
+        for fut in futures:
+            fut.cancel()
 
 
 #: Which stream each device operation runs on.
@@ -95,10 +129,10 @@ class CudaExecutor(Executor):
     def _host_task(self, op, gpu, host_futures, device_futures):
         def run():
             for d in op.deps:
-                if d in device_futures:
-                    device_futures[d].result()[1].synchronize()
-                else:
+                if _on_host(self.schedule.ops[d]):
                     host_futures[d].result()
+                else:
+                    device_futures[d].result()[1].synchronize()
             if self._cancel.is_set():
                 raise Cancelled()
             start = self.log.now()
@@ -149,15 +183,15 @@ class CudaExecutor(Executor):
         self._nvtx = Ranges()
 
         ops = self.schedule.ops
-        host_futures: dict[int, Future] = {}
-        device_futures: dict[int, Future] = {}  # resolved to (start event, end event) once enqueued
-        timed: list[tuple] = []
+        host_futures, device_futures = _Futures(), _Futures()  # device: (start, end) events
         lane_futures: list[Future] = []
         pools = {
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }
-        watcher = feeder = None
+        # (op, stream, start, end) of each device operation the clock thread is to time.
+        timed: queue.SimpleQueue = queue.SimpleQueue()
+        clock = feeder = None
         with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel) as gpu:
             try:
                 for name, elements in self.schedule.slots.items():
@@ -165,11 +199,6 @@ class CudaExecutor(Executor):
                         gpu.pinned_buffer(name, elements)
                     else:
                         gpu.device_buffer(name, elements)
-                for op in ops:
-                    if op.kind in (OpKind.READ, OpKind.WRITE):
-                        host_futures[op.index] = Future()
-                    else:
-                        device_futures[op.index] = Future()
                 # Host tasks are handed to their pools by a feeder thread, in schedule order,
                 # while the dispatchers already run: thousands of submissions would otherwise
                 # stand before the first GEMM.
@@ -179,16 +208,16 @@ class CudaExecutor(Executor):
                 reference = gpu.event("compute")
                 reference.synchronize()
                 origin = self.log.now()
-                if self.on_event is not None:
-                    watcher = threading.Thread(target=self._watch, daemon=True,
-                                               args=(ops, device_futures, reference, origin, gpu))
-                    watcher.start()
+                if self.log.record or self.on_event is not None:
+                    clock = threading.Thread(target=self._clock, daemon=True, name="oocgemm-clock",
+                                             args=(timed, reference, origin, gpu))
+                    clock.start()
                 # One dispatcher per stream, each enqueuing its own operations in schedule
                 # order: a stream held up on the host (the C stream waiting for writers to free
                 # the output ring) never holds up the uploads of the next panels.
                 lanes: dict[str, list] = {}
                 for op in ops:
-                    if op.kind not in (OpKind.READ, OpKind.WRITE):
+                    if not _on_host(op):
                         lanes.setdefault(_stream_of(op), []).append(op)
                 dispatchers = ThreadPoolExecutor(len(lanes) or 1,
                                                  thread_name_prefix="oocgemm-dispatch")
@@ -206,13 +235,12 @@ class CudaExecutor(Executor):
                     raise
                 finally:
                     dispatchers.shutdown(wait=True)
-                for fut in host_futures.values():
-                    fut.result()
+                feeder.join()  # every host task is in its pool: each one's future exists
+                for op in ops:
+                    if _on_host(op):
+                        host_futures[op.index].result()
                 for stream in gpu.streams.values():
                     stream.synchronize()
-                for op, stream, start, end in timed:
-                    self.log.add(op, stream, origin + gpu.elapsed_ms(reference, start) / 1e3,
-                                 origin + gpu.elapsed_ms(reference, end) / 1e3)
             except BaseException as exc:
                 self._stop(device_futures, host_futures)
                 for pool in pools.values():
@@ -223,9 +251,30 @@ class CudaExecutor(Executor):
                     feeder.join()
                 for pool in pools.values():
                     pool.shutdown(wait=True)
-                if watcher is not None:
-                    watcher.join(timeout=5)
+                if clock is not None:
+                    timed.put(None)
+                    clock.join()
         return self.log
+
+    def _clock(self, timed, reference, origin, gpu) -> None:
+        """Put each device operation on the log's clock as the GPU finishes it (the progress
+        bars hear of each GEMM and FILL then), until ``None`` comes; after a failure, only
+        drain."""
+        while (item := timed.get()) is not None:
+            op, stream, start, end = item
+            if self._cancel.is_set():
+                continue
+            try:
+                end.synchronize()
+                t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
+                t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
+            except Exception:  # the run failed on the GPU: its lanes report it
+                self._cancel.set()
+                continue
+            wanted = self.on_event is not None and op.kind in (OpKind.GEMM, OpKind.FILL)
+            event = self.log.add(op, stream, t0, t1, wanted=wanted)
+            if wanted:
+                self.on_event(event)
 
     def _dispatch(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed) -> None:
         """Enqueue one stream's operations in order, each after its dependencies: host ones
@@ -243,8 +292,7 @@ class CudaExecutor(Executor):
         that will now never be settled (pending futures are cancelled)."""
         self._cancel.set()
         for group in futures:
-            for fut in group.values():
-                fut.cancel()
+            group.cancel_all()
 
     def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
         timing = self.log.record or self.on_event is not None
@@ -252,7 +300,7 @@ class CudaExecutor(Executor):
             if self._cancel.is_set():
                 raise Cancelled()
             for d in op.deps:
-                if d in host_futures:
+                if _on_host(ops[d]):
                     host_futures[d].result()
                 elif _stream_of(ops[d]) != stream:
                     gpu.wait(stream, device_futures[d].result()[1])
@@ -266,23 +314,7 @@ class CudaExecutor(Executor):
             finally:
                 self._nvtx.pop()
             device_futures[op.index].set_result((start, end))
-            if self.log.record:
-                timed.append((op, stream, start, end))
+            if self.log.record or (timing and op.kind in (OpKind.GEMM, OpKind.FILL)):
+                timed.put((op, stream, start, end))
             else:
                 self.log.count(op)
-
-    def _watch(self, ops, device_futures, reference, origin, gpu) -> None:
-        """Report each GEMM/FILL as the GPU finishes it (progress bars)."""
-        for op in ops:
-            if op.kind not in (OpKind.GEMM, OpKind.FILL):
-                continue
-            try:
-                start, end = device_futures[op.index].result()
-                end.synchronize()
-            except (CancelledError, Exception):
-                return
-            t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
-            t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
-            self.on_event(Event(index=op.index, kind=op.kind.value, operand=op.operand,
-                                key=op.key, q=op.q, lane="compute", start=t0, end=t1,
-                                nbytes=op.nbytes, flops=op.flops))
