@@ -140,6 +140,21 @@ def test_auto_picks_the_gpu(rng):
     assert_gemm(r.out, a, b)
 
 
+@pytest.mark.parametrize("events", [True, False])
+def test_progress_hears_each_gemm_once(rng, events):
+    """The clock thread reports every GEMM to the progress callback once, events on or off."""
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 170))
+    seen = []
+    r = oocgemm.multiply(a, b, device="cuda", tile=(128, 64, 48), events=events,
+                         progress=seen.append)
+    assert_gemm(r.out, a, b)
+    gemms = [e for e in seen if e.kind == "gemm"]
+    wanted = [op.index for op in r.plan.schedule.ops if op.kind.value == "gemm"]
+    assert sorted(e.index for e in gemms) == wanted
+    assert sum(e.flops for e in gemms) == r.flops
+    assert all(e.lane == "compute" and e.end >= e.start for e in gemms)
+    assert (len(r.events) > 0) == events
+
 
 class _Slow(NumpySource):
     """A slow disk: every read takes a few milliseconds; counts the reads."""

@@ -189,7 +189,8 @@ class CudaExecutor(Executor):
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }
-        # (op, stream, start, end) of each device operation the clock thread is to time.
+        # (op, stream, start, end, reported) of each device operation the clock thread is to
+        # time; reported: on_event hears of it (GEMMs and FILLs, for the progress bars).
         timed: queue.SimpleQueue = queue.SimpleQueue()
         clock = feeder = None
         with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel) as gpu:
@@ -257,23 +258,23 @@ class CudaExecutor(Executor):
         return self.log
 
     def _clock(self, timed, reference, origin, gpu) -> None:
-        """Put each device operation on the log's clock as the GPU finishes it (the progress
-        bars hear of each GEMM and FILL then), until ``None`` comes; after a failure, only
-        drain."""
+        """Put each device operation on the log's clock as the GPU finishes it (and report it,
+        when asked to), until ``None`` comes; once the run is stopped or an event fails, only
+        drain (the lanes report the failure)."""
+        failed = False
         while (item := timed.get()) is not None:
-            op, stream, start, end = item
-            if self._cancel.is_set():
+            op, stream, start, end, reported = item
+            if failed or self._cancel.is_set():
                 continue
             try:
                 end.synchronize()
                 t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
                 t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
-            except Exception:  # the run failed on the GPU: its lanes report it
-                self._cancel.set()
+            except Exception:
+                failed = True
                 continue
-            wanted = self.on_event is not None and op.kind in (OpKind.GEMM, OpKind.FILL)
-            event = self.log.add(op, stream, t0, t1, wanted=wanted)
-            if wanted:
+            event = self.log.add(op, stream, t0, t1, wanted=reported)
+            if reported:
                 self.on_event(event)
 
     def _dispatch(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed) -> None:
@@ -314,7 +315,8 @@ class CudaExecutor(Executor):
             finally:
                 self._nvtx.pop()
             device_futures[op.index].set_result((start, end))
-            if self.log.record or (timing and op.kind in (OpKind.GEMM, OpKind.FILL)):
-                timed.put((op, stream, start, end))
+            reported = self.on_event is not None and op.kind in (OpKind.GEMM, OpKind.FILL)
+            if self.log.record or reported:
+                timed.put((op, stream, start, end, reported))
             else:
                 self.log.count(op)
