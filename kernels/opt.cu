@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
     // Whole sub-blocks of A along M; along K, every r-step but the last.
     const bool a_rows_inside = m0 + OPT_W <= M;
 
-    T ra[OPT_PATCHES_PER_THREAD][4];
+    T ra[OPT_PATCHES_PER_THREAD][1][4];
 #pragma unroll
     for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q) {
         if (tid + q * OPT_THREADS < OPT_PATCHES) {

@@ -62,23 +62,31 @@ __device__ __forceinline__ void update_c_pair(T* p, int avail, T v0, T v1, T bet
     if (avail >= 2) p[1] = read_c ? v1 + beta * p[1] : v1;
 }
 
-// One thread's share of staging a TILE_MN x BK tile of an operand: a 2 x 2 patch.
+// One thread's share of staging a TILE_MN x BK tile of an operand: NP 2 x 2 patches, patch
+// q being the one numbered index + q * STRIDE (STRIDE: the threads that stage the tile).
 // The operand element (mn, k) (mn along M for A, along N for B) lives at
 // X[mn * ld + k] when KCONTIG, at X[k * ld + mn] otherwise. The shared tile is S[k][mn].
-template <typename T, int TILE_MN, int BK, bool KCONTIG, bool VEC>
+// The NP patches of a thread lie a fixed distance apart, so they share one pointer.
+template <typename T, int TILE_MN, int BK, bool KCONTIG, bool VEC, int NP = 1, int STRIDE = 0>
 struct PatchStager {
-    const T* p;      // element (patch mn, patch k) of the current K-tile
+    static constexpr int KPAIRS = BK / 2;
+    static constexpr int MNPAIRS = TILE_MN / 2;
+    // From patch q to q + 1: further along mn (KCONTIG) or along k (otherwise).
+    static constexpr int DMN = NP > 1 && KCONTIG ? 2 * (STRIDE / KPAIRS) : 0;
+    static constexpr int DK = NP > 1 && !KCONTIG ? 2 * (STRIDE / MNPAIRS) : 0;
+    static_assert(NP == 1 || STRIDE % (KCONTIG ? KPAIRS : MNPAIRS) == 0,
+                  "the patches of a thread lie in the same place of their rows");
+
+    const T* p;      // element (patch mn, patch k) of patch 0 in the current K-tile
     long long step;  // address advance from one K-tile to the next
     int ld;
-    int mn;          // patch origin inside the tile (even)
+    int mn;          // patch 0's origin inside the tile (even)
     int kk;
-    int mn_avail;    // operand rows/columns inside, counted from the patch origin
+    int mn_avail;    // operand rows/columns inside, counted from patch 0's origin
 
-    // `index`: which patch of the tile this is (a thread number when one patch a thread).
+    // `index`: which patch of the tile patch 0 is (a thread number when one patch a thread).
     __device__ __forceinline__ void init(const T* X, int ld_, int mn_base, int MN, int index)
     {
-        constexpr int KPAIRS = BK / 2;
-        constexpr int MNPAIRS = TILE_MN / 2;
         // Consecutive lanes walk the dimension that is contiguous in memory.
         const int kp = KCONTIG ? index % KPAIRS : index / MNPAIRS;
         const int mp = KCONTIG ? index / KPAIRS : index % MNPAIRS;
@@ -91,41 +99,49 @@ struct PatchStager {
         step = KCONTIG ? (long long)BK : (long long)BK * ld_;
     }
 
-    // r = { (mn, k), (mn, k+1), (mn+1, k), (mn+1, k+1) } of the tile starting at k0,
-    // zeros outside the operand. `inside` says that the whole TILE_MN x BK tile lies
+    // r[q] = { (mn, k), (mn, k+1), (mn+1, k), (mn+1, k+1) } of patch q of the tile starting
+    // at k0, zeros outside the operand. `inside` says that the whole TILE_MN x BK tile lies
     // inside the operand (true for every tile but the edges): then no guard is needed.
-    __device__ __forceinline__ void load(int k0, int K, bool inside, T r[4]) const
+    __device__ __forceinline__ void load(int k0, int K, bool inside, T (&r)[NP][4]) const
     {
-        if (inside) {
-            if (VEC) {
-                const pair2<T> v0 = load_pair(p);
-                const pair2<T> v1 = load_pair(p + ld);
-                r[0] = v0.x;
-                r[KCONTIG ? 1 : 2] = v0.y;
-                r[KCONTIG ? 2 : 1] = v1.x;
-                r[3] = v1.y;
-            } else {
-                r[0] = p[0];
-                r[KCONTIG ? 1 : 2] = p[1];
-                r[KCONTIG ? 2 : 1] = p[ld];
-                r[3] = p[ld + 1];
+#pragma unroll
+        for (int q = 0; q < NP; ++q) {
+            const T* pq = p + (long long)q * (DMN + DK) * ld;   // one of DMN, DK is 0
+            if (inside) {
+                if (VEC) {
+                    const pair2<T> v0 = load_pair(pq);
+                    const pair2<T> v1 = load_pair(pq + ld);
+                    r[q][0] = v0.x;
+                    r[q][KCONTIG ? 1 : 2] = v0.y;
+                    r[q][KCONTIG ? 2 : 1] = v1.x;
+                    r[q][3] = v1.y;
+                } else {
+                    r[q][0] = pq[0];
+                    r[q][KCONTIG ? 1 : 2] = pq[1];
+                    r[q][KCONTIG ? 2 : 1] = pq[ld];
+                    r[q][3] = pq[ld + 1];
+                }
+                continue;
             }
-            return;
-        }
-        const int k_avail = K - (k0 + kk);
-        if (KCONTIG) {  // memory rows are mn, k contiguous
-            load_two<T, VEC>(p, mn_avail >= 1, k_avail, r[0], r[1]);
-            load_two<T, VEC>(p + ld, mn_avail >= 2, k_avail, r[2], r[3]);
-        } else {        // memory rows are k, mn contiguous
-            load_two<T, VEC>(p, k_avail >= 1, mn_avail, r[0], r[2]);
-            load_two<T, VEC>(p + ld, k_avail >= 2, mn_avail, r[1], r[3]);
+            const int k_avail = K - (k0 + kk + q * DK);
+            const int mn_left = mn_avail - q * DMN;
+            if (KCONTIG) {  // memory rows are mn, k contiguous
+                load_two<T, VEC>(pq, mn_left >= 1, k_avail, r[q][0], r[q][1]);
+                load_two<T, VEC>(pq + ld, mn_left >= 2, k_avail, r[q][2], r[q][3]);
+            } else {        // memory rows are k, mn contiguous
+                load_two<T, VEC>(pq, k_avail >= 1, mn_left, r[q][0], r[q][2]);
+                load_two<T, VEC>(pq + ld, k_avail >= 2, mn_left, r[q][1], r[q][3]);
+            }
         }
     }
 
-    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T r[4]) const
+    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T (&r)[NP][4]) const
     {
-        store_pair(&S[kk][mn], r[0], r[2]);
-        store_pair(&S[kk + 1][mn], r[1], r[3]);
+#pragma unroll
+        for (int q = 0; q < NP; ++q) {
+            store_pair(&S[kk + q * DK][mn + q * DMN], r[q][0], r[q][2]);
+            store_pair(&S[kk + q * DK + 1][mn + q * DMN], r[q][1], r[q][3]);
+        }
     }
 
     __device__ __forceinline__ void advance() { p += step; }

@@ -56,8 +56,9 @@ KERNELS: dict[str, KernelSpec] = {
         KernelSpec("opt", "opt.cu", "opt_gemm", (128, 1), (32, 256),
                    about="the seed paper's 3.2 mapping: A in shared memory, B in registers, "
                          "a thread computes two columns of C"),
-        KernelSpec("regblock", "regblock.cu", "regblock_gemm", (256, 1), (128, 128),
-                   about="2-D register blocking 8x8 a thread, double-buffered shared memory"),
+        KernelSpec("regblock", "regblock.cu", "regblock_gemm", (128, 1), (64, 128),
+                   about="2-D register blocking 8x8 a thread, double-buffered shared memory, "
+                         "two blocks an SM"),
         KernelSpec("dmma", "dmma.cu", "dmma_gemm", (128, 1), (128, 64), dtypes=("float64",),
                    dynamic_shared=3 * (128 * 20 + 64 * 20) * 8, min_capability=80,
                    about="FP64 tensor cores (mma.sync), 3-stage cp.async pipeline, "
