@@ -126,7 +126,10 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
     const T* __restrict__ A, int lda, const T* __restrict__ B, int ldb,
     T beta, T* __restrict__ C, int ldc)
 {
-    __shared__ alignas(16) T As[2][OPT_R][OPT_W];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
+    // Rows padded by 16 bytes, so that the stores of a patch row spread over the banks
+    // (unpadded, the 8 k rows a quarter warp writes were 8-way conflicts; now 2-way).
+    constexpr int PAD = 16 / sizeof(T);
+    __shared__ alignas(16) T As[2][OPT_R][OPT_W + PAD];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
 
     const int tid = threadIdx.x;
     const int m0 = blockIdx.y * OPT_W;

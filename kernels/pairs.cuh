@@ -135,7 +135,10 @@ struct PatchStager {
         }
     }
 
-    __device__ __forceinline__ void store(T (*S)[TILE_MN], const T (&r)[NP][4]) const
+    // S: the shared tile, rows of W >= TILE_MN elements (padded rows spread the stores of
+    // different k rows over the banks).
+    template <int W>
+    __device__ __forceinline__ void store(T (*S)[W], const T (&r)[NP][4]) const
     {
 #pragma unroll
         for (int q = 0; q < NP; ++q) {

@@ -72,8 +72,11 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
     const T* __restrict__ A, int lda, const T* __restrict__ B, int ldb,
     T beta, T* __restrict__ C, int ldc)
 {
-    __shared__ alignas(16) T As[2][RB_BK][RB_BM];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
-    __shared__ alignas(16) T Bs[2][RB_BK][RB_BN];  // Bs[s][k][j] = op(B)(k0 + k, n0 + j)
+    // Rows padded by 16 bytes: the stores of one patch row (k, k + 2, k + 4, k + 6 across a
+    // quarter warp) then fall in different banks; unpadded, they were 4-way conflicts.
+    constexpr int PAD = 16 / sizeof(T);
+    __shared__ alignas(16) T As[2][RB_BK][RB_BM + PAD];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
+    __shared__ alignas(16) T Bs[2][RB_BK][RB_BN + PAD];  // Bs[s][k][j] = op(B)(k0 + k, n0 + j)
 
     const int tid = threadIdx.x;
     // Grouped rasterisation: consecutive blocks walk RB_GROUP tile rows, then move right.
