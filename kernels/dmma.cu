@@ -216,14 +216,8 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
     static_assert(sizeof(T) == 8, "dmma multiplies float64 only");
     extern __shared__ __align__(16) double smem[];
 
-    // Grouped rasterisation: consecutive blocks walk GROUP_M tile rows, then move right.
-    const int tiles_n = gridDim.x, tiles_m = gridDim.y;
-    const int pid = blockIdx.y * tiles_n + blockIdx.x;
-    const int per_group = GROUP_M * tiles_n;
-    const int first_m = (pid / per_group) * GROUP_M;
-    const int group_m = (tiles_m - first_m) < GROUP_M ? (tiles_m - first_m) : GROUP_M;
-    const int m0 = (first_m + (pid % per_group) % group_m) * BM;
-    const int n0 = ((pid % per_group) / group_m) * BN;
+    const int2 tile = grouped_tile(GROUP_M);   // rasterised in groups of GROUP_M tile rows
+    const int m0 = tile.x * BM, n0 = tile.y * BN;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;

@@ -1,9 +1,23 @@
-// pairs.cuh: element pairs moved as one vector access, the C-pair epilogue, and the 2 x 2
-// patch stager; opt.cu and regblock.cu use to copy operand tiles global -> registers -> shared memory in
-// either storage order. The loader splices this file into the sources that include it
+// pairs.cuh: grouped rasterisation (dmma.cu, regblock.cu), element pairs moved as one
+// vector access, the C-pair epilogue, and the 2 x 2 patch stager that opt.cu and
+// regblock.cu use to copy operand tiles global -> registers -> shared memory in either
+// storage order. The loader splices this file into the sources that include it
 // (so NVRTC and CuPy's kernel cache see one text); nvcc finds it beside them.
 
 #pragma once
+
+// Grouped rasterisation: the tile (row, column) of C this block computes, in tiles, when
+// consecutive blocks walk GROUP tile rows and then move right, so that the blocks resident
+// at one time share panels of A and B in L2. The grid is (tiles along N, tiles along M).
+__device__ __forceinline__ int2 grouped_tile(int group)
+{
+    const int tiles_n = gridDim.x, tiles_m = gridDim.y;
+    const int pid = blockIdx.y * tiles_n + blockIdx.x;
+    const int per_group = group * tiles_n;
+    const int first_m = (pid / per_group) * group;
+    const int group_m = (tiles_m - first_m) < group ? (tiles_m - first_m) : group;
+    return make_int2(first_m + (pid % per_group) % group_m, (pid % per_group) / group_m);
+}
 
 // Two consecutive elements, moved as one vector access (16 bytes for double).
 template <typename T>

@@ -79,14 +79,8 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
     __shared__ alignas(16) T Bs[2][RB_BK][RB_BN + PAD];  // Bs[s][k][j] = op(B)(k0 + k, n0 + j)
 
     const int tid = threadIdx.x;
-    // Grouped rasterisation: consecutive blocks walk RB_GROUP tile rows, then move right.
-    const int tiles_n = gridDim.x, tiles_m = gridDim.y;
-    const int pid = blockIdx.y * tiles_n + blockIdx.x;
-    const int per_group = RB_GROUP * tiles_n;
-    const int first_m = (pid / per_group) * RB_GROUP;
-    const int group_m = (tiles_m - first_m) < RB_GROUP ? (tiles_m - first_m) : RB_GROUP;
-    const int m0 = (first_m + (pid % per_group) % group_m) * RB_BM;
-    const int n0 = ((pid % per_group) / group_m) * RB_BN;
+    const int2 tile = grouped_tile(RB_GROUP);   // rasterised in groups of RB_GROUP tile rows
+    const int m0 = tile.x * RB_BM, n0 = tile.y * RB_BN;
 
     // op(A) is k-contiguous when stored untransposed; op(B) when stored transposed.
     PatchStager<T, RB_BM, RB_BK, !TA, VEC, RB_PA, RB_THREADS> sa;
