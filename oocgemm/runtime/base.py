@@ -62,3 +62,11 @@ class Executor:
 
     def run(self) -> EventLog:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _report(self, op, lane: str, start: float, end: float, *, wanted: bool,
+                nbytes: int | None = None) -> None:
+        """Log ``op`` (the log only counts its bytes when it records nothing and the event is
+        not ``wanted``) and, when ``wanted``, hand its event to ``on_event``."""
+        event = self.log.add(op, lane, start, end, nbytes, wanted=wanted)
+        if wanted:
+            self.on_event(event)

@@ -170,14 +170,8 @@ class CpuExecutor(Executor):
         start = self.log.now()
         moved = self._run_op(op)
         end = self.log.now()
-        wanted = self.on_event is not None
-        if not (self.log.record or wanted):
-            self.log.count(op, moved)
-            return
-        event = self.log.add(op, thread_lane(lane) if pooled else lane, start, end, nbytes=moved,
-                             wanted=wanted)
-        if wanted:
-            self.on_event(event)
+        self._report(op, thread_lane(lane) if pooled else lane, start, end,
+                     wanted=self.on_event is not None, nbytes=moved)
 
     def _task(self, op, futures, lane_prefix: str):
         def run():

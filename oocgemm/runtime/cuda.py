@@ -147,14 +147,9 @@ class CudaExecutor(Executor):
             finally:
                 self._nvtx.pop()
             end = self.log.now()
-            wanted = self.on_event is not None and op.kind is OpKind.WRITE
-            if not (self.log.record or wanted):
-                self.log.count(op)
-                return
             lane = "read" if op.kind is OpKind.READ else "write"
-            event = self.log.add(op, thread_lane(lane), start, end, wanted=wanted)
-            if wanted:
-                self.on_event(event)
+            self._report(op, thread_lane(lane), start, end,
+                         wanted=self.on_event is not None and op.kind is OpKind.WRITE)
         return run
 
     # -- device lanes -------------------------------------------------------------------------
@@ -273,9 +268,7 @@ class CudaExecutor(Executor):
             except Exception:
                 failed = True
                 continue
-            event = self.log.add(op, stream, t0, t1, wanted=reported)
-            if reported:
-                self.on_event(event)
+            self._report(op, stream, t0, t1, wanted=reported)
 
     def _dispatch(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed) -> None:
         """Enqueue one stream's operations in order, each after its dependencies: host ones
