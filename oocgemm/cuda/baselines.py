@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 
@@ -42,37 +43,41 @@ def interleaved_medians(fns: dict, repeat: int = 3) -> dict:
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5) -> float:
-    """Median seconds of one in-core cuBLAS GEMM ``C[w,h] += A[w,r] @ B[r,h]``."""
+@contextlib.contextmanager
+def _block_gemm(w: int, h: int, r: int, dtype):
+    """A callable running the in-core cuBLAS GEMM ``C[w,h] = A[w,r] @ B[r,h]`` on random
+    operands; on exit they go back to the pool, and the pool to the driver."""
     rng = cupy.random.default_rng(7)
     a = rng.standard_normal((w, r), dtype=np.float64).astype(dtype)
     b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
     c = cupy.empty((w, h), dtype=dtype)
-    seconds = timed_events(lambda: cupy.matmul(a, b, out=c), repeat)
-    a = b = c = None  # back to the pool, then to the driver
-    cupy.get_default_memory_pool().free_all_blocks()
-    return seconds
+    try:
+        yield lambda: cupy.matmul(a, b, out=c)
+    finally:
+        a = b = c = None
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def incore_gemm_seconds(w: int, h: int, r: int, dtype="float64", repeat: int = 5) -> float:
+    """Median seconds of one in-core cuBLAS GEMM ``C[w,h] += A[w,r] @ B[r,h]``."""
+    with _block_gemm(w, h, r, dtype) as gemm:
+        return timed_events(gemm, repeat)
 
 
 def sustained_gemm_seconds(w: int, h: int, r: int, total_flops: float, dtype="float64") -> float:
     """Seconds of in-core cuBLAS GEMMs of the block shape run back to back until they add up
     to ``total_flops``: the rate the GPU sustains over a whole product (clocks settle lower
     than in a burst of a few GEMMs)."""
-    rng = cupy.random.default_rng(7)
-    a = rng.standard_normal((w, r), dtype=np.float64).astype(dtype)
-    b = rng.standard_normal((r, h), dtype=np.float64).astype(dtype)
-    c = cupy.empty((w, h), dtype=dtype)
     count = max(1, round(total_flops / (2 * w * h * r)))
-    cupy.matmul(a, b, out=c)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(count):
-        cupy.matmul(a, b, out=c)
-    end.record()
-    end.synchronize()
-    seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
-    a = b = c = None
-    cupy.get_default_memory_pool().free_all_blocks()
+    with _block_gemm(w, h, r, dtype) as gemm:
+        gemm()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(count):
+            gemm()
+        end.record()
+        end.synchronize()
+        seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
     return seconds * total_flops / (count * 2 * w * h * r)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import cupy
 
 from ..errors import KernelError
-from .baselines import interleaved_medians
+from .baselines import interleaved_medians, timed_events
 from .catalog import KERNELS, KernelSpec, kernels_dir, source_text
 
 _OPTIONS = ("-std=c++17",)
@@ -125,24 +125,14 @@ def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     blocks, threads = sms * 8, 256
     out = cupy.empty(blocks * threads, dtype=dtype)
+
+    def launch(iters: int):
+        return lambda: kernel((blocks,), (threads,), (out, np.int32(iters)))
+
     iters = 1 << 12
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    kernel((blocks,), (threads,), (out, np.int32(iters)))  # warm-up, and sizing
-    start.record()
-    kernel((blocks,), (threads,), (out, np.int32(iters)))
-    end.record()
-    end.synchronize()
-    once = cupy.cuda.get_elapsed_time(start, end) / 1e3
+    once = timed_events(launch(iters), repeat=1)  # sizing: a warm-up, then one timed launch
     iters = max(iters, int(iters * seconds / max(once, 1e-6)))
-    rates = []
-    for _ in range(3):
-        start.record()
-        kernel((blocks,), (threads,), (out, np.int32(iters)))
-        end.record()
-        end.synchronize()
-        rates.append(2 * chains * iters * blocks * threads
-                     / (cupy.cuda.get_elapsed_time(start, end) / 1e3))
-    return float(np.median(rates))
+    return 2 * chains * iters * blocks * threads / timed_events(launch(iters), repeat=3)
 
 
 def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
