@@ -25,6 +25,20 @@
 constexpr int TILE = 32;
 constexpr int TILED_THREADS = TILE * TILE;
 
+// S[a][b] = op(X)(r0 + a, c0 + b) for one thread's (a, b) of the tile, where op(X) is R x CN,
+// stored X[r * ld + c], or X[c * ld + r] when TRANS; zero outside op(X). Thread (tx, ty)
+// reads the element whose contiguous index is tx, so a warp reads 32 consecutive elements.
+template <typename T, bool TRANS>
+__device__ __forceinline__ void stage_tile(T (*S)[TILE + 1], const T* __restrict__ X, int ld,
+                                           int r0, int c0, int R, int CN)
+{
+    const int a = TRANS ? threadIdx.x : threadIdx.y;
+    const int b = TRANS ? threadIdx.y : threadIdx.x;
+    const int r = r0 + a, c = c0 + b;
+    const long long at = TRANS ? (long long)c * ld + r : (long long)r * ld + c;
+    S[a][b] = (r < R && c < CN) ? X[at] : T(0);
+}
+
 template <typename T, bool TA, bool TB, bool VEC>
 __global__ void __launch_bounds__(TILED_THREADS) tiled_gemm(int M, int N, int K, T alpha,
     const T* __restrict__ A, int lda, const T* __restrict__ B, int ldb,
@@ -42,23 +56,8 @@ __global__ void __launch_bounds__(TILED_THREADS) tiled_gemm(int M, int N, int K,
 
     T sum = T(0);
     for (int k0 = 0; k0 < K; k0 += TILE) {
-        // Stage op(A)(m0 .. m0+31, k0 .. k0+31): thread (tx, ty) reads the element whose
-        // contiguous index is tx, so a warp reads 32 consecutive elements.
-        if (!TA) {
-            const int r = m0 + ty, k = k0 + tx;  // A[r * lda + k]
-            As[ty][tx] = (r < M && k < K) ? A[(long long)r * lda + k] : T(0);
-        } else {
-            const int r = m0 + tx, k = k0 + ty;  // A[k * lda + r]
-            As[tx][ty] = (r < M && k < K) ? A[(long long)k * lda + r] : T(0);
-        }
-        // Stage op(B)(k0 .. k0+31, n0 .. n0+31) the same way.
-        if (!TB) {
-            const int k = k0 + ty, c = n0 + tx;  // B[k * ldb + c]
-            Bs[ty][tx] = (k < K && c < N) ? B[(long long)k * ldb + c] : T(0);
-        } else {
-            const int k = k0 + tx, c = n0 + ty;  // B[c * ldb + k]
-            Bs[tx][ty] = (k < K && c < N) ? B[(long long)c * ldb + k] : T(0);
-        }
+        stage_tile<T, TA>(As, A, lda, m0, k0, M, K);  // op(A)(m0 .. m0+31, k0 .. k0+31)
+        stage_tile<T, TB>(Bs, B, ldb, k0, n0, K, N);  // op(B)(k0 .. k0+31, n0 .. n0+31)
         __syncthreads();  // the tiles are complete
 
 #pragma unroll
