@@ -1,7 +1,7 @@
 // opt_gemm: the seed paper's optimised mapping (section 3.2, figure 2), retuned for an
 // H100 in double. C = alpha * op(A) @ op(B) + beta * C.
 //
-// launch: block = (128, 1, 1) threads; one block per 32 x 256 tile of C; grid = (ceil(N / 256), ceil(M / 32), 1); dynamic shared memory = 0 bytes
+// launch: block = (128, 1, 1) threads; one block per 64 x 64 tile of C; grid = (ceil(N / 64), ceil(M / 64), 1); dynamic shared memory = 0 bytes
 //
 // Row-major operands (numpy order):
 //   C(i, j) = C[i * ldc + j]                                  (M x N)
@@ -11,65 +11,77 @@
 // VEC == true promises 16-byte aligned A, B, C and lda, ldb, ldc multiples of 16 / sizeof(T):
 // pairs of elements are then moved with one 2-element vector access (16 bytes in double).
 //
-// The seed's mapping. A block computes a w x h sub-block of C (w = OPT_W = 32 rows,
-// h = 256 columns). A thread owns whole columns of that sub-block: the paper gives it one,
-// here it owns OPT_COLS = 2 adjacent ones, j and j + 1, and keeps its w x 2 strip of C in
-// registers. The columns of B that a thread needs are needed by no other thread of the
-// block, so B never goes through shared memory: each thread streams B(k, j), B(k, j + 1)
-// from global memory straight into registers. Only the w x r sub-block of A
-// (r = OPT_R = 16), which every thread needs, is staged in shared memory; the loop walks
-// K in steps of r:
+// The seed's mapping. A block computes a w x h sub-block of C (w = OPT_BM = 64 rows,
+// h = OPT_BN = 64 columns) and walks K in steps of r = OPT_R = 8. Only the w x r sub-block
+// of A is staged in shared memory. B never goes through shared memory: every thread
+// streams the elements of B it needs from global memory straight into registers, and
+// keeps its strip of C in registers:
 //
 //   for each r-step of K:  As = A(rows of the block, k .. k + r)      (shared memory)
-//     for each k of the step:  b = B(k, j .. j + 1)                   (registers)
-//       for each row i:        C(i, j .. j + 1) += As(i, k) * b       (registers)
+//     for each k of the step:  b = B(k, the thread's columns)         (registers)
+//       for each row i of the thread:  C(i, its columns) += As(i, k) * b   (registers)
 //
-// Retuning for the H100 in double:
-// - Every thread reads the same As(i, k) at the same time, so each shared-memory load is
-//   a warp-wide broadcast; As is stored k-major (As[k][i]) so that As(i, k) and
-//   As(i + 1, k) come in one 16-byte load. With 2 columns per thread, one such load feeds
-//   4 FMAs: w / 2 = 16 loads per 64 FMAs and per k.
-// - B is prefetched OPT_D = 4 k-steps ahead into a small rotating register queue, so its
-//   global latency hides behind the FMAs of the steps in between (the paper's 2008 GPU
-//   relied on many resident threads instead).
+// Retuning for the H100 in double. The paper's thread owns one column of the sub-block,
+// all w rows, and every thread of the block reads each A element in one broadcast. Done
+// that way on the H100 (two columns a thread, 32 rows), it stopped at 0.47 of the FP64
+// FMA peak: a broadcast 16-byte shared load still costs two shared-memory wavefronts
+// (lanes share a fetch only inside a quad of consecutive lanes), so with an A pair
+// feeding only 4 FMAs, A alone kept the shared-memory pipe as busy as the FP64 pipe.
+// Here, 0.65 (kernels/README.md):
+// - A thread owns OPT_TC = 4 columns (2 pairs) over OPT_TW = 8 rows (4 pairs) of C. Each A
+//   pair it reads feeds 8 FMAs, each B value 8.
+// - The 4 lanes of a quad share their rows (one fetch serves the quad) and own different
+//   columns; a warp's 8 quads are 4 row strips x 2 column groups, a 32 x 32 piece of C.
+//   Its A loads cost the minimum 2 wavefronts, and each of its B loads is one whole
+//   128-byte line (8 column pairs of one row).
+// - Rows of a thread: 2 s + 8 g + {0, 1} (s: its row strip, g < 4), so the 4 strips of a
+//   load read 4 adjacent pairs (different banks). Columns: 2 c + 16 h + {0, 1} (c: its
+//   column position, h < 2).
+// - 4 warps as 2 (M) x 2 (N); the two warps that share columns read the same B lines, and
+//   the second finds them in L1. Blocks are rasterised in groups of 8 tile rows, so the
+//   blocks resident at one time share B in L2.
+// - B is read OPT_D = 2 k-steps ahead into a small register queue, so its latency hides
+//   behind the FMAs of the steps in between. r-steps whose columns and queue refills all
+//   lie inside B (all but the edges) take an unguarded body, with no per-load branches:
+//   that alone took this layout from 0.60 to 0.65.
 // - As is double-buffered: the next r-step's A sub-block is loaded into registers before
 //   the FMAs of the current one and written to the other buffer after them, so one
 //   __syncthreads per r-step both publishes the new buffer and retires reads of the old.
-//   Sub-blocks wholly inside op(A) (all but the edges) are loaded without guards.
-// - 128 threads (h = 256) and at most 255 registers a thread let two blocks share an SM;
-//   __launch_bounds__ says so (its second argument, 2), which also keeps ptxas from
-//   spilling in the float instantiations.
-// - The limit of this mapping on the H100: a broadcast LDS.128 still costs 2 shared-memory
-//   wavefronts (sharing a fetch works only inside a quad of lanes), so the A operand
-//   alone keeps the shared-memory pipe as busy as the FP64 pipe when a value feeds only
-//   2 FMAs, and more columns per thread (more reuse of A) cost B traffic or registers.
-//   Measured: about half the FP64 peak, against about 78% for regblock_gemm, which reads
-//   both operands from shared memory in a 2-D register tile.
+// - 128 threads and at most 168 registers a thread: three blocks an SM
+//   (__launch_bounds__). The 8 x 8 thread tile (64 x 128 blocks, two an SM) measured the
+//   same and spilled in some builds.
 // - Edges: elements outside op(A) or op(B) are read as zeros (so ragged K adds nothing)
 //   and stores outside C are skipped. A vector access is used only when both of its
-//   elements are inside; a pair that straddles a row's end is read element by element.
-// - TB == true reads each thread's columns as scalars from two memory rows, one k at a
+//   elements are inside.
+// - TB == true reads each thread's columns as scalars from 4 memory rows, one k at a
 //   time (uncoalesced across lanes; L1 serves the rest of each line): slower than TB false.
 //
 // Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
-constexpr int OPT_W = 32;          // rows of the C sub-block (= C elements per thread column)
-constexpr int OPT_R = 16;          // K per shared-memory step
-constexpr int OPT_THREADS = 128;   // one thread per 2 columns
-constexpr int OPT_COLS = 2;        // columns of C per thread
-constexpr int OPT_H = OPT_THREADS * OPT_COLS;  // columns of the C sub-block
-constexpr int OPT_D = 4;           // B prefetch distance in k-steps
+constexpr int OPT_TW = 8;          // rows of C a thread
+constexpr int OPT_TC = 4;          // columns of C a thread
+constexpr int OPT_STRIPS = 4;      // row strips a warp (a quad's lanes share theirs)
+constexpr int OPT_CPOS = 32 / OPT_STRIPS;  // column positions a warp
+constexpr int OPT_WARPS_M = 2;     // warps along M
+constexpr int OPT_WARPS_N = 2;     // warps along N
+constexpr int OPT_BLOCKS = 3;      // blocks an SM holds at once
+constexpr int OPT_THREADS = 32 * OPT_WARPS_M * OPT_WARPS_N;
+constexpr int OPT_WM = OPT_STRIPS * OPT_TW;   // rows of a warp's tile
+constexpr int OPT_WN = OPT_CPOS * OPT_TC;     // columns of a warp's tile
+constexpr int OPT_BM = OPT_WARPS_M * OPT_WM;
+constexpr int OPT_BN = OPT_WARPS_N * OPT_WN;
+constexpr int OPT_R = 8;                      // K per shared-memory step
+constexpr int OPT_D = 2;                      // B queue depth in k-steps
+constexpr int OPT_GROUP = 8;                  // rasterisation group (tile rows)
+constexpr int OPT_PA = OPT_BM * OPT_R / (4 * OPT_THREADS);  // 2 x 2 patches of A a thread stages
 
-constexpr int OPT_PATCHES = OPT_W * OPT_R / 4;  // 2 x 2 patches of the A sub-block
-constexpr int OPT_PATCHES_PER_THREAD = (OPT_PATCHES + OPT_THREADS - 1) / OPT_THREADS;
-
-static_assert(OPT_W % 2 == 0 && OPT_R % 2 == 0, "A is staged in 2 x 2 patches");
-static_assert(OPT_COLS % 2 == 0, "columns are moved in pairs");
+static_assert(OPT_PA * 4 * OPT_THREADS == OPT_BM * OPT_R, "whole 2 x 2 patches a thread");
+static_assert(OPT_TW % 2 == 0 && OPT_TC % 2 == 0, "pairs");
 
 #include "pairs.cuh"
 
 
-// The thread's OPT_COLS columns of op(B), read one k at a time: B(k, j .. j + OPT_COLS - 1).
+// The thread's OPT_TC columns of op(B), one k at a time: b[2 h + c] = B(k, j + 2 CPOS h + c).
 template <typename T, bool TB, bool VEC>
 struct opt_b_cols {
     const T* p;        // B(k, j) of the next k to read
@@ -87,33 +99,35 @@ struct opt_b_cols {
         kstep = TB ? 1 : (long long)ldb_;
     }
 
-    // Reads B(k, j + c) for c < OPT_COLS (zeros outside op(B)) and moves on to k + 1.
-    __device__ __forceinline__ void next(int K, T b[OPT_COLS])
+    // Reads the next k (zeros outside op(B)). FAST: the caller knows that k < K and that
+    // every column is inside.
+    template <bool FAST>
+    __device__ __forceinline__ void next(int K, T (&b)[OPT_TC])
     {
-        const bool k_ok = k < K;
-        if (!TB) {  // adjacent in memory row k
-            if (k_ok && n_avail >= OPT_COLS) {  // all inside: no per-column guard
+        const bool k_ok = FAST || k < K;
 #pragma unroll
-                for (int c = 0; c < OPT_COLS; c += 2) {
+        for (int h = 0; h < OPT_TC / 2; ++h) {
+            const int c0 = 2 * OPT_CPOS * h;
+            if (!TB) {      // the pair is adjacent in memory row k
+                const T* q = p + c0;
+                if (FAST) {
                     if (VEC) {
-                        const pair2<T> v = load_pair(p + c);
-                        b[c] = v.x;
-                        b[c + 1] = v.y;
+                        const pair2<T> v = load_pair(q);
+                        b[2 * h] = v.x;
+                        b[2 * h + 1] = v.y;
                     } else {
-                        b[c] = p[c];
-                        b[c + 1] = p[c + 1];
+                        b[2 * h] = q[0];
+                        b[2 * h + 1] = q[1];
                     }
+                } else {
+                    load_two<T, VEC>(q, k_ok, n_avail - c0, b[2 * h], b[2 * h + 1]);
                 }
-            } else {
+            } else {        // one memory row per column
 #pragma unroll
-                for (int c = 0; c < OPT_COLS; c += 2)
-                    load_two<T, VEC>(p + c, k_ok, n_avail - c, b[c], b[c + 1]);
-            }
-        } else {    // one per memory row j + c
-#pragma unroll
-            for (int c = 0; c < OPT_COLS; ++c) {
-                b[c] = T(0);
-                if (k_ok && n_avail > c) b[c] = p[(long long)c * ldb];
+                for (int c = 0; c < 2; ++c) {
+                    const T* q = p + (long long)(c0 + c) * ldb;
+                    b[2 * h + c] = (FAST || (k_ok && n_avail > c0 + c)) ? *q : T(0);
+                }
             }
         }
         p += kstep;
@@ -121,51 +135,75 @@ struct opt_b_cols {
     }
 };
 
+// One r-step: the FMAs of As (OPT_R k-steps) with B from the queue, refilled OPT_D ahead.
+template <bool FAST, typename T, bool TB, bool VEC>
+__device__ __forceinline__ void opt_rstep(const T (*As)[OPT_BM + 16 / sizeof(T)], int row0,
+    opt_b_cols<T, TB, VEC>& bc, int K, T (&bq)[OPT_D][OPT_TC], T (&acc)[OPT_TW][OPT_TC])
+{
+#pragma unroll
+    for (int kk = 0; kk < OPT_R; ++kk) {
+        T b[OPT_TC];
+#pragma unroll
+        for (int c = 0; c < OPT_TC; ++c) b[c] = bq[0][c];
+#pragma unroll
+        for (int d = 0; d + 1 < OPT_D; ++d)
+#pragma unroll
+            for (int c = 0; c < OPT_TC; ++c) bq[d][c] = bq[d + 1][c];
+        bc.template next<FAST>(K, bq[OPT_D - 1]);
+#pragma unroll
+        for (int g = 0; g < OPT_TW / 2; ++g) {
+            const pair2<T> a = load_pair(&As[kk][row0 + 2 * OPT_STRIPS * g]);  // quad broadcast
+#pragma unroll
+            for (int c = 0; c < OPT_TC; ++c) {
+                acc[2 * g][c] += a.x * b[c];
+                acc[2 * g + 1][c] += a.y * b[c];
+            }
+        }
+    }
+}
+
 template <typename T, bool TA, bool TB, bool VEC>
-__global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, T alpha,
+__global__ void __launch_bounds__(OPT_THREADS, OPT_BLOCKS) opt_gemm(int M, int N, int K, T alpha,
     const T* __restrict__ A, int lda, const T* __restrict__ B, int ldb,
     T beta, T* __restrict__ C, int ldc)
 {
-    // Rows padded by 16 bytes, so that the stores of a patch row spread over the banks
-    // (unpadded, the 8 k rows a quarter warp writes were 8-way conflicts; now 2-way).
+    // Rows padded by 16 bytes, so that the stores of a patch row spread over the banks.
     constexpr int PAD = 16 / sizeof(T);
-    __shared__ alignas(16) T As[2][OPT_R][OPT_W + PAD];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
+    __shared__ alignas(16) T As[2][OPT_R][OPT_BM + PAD];  // As[s][k][i] = op(A)(m0 + i, k0 + k)
 
     const int tid = threadIdx.x;
-    const int m0 = blockIdx.y * OPT_W;
-    const int j = blockIdx.x * OPT_H + OPT_COLS * tid;  // this thread's columns j, j + 1
+    const int2 tile = grouped_tile(OPT_GROUP);   // rasterised in groups of OPT_GROUP tile rows
+    const int m0 = tile.x * OPT_BM, n0 = tile.y * OPT_BN;
 
-    PatchStager<T, OPT_W, OPT_R, !TA, VEC> pa[OPT_PATCHES_PER_THREAD];
-#pragma unroll
-    for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q) {
-        const int patch = tid + q * OPT_THREADS;
-        pa[q].init(A, lda, m0, M, patch < OPT_PATCHES ? patch : 0);
-    }
+    const int warp = tid / 32, lane = tid % 32;
+    const int strip = (lane / 4) % OPT_STRIPS;                        // a quad's rows
+    const int cpos = (lane / (4 * OPT_STRIPS)) * 4 + lane % 4;        // a lane's columns
+    const int row0 = (warp / OPT_WARPS_N) * OPT_WM + 2 * strip;       // rows row0 + 2 S g + {0, 1}
+    const int col0 = n0 + (warp % OPT_WARPS_N) * OPT_WN + 2 * cpos;   // cols col0 + 2 P h + {0, 1}
+
+    PatchStager<T, OPT_BM, OPT_R, !TA, VEC, OPT_PA, OPT_THREADS> sa;
+    sa.init(A, lda, m0, M, tid);
     opt_b_cols<T, TB, VEC> bc;
-    bc.init(B, ldb, j, N);
+    bc.init(B, ldb, col0, N);
 
-    T acc[OPT_W][OPT_COLS];
+    T acc[OPT_TW][OPT_TC];
 #pragma unroll
-    for (int i = 0; i < OPT_W; ++i)
+    for (int i = 0; i < OPT_TW; ++i)
 #pragma unroll
-        for (int c = 0; c < OPT_COLS; ++c) acc[i][c] = T(0);
+        for (int c = 0; c < OPT_TC; ++c) acc[i][c] = T(0);
 
-    // B queue: bq[d][c] = B(k + d, j + c) for the current k.
-    T bq[OPT_D][OPT_COLS];
+    T bq[OPT_D][OPT_TC];  // bq[d] = B(k + d, the thread's columns) for the current k
 #pragma unroll
-    for (int d = 0; d < OPT_D; ++d) bc.next(K, bq[d]);
+    for (int d = 0; d < OPT_D; ++d) bc.template next<false>(K, bq[d]);
 
-    // Whole sub-blocks of A along M; along K, every r-step but the last.
-    const bool a_rows_inside = m0 + OPT_W <= M;
+    const bool a_rows_inside = m0 + OPT_BM <= M;
+    // Every column of the block inside B: the unguarded body serves r-steps whose queue
+    // refills stay below K.
+    const bool b_cols_inside = n0 + OPT_BN <= N;
 
-    T ra[OPT_PATCHES_PER_THREAD][1][4];
-#pragma unroll
-    for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q) {
-        if (tid + q * OPT_THREADS < OPT_PATCHES) {
-            pa[q].load(0, K, a_rows_inside && OPT_R <= K, ra[q]);
-            pa[q].store(As[0], ra[q]);
-        }
-    }
+    T ra[OPT_PA][4];
+    sa.load(0, K, a_rows_inside && OPT_R <= K, ra);
+    sa.store(As[0], ra);
     __syncthreads();
 
     const int steps = (K + OPT_R - 1) / OPT_R;
@@ -174,56 +212,32 @@ __global__ void __launch_bounds__(OPT_THREADS, 2) opt_gemm(int M, int N, int K, 
         const bool more = st + 1 < steps;
         if (more) {  // next A sub-block: global -> registers, in flight during the FMAs
             const int k0 = (st + 1) * OPT_R;
-            const bool inside = a_rows_inside && k0 + OPT_R <= K;
-#pragma unroll
-            for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q) {
-                if (tid + q * OPT_THREADS < OPT_PATCHES) {
-                    pa[q].advance();
-                    pa[q].load(k0, K, inside, ra[q]);
-                }
-            }
+            sa.advance();
+            sa.load(k0, K, a_rows_inside && k0 + OPT_R <= K, ra);
         }
 
-#pragma unroll 2  // (full unrolling makes the compiler hoist loads until registers spill)
-        for (int kk = 0; kk < OPT_R; ++kk) {
-            T b[OPT_COLS];  // B(k, j .. j + OPT_COLS - 1)
-#pragma unroll
-            for (int c = 0; c < OPT_COLS; ++c) b[c] = bq[0][c];
-#pragma unroll
-            for (int d = 0; d + 1 < OPT_D; ++d)
-#pragma unroll
-                for (int c = 0; c < OPT_COLS; ++c) bq[d][c] = bq[d + 1][c];
-            bc.next(K, bq[OPT_D - 1]);  // B(k + OPT_D, .)
-#pragma unroll
-            for (int i = 0; i < OPT_W; i += 2) {
-                const pair2<T> a = load_pair(&As[s][kk][i]);  // broadcast
-#pragma unroll
-                for (int c = 0; c < OPT_COLS; ++c) {
-                    acc[i][c] += a.x * b[c];
-                    acc[i + 1][c] += a.y * b[c];
-                }
-            }
-        }
+        // This step refills the queue with k = st * r + OPT_D .. (st + 1) * r + OPT_D - 1.
+        if (b_cols_inside && (st + 1) * OPT_R + OPT_D <= K)
+            opt_rstep<true>(As[s], row0, bc, K, bq, acc);
+        else
+            opt_rstep<false>(As[s], row0, bc, K, bq, acc);
 
-        if (more) {  // buffer s ^ 1 was last read in the previous r-step, before the barrier
-#pragma unroll
-            for (int q = 0; q < OPT_PATCHES_PER_THREAD; ++q)
-                if (tid + q * OPT_THREADS < OPT_PATCHES) pa[q].store(As[s ^ 1], ra[q]);
-        }
+        if (more) sa.store(As[s ^ 1], ra);  // last read in the previous r-step, before the barrier
         __syncthreads();
     }
 
-    // Epilogue: acc[i][c] is C(m0 + i, j + c).
+    // Epilogue: acc[2g + r][2h + c] is C(m0 + row0 + 2 S g + r, col0 + 2 P h + c).
     const bool read_c = beta != T(0);
 #pragma unroll
-    for (int i = 0; i < OPT_W; ++i) {
-        const int row = m0 + i;
-        if (row >= M) break;
-        T* crow = C + (long long)row * ldc + j;
+    for (int i = 0; i < OPT_TW; ++i) {
+        const int row = m0 + row0 + 2 * OPT_STRIPS * (i / 2) + (i % 2);
+        if (row >= M) continue;
+        T* crow = C + (long long)row * ldc;
 #pragma unroll
-        for (int c = 0; c < OPT_COLS; c += 2) {
-            update_c_pair<T, VEC>(crow + c, N - (j + c), alpha * acc[i][c],
-                                  alpha * acc[i][c + 1], beta, read_c);
+        for (int h = 0; h < OPT_TC / 2; ++h) {
+            const int col = col0 + 2 * OPT_CPOS * h;
+            update_c_pair<T, VEC>(crow + col, N - col, alpha * acc[i][2 * h],
+                                  alpha * acc[i][2 * h + 1], beta, read_c);
         }
     }
 }

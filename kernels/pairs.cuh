@@ -1,4 +1,4 @@
-// pairs.cuh: grouped rasterisation (dmma.cu, regblock.cu), element pairs moved as one
+// pairs.cuh: grouped rasterisation (dmma.cu, regblock.cu, opt.cu), element pairs moved as one
 // vector access, the C-pair epilogue, and the 2 x 2 patch stager that opt.cu and
 // regblock.cu use to copy operand tiles global -> registers -> shared memory in either
 // storage order. The loader splices this file into the sources that include it
