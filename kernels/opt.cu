@@ -1,7 +1,7 @@
 // opt_gemm: the seed paper's optimised mapping (section 3.2, figure 2), retuned for an
 // H100 in double. C = alpha * op(A) @ op(B) + beta * C.
 //
-// launch: block = (128, 1, 1) threads; one block per 64 x 64 tile of C; grid = (ceil(N / 64), ceil(M / 64), 1); dynamic shared memory = 0 bytes
+// launch: block = (128, 1, 1) threads; one block per 32 x 128 tile of C; grid = (ceil(N / 128), ceil(M / 32), 1); dynamic shared memory = 0 bytes
 //
 // Row-major operands (numpy order):
 //   C(i, j) = C[i * ldc + j]                                  (M x N)
@@ -11,8 +11,8 @@
 // VEC == true promises 16-byte aligned A, B, C and lda, ldb, ldc multiples of 16 / sizeof(T):
 // pairs of elements are then moved with one 2-element vector access (16 bytes in double).
 //
-// The seed's mapping. A block computes a w x h sub-block of C (w = OPT_BM = 64 rows,
-// h = OPT_BN = 64 columns) and walks K in steps of r = OPT_R = 8. Only the w x r sub-block
+// The seed's mapping. A block computes a w x h sub-block of C (w = OPT_BM = 32 rows,
+// h = OPT_BN = 128 columns) and walks K in steps of r = OPT_R = 16. Only the w x r sub-block
 // of A is staged in shared memory. B never goes through shared memory: every thread
 // streams the elements of B it needs from global memory straight into registers, and
 // keeps its strip of C in registers:
@@ -27,15 +27,16 @@
 // FMA peak: a broadcast 16-byte shared load still costs two shared-memory wavefronts
 // (lanes share a fetch only inside a quad of consecutive lanes), so with an A pair
 // feeding only 4 FMAs, A alone kept the shared-memory pipe as busy as the FP64 pipe.
-// Here, 0.65 (kernels/README.md):
+// Here, 0.70 (kernels/README.md):
 // - A thread owns OPT_TC = 4 columns (2 pairs) over OPT_TW = 8 rows (4 pairs) of C. Each A
 //   pair it reads feeds 8 FMAs, each B value 8.
 // - The 4 lanes of a quad share their rows (one fetch serves the quad) and own different
-//   columns; a warp's 8 quads are 4 row strips x 2 column groups, a 32 x 32 piece of C.
-//   Its A loads cost the minimum 2 wavefronts, and each of its B loads is one whole
-//   128-byte line (8 column pairs of one row).
-// - Rows of a thread: 2 s + 8 g + {0, 1} (s: its row strip, g < 4), so the 4 strips of a
-//   load read 4 adjacent pairs (different banks). Columns: 2 c + 16 h + {0, 1} (c: its
+//   columns; a warp's 8 quads are 2 row strips x 4 column groups, a 16 x 64 piece of C.
+//   Its A loads cost the minimum 2 wavefronts, and each of its B loads is two whole
+//   128-byte lines (16 column pairs of one row). Measured against 4 row strips x 2 column
+//   groups (64 x 64 blocks): 0.70 against 0.63-0.64 of the FMA peak, in two runs.
+// - Rows of a thread: 2 s + 4 g + {0, 1} (s: its row strip, g < 4), so the 2 strips of a
+//   load read 2 adjacent pairs (different banks). Columns: 2 c + 32 h + {0, 1} (c: its
 //   column position, h < 2).
 // - 4 warps as 2 (M) x 2 (N); the two warps that share columns read the same B lines, and
 //   the second finds them in L1. Blocks are rasterised in groups of 8 tile rows, so the
@@ -43,13 +44,13 @@
 // - B is read OPT_D = 2 k-steps ahead into a small register queue, so its latency hides
 //   behind the FMAs of the steps in between. r-steps whose columns and queue refills all
 //   lie inside B (all but the edges) take an unguarded body, with no per-load branches:
-//   that alone took this layout from 0.60 to 0.65.
+//   that alone took an earlier layout of this kind from 0.60 to 0.64.
 // - As is double-buffered: the next r-step's A sub-block is loaded into registers before
 //   the FMAs of the current one and written to the other buffer after them, so one
 //   __syncthreads per r-step both publishes the new buffer and retires reads of the old.
 // - 128 threads and at most 168 registers a thread: three blocks an SM
-//   (__launch_bounds__). The 8 x 8 thread tile (64 x 128 blocks, two an SM) measured the
-//   same and spilled in some builds.
+//   (__launch_bounds__). An 8 x 8 thread tile (two blocks an SM) measured no faster and
+//   spilled in some builds.
 // - Edges: elements outside op(A) or op(B) are read as zeros (so ragged K adds nothing)
 //   and stores outside C are skipped. A vector access is used only when both of its
 //   elements are inside.
@@ -60,7 +61,7 @@
 
 constexpr int OPT_TW = 8;          // rows of C a thread
 constexpr int OPT_TC = 4;          // columns of C a thread
-constexpr int OPT_STRIPS = 4;      // row strips a warp (a quad's lanes share theirs)
+constexpr int OPT_STRIPS = 2;      // row strips a warp (a quad's lanes share theirs)
 constexpr int OPT_CPOS = 32 / OPT_STRIPS;  // column positions a warp
 constexpr int OPT_WARPS_M = 2;     // warps along M
 constexpr int OPT_WARPS_N = 2;     // warps along N
@@ -70,7 +71,7 @@ constexpr int OPT_WM = OPT_STRIPS * OPT_TW;   // rows of a warp's tile
 constexpr int OPT_WN = OPT_CPOS * OPT_TC;     // columns of a warp's tile
 constexpr int OPT_BM = OPT_WARPS_M * OPT_WM;
 constexpr int OPT_BN = OPT_WARPS_N * OPT_WN;
-constexpr int OPT_R = 8;                      // K per shared-memory step
+constexpr int OPT_R = 16;                     // K per shared-memory step
 constexpr int OPT_D = 2;                      // B queue depth in k-steps
 constexpr int OPT_GROUP = 8;                  // rasterisation group (tile rows)
 constexpr int OPT_PA = OPT_BM * OPT_R / (4 * OPT_THREADS);  // 2 x 2 patches of A a thread stages
