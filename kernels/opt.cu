@@ -137,8 +137,8 @@ struct opt_b_cols {
 };
 
 // One r-step: the FMAs of As (OPT_R k-steps) with B from the queue, refilled OPT_D ahead.
-template <bool FAST, typename T, bool TB, bool VEC>
-__device__ __forceinline__ void opt_rstep(const T (*As)[OPT_BM + 16 / sizeof(T)], int row0,
+template <bool FAST, int W, typename T, bool TB, bool VEC>
+__device__ __forceinline__ void opt_rstep(const T (*As)[W], int row0,
     opt_b_cols<T, TB, VEC>& bc, int K, T (&bq)[OPT_D][OPT_TC], T (&acc)[OPT_TW][OPT_TC])
 {
 #pragma unroll
@@ -228,17 +228,5 @@ __global__ void __launch_bounds__(OPT_THREADS, OPT_BLOCKS) opt_gemm(int M, int N
     }
 
     // Epilogue: acc[2g + r][2h + c] is C(m0 + row0 + 2 S g + r, col0 + 2 P h + c).
-    const bool read_c = beta != T(0);
-#pragma unroll
-    for (int i = 0; i < OPT_TW; ++i) {
-        const int row = m0 + row0 + 2 * OPT_STRIPS * (i / 2) + (i % 2);
-        if (row >= M) continue;
-        T* crow = C + (long long)row * ldc;
-#pragma unroll
-        for (int h = 0; h < OPT_TC / 2; ++h) {
-            const int col = col0 + 2 * OPT_CPOS * h;
-            update_c_pair<T, VEC>(crow + col, N - col, alpha * acc[i][2 * h],
-                                  alpha * acc[i][2 * h + 1], beta, read_c);
-        }
-    }
+    store_c_tile<T, VEC, 2 * OPT_STRIPS, 2 * OPT_CPOS>(C, ldc, M, N, m0 + row0, col0, acc, alpha, beta);
 }

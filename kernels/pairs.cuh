@@ -1,5 +1,5 @@
 // pairs.cuh: grouped rasterisation (dmma.cu, regblock.cu, opt.cu), element pairs moved as one
-// vector access, the C-pair epilogue, and the 2 x 2 patch stager that opt.cu and
+// vector access, the C-pair and pair-tile epilogues, and the 2 x 2 patch stager that opt.cu and
 // regblock.cu use to copy operand tiles global -> registers -> shared memory in either
 // storage order. The loader splices this file into the sources that include it
 // (so NVRTC and CuPy's kernel cache see one text); nvcc finds it beside them.
@@ -74,6 +74,28 @@ __device__ __forceinline__ void update_c_pair(T* p, int avail, T v0, T v1, T bet
     }
     if (avail >= 1) p[0] = read_c ? v0 + beta * p[0] : v0;
     if (avail >= 2) p[1] = read_c ? v1 + beta * p[1] : v1;
+}
+
+// The epilogue of a thread's TM x TN register tile made of 2 x 2 pairs (opt, regblock):
+// acc[2g + r][2h + c] is C(row0 + RSTEP g + r, col0 + CSTEP h + c). Rows outside C are
+// skipped, columns checked a pair at a time; with beta == 0, C is never read.
+template <typename T, bool VEC, int RSTEP, int CSTEP, int TM, int TN>
+__device__ __forceinline__ void store_c_tile(T* C, int ldc, int M, int N, int row0, int col0,
+                                             const T (&acc)[TM][TN], T alpha, T beta)
+{
+    const bool read_c = beta != T(0);
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = row0 + RSTEP * (i / 2) + (i % 2);
+        if (row >= M) continue;
+        T* crow = C + (long long)row * ldc;
+#pragma unroll
+        for (int h = 0; h < TN / 2; ++h) {
+            const int col = col0 + CSTEP * h;
+            update_c_pair<T, VEC>(crow + col, N - col, alpha * acc[i][2 * h],
+                                  alpha * acc[i][2 * h + 1], beta, read_c);
+        }
+    }
 }
 
 // One thread's share of staging a TILE_MN x BK tile of an operand: NP 2 x 2 patches, patch

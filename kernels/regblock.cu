@@ -157,17 +157,5 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
     }
 
     // Epilogue: acc[2g + r][2h + c] is C(m0 + row0 + 8g + r, n0 + col0 + 16h + c).
-    const bool read_c = beta != T(0);
-#pragma unroll
-    for (int i = 0; i < RB_TM; ++i) {
-        const int row = m0 + row0 + 8 * (i / 2) + (i % 2);
-        if (row >= M) continue;
-        T* crow = C + (long long)row * ldc;
-#pragma unroll
-        for (int h = 0; h < RB_TN / 2; ++h) {
-            const int col = n0 + col0 + 16 * h;
-            update_c_pair<T, VEC>(crow + col, N - col, alpha * acc[i][2 * h],
-                                  alpha * acc[i][2 * h + 1], beta, read_c);
-        }
-    }
+    store_c_tile<T, VEC, 8, 16>(C, ldc, M, N, m0 + row0, n0 + col0, acc, alpha, beta);
 }
