@@ -9,23 +9,25 @@
 // Data mapping
 //   - A block of 128 threads (4 warps, 2 along M x 2 along N) owns a 128 x 64 tile of C; each
 //     warp owns a 64 x 32 sub-tile, held in registers as tensor-core accumulator fragments
-//     (64 doubles a thread). Two blocks per SM (250 registers, 90 KB of shared memory each),
+//     (64 doubles a thread). Two blocks per SM (about 250 registers, 90 KB of shared memory each),
 //     so that one block's barrier leaves the other's warps feeding the tensor cores.
 //   - K advances in steps of BK = 16. Each step's A tile (128 x 16) and B tile (16 x 64) are
 //     copied global -> shared with cp.async (16-byte copies when VEC, 8-byte otherwise; the
 //     copy's source size zero-fills the ragged edges), STAGES - 1 = 2 steps ahead.
-//   - Fragments are read from shared memory one k slice ahead of the tensor cores: during the
-//     mmas of A fragment i the thread reads fragment i + 1, and during the last row of mmas of
-//     a step it reads the next step's first A fragment and its B fragments. The one
-//     __syncthreads a step (the next stage has landed; the stage refilled next is read out)
-//     comes after the step's first row of mmas is issued. So the tensor cores never wait for
-//     a whole step's shared-memory reads (that wait cost 6-8% at 8192^3).
+//   - Fragments are read from shared memory ahead of the tensor cores, into registers that no
+//     mma issued in the last row still reads: each A fragment two rows of mmas ahead (four
+//     buffers in turn), the next k slice's B fragments into a second set during the slice's
+//     second row. The one __syncthreads a step (the next stage has landed; the stage refilled
+//     next is read out) comes after the step's first row of mmas is issued. So the tensor
+//     cores never wait for a whole step's shared-memory reads (that wait cost 6-8% at 8192^3),
+//     and a load never waits for an mma to release its registers (reading one row ahead into
+//     two buffers, and B in place, ran 2-3% slower).
 //   - Shared tiles keep each operand's stored layout: "K-major" (rows along M or N, contiguous
 //     along K: A, or a transposed B) or "MN-major" (rows along K: B, or a transposed A), each row
 //     padded by 4 doubles so that the fragment loads of a half-warp hit 16 distinct 8-byte banks.
-//   - Tensor-core shape: m16n8k16 on sm_90 (Hopper's f64 shapes; m16n8k8 with
-//     OOCGEMM_DMMA_K8), m8n8k4 on sm_80 (or with OOCGEMM_DMMA_884). Fragment layouts are those
-//     of the PTX ISA for f64 mma: fewer, larger instructions read fewer registers per FMA.
+//   - Tensor-core shape: m16n8k8 on sm_90 (one of Hopper's f64 shapes, the one cuBLAS uses
+//     here; m16n8k16 needs twice the fragment registers, which the buffers above cannot spare),
+//     m8n8k4 on sm_80 (or with OOCGEMM_DMMA_884). Fragment layouts are those of the PTX ISA.
 //   - Each thread's tile copies share one base pointer and stride; interior tiles copy without
 //     bounds checks (the checks cost ~7% when every copy made them).
 //   - Thread blocks are rasterised in groups of 8 tile rows, so the blocks resident at one time
@@ -37,9 +39,6 @@
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && !defined(OOCGEMM_DMMA_884)
 #define OOCGEMM_DMMA_16x8x8 1
-#ifndef OOCGEMM_DMMA_K8
-#define OOCGEMM_DMMA_K16 1   // m16n8k16; m16n8k8 ran 2-5% slower on the H100, m8n8k4 about half
-#endif
 #endif
 // Tuning knobs (defaults measured best on the H100; the loader's launch shape and shared-memory
 // size assume them): K step, pipeline depth, warps, warps along M, tile columns, raster group.
@@ -81,17 +80,7 @@ __host__ __device__ constexpr int tile_size(int outer) {
 constexpr int TILE_A = tile_size(BM), TILE = TILE_A + tile_size(BN);   // one stage: A, then B
 constexpr int GROUP_M = OOCGEMM_DMMA_GROUP_M;          // rasterisation group (tile rows)
 
-#if defined(OOCGEMM_DMMA_16x8x8) && defined(OOCGEMM_DMMA_K16)
-constexpr int MM = 16, MN = 8, MK = 16, AR = 8, BR = 4, CR = 4;
-__device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
-        : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
-        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
-          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
-}
-#elif defined(OOCGEMM_DMMA_16x8x8)
+#if defined(OOCGEMM_DMMA_16x8x8)
 constexpr int MM = 16, MN = 8, MK = 8, AR = 4, BR = 2, CR = 4;
 __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], const double (&b)[BR]) {
     asm volatile(
@@ -110,9 +99,8 @@ __device__ __forceinline__ void mma(double (&c)[CR], const double (&a)[AR], cons
 }
 #endif
 // Fragment coordinates of value i for lane (g = lane / 4, t = lane % 4), the PTX ISA's f64
-// layouts. One set serves every shape: m16n8k16 and m16n8k8 differ only in how many values
-// a thread holds, and with m8n8k4's single A and B value and two C values (i = 0, 1) they
-// reduce to its (g, t), (t, g) and (g, 2t + i). B value i sits in column g.
+// layouts. One set serves both shapes: with m8n8k4's single A and B value and two C values
+// (i = 0, 1) they reduce to its (g, t), (t, g) and (g, 2t + i). B value i sits in column g.
 __device__ __forceinline__ int a_row(int i, int g) { return g + 8 * (i & 1); }
 __device__ __forceinline__ int a_col(int i, int t) { return t + 4 * (i >> 1); }
 __device__ __forceinline__ int b_row(int i, int t) { return t + 4 * i; }
@@ -262,45 +250,47 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
         cp_async_commit();   // empty groups keep the count of groups in flight fixed
     }
 
-    // Fragments are loaded one k slice ahead of the tensor cores: while the mma of A fragment
-    // i runs, fragment i + 1 is read from shared memory, and each B fragment is re-read for the
-    // next slice as soon as its last mma of this slice is issued. So the tensor cores find the
-    // operands of a step in registers when they reach it, instead of waiting at every step for
-    // the whole block's shared-memory reads.
+    // Fragments are read from shared memory ahead of the tensor cores, into registers that no
+    // recently issued mma still reads: each A fragment LOOK rows of mmas ahead (ABUF buffers
+    // used in turn), and the B fragments of the next k slice into the second of two sets,
+    // during the slice's row BROW. So the tensor cores find a step's operands in registers
+    // when they reach them, instead of waiting at every step for the block's shared-memory
+    // reads, and no load waits for an mma to release its operands.
+    constexpr int ROWS = BK / MK * FM, SLICES = BK / MK;   // rows of mmas (and slices) a step
+    constexpr int ABUF = 4, LOOK = 2, BROW = 1;
     static_assert(STAGES >= 3, "the fragments of step + 1 are read during step");
-    // Two A fragments, used in turn by the rows of mmas (an even number a step, so every step
-    // starts on af[0] and the unrolled rows need no register copies); the B fragments are
-    // overwritten in place once their last mma of the slice is issued.
-    static_assert((BK / MK * FM) % 2 == 0, "rows of mmas a step alternate the A fragments");
-    double af[2][AR], bf[FN][BR];
+    static_assert(ROWS % ABUF == 0 && SLICES % 2 == 0 && BROW < FM,
+                  "a step starts on A buffer 0 and B set 0, and the unrolled rows need no copies");
+    double af[ABUF][AR], bf[2][FN][BR];
     cp_async_wait<STAGES - 2>();
     __syncthreads();   // stage 0 has landed
-    a_frag(stage(0), 0, 0, af[0]);
     #pragma unroll
-    for (int j = 0; j < FN; ++j) b_frag(stage(0) + TILE_A, 0, j, bf[j]);
+    for (int r = 0; r < LOOK; ++r) a_frag(stage(0), (r / FM) * MK, r % FM, af[r]);
+    #pragma unroll
+    for (int j = 0; j < FN; ++j) b_frag(stage(0) + TILE_A, 0, j, bf[0][j]);
 
     for (int step = 0; step < steps; ++step) {
         const double* sa = stage(step);
         const double* na = stage(step + 1);
-        // One row of mmas (A fragment i against the warp's B fragments) of slice q at a time.
+        // One row of mmas (A fragment i of slice q against the warp's B fragments) at a time.
         #pragma unroll
-        for (int row = 0; row < BK / MK * FM; ++row) {
-            const int q = row / FM, i = row % FM, kk = q * MK;
-            // Where the next slice lies: further along this stage, or at the next one's start.
-            const double* xa = kk + MK < BK ? sa : na;
-            const int xk = kk + MK < BK ? kk + MK : 0;
-            double (&acur)[AR] = af[row % 2];
-            double (&anext)[AR] = af[(row + 1) % 2];
-            if (i + 1 < FM) a_frag(sa, kk, i + 1, anext);
-            else a_frag(xa, xk, 0, anext);
-            #pragma unroll
-            for (int j = 0; j < FN; ++j) {
-                mma(acc[i][j], acur, bf[j]);
-                if (i + 1 == FM) b_frag(xa + TILE_A, xk, j, bf[j]);
+        for (int row = 0; row < ROWS; ++row) {
+            const int q = row / FM, i = row % FM;
+            const int ra = row + LOOK;   // the row whose A fragment is read now
+            if (ra < ROWS) a_frag(sa, (ra / FM) * MK, ra % FM, af[ra % ABUF]);
+            else a_frag(na, ((ra - ROWS) / FM) * MK, (ra - ROWS) % FM, af[ra % ABUF]);
+            if (i == BROW) {   // the next slice: further along this stage or the next one's first
+                const double* xb = (q + 1 < SLICES ? sa : na) + TILE_A;
+                const int xk = q + 1 < SLICES ? (q + 1) * MK : 0;
+                #pragma unroll
+                for (int j = 0; j < FN; ++j) b_frag(xb, xk, j, bf[(q + 1) % 2][j]);
             }
+            #pragma unroll
+            for (int j = 0; j < FN; ++j) mma(acc[i][j], af[row % ABUF], bf[q % 2][j]);
             if (row == 0) {
                 // With the first mmas of the step queued on the tensor cores: wait for the
-                // next stage, and refill the one the previous step read.
+                // next stage, and refill the one the previous step read. No fragment of the
+                // next stage is read before this point (rows >= FM + BROW and ROWS - LOOK).
                 cp_async_wait<STAGES - 3>();   // step + 1's tiles have landed (own copies)
                 __syncthreads();               // ... every thread's; stage step - 1 is free
                 if (step + STAGES - 1 < steps) load_stage(step + STAGES - 1);

@@ -96,7 +96,7 @@ def test_dmma_runs_on_fp64_tensor_cores(tmp_path):
     tool = _sass_tool()
     if tool is None:
         pytest.skip("cuobjdump/nvdisasm not installed (the test extra brings them)")
-    for arch, instruction in (("sm_80", "DMMA.884"), ("sm_90", "DMMA.16x8x16")):
+    for arch, instruction in (("sm_80", "DMMA.884"), ("sm_90", "DMMA.16x8x8")):
         cubin, _ = _compile(catalog.KERNELS["dmma"], arch, tmp_path)
         env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
