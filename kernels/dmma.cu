@@ -14,14 +14,14 @@
 //   - K advances in steps of BK = 16. Each step's A tile (128 x 16) and B tile (16 x 64) are
 //     copied global -> shared with cp.async (16-byte copies when VEC, 8-byte otherwise; the
 //     copy's source size zero-fills the ragged edges), STAGES - 1 = 2 steps ahead.
-//   - Fragments are read from shared memory ahead of the tensor cores, into registers that no
-//     mma issued in the last row still reads: each A fragment two rows of mmas ahead (four
+//   - Fragments are read from shared memory well ahead of the tensor cores, and not into the
+//     registers the mmas just issued read: each A fragment two rows of mmas ahead (four
 //     buffers in turn), the next k slice's B fragments into a second set during the slice's
 //     second row. The one __syncthreads a step (the next stage has landed; the stage refilled
 //     next is read out) comes after the step's first row of mmas is issued. So the tensor
-//     cores never wait for a whole step's shared-memory reads (that wait cost 6-8% at 8192^3),
-//     and a load never waits for an mma to release its registers (reading one row ahead into
-//     two buffers, and B in place, ran 2-3% slower).
+//     cores never wait for a whole step's shared-memory reads (that wait cost 6-8% at 8192^3).
+//     Reading A one row ahead into two buffers and B in place, right after its last mma of
+//     the slice, ran 2-3% slower.
 //   - Shared tiles keep each operand's stored layout: "K-major" (rows along M or N, contiguous
 //     along K: A, or a transposed B) or "MN-major" (rows along K: B, or a transposed A), each row
 //     padded by 4 doubles so that the fragment loads of a half-warp hit 16 distinct 8-byte banks.
@@ -250,17 +250,18 @@ dmma_gemm(int M, int N, int K, T alpha, const T* __restrict__ A, int lda,
         cp_async_commit();   // empty groups keep the count of groups in flight fixed
     }
 
-    // Fragments are read from shared memory ahead of the tensor cores, into registers that no
-    // recently issued mma still reads: each A fragment LOOK rows of mmas ahead (ABUF buffers
-    // used in turn), and the B fragments of the next k slice into the second of two sets,
-    // during the slice's row BROW. So the tensor cores find a step's operands in registers
-    // when they reach them, instead of waiting at every step for the block's shared-memory
-    // reads, and no load waits for an mma to release its operands.
+    // Fragments are read from shared memory ahead of the tensor cores, and not into the
+    // registers the last mmas read: each A fragment LOOK rows of mmas ahead (ABUF buffers used
+    // in turn), and the B fragments of the next k slice into the second of two sets, during
+    // the slice's row BROW. So the tensor cores find a step's operands in registers when they
+    // reach them, instead of waiting at every step for the block's shared-memory reads.
     constexpr int ROWS = BK / MK * FM, SLICES = BK / MK;   // rows of mmas (and slices) a step
     constexpr int ABUF = 4, LOOK = 2, BROW = 1;
     static_assert(STAGES >= 3, "the fragments of step + 1 are read during step");
-    static_assert(ROWS % ABUF == 0 && SLICES % 2 == 0 && BROW < FM,
+    static_assert(ROWS % ABUF == 0 && SLICES % 2 == 0 && LOOK < ABUF && BROW < FM,
                   "a step starts on A buffer 0 and B set 0, and the unrolled rows need no copies");
+    static_assert(ROWS - LOOK > 0 && (SLICES - 1) * FM + BROW > 0,
+                  "the next stage is first read after the step's barrier (row 0)");
     double af[ABUF][AR], bf[2][FN][BR];
     cp_async_wait<STAGES - 2>();
     __syncthreads();   // stage 0 has landed
