@@ -57,6 +57,11 @@
 // - TB == true reads each thread's columns as scalars from 4 memory rows, one k at a
 //   time (uncoalesced across lanes; L1 serves the rest of each line): slower than TB false.
 //
+// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, B is read again
+// from the same k and A staged again from the first r-step (the loads hit in L1: no L2 or HBM
+// traffic); with 2, B as with 1 and nothing staged after the first A sub-block. Both give
+// wrong products; they measure what the operand traffic costs at the GPU's power limit.
+//
 // Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
 constexpr int OPT_TW = 8;          // rows of C a thread
@@ -80,6 +85,10 @@ static_assert(OPT_PA * 4 * OPT_THREADS == OPT_BM * OPT_R, "whole 2 x 2 patches a
 static_assert(OPT_TW % 2 == 0 && OPT_TC % 2 == 0, "pairs");
 
 #include "pairs.cuh"
+
+#ifndef OOCGEMM_STAGING
+#define OOCGEMM_STAGING 0   // 0: the product; 1, 2: the bounds of the header (wrong products)
+#endif
 
 
 // The thread's OPT_TC columns of op(B), one k at a time: b[2 h + c] = B(k, j + 2 CPOS h + c).
@@ -131,7 +140,7 @@ struct opt_b_cols {
                 }
             }
         }
-        p += kstep;
+        if (OOCGEMM_STAGING == 0) p += kstep;
         ++k;
     }
 };
@@ -211,9 +220,10 @@ __global__ void __launch_bounds__(OPT_THREADS, OPT_BLOCKS) opt_gemm(int M, int N
     for (int st = 0; st < steps; ++st) {
         const int s = st & 1;
         const bool more = st + 1 < steps;
-        if (more) {  // next A sub-block: global -> registers, in flight during the FMAs
+        const bool stage = more && OOCGEMM_STAGING < 2;
+        if (stage) {  // next A sub-block: global -> registers, in flight during the FMAs
             const int k0 = (st + 1) * OPT_R;
-            sa.advance();
+            if (OOCGEMM_STAGING == 0) sa.advance();
             sa.load(k0, K, a_rows_inside && k0 + OPT_R <= K, ra);
         }
 
@@ -223,7 +233,7 @@ __global__ void __launch_bounds__(OPT_THREADS, OPT_BLOCKS) opt_gemm(int M, int N
         else
             opt_rstep<false>(As[s], row0, bc, K, bq, acc);
 
-        if (more) sa.store(As[s ^ 1], ra);  // last read in the previous r-step, before the barrier
+        if (stage) sa.store(As[s ^ 1], ra);  // last read in the previous r-step, before the barrier
         __syncthreads();
     }
 

@@ -45,6 +45,11 @@
 //   elements are inside; a pair that straddles the end of a row (e.g. K = 1001 with
 //   lda = 1002) is read element by element, the outside one as zero.
 //
+// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, every K-tile is
+// staged again from the first one (its loads hit in L1: no L2 or HBM traffic); with 2, nothing
+// is staged after the first tile (the multiply loop alone, barriers kept). Both give wrong
+// products; they measure what the operand traffic costs at the GPU's power limit.
+//
 // Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
 constexpr int RB_WARPS_M = 2;   // warps along M
@@ -65,6 +70,10 @@ static_assert(RB_PA * 4 * RB_THREADS == RB_BM * RB_BK && RB_PB * 4 * RB_THREADS 
               "whole 2 x 2 patches of each operand per thread and stage");
 
 #include "pairs.cuh"
+
+#ifndef OOCGEMM_STAGING
+#define OOCGEMM_STAGING 0   // 0: the product; 1, 2: the bounds of the header (wrong products)
+#endif
 
 
 template <typename T, bool TA, bool TB, bool VEC>
@@ -119,11 +128,14 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
     for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt & 1;
         const bool more = kt + 1 < ktiles;
-        if (more) {  // next K-tile: global -> registers, in flight during the FMAs below
+        const bool stage = more && OOCGEMM_STAGING < 2;
+        if (stage) {  // next K-tile: global -> registers, in flight during the FMAs below
             const int k0 = (kt + 1) * RB_BK;
             const bool k_inside = k0 + RB_BK <= K;
-            sa.advance();
-            sb.advance();
+            if (OOCGEMM_STAGING == 0) {
+                sa.advance();
+                sb.advance();
+            }
             sa.load(k0, K, a_rows_inside && k_inside, ra);
             sb.load(k0, K, b_cols_inside && k_inside, rb);
         }
@@ -149,7 +161,7 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
                 for (int j = 0; j < RB_TN; ++j) acc[i][j] += a[i] * b[j];
         }
 
-        if (more) {  // stage s ^ 1 was last read in the previous K-tile, before the barrier
+        if (stage) {  // stage s ^ 1 was last read in the previous K-tile, before the barrier
             sa.store(As[s ^ 1], ra);
             sb.store(Bs[s ^ 1], rb);
         }

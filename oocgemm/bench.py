@@ -27,6 +27,7 @@ import shutil
 import statistics
 import sys
 import time
+from datetime import timedelta
 
 import numpy as np
 
@@ -787,3 +788,112 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
         result["targets"][name] = {"against": against, "ratio": got, "target": ratio,
                                    "met": got >= ratio}
     return result
+
+
+#: The measuring builds of ``bench --kernels --power``: what the CUDA-core kernels reach when
+#: their operands cost less to move. Their products are wrong on purpose (kernels/*.cu).
+KERNEL_BOUNDS = {"l1": ("OOCGEMM_STAGING", 1, "operand loads hit in L1 (no L2 or HBM traffic)"),
+                 "loop": ("OOCGEMM_STAGING", 2, "the multiply loop alone (nothing staged)")}
+BOUNDED_KERNELS = ("opt", "regblock")
+POWER_KERNELS = ("opt", "regblock", "dmma")
+
+
+def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype="float64",
+                 seed: int = 0, bounds: bool = True, on_entry=None) -> dict:
+    """Rate, SM clock and board power of each kernel run alone, back to back on one size³
+    product for about ``seconds``, while ``nvidia-smi`` samples the GPU; likewise the FMA-peak
+    kernel and cuBLAS. With ``bounds``, also the measuring builds of opt and regblock
+    (:data:`KERNEL_BOUNDS`): how fast they run when their operands cost less or nothing to move.
+
+    Each entry: TFLOP/s, its fraction of the FMA peak, median SM clock and board power over the
+    run (its first 0.6 s left out, while the clock settles), the fraction of samples under the power
+    cap, and the energy per flop above the idle board's power. A kernel at the power limit runs
+    at (limit - idle) / (energy per flop). ``on_entry(name, entry)`` is called after each.
+    """
+    from .cuda import catalog
+
+    dt = _check_dtype(dtype)
+    names = list(kernels or [k for k in POWER_KERNELS if dt.name in catalog.KERNELS[k].dtypes])
+    unknown = [k for k in names if k not in catalog.KERNELS]
+    if unknown:
+        raise OptionError(f"unknown kernel(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(catalog.KERNELS)}")
+    if seconds <= 0:
+        raise OptionError(f"seconds must be positive, got {seconds!r}")
+    if not cuda.device_count():
+        raise OptionError("bench --kernels --power needs a GPU (none found)")
+    import cupy
+
+    from .cuda import kernels as kmod
+    from .cuda.power import PowerSampler
+
+    rng = cupy.random.default_rng(seed)
+    a = rng.standard_normal((size, size), dtype=dt)
+    b = rng.standard_normal((size, size), dtype=dt)
+    c = cupy.empty((size, size), dtype=dt)
+    ref = cupy.matmul(a, b)
+    scale = float(cupy.abs(ref).max())
+    cases: dict = {"cublas": (lambda: cupy.matmul(a, b, out=c), None)}
+    for name in names:
+        if dt.name not in catalog.KERNELS[name].dtypes:
+            continue
+        cases[name] = (lambda name=name: kmod.gemm_arrays(name, a, b, c), None)
+        if bounds and name in BOUNDED_KERNELS:
+            for tag, (macro, value, _) in KERNEL_BOUNDS.items():
+                defines = ((macro, value),)
+                cases[f"{name}:{tag}"] = (lambda name=name, d=defines: kmod.gemm_arrays(
+                    name, a, b, c, defines=d), tag)
+    errors = {}
+    for name, (fn, tag) in cases.items():  # compile and check before anything is sampled
+        c.fill(cupy.nan)
+        fn()
+        if tag is None:
+            error = float(cupy.abs(c - ref).max()) / scale
+            errors[name] = error if np.isfinite(error) else float("inf")
+    del ref
+    cupy.cuda.Device().synchronize()
+
+    def run_alone(fn) -> float:
+        fn()
+        cupy.cuda.Device().synchronize()
+        start, count = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            fn()
+            cupy.cuda.Device().synchronize()
+            count += 1
+        return 2 * size ** 3 * count / (time.perf_counter() - start)
+
+    settle, rest = min(0.6, seconds / 4), min(1.0, seconds / 2)  # short runs in the tests
+    entries: dict = {}
+    gpu = cupy.cuda.Device().pci_bus_id
+    with PowerSampler(gpu) as sampler:
+        time.sleep(rest)
+        t0 = sampler.now()
+        time.sleep(min(1.5, seconds))
+        idle = sampler.window(t0, sampler.now())
+        runs = [("fma_peak", None)] + list(cases.items())
+        for name, case in runs:
+            t0 = sampler.now()
+            if case is None:  # ~4 launches of seconds / 3 (a sizing one, then 3 timed)
+                rate = kmod.fma_peak(dt, seconds=seconds / 3)
+            else:
+                rate = run_alone(case[0])
+            t1 = sampler.now()
+            time.sleep(rest)  # the next one starts on a cooler board
+            window = sampler.window(t0 + timedelta(seconds=settle), t1)
+            entry = {"tflops": rate / 1e12, **window}
+            if case is not None and case[1] is not None:
+                entry["bound"] = KERNEL_BOUNDS[case[1]][2]
+            if name in errors:
+                entry["max_rel_error"] = errors[name]
+                entry["correct"] = errors[name] <= tolerance(dt, size)
+            entries[name] = entry
+            if on_entry is not None:
+                on_entry(name, entry)
+    peak = entries["fma_peak"]["tflops"]
+    for entry in entries.values():
+        entry["of_fma_peak"] = entry["tflops"] / peak
+        if idle.get("samples") and entry.get("samples"):
+            entry["pj_per_flop"] = (entry["power_w"] - idle["power_w"]) / entry["tflops"]
+    return {"benchmark": "kernel power", "dtype": dt.name, "size": size, "seconds": seconds,
+            "gpu": gpu_info(), "idle": idle, "entries": entries}

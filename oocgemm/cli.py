@@ -452,6 +452,10 @@ def info(bandwidth, as_json):
               help="oocgemm on the CPU against numpy.matmul, on in-memory operands.")
 @click.option("--kernels", "kernels", is_flag=True,
               help="The per-block kernels of kernels/ against cuBLAS and the FMA peak (GPU).")
+@click.option("--power", "power", is_flag=True,
+              help="With --kernels: each kernel alone for a few seconds at --size (8192) while "
+                   "nvidia-smi samples SM clock and board power; energy per flop, and what opt "
+                   "and regblock reach when their operands cost less to move.")
 @click.option("--gpu", "gpu", is_flag=True,
               help="The CUDA executor against in-core cuBLAS, cuBLASXt and dask+CuPy "
                    "(default --size 32768 under --memory-limit 16GB).")
@@ -473,12 +477,13 @@ def info(bandwidth, as_json):
               help="Seed of the operands.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 @click.pass_context
-def bench(ctx, cpu, kernels, gpu, big, memory_limit, cases, workdir, size, repeat, dtype, seed,
-          as_json):
+def bench(ctx, cpu, kernels, power, gpu, big, memory_limit, cases, workdir, size, repeat, dtype,
+          seed, as_json):
     """Benchmarks. --cpu: oocgemm.multiply(device='cpu') against numpy.matmul. --gpu: the
     CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy chunks.
     --kernels: each kernel of kernels/ against cuBLAS at 1024..8192 (--size for one size,
-    --cases for some kernels) and the FMA peak of the CUDA cores.
+    --cases for some kernels) and the FMA peak of the CUDA cores; with --power, their clock,
+    board power and energy per flop, each run alone.
 
     Exits with status 1 when a result differs from its reference beyond the tolerance.
     """
@@ -486,6 +491,12 @@ def bench(ctx, cpu, kernels, gpu, big, memory_limit, cases, workdir, size, repea
 
     if cpu + gpu + kernels != 1:
         raise click.UsageError("choose one benchmark: --cpu, --gpu or --kernels", ctx)
+    if power and not kernels:
+        raise click.UsageError("--power goes with --kernels", ctx)
+    if power:
+        _bench_power(ctx, size=size or 8192, cases=cases, dtype=dtype, seed=seed,
+                     as_json=as_json)
+        return
     if kernels:
         _bench_kernels(ctx, size=size, cases=cases, repeat=repeat, dtype=dtype, seed=seed,
                        as_json=as_json)
@@ -561,6 +572,42 @@ def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
                          f"(target >= {t['target']:.2f}: {'met' if t['met'] else 'NOT met'})")
         click.echo("\n".join(lines))
     if any(not e["correct"] for rates in res["sizes"].values() for e in rates.values()):
+        ctx.exit(1)
+
+
+def _bench_power(ctx, *, size, cases, dtype, seed, as_json):
+    from .bench import KERNEL_BOUNDS, kernel_power
+
+    def on_entry(name, e):
+        click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
+
+    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    res = kernel_power(size, kernels=chosen, dtype=dtype, seed=seed,
+                       on_entry=None if as_json else on_entry)
+    if as_json:
+        _json(res)
+    else:
+        idle = res["idle"]
+        limit = next((e["limit_w"] for e in res["entries"].values() if e.get("limit_w")), None)
+        lines = [f"Kernel power: {size}^3 {res['dtype']}, each run alone ~{res['seconds']:g} s; "
+                 f"board power limit {limit if limit is not None else '?'} W; idle "
+                 f"{idle.get('power_w', float('nan')):.0f} W at {idle.get('clock_mhz', 0):.0f} MHz",
+                 f"  {'case':<15}{'TFLOP/s':>8}{'of FMA peak':>12}{'SM MHz':>8}{'board W':>9}"
+                 f"{'pJ/flop':>9}{'capped':>8}"]
+        for name, e in res["entries"].items():
+            capped = e.get("power_capped")
+            lines.append(
+                f"  {name:<15}{e['tflops']:8.2f}{e['of_fma_peak']:12.3f}"
+                f"{e.get('clock_mhz', float('nan')):8.0f}{e.get('power_w', float('nan')):9.1f}"
+                f"{e.get('pj_per_flop', float('nan')):9.1f}"
+                f"{'' if capped is None else f'{capped:8.0%}'}"
+                + ("" if e.get("correct", True) else "  WRONG"))
+        lines.append("  pJ/flop: board power above idle per flop. capped: share of samples with "
+                     "the clock held down by the power cap.")
+        for tag, (_, _, what) in KERNEL_BOUNDS.items():
+            lines.append(f"  <kernel>:{tag}: {what}; a measuring build, its product is wrong")
+        click.echo("\n".join(lines))
+    if any(not e.get("correct", True) for e in res["entries"].values()):
         ctx.exit(1)
 
 

@@ -13,7 +13,7 @@ import pytest
 import zarr
 from click.testing import CliRunner
 
-from oocgemm import bench
+from oocgemm import bench, cuda
 from oocgemm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -458,6 +458,30 @@ def test_bench_kernels_is_one_benchmark_among_three():
 
     result = CliRunner().invoke(main, ["bench", "--cpu", "--kernels"])
     assert result.exit_code == 2 and "choose one benchmark" in result.output
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--cpu", "--power"], "--power goes with --kernels"),
+    (["--gpu", "--power"], "--power goes with --kernels"),
+])
+def test_bench_power_goes_with_kernels(args, why):
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code == 2 and why in result.output
+
+
+@pytest.mark.skipif(cuda.device_count() > 0, reason="a GPU is present")
+def test_bench_power_without_a_gpu_is_a_clear_error():
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--kernels", "--power"])
+    assert result.exit_code == 2 and "needs a GPU" in result.output
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("args,why", [

@@ -5,6 +5,7 @@ pipeline. Skipped where no GPU is found."""
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import numpy as np
 import pytest
@@ -113,3 +114,38 @@ def test_fma_peak_is_plausible():
 
     rate = kernels.fma_peak("float64", seconds=0.05)
     assert 1e11 < rate < 2e14  # between a laptop GPU and twice an H100's FP64 tensor peak
+
+
+def test_measuring_build_is_kept_apart_from_the_product(rng):
+    """A build of `bench --kernels --power` computes something else (on purpose), and the
+    product's build, compiled after it, is still right: the defines key the compile cache."""
+    import cupy
+
+    from oocgemm.cuda import kernels
+
+    a, b = rand(rng, (256, 256)), rand(rng, (256, 256))
+    ref = a @ b
+    da, db = cupy.asarray(a), cupy.asarray(b)
+    for name in ("opt", "regblock"):
+        c = cupy.full((256, 256), cupy.nan)
+        kernels.gemm_arrays(name, da, db, c, defines=(("OOCGEMM_STAGING", 2),))
+        assert not np.allclose(cupy.asnumpy(c), ref)
+        c.fill(cupy.nan)
+        kernels.gemm_arrays(name, da, db, c)
+        np.testing.assert_allclose(cupy.asnumpy(c), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no nvidia-smi")
+def test_kernel_power_reports_every_case():
+    from oocgemm.bench import kernel_power
+
+    res = kernel_power(512, kernels=["regblock"], seconds=0.4)
+    entries = res["entries"]
+    assert list(entries) == ["fma_peak", "cublas", "regblock", "regblock:l1", "regblock:loop"]
+    assert res["idle"]["samples"] > 0
+    for name, e in entries.items():
+        assert e["tflops"] > 0 and e["samples"] > 0, (name, e)
+        assert 0 < e["clock_mhz"] < 5000 and 0 < e["power_w"] < 5000, (name, e)
+    assert entries["regblock"]["correct"] and entries["cublas"]["correct"]
+    assert "correct" not in entries["regblock:loop"]  # a measuring build: wrong on purpose
+    assert entries["fma_peak"]["of_fma_peak"] == 1.0

@@ -35,13 +35,15 @@ def _instances(spec: catalog.KernelSpec) -> list[tuple[str, str]]:
     return out
 
 
-def _compile(spec, arch: str, tmp_path: Path) -> tuple[Path, str]:
+def _compile(spec, arch: str, tmp_path: Path, defines=()) -> tuple[Path, str]:
     """Compile the source with all its instances to a cubin; returns it and ptxas's report."""
-    src = tmp_path / f"{spec.name}_{arch}.cu"
+    tag = "".join(f"_{k}{v}" for k, v in defines)
+    src = tmp_path / f"{spec.name}_{arch}{tag}.cu"
     src.write_text(catalog.source_text(spec) + "\n"
                    + "\n".join(inst for _, inst in _instances(spec)) + "\n")
-    cubin = tmp_path / f"{spec.name}_{arch}.cubin"
+    cubin = tmp_path / f"{spec.name}_{arch}{tag}.cubin"
     proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                           *(f"-D{k}={v}" for k, v in defines),
                            "-o", str(cubin), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return cubin, proc.stderr
@@ -76,6 +78,23 @@ def test_every_instance_compiles(name, arch, tmp_path):
     # everything in registers.
     plain = [v for k, v in report.items() if "Lb0ELb0ELb1E" in k and "IdL" in k]
     assert plain and all(v["spills"] == 0 and v["stack"] == 0 for v in plain), report
+
+
+@needs_nvcc
+@pytest.mark.parametrize("tag", ["l1", "loop"])
+@pytest.mark.parametrize("name", ["opt", "regblock"])
+def test_measuring_builds_compile(name, tag, tmp_path):
+    """The builds of `bench --kernels --power` compile for every instance, and differ from
+    the product's build (the define reaches the code)."""
+    from oocgemm.bench import BOUNDED_KERNELS, KERNEL_BOUNDS
+
+    assert name in BOUNDED_KERNELS
+    macro, value, _ = KERNEL_BOUNDS[tag]
+    spec = catalog.KERNELS[name]
+    cubin, ptxas = _compile(spec, "sm_90", tmp_path, ((macro, value),))
+    assert len(_report(ptxas)) == len(_instances(spec)), ptxas
+    plain, _ = _compile(spec, "sm_90", tmp_path)
+    assert cubin.read_bytes() != plain.read_bytes()
 
 
 def _sass_tool() -> str | None:

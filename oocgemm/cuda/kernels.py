@@ -28,8 +28,11 @@ def capability(device: int) -> int:
 
 
 def function(name: str, dtype, trans_a: bool, trans_b: bool, vec: bool,
-             device: int | None = None) -> cupy.RawKernel:
+             device: int | None = None, defines: tuple = ()) -> cupy.RawKernel:
     """The compiled instance of kernel ``name`` for the current (or given) device.
+
+    ``defines``: (macro, value) pairs passed to NVRTC as ``-Dmacro=value`` (the measuring
+    builds of ``bench --kernels --power``; a product never needs them).
 
     Raises
     ------
@@ -40,21 +43,23 @@ def function(name: str, dtype, trans_a: bool, trans_b: bool, vec: bool,
     spec = KERNELS[name]
     dev = cupy.cuda.Device().id if device is None else device
     expr = spec.expression(np.dtype(dtype).name, trans_a, trans_b, vec)
-    key = (dev, expr, kernels_dir())  # a different source folder compiles anew
+    defines = tuple(defines)
+    key = (dev, expr, kernels_dir(), defines)  # a different source folder compiles anew
     with _lock:
         fn = _compiled.get(key)
         if fn is None:
-            fn = _compiled[key] = _compile(spec, expr, dev)
+            fn = _compiled[key] = _compile(spec, expr, dev, defines)
     return fn
 
 
-def _compile(spec: KernelSpec, expr: str, device: int) -> cupy.RawKernel:
+def _compile(spec: KernelSpec, expr: str, device: int, defines: tuple = ()) -> cupy.RawKernel:
     cc = capability(device)
     if cc < spec.min_capability:
         raise KernelError(f"kernel {spec.name!r} needs compute capability "
                           f"{spec.min_capability / 10:.1f} or newer; GPU {device} has {cc / 10:.1f}")
     with cupy.cuda.Device(device):
-        module = cupy.RawModule(code=source_text(spec), options=_OPTIONS, name_expressions=[expr])
+        options = _OPTIONS + tuple(f"-D{macro}={value}" for macro, value in defines)
+        module = cupy.RawModule(code=source_text(spec), options=options, name_expressions=[expr])
         try:
             fn = module.get_function(expr)
         except cupy.cuda.compiler.CompileException as exc:
@@ -78,7 +83,7 @@ def _aligned(ptr: int, ld: int, itemsize: int) -> bool:
 
 def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: int, ldb: int,
          beta, c_ptr: int, ldc: int, *, dtype, trans_a: bool = False, trans_b: bool = False,
-         stream=None) -> None:
+         stream=None, defines: tuple = ()) -> None:
     """Row-major ``C = alpha * op(A) @ op(B) + beta * C`` with kernel ``name`` on ``stream``.
 
     ``op(A)`` is m x k (``trans_a``: A is stored k x m), ``op(B)`` k x n (``trans_b``: stored
@@ -91,7 +96,7 @@ def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: 
     dtype = np.dtype(dtype)
     spec = KERNELS[name]
     vec = all(_aligned(p, ld, dtype.itemsize) for p, ld in ((a_ptr, lda), (b_ptr, ldb), (c_ptr, ldc)))
-    fn = function(name, dtype, trans_a, trans_b, vec)
+    fn = function(name, dtype, trans_a, trans_b, vec, defines=defines)
     rows, cols = spec.tile
     grid = ((n + cols - 1) // cols, (m + rows - 1) // rows, 1)
     block = (*spec.threads, 1)
@@ -101,12 +106,12 @@ def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: 
     fn(grid, block, args, shared_mem=spec.dynamic_shared, stream=stream)
 
 
-def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None) -> None:
+def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None, defines: tuple = ()) -> None:
     """``c = alpha * a @ b + beta * c`` for C-contiguous CuPy matrices (benchmarks and tests)."""
     m, k = a.shape
     n = b.shape[1]
     gemm(name, m, n, k, alpha, a.data.ptr, k, b.data.ptr, n, beta, c.data.ptr, n,
-         dtype=c.dtype, stream=stream)
+         dtype=c.dtype, stream=stream, defines=defines)
 
 
 def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
