@@ -771,6 +771,7 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
                     "fma_peak_gflops": kmod.fma_peak(dt) / 1e9, "sizes": {},
                     "resources": {k: kmod.resources(k, dt) for k in names}}
     for n in sizes:
+        _check_room(4 * n * n * dt.itemsize, f"a {n}^3 product")  # a, b, c and the reference
         rates = kmod.square_rates(names, n, dt, repeat=repeat, seed=seed)
         for entry in rates.values():
             entry["gflops"] = 2 * n ** 3 / entry["seconds"] / 1e9
@@ -788,6 +789,16 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
         result["targets"][name] = {"against": against, "ratio": got, "target": ratio,
                                    "met": got >= ratio}
     return result
+
+
+def _check_room(nbytes: int, what: str) -> None:
+    """OptionError unless the current GPU has ``nbytes`` free for ``what``."""
+    import cupy
+
+    free, _ = cuda.memory_info(cupy.cuda.Device().id)
+    if nbytes > free:
+        raise OptionError(f"{what} needs {_gib(nbytes)} of GPU memory; "
+                          f"{_gib(free)} is free (choose a smaller --size)")
 
 
 #: The measuring builds of ``bench --kernels --power``: what the CUDA-core kernels reach when
@@ -827,6 +838,7 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
     from .cuda import kernels as kmod
     from .cuda.power import PowerSampler
 
+    _check_room(4 * size * size * dt.itemsize, f"a {size}^3 product")  # a, b, c, reference
     rng = cupy.random.default_rng(seed)
     a = rng.standard_normal((size, size), dtype=dt)
     b = rng.standard_normal((size, size), dtype=dt)

@@ -149,3 +149,14 @@ def test_kernel_power_reports_every_case():
     assert entries["regblock"]["correct"] and entries["cublas"]["correct"]
     assert "correct" not in entries["regblock:loop"]  # a measuring build: wrong on purpose
     assert entries["fma_peak"]["of_fma_peak"] == 1.0
+
+
+@pytest.mark.parametrize("power", [False, True])
+def test_kernel_benchmarks_refuse_a_size_beyond_gpu_memory(power):
+    from oocgemm import bench
+
+    with pytest.raises(bench.OptionError, match="of GPU memory"):
+        if power:
+            bench.kernel_power(1 << 20, kernels=["regblock"], seconds=0.1)
+        else:
+            bench.kernel_benchmark((1 << 20,), kernels=["regblock"])
