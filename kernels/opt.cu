@@ -86,10 +86,6 @@ static_assert(OPT_TW % 2 == 0 && OPT_TC % 2 == 0, "pairs");
 
 #include "pairs.cuh"
 
-#ifndef OOCGEMM_STAGING
-#define OOCGEMM_STAGING 0   // 0: the product; 1, 2: the bounds of the header (wrong products)
-#endif
-
 
 // The thread's OPT_TC columns of op(B), one k at a time: b[2 h + c] = B(k, j + 2 CPOS h + c).
 template <typename T, bool TB, bool VEC>

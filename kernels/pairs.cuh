@@ -6,6 +6,12 @@
 
 #pragma once
 
+// Measuring builds of opt.cu and regblock.cu (`oocgemm bench --kernels --power`; their headers
+// say what 1 and 2 stage). 0, the default, is the product; 1 and 2 give wrong products.
+#ifndef OOCGEMM_STAGING
+#define OOCGEMM_STAGING 0
+#endif
+
 // Grouped rasterisation: the tile (row, column) of C this block computes, in tiles, when
 // consecutive blocks walk GROUP tile rows and then move right, so that the blocks resident
 // at one time share panels of A and B in L2. The grid is (tiles along N, tiles along M).

@@ -71,10 +71,6 @@ static_assert(RB_PA * 4 * RB_THREADS == RB_BM * RB_BK && RB_PB * 4 * RB_THREADS 
 
 #include "pairs.cuh"
 
-#ifndef OOCGEMM_STAGING
-#define OOCGEMM_STAGING 0   // 0: the product; 1, 2: the bounds of the header (wrong products)
-#endif
-
 
 template <typename T, bool TA, bool TB, bool VEC>
 __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, int N, int K, T alpha,

@@ -140,11 +140,14 @@ def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
     return 2 * chains * iters * blocks * threads / timed_events(launch(iters), repeat=3)
 
 
-def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
-    """Seconds and relative error (against cuBLAS) of each kernel and of cuBLAS on one n³
-    product of random operands with alpha = 1, beta = 0. Each kernel's result is checked
-    once into a NaN-poisoned C; then all are timed in interleaved rounds
-    (``baselines.interleaved_medians``), so that cuBLAS and the kernels see the same clocks."""
+def square_launches(cases: dict, n: int, dtype="float64", seed: int = 0) -> tuple[dict, dict]:
+    """Launches of cuBLAS and of each case on one n³ product of random operands with alpha = 1,
+    beta = 0, and each one's relative error against cuBLAS, checked once into a NaN-poisoned C
+    (which also compiles it before anything is timed).
+
+    ``cases``: label -> (kernel name, defines for :func:`function`). Returns (launches, errors),
+    both keyed by "cublas" and the labels, in that order.
+    """
     dtype = np.dtype(dtype)
     rng = cupy.random.default_rng(seed)
     a = rng.standard_normal((n, n), dtype=dtype)
@@ -152,13 +155,21 @@ def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0)
     ref = cupy.matmul(a, b)
     scale = float(cupy.abs(ref).max())
     c = cupy.empty((n, n), dtype=dtype)
+    launches = {"cublas": lambda: cupy.matmul(a, b, out=c)}
     errors = {"cublas": 0.0}
-    for name in names:
+    for label, (name, defines) in cases.items():
+        launch = launches[label] = functools.partial(gemm_arrays, name, a, b, c, defines=defines)
         c.fill(cupy.nan)  # poisoned: a tile the kernel skips shows up
-        gemm_arrays(name, a, b, c)
+        launch()
         error = float(cupy.abs(c - ref).max()) / scale
-        errors[name] = error if np.isfinite(error) else float("inf")
-    fns = {"cublas": lambda: cupy.matmul(a, b, out=c)}
-    fns.update({name: functools.partial(gemm_arrays, name, a, b, c) for name in names})
-    seconds = interleaved_medians(fns, repeat)
-    return {name: {"seconds": seconds[name], "max_rel_error": errors[name]} for name in fns}
+        errors[label] = error if np.isfinite(error) else float("inf")
+    return launches, errors
+
+
+def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
+    """Seconds and relative error (against cuBLAS) of each kernel and of cuBLAS on one n³
+    product (:func:`square_launches`), timed in interleaved rounds
+    (``baselines.interleaved_medians``), so that cuBLAS and the kernels see the same clocks."""
+    launches, errors = square_launches({name: (name, ()) for name in names}, n, dtype, seed)
+    seconds = interleaved_medians(launches, repeat)
+    return {name: {"seconds": seconds[name], "max_rel_error": errors[name]} for name in launches}
