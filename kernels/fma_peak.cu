@@ -1,4 +1,5 @@
-// fma_peak: throughput kernels for the non-tensor FMA peak (FP64 and FP32 pipes).
+// fma_peak: throughput kernels for the non-tensor FMA peak (FP64 and FP32 pipes), and
+// fma_outer: the same pipes fed as a GEMM feeds them.
 //
 // fma_peak: CHAINS = 16
 // flops = 2 * CHAINS * iters per thread (each iteration is one FMA on each chain)
@@ -13,6 +14,19 @@
 // compiler cannot fold them; the loop count is a run-time argument, and the sum of the
 // chains is stored so that nothing is dead code. b < 1 keeps every chain bounded (each
 // converges to c / (1 - b)), so no value overflows or goes subnormal however long it runs.
+//
+// fma_outer: the same FMAs as a GEMM's inner loop issues them, kept in registers: each thread
+// holds OUTER_ROWS a values, OUTER_ROWS b values (two sets of OUTER_ROWS / 2, used in turn) and an
+// (OUTER_ROWS / 2) x (OUTER_ROWS / 2) block of accumulators, read from src, and adds outer products
+// of its a and b sets into the accumulators, with no loads inside the loop:
+//
+//   for it < iters:  for h in {0, 1}:  acc[i][j] += a[h * R + i] * b[h * R + j]   (R = OUTER_ROWS / 2)
+//
+// flops = 2 * 2 * R * R * iters per thread; src holds OUTER_VALUES values a thread (a, b, then acc
+// row-major), out one sum of the accumulators a thread. With random src the FMAs' operands change
+// from one instruction to the next as a GEMM's do; with constant src they do not, so the two
+// measure what data costs in power (`oocgemm bench --kernels --power`). Every accumulator grows by
+// the same sum each iteration, so it stays far from overflow for any run that fits in hours.
 //
 // Self-contained on purpose: it is compiled at run time by NVRTC, which has no headers.
 
@@ -63,6 +77,63 @@ extern "C" __global__ void fma_peak_f64(double* out, int iters)
 extern "C" __global__ void fma_peak_f32(float* out, int iters)
 {
     fma_peak_body<float>(out, iters);
+}
+
+constexpr int OUTER_ROWS = 8;
+constexpr int OUTER_R = OUTER_ROWS / 2;
+constexpr int OUTER_VALUES = 2 * OUTER_ROWS + OUTER_R * OUTER_R;
+
+template <typename T>
+__device__ __forceinline__ void fma_outer_body(const T* __restrict__ src, T* out, int iters)
+{
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const T* s = src + OUTER_VALUES * t;
+    T a[OUTER_ROWS], b[OUTER_ROWS], acc[OUTER_R][OUTER_R];
+#pragma unroll
+    for (int i = 0; i < OUTER_ROWS; ++i) {
+        a[i] = s[i];
+        b[i] = s[OUTER_ROWS + i];
+    }
+#pragma unroll
+    for (int i = 0; i < OUTER_R; ++i)
+#pragma unroll
+        for (int j = 0; j < OUTER_R; ++j) acc[i][j] = s[2 * OUTER_ROWS + OUTER_R * i + j];
+
+#pragma unroll 2
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < OUTER_R; ++i)
+#pragma unroll
+                for (int j = 0; j < OUTER_R; ++j)
+                    acc[i][j] = fma_peak_fma(a[OUTER_R * h + i], b[OUTER_R * h + j], acc[i][j]);
+    }
+
+    T sum = T(0);
+#pragma unroll
+    for (int i = 0; i < OUTER_R; ++i)
+#pragma unroll
+        for (int j = 0; j < OUTER_R; ++j) sum += acc[i][j];
+    out[t] = sum;
+}
+
+extern "C" __global__ void fma_outer_f64(const double* src, double* out, int iters)
+{
+    fma_outer_body<double>(src, out, iters);
+}
+
+extern "C" __global__ void fma_outer_f32(const float* src, float* out, int iters)
+{
+    fma_outer_body<float>(src, out, iters);
+}
+
+extern "C" __global__ void fma_outer_shape(int* out)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        out[0] = OUTER_ROWS;
+        out[1] = OUTER_VALUES;
+    }
 }
 
 extern "C" __global__ void fma_peak_chains(int* out)

@@ -57,10 +57,12 @@
 // - TB == true reads each thread's columns as scalars from 4 memory rows, one k at a
 //   time (uncoalesced across lanes; L1 serves the rest of each line): slower than TB false.
 //
-// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, B is read again
-// from the same k and A staged again from the first r-step (the loads hit in L1: no L2 or HBM
-// traffic); with 2, B as with 1 and nothing staged after the first A sub-block. Both give
-// wrong products; they measure what the operand traffic costs at the GPU's power limit.
+// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, each r-step reads
+// B from the same r rows and stages A again from the first r-step (the loads hit in L1: no L2
+// or HBM traffic, while the operands still change from k to k as real data does; B read from
+// one row only would toggle less and draw less power); with 2, B as with 1 and nothing staged
+// after the first A sub-block. Both give wrong products; they measure what the operand
+// traffic costs at the GPU's power limit.
 //
 // Compiled at run time by NVRTC; the shared pair helpers are in pairs.cuh.
 
@@ -136,7 +138,7 @@ struct opt_b_cols {
                 }
             }
         }
-        if (OOCGEMM_STAGING == 0) p += kstep;
+        p += kstep;
         ++k;
     }
 };
@@ -229,6 +231,7 @@ __global__ void __launch_bounds__(OPT_THREADS, OPT_BLOCKS) opt_gemm(int M, int N
         else
             opt_rstep<false>(As[s], row0, bc, K, bq, acc);
 
+        if (OOCGEMM_STAGING != 0) bc.p -= OPT_R * bc.kstep;  // a measuring build: the same r rows
         if (stage) sa.store(As[s ^ 1], ra);  // last read in the previous r-step, before the barrier
         __syncthreads();
     }

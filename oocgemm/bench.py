@@ -18,6 +18,7 @@ imports CuPy only where CuPy is installed and an NVIDIA driver is present).
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import importlib.metadata
 import math
@@ -806,14 +807,22 @@ def _check_room(nbytes: int, what: str) -> None:
 KERNEL_BOUNDS = {"l1": ("OOCGEMM_STAGING", 1, "operand loads hit in L1 (no L2 or HBM traffic)"),
                  "loop": ("OOCGEMM_STAGING", 2, "the multiply loop alone (nothing staged)")}
 BOUNDED_KERNELS = ("opt", "regblock")
+#: The CUDA cores' own rows of ``bench --kernels --power`` (``kernels/fma_peak.cu``): name ->
+#: (operands of ``fma_outer``, or None for the FMA-peak kernel; what it measures).
+THROUGHPUT_ROWS = {
+    "fma_peak": (None, "the FMA peak: independent chains whose operands settle (little toggling)"),
+    "fma_outer": ("random", "a GEMM's inner-loop FMAs kept in registers, random operands"),
+    "fma_outer:const": ("constant", "the same instructions on constant operands"),
+}
 POWER_KERNELS = ("opt", "regblock", "dmma")
 
 
 def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype="float64",
                  seed: int = 0, bounds: bool = True, on_entry=None) -> dict:
     """Rate, SM clock and board power of each kernel run alone, back to back on one size³
-    product for about ``seconds``, while ``nvidia-smi`` samples the GPU; likewise the FMA-peak
-    kernel and cuBLAS. With ``bounds``, also the measuring builds of opt and regblock
+    product for about ``seconds``, while ``nvidia-smi`` samples the GPU; likewise cuBLAS and the
+    CUDA cores' throughput kernels (:data:`THROUGHPUT_ROWS`: the FMA peak, and a GEMM's FMAs in
+    registers on random and on constant operands, which shows what the data costs). With ``bounds``, also the measuring builds of opt and regblock
     (:data:`KERNEL_BOUNDS`): how fast they run when their operands cost less or nothing to move.
 
     Each entry: TFLOP/s, its fraction of the FMA peak, median SM clock and board power over the
@@ -869,12 +878,15 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
         t0 = sampler.now()
         time.sleep(min(1.5, seconds))
         idle = sampler.window(t0, sampler.now())
-        for name, launch in [("fma_peak", None), *launches.items()]:
+        # The throughput kernels make ~4 launches of seconds / 3 (a sizing one, then 3 timed).
+        throughput = {
+            name: (functools.partial(kmod.fma_peak, dt, seconds=seconds / 3) if operands is None
+                   else functools.partial(kmod.fma_outer, dt, seconds=seconds / 3,
+                                          operands=operands, seed=seed))
+            for name, (operands, _) in THROUGHPUT_ROWS.items()}
+        for name, launch in [*throughput.items(), *launches.items()]:
             t0 = sampler.now()
-            if launch is None:  # ~4 launches of seconds / 3 (a sizing one, then 3 timed)
-                rate = kmod.fma_peak(dt, seconds=seconds / 3)
-            else:
-                rate = run_alone(launch)
+            rate = launch() if name in throughput else run_alone(launch)
             t1 = sampler.now()
             time.sleep(rest)  # the next one starts on a cooler board
             window = sampler.window(t0 + timedelta(seconds=settle), t1)

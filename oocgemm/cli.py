@@ -576,7 +576,7 @@ def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
 
 
 def _bench_power(ctx, *, size, cases, dtype, seed, as_json):
-    from .bench import KERNEL_BOUNDS, kernel_power
+    from .bench import KERNEL_BOUNDS, THROUGHPUT_ROWS, kernel_power
 
     def on_entry(name, e):
         click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
@@ -604,6 +604,8 @@ def _bench_power(ctx, *, size, cases, dtype, seed, as_json):
                 + ("" if e.get("correct", True) else "  WRONG"))
         lines.append("  pJ/flop: board power above idle per flop. capped: share of samples with "
                      "the clock held down by the power cap.")
+        for name, (_, what) in THROUGHPUT_ROWS.items():
+            lines.append(f"  {name}: {what}")
         for tag, (_, _, what) in KERNEL_BOUNDS.items():
             lines.append(f"  <kernel>:{tag}: {what}; a measuring build, its product is wrong")
         click.echo("\n".join(lines))

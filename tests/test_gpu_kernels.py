@@ -116,6 +116,28 @@ def test_fma_peak_is_plausible():
     assert 1e11 < rate < 2e14  # between a laptop GPU and twice an H100's FP64 tensor peak
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_fma_outer_computes_its_outer_products(dtype):
+    """fma_outer does the FMAs it is timed for: each accumulator ends at its start plus iters
+    times the sum of its two products (so nothing is folded away), on random operands."""
+    from oocgemm.cuda import kernels
+
+    threads, iters = 512, 37
+    src = kernels.fma_outer_operands(threads, "random", dtype, seed=3)
+    out = kernels.fma_outer_run(src, iters).get()
+    rows, values = kernels.fma_outer_shape()
+    r = rows // 2
+    s = src.get().astype(np.float64)
+    a, b, acc = s[:, :rows], s[:, rows:2 * rows], s[:, 2 * rows:values].reshape(-1, r, r)
+    step = sum(a[:, h * r:(h + 1) * r, None] * b[:, None, h * r:(h + 1) * r] for h in range(2))
+    want = (acc + iters * step).sum(axis=(1, 2))
+    rtol = 1e-11 if dtype == "float64" else 2e-4
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=rtol * np.abs(want).max())
+    const = kernels.fma_outer_operands(threads, "constant", dtype).get()
+    assert (const[:, :2 * rows] == 1).all() and (const[:, 2 * rows:] == 0).all()
+    assert 1e11 < kernels.fma_outer(dtype, seconds=0.05) < 2e14
+
+
 def test_measuring_build_is_kept_apart_from_the_product(rng):
     """A build of `bench --kernels --power` computes something else (on purpose), and the
     product's build, compiled after it, is still right: the defines key the compile cache."""
@@ -141,7 +163,8 @@ def test_kernel_power_reports_every_case():
 
     res = kernel_power(512, kernels=["regblock"], seconds=0.4)
     entries = res["entries"]
-    assert list(entries) == ["fma_peak", "cublas", "regblock", "regblock:l1", "regblock:loop"]
+    assert list(entries) == ["fma_peak", "fma_outer", "fma_outer:const", "cublas", "regblock",
+                             "regblock:l1", "regblock:loop"]
     assert res["idle"]["samples"] > 0
     for name, e in entries.items():
         assert e["tflops"] > 0 and e["samples"] > 0, (name, e)

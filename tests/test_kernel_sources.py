@@ -81,6 +81,22 @@ def test_every_instance_compiles(name, arch, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_throughput_kernels_compile(arch, tmp_path):
+    """fma_peak.cu (the FMA peak and fma_outer, in both precisions) compiles, keeps everything
+    in registers, and holds each kernel that oocgemm.cuda.kernels launches."""
+    src = catalog.kernels_dir() / "fma_peak.cu"
+    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "fma_peak.cubin"), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    report = _report(proc.stderr)
+    assert set(report) == {"fma_peak_f64", "fma_peak_f32", "fma_peak_chains", "fma_outer_f64",
+                           "fma_outer_f32", "fma_outer_shape"}, report
+    assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
+
+
+@needs_nvcc
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
 def test_measuring_builds_compile(name, tag, tmp_path):

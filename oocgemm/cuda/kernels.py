@@ -114,30 +114,104 @@ def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None, defines: t
          dtype=c.dtype, stream=stream, defines=defines)
 
 
+def _fma_function(name: str) -> cupy.RawKernel:
+    """A kernel of ``kernels/fma_peak.cu`` (the throughput kernels, not GEMMs)."""
+    module = cupy.RawModule(code=(kernels_dir() / "fma_peak.cu").read_text(), options=_OPTIONS)
+    try:
+        return module.get_function(name)
+    except cupy.cuda.compiler.CompileException as exc:
+        raise KernelError(f"kernel fma_peak failed to compile:\n{exc}") from exc
+
+
+def _fma_constants(name: str, count: int) -> list[int]:
+    """Integers a kernel of ``fma_peak.cu`` writes about itself (so callers read them from
+    the source rather than repeat them)."""
+    out = cupy.zeros(count, dtype=np.int32)
+    _fma_function(name)((1,), (1,), (out,))
+    return [int(v) for v in out.get()]
+
+
+def _suffix(dtype) -> str:
+    return {"float64": "f64", "float32": "f32"}[np.dtype(dtype).name]
+
+
+def _throughput(launch, flops_per_iter: int, seconds: float) -> float:
+    """FLOP/s of ``launch(iters)`` (a callable that runs ``iters`` iterations), sized so that
+    one launch takes about ``seconds``: a warm-up, one timed sizing launch, then the median of 3."""
+    iters = 1 << 12
+    once = timed_events(launch(iters), repeat=1)
+    iters = max(iters, int(iters * seconds / max(once, 1e-6)))
+    return flops_per_iter * iters / timed_events(launch(iters), repeat=3)
+
+
+def _fill_grid() -> tuple[int, int]:
+    """Blocks and threads that fill every SM several times over."""
+    return cupy.cuda.Device().attributes["MultiProcessorCount"] * 8, 256
+
+
 def fma_peak(dtype="float64", seconds: float = 0.2) -> float:
     """Measured FMA throughput of the CUDA cores (no tensor cores), FLOP/s, from
     ``kernels/fma_peak.cu``: enough independent FMA chains per thread to fill every SM."""
-    suffix = {"float64": "f64", "float32": "f32"}[np.dtype(dtype).name]
-    module = cupy.RawModule(code=(kernels_dir() / "fma_peak.cu").read_text(), options=_OPTIONS)
-    try:
-        kernel = module.get_function(f"fma_peak_{suffix}")
-        chains_fn = module.get_function("fma_peak_chains")
-    except cupy.cuda.compiler.CompileException as exc:
-        raise KernelError(f"kernel fma_peak failed to compile:\n{exc}") from exc
-    chains = cupy.zeros(1, dtype=np.int32)
-    chains_fn((1,), (1,), (chains,))
-    chains = int(chains.get()[0])
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    blocks, threads = sms * 8, 256
+    kernel = _fma_function(f"fma_peak_{_suffix(dtype)}")
+    (chains,) = _fma_constants("fma_peak_chains", 1)
+    blocks, threads = _fill_grid()
     out = cupy.empty(blocks * threads, dtype=dtype)
 
     def launch(iters: int):
         return lambda: kernel((blocks,), (threads,), (out, np.int32(iters)))
 
-    iters = 1 << 12
-    once = timed_events(launch(iters), repeat=1)  # sizing: a warm-up, then one timed launch
-    iters = max(iters, int(iters * seconds / max(once, 1e-6)))
-    return 2 * chains * iters * blocks * threads / timed_events(launch(iters), repeat=3)
+    return _throughput(launch, 2 * chains * blocks * threads, seconds)
+
+
+def fma_outer_shape() -> tuple[int, int]:
+    """``fma_outer``'s a (and b) values a thread, and the values of ``src`` a thread."""
+    rows, values = _fma_constants("fma_outer_shape", 2)
+    return rows, values
+
+
+#: Operands of :func:`fma_outer`.
+OUTER_OPERANDS = ("random", "constant")
+
+
+def fma_outer_operands(threads: int, operands: str = "random", dtype="float64", seed: int = 0):
+    """The ``src`` of ``fma_outer`` for ``threads`` threads: standard normal values
+    (``"random"``), or a = b = 1 with the accumulators from 0 (``"constant"``)."""
+    if operands not in OUTER_OPERANDS:
+        raise ValueError(f"operands must be one of {OUTER_OPERANDS}, got {operands!r}")
+    rows, values = fma_outer_shape()
+    if operands == "random":
+        return cupy.random.default_rng(seed).standard_normal((threads, values), dtype=dtype)
+    src = cupy.zeros((threads, values), dtype=dtype)
+    src[:, :2 * rows] = 1
+    return src
+
+
+def fma_outer_run(src, iters: int, threads: int = 256):
+    """Runs ``fma_outer`` once on ``src`` (one row a thread) and returns each thread's sum of
+    its accumulators (tests check it against numpy)."""
+    kernel = _fma_function(f"fma_outer_{_suffix(src.dtype)}")
+    out = cupy.empty(src.shape[0], dtype=src.dtype)
+    kernel((src.shape[0] // threads,), (threads,), (src, out, np.int32(iters)))
+    return out
+
+
+def fma_outer(dtype="float64", seconds: float = 0.2, operands: str = "random",
+              seed: int = 0) -> float:
+    """FMA throughput of the CUDA cores fed as a GEMM's inner loop feeds them, FLOP/s: each
+    thread adds outer products of register values into a block of accumulators, no loads in
+    the loop (``fma_outer`` in ``kernels/fma_peak.cu``). With ``operands="random"`` every FMA's
+    operands differ from the last one's as in a product of random matrices; with
+    ``"constant"`` they do not. The same instructions either way: what differs is the power."""
+    kernel = _fma_function(f"fma_outer_{_suffix(dtype)}")
+    rows, _ = fma_outer_shape()
+    blocks, threads = _fill_grid()
+    src = fma_outer_operands(blocks * threads, operands, dtype, seed)
+    out = cupy.empty(blocks * threads, dtype=dtype)
+
+    def launch(iters: int):
+        return lambda: kernel((blocks,), (threads,), (src, out, np.int32(iters)))
+
+    return _throughput(launch, 2 * 2 * (rows // 2) ** 2 * blocks * threads, seconds)
 
 
 def square_launches(cases: dict, n: int, dtype="float64", seed: int = 0) -> tuple[dict, dict]:
