@@ -822,8 +822,9 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
     """Rate, SM clock and board power of each kernel run alone, back to back on one size³
     product for about ``seconds``, while ``nvidia-smi`` samples the GPU; likewise cuBLAS and the
     CUDA cores' throughput kernels (:data:`THROUGHPUT_ROWS`: the FMA peak, and a GEMM's FMAs in
-    registers on random and on constant operands, which shows what the data costs). With ``bounds``, also the measuring builds of opt and regblock
-    (:data:`KERNEL_BOUNDS`): how fast they run when their operands cost less or nothing to move.
+    registers on random and on constant operands, which shows what the data costs). With
+    ``bounds``, also the measuring builds of opt and regblock (:data:`KERNEL_BOUNDS`): how fast
+    they run when their operands cost less or nothing to move.
 
     Each entry: TFLOP/s, its fraction of the FMA peak, median SM clock and board power over the
     run (its first 0.6 s left out, while the clock settles), the fraction of samples under the power

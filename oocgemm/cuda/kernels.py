@@ -189,6 +189,9 @@ def fma_outer_operands(threads: int, operands: str = "random", dtype="float64", 
 def fma_outer_run(src, iters: int, threads: int = 256):
     """Runs ``fma_outer`` once on ``src`` (one row a thread) and returns each thread's sum of
     its accumulators (tests check it against numpy)."""
+    if src.ndim != 2 or src.shape[0] % threads or src.shape[1] != fma_outer_shape()[1]:
+        raise ValueError(f"src must hold whole blocks of {threads} rows of "
+                         f"{fma_outer_shape()[1]} values, got shape {src.shape}")
     kernel = _fma_function(f"fma_outer_{_suffix(src.dtype)}")
     out = cupy.empty(src.shape[0], dtype=src.dtype)
     kernel((src.shape[0] // threads,), (threads,), (src, out, np.int32(iters)))
