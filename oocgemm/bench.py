@@ -758,12 +758,7 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
     from .cuda import catalog
 
     dt = _check_dtype(dtype)
-    names = list(kernels or catalog.KERNELS)
-    unknown = [k for k in names if k not in catalog.KERNELS]
-    if unknown:
-        raise OptionError(f"unknown kernel(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(catalog.KERNELS)}")
-    names = [k for k in names if dt.name in catalog.KERNELS[k].dtypes]
+    names = _kernel_names(kernels, catalog.KERNELS, dt)
     if not cuda.device_count():
         raise OptionError("bench --kernels needs a GPU (none found)")
     from .cuda import kernels as kmod
@@ -790,6 +785,19 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
         result["targets"][name] = {"against": against, "ratio": got, "target": ratio,
                                    "met": got >= ratio}
     return result
+
+
+def _kernel_names(kernels, default, dt) -> list[str]:
+    """The kernels of ``kernels/`` asked for (``default`` when none are) that run in ``dt``;
+    OptionError for a name the catalog does not know."""
+    from .cuda import catalog
+
+    names = list(kernels or default)
+    unknown = [k for k in names if k not in catalog.KERNELS]
+    if unknown:
+        raise OptionError(f"unknown kernel(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(catalog.KERNELS)}")
+    return [k for k in names if dt.name in catalog.KERNELS[k].dtypes]
 
 
 def _check_room(nbytes: int, what: str) -> None:
@@ -831,14 +839,8 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
     cap, and the energy per flop above the idle board's power. A kernel at the power limit runs
     at (limit - idle) / (energy per flop). ``on_entry(name, entry)`` is called after each.
     """
-    from .cuda import catalog
-
     dt = _check_dtype(dtype)
-    names = list(kernels or [k for k in POWER_KERNELS if dt.name in catalog.KERNELS[k].dtypes])
-    unknown = [k for k in names if k not in catalog.KERNELS]
-    if unknown:
-        raise OptionError(f"unknown kernel(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(catalog.KERNELS)}")
+    names = _kernel_names(kernels, POWER_KERNELS, dt)
     if seconds <= 0:
         raise OptionError(f"seconds must be positive, got {seconds!r}")
     if not cuda.device_count():
@@ -851,8 +853,6 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
     _check_room(4 * size * size * dt.itemsize, f"a {size}^3 product")  # a, b, c, reference
     cases, bound_of = {}, {}
     for name in names:
-        if dt.name not in catalog.KERNELS[name].dtypes:
-            continue
         cases[name] = (name, ())
         if bounds and name in BOUNDED_KERNELS:
             for tag, (macro, value, _) in KERNEL_BOUNDS.items():

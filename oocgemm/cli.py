@@ -75,6 +75,11 @@ def _error(message: str, ctx: click.Context | None = None) -> None:
         click.echo(f"(see '{ctx.command_path} --help')", err=True)
 
 
+def _case_names(cases: str | None) -> tuple[str, ...] | None:
+    """--cases "a, b" as ("a", "b"); None when not given (the benchmark's own default)."""
+    return tuple(c.strip() for c in cases.split(",")) if cases else None
+
+
 def _json(data) -> None:
     """JSON on stdout, and nothing else there."""
     click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=True))
@@ -547,7 +552,7 @@ def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
         click.echo(f"  {n}^3: " + ", ".join(f"{k} {e['gflops']:.0f}" for k, e in rates.items())
                    + " GFLOP/s", err=True)
 
-    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    chosen = _case_names(cases)
     sizes = (size,) if size else (1024, 2048, 4096, 8192)
     res = kernel_benchmark(sizes, kernels=chosen, dtype=dtype, repeat=max(repeat, 5), seed=seed,
                            on_step=None if as_json else on_step)
@@ -581,7 +586,7 @@ def _bench_power(ctx, *, size, cases, dtype, seed, as_json):
     def on_entry(name, e):
         click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
 
-    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    chosen = _case_names(cases)
     res = kernel_power(size, kernels=chosen, dtype=dtype, seed=seed,
                        on_entry=None if as_json else on_entry)
     if as_json:
@@ -632,7 +637,7 @@ def _bench_gpu(ctx, *, big, size, memory_limit, cases, workdir, repeat, dtype, s
         click.echo(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
                    f"({format_seconds(entry['seconds'])})", err=True)
 
-    chosen = tuple(c.strip() for c in cases.split(",")) if cases else None
+    chosen = _case_names(cases)
     res = gpu_benchmark(size, memory_limit=memory_limit, dtype=dtype, seed=seed, repeat=repeat,
                         workdir=workdir, cases=chosen, on_step=None if as_json else on_step)
     if as_json:
