@@ -114,9 +114,18 @@ def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None, defines: t
          dtype=c.dtype, stream=stream, defines=defines)
 
 
+@functools.lru_cache(maxsize=None)
+def _fma_module(device: int, folder) -> cupy.RawModule:
+    """``fma_peak.cu`` as one module per device and source folder, loaded once (its kernels
+    and their shape queries are asked for several times a benchmark)."""
+    with cupy.cuda.Device(device):
+        return cupy.RawModule(code=(folder / "fma_peak.cu").read_text(), options=_OPTIONS)
+
+
 def _fma_function(name: str) -> cupy.RawKernel:
-    """A kernel of ``kernels/fma_peak.cu`` (the throughput kernels, not GEMMs)."""
-    module = cupy.RawModule(code=(kernels_dir() / "fma_peak.cu").read_text(), options=_OPTIONS)
+    """A kernel of ``kernels/fma_peak.cu`` (the throughput kernels, not GEMMs) for the current
+    device."""
+    module = _fma_module(cupy.cuda.Device().id, kernels_dir())
     try:
         return module.get_function(name)
     except cupy.cuda.compiler.CompileException as exc:
@@ -189,9 +198,10 @@ def fma_outer_operands(threads: int, operands: str = "random", dtype="float64", 
 def fma_outer_run(src, iters: int, threads: int = 256):
     """Runs ``fma_outer`` once on ``src`` (one row a thread) and returns each thread's sum of
     its accumulators (tests check it against numpy)."""
-    if src.ndim != 2 or src.shape[0] % threads or src.shape[1] != fma_outer_shape()[1]:
-        raise ValueError(f"src must hold whole blocks of {threads} rows of "
-                         f"{fma_outer_shape()[1]} values, got shape {src.shape}")
+    _, values = fma_outer_shape()
+    if src.ndim != 2 or src.shape[0] % threads or src.shape[1] != values:
+        raise ValueError(f"src must hold whole blocks of {threads} rows of {values} values, "
+                         f"got shape {src.shape}")
     kernel = _fma_function(f"fma_outer_{_suffix(src.dtype)}")
     out = cupy.empty(src.shape[0], dtype=src.dtype)
     kernel((src.shape[0] // threads,), (threads,), (src, out, np.int32(iters)))
