@@ -465,20 +465,12 @@ def test_bench_kernels_is_one_benchmark_among_three():
     (["--gpu", "--power"], "--power goes with --kernels"),
 ])
 def test_bench_power_goes_with_kernels(args, why):
-    from click.testing import CliRunner
-
-    from oocgemm.cli import main
-
     result = CliRunner().invoke(main, ["bench", *args])
     assert result.exit_code == 2 and why in result.output
 
 
 @pytest.mark.skipif(cuda.device_count() > 0, reason="a GPU is present")
 def test_bench_power_without_a_gpu_is_a_clear_error():
-    from click.testing import CliRunner
-
-    from oocgemm.cli import main
-
     result = CliRunner().invoke(main, ["bench", "--kernels", "--power"])
     assert result.exit_code == 2 and "needs a GPU" in result.output
     assert "Traceback" not in result.output
