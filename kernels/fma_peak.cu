@@ -9,12 +9,18 @@
 // the grid; fma_peak_chains(out) writes CHAINS to out[0], so a caller reads the count
 // from the kernel rather than from this comment.
 //
-// Each thread runs CHAINS independent FMA chains a = a * b + c, enough independent work
-// per thread to cover the FMA latency, with a, b and c derived from threadIdx so that the
-// compiler cannot fold them; the loop count is a run-time argument, and the sum of the
-// chains is stored so that nothing is dead code. b < 1 keeps every chain bounded (each
-// converges to c / (1 - b)), so no value overflows or goes subnormal however long it runs.
-//
+// Each thread runs CHAINS independent FMA chains a = a * a + c, enough independent work per
+// thread to cover the FMA latency, with a and c derived from threadIdx so that the compiler
+// cannot fold them; the loop count is a run-time argument, and the sum of the chains is
+// stored so that nothing is dead code. Each chain starts below 0.6 and converges to the
+// small root of a = a * a + c (about c = 1e-3), so no value overflows or goes subnormal
+// however long it runs.
+// Why a * a + c: each FMA then reads one register pair besides the c that every FMA shares.
+// Measured on the H100 (session 10), this form issues 0.98-0.99 of 64 FP64 FMAs per clock
+// per SM at 1980 MHz, as do FMAs whose b and c are immediates; a = a * b + c with b and c in
+// registers issued only 0.91 of it, whatever the number of chains (8 to 32) or warps, so a
+// peak measured that way was 8% low.
+
 // fma_outer: the same FMAs as a GEMM's inner loop issues them, kept in registers: each thread
 // holds OUTER_ROWS a values, OUTER_ROWS b values (two sets of OUTER_ROWS / 2, used in turn) and an
 // (OUTER_ROWS / 2) x (OUTER_ROWS / 2) block of accumulators (8 x 8, regblock's thread tile; a 4 x 4
@@ -52,16 +58,15 @@ template <typename T>
 __device__ __forceinline__ void fma_peak_body(T* out, int iters)
 {
     const unsigned t = threadIdx.x;
-    const T b = T(0.999) - T(t & 7) * T(1e-6);  // in (0, 1)
     const T c = T(1e-3) + T(t & 31) * T(1e-7);
     T a[FMA_CHAINS];
 #pragma unroll
-    for (int i = 0; i < FMA_CHAINS; ++i) a[i] = T(t & 255) * T(1e-3) + T(i);
+    for (int i = 0; i < FMA_CHAINS; ++i) a[i] = T(t & 255) * T(1e-3) + T(i) * T(0.02);  // < 0.6
 
 #pragma unroll 4
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
-        for (int i = 0; i < FMA_CHAINS; ++i) a[i] = fma_peak_fma(a[i], b, c);
+        for (int i = 0; i < FMA_CHAINS; ++i) a[i] = fma_peak_fma(a[i], a[i], c);
     }
 
     T sum = T(0);

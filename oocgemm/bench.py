@@ -747,11 +747,34 @@ KERNEL_TARGETS = {"opt": ("fma_peak", 0.80), "regblock": ("fma_peak", 0.80),
                   "dmma": ("cublas", 0.90)}
 
 
+#: FMA units of one SM by compute capability (major * 10 + minor) and precision, from NVIDIA's
+#: architecture whitepapers; chips not listed get no nominal peak.
+FMA_UNITS_PER_SM = {"float64": {60: 32, 70: 32, 80: 32, 90: 64},
+                    "float32": {60: 64, 70: 64, 80: 64, 86: 128, 89: 128, 90: 128}}
+
+
+def nominal_fma_rate(capability: int, sms: int, clock_khz: int, dtype="float64") -> float | None:
+    """FLOP/s of every FMA unit busy every cycle at ``clock_khz`` (the SM's top clock), or None
+    for a chip :data:`FMA_UNITS_PER_SM` does not list: the yardstick for the measured peak."""
+    units = FMA_UNITS_PER_SM[np.dtype(dtype).name].get(capability)
+    return None if units is None else 2.0 * units * sms * clock_khz * 1e3
+
+
+def _nominal_fma_gflops(dt) -> float | None:
+    import cupy
+
+    dev = cupy.cuda.Device()
+    rate = nominal_fma_rate(int(dev.compute_capability), dev.attributes["MultiProcessorCount"],
+                            dev.attributes["ClockRate"], dt)
+    return None if rate is None else rate / 1e9
+
+
 def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="float64",
                      repeat: int = 5, seed: int = 0, on_step=None) -> dict:
     """GFLOP/s of each kernel of ``kernels/`` and of cuBLAS on n³ products (random operands,
-    CUDA events, medians of ``repeat``), the FMA peak of the CUDA cores, and each kernel's
-    registers, shared memory and local memory (spills).
+    CUDA events, medians of ``repeat``), the FMA peak of the CUDA cores (measured, and nominal
+    where :data:`FMA_UNITS_PER_SM` knows the chip), and each kernel's registers, shared memory
+    and local memory (spills).
 
     ``on_step(size, rates)`` is called after each size. Relative errors are against cuBLAS.
     """
@@ -764,7 +787,8 @@ def kernel_benchmark(sizes=(1024, 2048, 4096, 8192), *, kernels=None, dtype="flo
     from .cuda import kernels as kmod
 
     result: dict = {"benchmark": "kernels", "dtype": dt.name, "gpu": gpu_info(),
-                    "fma_peak_gflops": kmod.fma_peak(dt) / 1e9, "sizes": {},
+                    "fma_peak_gflops": kmod.fma_peak(dt) / 1e9,
+                    "fma_nominal_gflops": _nominal_fma_gflops(dt), "sizes": {},
                     "resources": {k: kmod.resources(k, dt) for k in names}}
     for n in sizes:
         _check_room(4 * n * n * dt.itemsize, f"a {n}^3 product")  # a, b, c and the reference

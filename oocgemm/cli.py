@@ -560,8 +560,11 @@ def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
         _json(res)
     else:
         names = list(res["sizes"][sizes[0]])
-        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {max(repeat, 5)}); "
-                 f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s",
+        peak = f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s"
+        if res["fma_nominal_gflops"]:
+            peak += (f" ({res['fma_peak_gflops'] / res['fma_nominal_gflops']:.3f} of the nominal "
+                     f"{res['fma_nominal_gflops']:.0f}: all FMA units busy at the top clock)")
+        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {max(repeat, 5)}); {peak}",
                  f"  {'kernel':<9}" + "".join(f"{n:>9}" for n in sizes)
                  + "   regs  shared  local"]
         for name in names:

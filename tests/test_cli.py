@@ -451,6 +451,16 @@ def test_bench_gpu_bad_workdir_fails_before_any_case(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_nominal_fma_rate_counts_every_unit_at_the_top_clock():
+    from oocgemm.bench import nominal_fma_rate
+
+    # H100 SXM: 132 SMs of 64 FP64 and 128 FP32 FMA units, 1980 MHz: NVIDIA's 33.5 and 66.9 TFLOP/s
+    assert nominal_fma_rate(90, 132, 1_980_000) == pytest.approx(33.45e12, rel=1e-3)
+    assert nominal_fma_rate(90, 132, 1_980_000, "float32") == pytest.approx(66.9e12, rel=1e-3)
+    assert nominal_fma_rate(80, 108, 1_410_000) == pytest.approx(9.75e12, rel=1e-3)  # A100
+    assert nominal_fma_rate(89, 128, 2_520_000) is None  # a consumer chip: FP64 units not listed
+
+
 def test_bench_kernels_is_one_benchmark_among_three():
     from click.testing import CliRunner
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import oocgemm
-from oocgemm import cuda
+from oocgemm import bench, cuda
 from oocgemm.cuda import catalog
 from oocgemm.errors import KernelError
 from _helpers import assert_gemm, poisoned, rand
@@ -114,6 +114,23 @@ def test_fma_peak_is_plausible():
 
     rate = kernels.fma_peak("float64", seconds=0.05)
     assert 1e11 < rate < 2e14  # between a laptop GPU and twice an H100's FP64 tensor peak
+    nominal = bench._nominal_fma_gflops(np.dtype("float64"))
+    if nominal is not None:  # flops counted right: no more than every FMA unit at the top clock
+        assert rate / 1e9 <= 1.05 * nominal
+
+
+def test_bench_kernels_prints_rates_resources_and_the_peak():
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--kernels", "--size", "256",
+                                       "--cases", "naive,regblock"])
+    assert result.exit_code == 0, result.output
+    assert "FMA peak of the CUDA cores" in result.output
+    assert "regblock" in result.output and "naive" in result.output and "WRONG" not in result.output
+    if bench._nominal_fma_gflops(np.dtype("float64")) is not None:
+        assert "of the nominal" in result.output
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
