@@ -38,6 +38,11 @@
 // - Rows of a thread: 2 s + 4 g + {0, 1} (s: its row strip, g < 4), so the 2 strips of a
 //   load read 2 adjacent pairs (different banks). Columns: 2 c + 32 h + {0, 1} (c: its
 //   column position, h < 2).
+// - FMA order: per k, each row of the thread's strip is walked along and the next one back,
+//   so consecutive FMAs share an operand (the row's A value, or b[c] at each turn), which
+//   the compiler takes from the operand reuse cache instead of the register file. Measured on
+//   the H100 (session 10) against two rows in step: 27.3 pJ a flop against 28.2 at the 700 W
+//   limit, 2% faster there.
 // - 4 warps as 2 (M) x 2 (N); the two warps that share columns read the same B lines, and
 //   the second finds them in L1. Blocks are rasterised in groups of 8 tile rows, so the
 //   blocks resident at one time share B in L2.
@@ -161,11 +166,11 @@ __device__ __forceinline__ void opt_rstep(const T (*As)[W], int row0,
 #pragma unroll
         for (int g = 0; g < OPT_TW / 2; ++g) {
             const pair2<T> a = load_pair(&As[kk][row0 + 2 * OPT_STRIPS * g]);  // quad broadcast
+            // Along row 2g and back along row 2g + 1 (see the header).
 #pragma unroll
-            for (int c = 0; c < OPT_TC; ++c) {
-                acc[2 * g][c] += a.x * b[c];
-                acc[2 * g + 1][c] += a.y * b[c];
-            }
+            for (int c = 0; c < OPT_TC; ++c) acc[2 * g][c] += a.x * b[c];
+#pragma unroll
+            for (int c = OPT_TC - 1; c >= 0; --c) acc[2 * g + 1][c] += a.y * b[c];
         }
     }
 }

@@ -34,6 +34,11 @@
 //   fetch only inside a quad of consecutive lanes; a warp-wide LDS.128 costs the sum over
 //   its 8 quads of their distinct bytes, in 128-byte wavefronts, and at least 2. With
 //   2 x 2 quads each load touches 2 distinct pairs per quad: the minimum, 2 wavefronts.
+// - FMA order: per k, the 64 FMAs walk the tile column by column, down the even columns and
+//   up the odd ones, so consecutive FMAs share an operand (b[j] along a column, a[i] at each
+//   turn) that the compiler then takes from the operand reuse cache instead of the register
+//   file. Measured on the H100 (session 10) against row by row (i outer, j inner): 0.71-0.72
+//   of the FMA peak against 0.67, and 24.7 pJ a flop against 25.4 at the 700 W limit.
 // - Global loads: a thread stages 2 x 2 patches (2 rows/columns of the tile x 2 k): one of
 //   A, two of B. Lanes are laid out along the operand's contiguous dimension in memory, so
 //   both storage orders are read coalesced; the patch is stored into shared memory as
@@ -151,10 +156,14 @@ __global__ void __launch_bounds__(RB_THREADS, RB_BLOCKS) regblock_gemm(int M, in
                 b[2 * h] = v.x;
                 b[2 * h + 1] = v.y;
             }
+            // Column by column, down the even columns and up the odd ones (see the header).
 #pragma unroll
-            for (int i = 0; i < RB_TM; ++i)
+            for (int j = 0; j < RB_TN; ++j)
 #pragma unroll
-                for (int j = 0; j < RB_TN; ++j) acc[i][j] += a[i] * b[j];
+                for (int ii = 0; ii < RB_TM; ++ii) {
+                    const int i = (j & 1) ? RB_TM - 1 - ii : ii;
+                    acc[i][j] += a[i] * b[j];
+                }
         }
 
         if (stage) {  // stage s ^ 1 was last read in the previous K-tile, before the barrier
