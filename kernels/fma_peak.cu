@@ -29,6 +29,8 @@
 //
 //   for it < iters:  for h in {0, 1}:  acc[i][j] += a[h * R + i] * b[h * R + j]   (R = OUTER_ROWS / 2)
 //
+// in regblock.cu's order: column by column, down the even columns and up the odd ones.
+//
 // flops = 2 * 2 * R * R * iters per thread; src holds OUTER_VALUES values a thread (a, b, then acc
 // row-major), out one sum of the accumulators a thread. With random src the FMAs' operands change
 // from one instruction to the next as a GEMM's do; with constant src they do not, so the two
@@ -110,10 +112,12 @@ __device__ __forceinline__ void fma_outer_body(const T* __restrict__ src, T* out
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int i = 0; i < OUTER_R; ++i)
+            for (int j = 0; j < OUTER_R; ++j)
 #pragma unroll
-                for (int j = 0; j < OUTER_R; ++j)
+                for (int ii = 0; ii < OUTER_R; ++ii) {
+                    const int i = (j & 1) ? OUTER_R - 1 - ii : ii;  // regblock.cu's order
                     acc[i][j] = fma_peak_fma(a[OUTER_R * h + i], b[OUTER_R * h + j], acc[i][j]);
+                }
     }
 
     T sum = T(0);
