@@ -24,10 +24,12 @@
 // Retuning for the H100 in double. The paper's thread owns one column of the sub-block,
 // all w rows, and every thread of the block reads each A element in one broadcast. Done
 // that way on the H100 (two columns a thread, 32 rows), it stopped at 0.47 of the FP64
-// FMA peak: a broadcast 16-byte shared load still costs two shared-memory wavefronts
-// (lanes share a fetch only inside a quad of consecutive lanes), so with an A pair
+// FMA peak as measured until session 10 (0.43 of the true one): a broadcast 16-byte
+// shared load still costs two shared-memory wavefronts (lanes share a fetch only inside
+// a quad of consecutive lanes), so with an A pair
 // feeding only 4 FMAs, A alone kept the shared-memory pipe as busy as the FP64 pipe.
-// Here, 0.70 (kernels/README.md):
+// Here, 0.67 of the FMA peak (kernels/README.md; ratios below before session 10 are of the
+// old, 8% low peak):
 // - A thread owns OPT_TC = 4 columns (2 pairs) over OPT_TW = 8 rows (4 pairs) of C. Each A
 //   pair it reads feeds 8 FMAs, each B value 8.
 // - The 4 lanes of a quad share their rows (one fetch serves the quad) and own different
