@@ -763,8 +763,10 @@ def nominal_fma_rate(capability: int, sms: int, clock_khz: int, dtype="float64")
 def _nominal_fma_gflops(dt) -> float | None:
     import cupy
 
+    from .cuda import kernels as kmod
+
     dev = cupy.cuda.Device()
-    rate = nominal_fma_rate(int(dev.compute_capability), dev.attributes["MultiProcessorCount"],
+    rate = nominal_fma_rate(kmod.capability(dev.id), dev.attributes["MultiProcessorCount"],
                             dev.attributes["ClockRate"], dt)
     return None if rate is None else rate / 1e9
 

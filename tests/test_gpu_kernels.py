@@ -193,8 +193,6 @@ def test_kernel_power_reports_every_case():
 
 @pytest.mark.parametrize("power", [False, True])
 def test_kernel_benchmarks_refuse_a_size_beyond_gpu_memory(power):
-    from oocgemm import bench
-
     with pytest.raises(bench.OptionError, match="of GPU memory"):
         if power:
             bench.kernel_power(1 << 20, kernels=["regblock"], seconds=0.1)
