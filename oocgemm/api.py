@@ -68,6 +68,8 @@ class _Prepared:
     out: object
     in_place: bool
     device: Device
+    out_options: dict
+    """Checked ``out_options`` of a new Zarr output (empty otherwise)."""
 
 
 def _scalar(name: str, value):
@@ -117,7 +119,7 @@ def _overlaps(x, y) -> bool:
 
 
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel=None) -> _Prepared:
+             host_memory_limit, tile, kernel=None, out_options=None) -> _Prepared:
     alpha = _scalar("alpha", alpha)
     beta = _scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
@@ -183,6 +185,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
 
     out_operand = _check_out(out, (m, n), dtype, [("a", a, src_a), ("b", b, src_b)] + (
         [("c", c, c_source)] if (c is not None and not in_place) else []))
+    out_options = _check_out_options(out, out_options, (m, n), dtype, in_place)
+    if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
+        out_operand = dataclasses.replace(
+            out_operand, chunks=out_options.get("shards") or out_options["chunks"])
 
     if dev.kind == "cuda":
         from . import cuda
@@ -212,9 +218,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         a=operand(src_a), b=operand(src_b),
         c=operand(c_source) if (c_source is not None and beta != 0) else None,
         out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
-    transient = _read_transient(problem, [src_a, src_b] + ([c_source] if problem.c else []))
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=staged, read_transient=transient, kernel=kernel)
+                  host_memory_limit=host, staged=staged, kernel=kernel)
     if staged:
         # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
         # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
@@ -239,56 +244,56 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
         plan = Plan(tile=tile, chosen_by="tile", **kwargs).validate()
     else:
-        tile = choose_tile(problem, model, mem, host, staged=staged, read_transient=transient,
-                           **staging)
+        tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
         plan = Plan(tile=tile, **kwargs).validate()
     if staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         plan = dataclasses.replace(plan, stripe=min(plan.stripe, max(w * r, r * h, w * h)))
     plan = _with_cache(plan)
     sources = {"A": src_a, "B": src_b}
-    if plan.cache:
-        from .storage.cache import CachedSource
-
-        for name in plan.cache:
-            sources[name] = CachedSource(sources[name], problem.operand_bytes(name))
     if problem.c is not None:
         sources["C"] = c_source
-    return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev)
+    return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
+                     out_options=out_options)
 
 
 def _with_cache(plan: Plan) -> Plan:
-    """Keep chunked on-disk operands (Zarr) that the schedule reads more than once in host
-    memory, the most re-read bytes first, where each fits whole in what staging leaves of
-    host_memory_limit: storage is then read and decoded once (HARDWARE.md: storage is 25-40x
-    slower than PCIe). A .npy memmap is left to the OS page cache, which already is that cache:
-    a copy of it cost the GPU benchmark 60% of its rate from warm .npy files."""
-    prob = plan.problem
-    if not prob.computes_product:
-        return plan
-    p, q, nk = plan.grid
-    rereads = {"A": (1 if nk == 1 else q) - 1, "B": p - 1}
-    operands = {"A": prob.a, "B": prob.b}
-    spare = plan.host_memory_limit - plan.host_bytes
-    chosen = []
-    for name in sorted(rereads, key=lambda x: -rereads[x] * prob.operand_bytes(x)):
-        operand = operands[name]
-        chunked = operand.on_disk and operand.chunks is not None
-        if chunked and rereads[name] > 0 and prob.operand_bytes(name) <= spare:
-            chosen.append(name)
-            spare -= prob.operand_bytes(name)
+    """Keep the decoded chunks of chunked on-disk operands (Zarr) that streaming would decode
+    more than once (panels reloaded, or panel edges that cut chunks) in host memory for the
+    whole run, the most repeated decode bytes first, where each fits in what the rest leaves
+    of host_memory_limit (it then no longer needs its streaming window): every chunk is then
+    read and decoded once (HARDWARE.md: storage is 25-40x slower than PCIe). A .npy memmap is
+    left to the OS page cache, which already is that cache: a copy of it cost the GPU
+    benchmark 60% of its rate from warm .npy files."""
+    extra = {}
+    for report in plan.chunk_reports():
+        if report.operand in ("A", "B") and report.decodes > report.n_chunks:
+            extra[report.operand] = ((report.decodes - report.n_chunks)
+                                     * report.chunks[0] * report.chunks[1])
+    chosen: tuple[str, ...] = ()
+    for name in sorted(extra, key=lambda x: -extra[x]):
+        trial = dataclasses.replace(plan, cache=tuple(sorted(chosen + (name,))))
+        if trial.host_bytes <= plan.host_memory_limit:
+            chosen = trial.cache
     if not chosen:
         return plan
-    return dataclasses.replace(plan, cache=tuple(sorted(chosen))).validate()
+    return dataclasses.replace(plan, cache=chosen).validate()
 
 
-def _read_transient(problem: Problem, sources) -> int:
-    """Bytes one reader may hold beside the slots: a decoded chunk of a chunked source."""
-    largest = 0
-    for src in sources:
-        if src.chunks is not None and src.on_disk:
-            largest = max(largest, src.chunks[0] * src.chunks[1] * np.dtype(src.dtype).itemsize)
-    return largest
+def chunk_readers(plan: Plan, sources: dict) -> dict:
+    """The sources with every chunked on-disk one read at its grain
+    (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
+    once per run for the operands the plan keeps."""
+    from .plan.chunks import loads
+    from .storage.base import ChunkedSource
+    from .storage.chunked import ChunkReader
+
+    wrapped = dict(sources)
+    for name, src in sources.items():
+        if src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
+            wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, name, src.chunks),
+                                        kept=name in plan.cache, decoders=plan.readers)
+    return wrapped
 
 
 def _parse_tile(tile) -> tuple[int, int, int]:
@@ -304,6 +309,42 @@ def _parse_tile(tile) -> tuple[int, int, int]:
     if not ok or min(values) < 1:
         raise OptionError(f"tile must be three positive integers (w, h, r), got {tile!r}")
     return values
+
+
+def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
+    """``out_options`` for a new Zarr output path, checked before any work; refused where
+    the output is not created by this run (an array, a .npy file, an update in place)."""
+    from .storage import kind_of_path
+    from .storage.zarr_store import check_out_options
+
+    if options is None:
+        return {}
+    if not is_path(out) or kind_of_path(os.fspath(out)) != "zarr":
+        raise OptionError("out_options sets the layout of a new Zarr output; out is "
+                          + ("an array" if not is_path(out) else f"{os.fspath(out)!r}, not .zarr"))
+    if in_place:
+        raise OptionError("out_options: out is updated in place (beta != 0 without c), so its "
+                          "layout is the existing array's")
+    return check_out_options(options, shape, dtype, os.fspath(out))
+
+
+def _out_layout(prep: _Prepared) -> dict:
+    """The layout of a new Zarr output: the user's ``out_options``, with default chunks that
+    tile the C blocks and the row stripes they are written in, at most 64 MiB each
+    (:func:`~oocgemm.storage.zarr_store.output_chunks`), and the Zarr format of the group
+    the output goes into."""
+    from .storage.zarr_store import check_out_options, output_chunks
+
+    plan_ = prep.plan
+    options = dict(prep.out_options) or (
+        check_out_options({}, (plan_.problem.m, plan_.problem.n), plan_.problem.dtype,
+                          os.fspath(prep.out)) if is_path(prep.out) else {})
+    if options.get("chunks") is None:
+        w, h, _ = plan_.tile
+        block = options.get("shards") or (w, h)
+        rows = plan_.stripe_rows(w, h) if plan_.staged and not options.get("shards") else None
+        options["chunks"] = output_chunks(block, plan_.problem.itemsize, rows)
+    return options
 
 
 def _check_out(out, shape, dtype, inputs) -> Operand:
@@ -338,7 +379,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 # ------------------------------------------------------------------------------------------
 def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
          device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
-         **_ignored) -> Plan:
+         out_options=None, **_ignored) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -352,13 +393,15 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     """
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                         device=device, memory_limit=memory_limit,
-                        host_memory_limit=host_memory_limit, tile=tile, kernel=kernel)
+                        host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
+                        out_options=out_options)
     return prepared.plan
 
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
-             kernel=None, overwrite=False, progress=None, events=True) -> Result:
+             kernel=None, overwrite=False, progress=None, events=True, out_options=None
+             ) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -368,8 +411,9 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         as a memmap), a ``zarr.Array``, a numpy array or memmap (any strides), a CuPy array,
         or a dask array.
     out
-        A path (created: ``.zarr`` as Zarr v3 with chunks aligned to the C blocks, ``.npy`` as
-        a memmap), a writable array of shape (M, N), or None for a new numpy array. A path is
+        A path (created: ``.zarr`` as Zarr v3, or the format of the Zarr group it goes into,
+        uncompressed, with chunks of at most 64 MiB that tile the C blocks; ``.npy`` as a
+        memmap), a writable array of shape (M, N), or None for a new numpy array. A path is
         written under a temporary name and renamed when the last block is stored.
     c
         The matrix scaled by ``beta``. With ``beta != 0`` and ``c=None``, ``out`` must exist
@@ -398,6 +442,12 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         True for a progress bar on stderr, False for none, None for a bar only when stderr is
         a terminal and the run is predicted to take over two seconds, or a callable that
         receives each finished :class:`~oocgemm.diagnostics.Event`.
+    out_options
+        The layout of a new ``.zarr`` output: keywords of ``zarr.create_array`` (``chunks``,
+        ``shards``, ``compressors``, ``filters``, ``serializer``, ``zarr_format``,
+        ``dimension_names``, ``chunk_key_encoding``), checked before any work. ``compressors``
+        may be a codec object (list) or a name like ``'zstd:3'``; C blocks align to the
+        chunks (or shards).
     events
         True (the default) to record one timed event per block operation (``result.events``,
         ``result.timeline``); False records none, to measure what recording costs
@@ -421,23 +471,22 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"events must be True or False, got {events!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
-                    tile=tile, kernel=kernel)
+                    tile=tile, kernel=kernel, out_options=out_options)
     plan_ = prep.plan
     from .runtime.base import executor_class
-    from .storage.zarr_store import block_chunks
 
-    w, h, _ = plan_.tile
-    chunks = block_chunks(w, h, plan_.problem.itemsize)
     prob = plan_.problem
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
                   "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
                   "trans_b": prob.trans_b}
-    sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, chunks=chunks,
+    sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, options=_out_layout(prep),
                      overwrite=overwrite, in_place=prep.in_place, attributes=attributes)
     bar = None
+    sources = prep.sources
     try:
         on_event, bar = _progress(progress, plan_)
-        executor = executor_class(prep.device.kind)(plan_, prep.sources, sink, on_event=on_event,
+        sources = chunk_readers(plan_, prep.sources)
+        executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
                                                     record=bool(events))
         start = time.perf_counter()
         log = executor.run()
@@ -449,9 +498,21 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     finally:
         if bar is not None:
             bar.close()
+        for src in sources.values():
+            src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
-                  bytes=log.traffic(), events=log.events(),
+                  bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+def _chunk_counts(sources: dict) -> dict:
+    """What the chunk readers did, per operand: chunks, decodes, decoded and peak bytes."""
+    from .storage.chunked import ChunkReader
+
+    return {name: {"chunks": src.n_chunks, "decodes": src.decodes,
+                   "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
+                   "kept": src.kept}
+            for name, src in sources.items() if isinstance(src, ChunkReader)}
 
 
 def _json_scalar(x):

@@ -26,6 +26,10 @@ class Result:
     """Bytes moved per level: storage_read, storage_write, h2d, d2h."""
     events: list = field(default_factory=list)
     """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start order."""
+    chunks: dict = field(default_factory=dict)
+    """Per chunked on-disk operand ('A', 'B', 'C'): its ``chunks`` count, the ``decodes``
+    the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
+    and whether its chunks were ``kept`` for the whole run."""
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 

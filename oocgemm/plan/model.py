@@ -39,6 +39,9 @@ class DeviceModel:
     granule: int = 1
     """Block sizes the device runs best at multiples of (cuBLAS DGEMM on an H100 runs ~17%
     slower with 10923-sized operands than with 11008 = 43·256); chunk alignment comes first."""
+    decode: float = 0.0
+    """Bytes/s at which the decoder threads together decode compressed chunks (0: not
+    charged)."""
     accumulate_pass: bool = False
     """True when accumulating into C costs an extra pass over the C block (numpy: no
     in-place beta), charged at ``memory_copy``."""
@@ -55,8 +58,9 @@ def cuda_model() -> DeviceModel:
     GEMM with r = 128 runs at about half rate."""
     # Host staging copies run on many threads; while C streams out beside A and B streaming
     # in, the host's copies together reached ~25 GB/s on the H100 machine (16 cores).
+    # Whole zstd chunks decode at 1.7 GB/s with zarr-python, 16 threads (HARDWARE.md).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       half_size=128, granule=256)
+                       half_size=128, granule=256, decode=1.7e9)
 
 
 def cpu_model() -> DeviceModel:
@@ -64,5 +68,7 @@ def cpu_model() -> DeviceModel:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
     # for copies between warm buffers.
+    # zstd decodes at roughly 0.5 GB/s a core with zarr-python.
     return DeviceModel(name="cpu", flops=35e9 * (cores or 1), h2d=0.0, d2h=0.0, half_size=16,
-                       memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True)
+                       memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
+                       decode=0.5e9 * (cores or 1))

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError, OptionError
+from .chunks import window_bytes
 from .model import DeviceModel
 from .problem import Problem
 from .units import format_seconds, format_size
@@ -87,12 +88,11 @@ class Plan:
     ramp_granule: int = 1
     """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
     readers: int = 4
-    """Reader threads the executor may run; each may hold one chunk in flight."""
-    read_transient: int = 0
-    """Bytes a reader may hold beside the slots (one decoded chunk), per reader."""
+    """Reader threads the executor may run (and as many chunk decoders)."""
     cache: tuple[str, ...] = ()
-    """On-disk operands ('A', 'B') kept in host memory as they are read, so that reloading a
-    panel reads memory instead of storage; counted in ``host_bytes``."""
+    """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
+    whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
+    are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = "cublas"
@@ -135,6 +135,12 @@ class Plan:
         p, q, _ = self.grid
         return p * q
 
+    def stripe_rows(self, rows: int, cols: int) -> int:
+        """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through
+        the ring: as many as one ring buffer holds, and at most a ``min_stripes``-th."""
+        return max(1, min(self.buffers.ring // self.problem.itemsize // max(cols, 1),
+                          -(-rows // max(self.min_stripes, 1))))
+
     # ---- memory ---------------------------------------------------------------------------
     @property
     def buffers(self) -> Buffers:
@@ -148,13 +154,26 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
-        staging = (self.n_stage + self.n_out) * buf.ring + self.readers * self.read_transient
-        return staging + self.cache_bytes
+        staging = (self.n_stage + self.n_out) * buf.ring
+        return staging + self.decode_window + self.cache_bytes
+
+    @property
+    def decode_window(self) -> int:
+        """Host memory the decoded chunks of streamed operands take at most."""
+        return decode_window(self.problem, self.tile, kept=self.cache)
 
     @property
     def cache_bytes(self) -> int:
         """Host memory the cached operands take once read (compute dtype)."""
         return sum(self.problem.operand_bytes(name) for name in self.cache)
+
+    def chunk_reports(self) -> list:
+        """Loads and decodes of each chunked on-disk operand
+        (:class:`oocgemm.plan.chunks.ChunkReport`), from the geometry alone."""
+        from .chunks import estimate
+
+        reports = (estimate(self, name) for name in ("A", "B", "C"))
+        return [r for r in reports if r is not None]
 
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
@@ -168,7 +187,8 @@ class Plan:
     def prediction(self) -> "Prediction":
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, ramp=self.ramp,
-                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache)
+                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
+                       decodes={r.operand: r for r in self.chunk_reports()})
 
     def validate(self) -> "Plan":
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -233,11 +253,13 @@ class Plan:
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
-            + (f" (staging, read buffers, and {' and '.join(self.cache)} kept in memory as read:"
-               f" {format_size(self.cache_bytes)})" if self.cache else
-               " (staging and read buffers)"),
+            + (f" (staging, decoded chunks, and {' and '.join(self.cache)} kept in memory as "
+               f"read: {format_size(self.cache_bytes)})" if self.cache else
+               " (staging and decoded chunks)"),
             "  traffic     " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
                                          for k, v in traffic.items() if v),
+            *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
+              for n, report in enumerate(self.chunk_reports())),
             f"  work        {prob.flops / 1e9:.4g} GFLOP",
             f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
             f"({pred.bound}-bound; {pred.describe()})",
@@ -260,6 +282,8 @@ class Prediction:
     drain: float
     overhead: float
     resources: dict = field(default_factory=dict)
+    decode: float = 0.0
+    """Decoding chunks of compressed storage (the decoder threads together)."""
 
     @property
     def bound(self) -> str:
@@ -267,8 +291,8 @@ class Prediction:
 
     def _resources(self) -> dict[str, float]:
         return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
-                "storage read": self.storage_read, "storage write": self.storage_write,
-                "host copy": self.host_copy}
+                "storage read": self.storage_read, "decode": self.decode,
+                "storage write": self.storage_write, "host copy": self.host_copy}
 
     @property
     def total(self) -> float:
@@ -298,6 +322,24 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
     return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring)
 
 
+def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
+    """Bytes of decoded chunks that the streamed chunked operands hold at most: the chunks of
+    two loads of each (the load being read, and the next one its decoders run ahead into)."""
+    w, h, r = tile
+    regions = {"A": ((r, w) if prob.trans_a else (w, r), prob.a),
+               "B": ((h, r) if prob.trans_b else (r, h), prob.b),
+               "C": ((w, h), prob.c)}
+    total = 0
+    for name, (shape, operand) in regions.items():
+        if name in kept or operand is None or not operand.on_disk or not operand.chunks:
+            continue
+        if name != "C" and not prob.computes_product or name == "C" and not prob.reads_c:
+            continue
+        shape = (min(shape[0], operand.shape[0]), min(shape[1], operand.shape[1]))
+        total += 2 * window_bytes(shape, operand.chunks, prob.itemsize)
+    return total
+
+
 def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
     """How many bytes are read per byte wanted when panels of ``size`` cut chunks of ``chunk``."""
     if not on_disk or not chunk or size <= 0:
@@ -307,11 +349,12 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
-            split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = ()
-            ) -> Prediction:
+            split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
+            decodes: dict | None = None) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
-    first panel)."""
+    first panel). ``decodes``: the plan's :class:`~oocgemm.plan.chunks.ChunkReport` per
+    operand, when known (else the chunk decodes are estimated from the tile)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -333,10 +376,28 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
         a_loads = b_loads = 0
         compute = c_bytes / model.memory_copy
     c_in = c_bytes if prob.reads_c else 0
+    # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
+    # its panel touches (more than the panel where its edges cut chunks), a kept operand
+    # each chunk once.
     amp_a = math.prod(_amplification(x, c, prob.a.on_disk) for x, c in
                       zip((w, r), prob.a_chunks_mk()))
     amp_b = math.prod(_amplification(x, c, prob.b.on_disk) for x, c in
                       zip((r, h), prob.b_chunks_kn()))
+    decode = 0.0
+    if model.decode:
+        for name, operand, loads, amp in (("A", prob.a, a_loads, amp_a),
+                                          ("B", prob.b, b_loads, amp_b),
+                                          ("C", prob.c, c_in, 1.0)):
+            if operand is None or not operand.on_disk or not operand.chunks or not loads:
+                continue
+            report = (decodes or {}).get(name)
+            if report is not None:
+                decoded = report.decodes * operand.chunks[0] * operand.chunks[1] * s
+            elif name in cache:
+                decoded = math.prod(operand.shape) * s
+            else:
+                decoded = loads * amp
+            decode += decoded / model.decode
 
     # Storage traffic runs at storage rates; copies between host memory and the executor's
     # buffers share one resource, the host's memory bandwidth (reads and writes together).
@@ -383,7 +444,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     n_ops = blocks * (2 * nk + 3) * (2 if staged else 1)
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
-                      overhead=n_ops * OP_OVERHEAD)
+                      overhead=n_ops * OP_OVERHEAD, decode=decode)
 
 
 def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
@@ -451,7 +512,7 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
-                n_out: int = 4, stripe: int = 4 << 20, readers: int = 4, read_transient: int = 0,
+                n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
                 split_last: int = 1, ramp: int = 0, tail_panels: int = 1
                 ) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets.
@@ -476,7 +537,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     def fits(tile):
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0)
         dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
-        host = (n_stage + n_out) * plan_bufs.ring + readers * read_transient
+        host = (n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def search(ws, hs, rs):
@@ -509,7 +570,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         raise BudgetError(
             f"{which}={format_size(limit)} is too small for any tile: even w=h=r=1 needs "
             f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers"
-            + (f", {readers} readers x {format_size(read_transient)} chunk buffers" if
-               which == "host_memory_limit" and read_transient else "")
+            + (", and the decoded chunks of one load of each operand" if
+               which == "host_memory_limit" and decode_window(prob, (1, 1, 1)) else "")
             + ")")
     return best

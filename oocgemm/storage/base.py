@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -38,6 +39,29 @@ class MatrixSource(abc.ABC):
 
     def close(self) -> None:
         """Release file handles."""
+
+
+@runtime_checkable
+class ChunkedSource(Protocol):
+    """A source stored in chunks: it tells the planner its chunk grid (``chunks``, the unit
+    decoded at once: the chunk, or the inner chunk of a shard whose index allows partial
+    reads) and decodes one whole chunk at a time. Reads at this grain decode each chunk once
+    (:class:`oocgemm.storage.chunked.ChunkReader`)."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    chunks: tuple[int, int]
+    on_disk: bool
+    name: str
+    path: str | None
+
+    def read_chunk(self, index: tuple[int, int], out: np.ndarray) -> None:
+        """Decode chunk ``index`` (row, column of the chunk grid) into ``out``: C-contiguous,
+        of the stored dtype, the chunk's shape clipped at the array's edges."""
+
+    def array(self): ...
+
+    def close(self) -> None: ...
 
 
 class MatrixSink(abc.ABC):

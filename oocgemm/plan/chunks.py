@@ -1,0 +1,170 @@
+"""How a schedule's reads meet the storage's chunks: which chunks each load touches, and how
+many times each chunk is decoded.
+
+A chunked source (Zarr) is read at its grain: every chunk a read touches is decoded whole,
+once, and the read copies its part out of the decoded chunk. What happens between two loads
+of the same panel is a budget decision of the plan (``Plan.cache``):
+
+- *kept*: the decoded chunks of the operand stay in host memory for the whole run, so every
+  chunk is decoded exactly once;
+- *streamed*: the decoded chunks of a load are dropped when its last read is done, and a later
+  load that touches the same chunk decodes it again (a panel reloaded for another block row,
+  or two neighbouring panels that share a chunk because their boundary cuts it).
+
+Pure functions of regions and chunk shapes; nothing here touches storage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .schedule import OpKind
+
+Region = tuple[tuple[int, int], tuple[int, int]]
+
+
+def chunk_range(lo: int, hi: int, chunk: int) -> range:
+    """Indices of the chunks (of ``chunk`` elements) that ``[lo, hi)`` touches."""
+    if hi <= lo:
+        return range(0)
+    return range(lo // chunk, (hi - 1) // chunk + 1)
+
+
+def chunks_of(region: Region, chunks: tuple[int, int]) -> list[tuple[int, int]]:
+    """The (row, column) indices of the chunks a region touches, row by row."""
+    (r0, r1), (c0, c1) = region
+    cols = chunk_range(c0, c1, chunks[1])
+    return [(i, j) for i in chunk_range(r0, r1, chunks[0]) for j in cols]
+
+
+def chunk_region(index: tuple[int, int], chunks: tuple[int, int], shape: tuple[int, int]
+                 ) -> Region:
+    """Rows and columns of chunk ``index`` (clipped at the array's edges)."""
+    (i, j), (cr, cc) = index, chunks
+    return ((i * cr, min((i + 1) * cr, shape[0])), (j * cc, min((j + 1) * cc, shape[1])))
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load of a region (a panel, a C block) as the schedule reads it: ``reads`` READ
+    operations (stripes, or one read of the whole region), touching ``chunks``."""
+
+    region: Region
+    reads: int
+    chunks: tuple[tuple[int, int], ...]
+
+
+def loads(ops, operand: str, chunks: tuple[int, int]) -> list[Load]:
+    """The loads of ``operand`` in schedule order: consecutive READs of one block key are
+    one load (a staged load reads its region in row stripes)."""
+    out: list[Load] = []
+    key = region = None
+    reads = 0
+    for op in ops:
+        if op.kind is not OpKind.READ or op.operand != operand:
+            continue
+        if op.key != key:
+            if key is not None:
+                out.append(_load(region, reads, chunks))
+            key, region, reads = op.key, op.region, 0
+        (r0, r1), (c0, c1) = region
+        (s0, s1), (d0, d1) = op.region
+        region = ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1)))
+        reads += 1
+    if key is not None:
+        out.append(_load(region, reads, chunks))
+    return out
+
+
+def _load(region: Region, reads: int, chunks: tuple[int, int]) -> Load:
+    return Load(region=region, reads=reads, chunks=tuple(chunks_of(region, chunks)))
+
+
+def decode_counts(load_list: list[Load], kept: bool) -> dict[tuple[int, int], int]:
+    """How many times each chunk is decoded: once when kept, once per load that touches it
+    when streamed."""
+    counts: dict[tuple[int, int], int] = {}
+    for load in load_list:
+        for index in load.chunks:
+            counts[index] = 1 if kept else counts.get(index, 0) + 1
+    return counts
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    """What the plan expects of one chunked operand, for ``print(plan)``."""
+
+    operand: str
+    chunks: tuple[int, int]
+    """Stored chunk shape (the unit decoded at once)."""
+    grid: tuple[int, int]
+    """Chunks along the stored rows and columns."""
+    kept: bool
+    loads: int
+    """Panel (or block) loads of the operand in the run, at most."""
+    decodes: int
+    """Chunk decodes in the run, at most (the ``grid`` product when each chunk is decoded
+    once): the schedule reuses a panel that a slot still holds, which this does not count."""
+    cut: bool = False
+    """True when panel edges cut chunks (neighbouring loads share chunks)."""
+
+    @property
+    def n_chunks(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def describe(self) -> str:
+        per = self.decodes / max(self.n_chunks, 1)
+        why = "panels reloaded" + (", panel edges cut chunks" if self.cut else "")
+        how = ("kept in host memory: each decoded once" if self.kept else
+               f"streamed: each decoded up to {per:.3g} times on average"
+               + (f", {why}" if per > 1 else ""))
+        return (f"{self.operand} {self.grid[0]}x{self.grid[1]} chunks of "
+                f"{self.chunks[0]}x{self.chunks[1]}, "
+                + (f"{self.decodes} decodes" if self.kept else
+                   f"up to {self.loads} loads, {self.decodes} decodes") + f" ({how})")
+
+
+def estimate(plan, operand: str) -> ChunkReport | None:
+    """Loads and decodes of a chunked on-disk operand, from the plan's geometry alone (no
+    operation list): every panel of A is loaded once per C block when K has several panels
+    (once per block row otherwise), every panel of B once per block row, C once per block."""
+    prob = plan.problem
+    op = {"A": prob.a, "B": prob.b, "C": prob.c}[operand]
+    if op is None or not op.on_disk or not op.chunks:
+        return None
+    if operand in ("A", "B") and not prob.computes_product:
+        return None
+    rows, cols, ks = plan.row_splits, plan.col_splits, plan.k_splits
+    p, q, nk = plan.grid
+    if operand == "A":
+        split_r, split_c = (ks, rows) if prob.trans_a else (rows, ks)
+        per_panel = 1 if nk == 1 else q
+    elif operand == "B":
+        split_r, split_c = (cols, ks) if prob.trans_b else (ks, cols)
+        per_panel = p
+    else:
+        split_r, split_c, per_panel = rows, cols, 1
+    cr, cc = op.chunks
+    touched_r = [len(chunk_range(a, b, cr)) for a, b in zip(split_r, split_r[1:])]
+    touched_c = [len(chunk_range(a, b, cc)) for a, b in zip(split_c, split_c[1:])]
+    grid = (math.ceil(op.shape[0] / cr), math.ceil(op.shape[1] / cc))
+    kept = operand in plan.cache
+    panels = len(touched_r) * len(touched_c)
+    decodes = grid[0] * grid[1] if kept else per_panel * sum(touched_r) * sum(touched_c)
+    cut = sum(touched_r) > grid[0] or sum(touched_c) > grid[1]
+    return ChunkReport(operand=operand, chunks=(cr, cc), grid=grid, kept=kept,
+                       loads=per_panel * panels, decodes=decodes, cut=cut)
+
+
+def window_bytes(region_shape: tuple[int, int], chunks: tuple[int, int] | None,
+                 itemsize: int) -> int:
+    """Bytes of the decoded chunks that one load of a region of ``region_shape`` may hold:
+    the region widened to whole chunks on both sides (an unaligned region touches one more)."""
+    if not chunks:
+        return 0
+    total = itemsize
+    for extent, chunk in zip(region_shape, chunks):
+        touched = -(-max(extent, 1) // chunk) + (0 if extent % chunk == 0 else 1)
+        total *= touched * chunk
+    return total

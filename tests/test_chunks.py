@@ -1,0 +1,191 @@
+"""Reads at the grain of the storage: every chunk of a chunked input is fetched and decoded
+whole, once per run when the host budget keeps it, once per load when it does not; counted
+at the store, under the whole Zarr stack."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import zarr
+from zarr.storage import LocalStore, WrapperStore
+
+import oocgemm
+from oocgemm.api import chunk_readers
+from oocgemm.plan.chunks import chunks_of, decode_counts, loads, window_bytes
+from oocgemm.runtime.cpu import CpuExecutor
+from oocgemm.storage.memory import NumpySink
+from oocgemm.storage.zarr_store import ZarrSource
+from _helpers import assert_gemm, poisoned, rand
+
+
+class CountingStore(WrapperStore):
+    """Counts the fetches of each chunk object (and, for shards, of each byte range other
+    than the shard index, which zarr reads from the end)."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.fetches: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+
+    async def get(self, key, prototype, byte_range=None):
+        name = key.rsplit("/", 1)[-1]
+        metadata = name in ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+        index = byte_range is not None and type(byte_range).__name__ == "SuffixByteRequest"
+        if not metadata and not index:
+            with self._lock:
+                self.fetches[(key, repr(byte_range))] += 1
+        return await super().get(key, prototype, byte_range)
+
+
+LAYOUTS = {
+    "v3": dict(zarr_format=3),
+    "v3-zstd": dict(zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=1)),
+    "v2": dict(zarr_format=2),
+    "v3-sharded": dict(zarr_format=3, shards="x2"),
+}
+
+
+def write(path, x, chunks, layout):
+    options = dict(LAYOUTS[layout])
+    if options.get("shards") == "x2":
+        options["shards"] = (chunks[0] * 2, chunks[1] * 2)
+    arr = zarr.create_array(path, shape=x.shape, dtype=x.dtype, chunks=chunks, **options)
+    arr[:] = x
+
+
+def counted(path):
+    store = CountingStore(LocalStore(path, read_only=True))
+    return store, zarr.open_array(store, mode="r")
+
+
+def n_chunks(shape, chunks):
+    return len(chunks_of(((0, shape[0]), (0, shape[1])), chunks))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("tile", [(16, 12, 8), (13, 10, 7)])  # aligned, and cutting chunks
+def test_each_chunk_decoded_once_when_kept(rng, workdir, layout, tile):
+    a, b = rand(rng, (50, 41)), rand(rng, (41, 37))
+    write("a.zarr", a, (16, 8), layout)
+    write("b.zarr", b, (8, 12), layout)
+    (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
+    out = poisoned((50, 37))
+    r = oocgemm.multiply(za, zb, out=out, device="cpu", tile=tile)
+    assert_gemm(out, a, b)
+    assert set(r.plan.cache) == {"A", "B"}  # the schedule reloads panels: keep them
+    for name, store, x, chunks in (("A", store_a, a, (16, 8)), ("B", store_b, b, (8, 12))):
+        assert len(store.fetches) == n_chunks(x.shape, chunks)  # every chunk...
+        assert set(store.fetches.values()) == {1}  # ...fetched once
+        assert r.chunks[name]["decodes"] == n_chunks(x.shape, chunks)
+        assert r.chunks[name]["kept"]
+
+
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded"])
+def test_staged_replay_decodes_each_chunk_once(rng, workdir, layout):
+    """The CUDA executor's staged schedules read row stripes through the ring, many stripes
+    to a chunk: replayed on the CPU, each chunk is still decoded once."""
+    a, b = rand(rng, (48, 40)), rand(rng, (40, 36))
+    write("a.zarr", a, (16, 8), layout)
+    write("b.zarr", b, (8, 12), layout)
+    (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
+    plan = oocgemm.plan(za, zb, device="cpu", tile=(16, 12, 8))
+    plan = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
+    stripes = [op for op in plan.schedule.ops if op.kind.value == "read" and op.operand == "B"]
+    assert len(stripes) > 2 * n_chunks(b.shape, (8, 12))  # stripes cut chunks, B is reloaded
+    sources = chunk_readers(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")})
+    out = poisoned((48, 36))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+    finally:
+        for src in sources.values():
+            src.close()
+    assert_gemm(out, a, b)
+    for store, x, chunks in ((store_a, a, (16, 8)), (store_b, b, (8, 12))):
+        assert set(store.fetches.values()) == {1}
+        assert len(store.fetches) == n_chunks(x.shape, chunks)
+
+
+def test_streamed_operands_decode_once_per_load(rng, workdir):
+    """Under a host budget too small to keep B, its chunks are decoded once per load that
+    touches them (the plan says how many), and never more decoded bytes are held than the
+    plan's window."""
+    a, b = rand(rng, (64, 48)), rand(rng, (48, 64))
+    write("a.zarr", a, (16, 16), "v3-zstd")
+    write("b.zarr", b, (16, 16), "v3-zstd")
+    kw = dict(device="cpu", tile=(16, 16, 16))
+    roomy = oocgemm.plan("a.zarr", "b.zarr", **kw)
+    budget = roomy.host_bytes - 1  # one operand fewer fits
+    plan = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit=budget, **kw)
+    assert len(plan.cache) == 1
+    streamed = ({"A", "B"} - set(plan.cache)).pop()
+    (store, zs) = counted(f"{streamed.lower()}.zarr")
+    x = {"A": a, "B": b}[streamed]
+    args = (zs, "b.zarr") if streamed == "A" else ("a.zarr", zs)
+    r = oocgemm.multiply(*args, device="cpu", tile=(16, 16, 16), host_memory_limit=budget)
+    assert_gemm(r.out, a, b)
+    want = decode_counts(loads(r.plan.schedule.ops, streamed, (16, 16)), kept=False)
+    assert sum(want.values()) > n_chunks(x.shape, (16, 16))  # reloaded: decoded again
+    # each chunk is fetched once per load that needs it (a race between two readers of
+    # neighbouring loads may add one decode, never lose one)
+    fetches = {key: n for (key, _), n in store.fetches.items()}
+    assert sum(fetches.values()) == r.chunks[streamed]["decodes"] >= sum(want.values())
+    assert r.chunks[streamed]["decodes"] <= sum(want.values()) * 1.25
+    report = {x.operand: x for x in r.plan.chunk_reports()}[streamed]
+    assert sum(want.values()) <= report.decodes <= 1.5 * sum(want.values())  # an upper bound
+    assert r.chunks[streamed]["peak_bytes"] <= r.plan.decode_window
+    assert "decodes" in str(r.plan)
+
+
+def test_window_bytes_rounds_to_whole_chunks():
+    assert window_bytes((16, 16), (16, 16), 8) == 16 * 16 * 8
+    assert window_bytes((17, 16), (16, 16), 8) == 3 * 16 * 16 * 8  # cuts: one more each side
+    assert window_bytes((10, 10), None, 8) == 0
+
+
+def test_loads_group_the_stripes_of_one_region(rng, workdir):
+    a, b = rand(rng, (48, 40)), rand(rng, (40, 36))
+    write("a.zarr", a, (16, 8), "v3")
+    write("b.zarr", b, (8, 12), "v3")
+    plan = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 12, 8))
+    staged = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
+    flat, striped = (loads(p.schedule.ops, "B", (8, 12)) for p in (plan, staged))
+    assert [x.region for x in flat] == [x.region for x in striped]
+    assert all(x.reads == 1 for x in flat) and any(x.reads > 1 for x in striped)
+
+
+def test_plan_keeps_within_host_memory_limit(rng, workdir):
+    a, b = rand(rng, (64, 64)), rand(rng, (64, 64))
+    for name, x in (("a.zarr", a), ("b.zarr", b)):
+        zarr.create_array(name, shape=x.shape, dtype=x.dtype, chunks=(16, 16))[:] = x
+    roomy = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
+    assert set(roomy.cache) == {"A", "B"}
+    assert roomy.host_bytes >= 2 * a.nbytes and "kept in host memory" in str(roomy)
+    none = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
+                        host_memory_limit=roomy.decode_window + 4 * 16 * 16 * 8)
+    assert none.cache == ()
+    in_memory = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 16))
+    assert in_memory.cache == ()  # nothing to save: the data is in memory already
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    memmaps = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16))
+    assert memmaps.cache == ()  # the OS page cache is already their cache
+    for plan_ in (roomy, none):
+        r = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
+                             host_memory_limit=plan_.host_memory_limit)
+        assert r.plan.cache == plan_.cache
+        assert_gemm(r.out, a, b)
+
+
+def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
+    zarr.create_array("a.zarr", shape=(4000, 3000), dtype="f8", chunks=(500, 500))
+    zarr.create_array("b.zarr", shape=(3000, 5000), dtype="f8", chunks=(500, 500))
+    kw = dict(device="cpu", tile=(1000, 1000, 1000), memory_limit="1GB")
+    kept = oocgemm.plan("a.zarr", "b.zarr", **kw)
+    streamed = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit="64MB", **kw)
+    assert kept.cache and not streamed.cache
+    assert kept.prediction.storage_read < streamed.prediction.storage_read / 2
+    assert kept.prediction.decode < streamed.prediction.decode / 2
