@@ -176,6 +176,15 @@ def _product_options(func):
         click.option("--kernel", metavar="NAME", default=None,
                      help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, "
                           "regblock or dmma (kernels/)."),
+        click.option("--out-chunks", type=CHUNKS, default=None,
+                     help="Chunk shape of a new .zarr OUT (default: at most 64 MiB, tiling "
+                          "the C blocks)."),
+        click.option("--out-shards", type=CHUNKS, default=None,
+                     help="Shard shape of a new .zarr OUT (Zarr v3; whole chunks)."),
+        click.option("--out-compressor", metavar="NAME[:LEVEL]", default=None,
+                     help="Compressor of a new .zarr OUT: none (default), zstd, gzip, blosc."),
+        click.option("--zarr-format", type=click.Choice(["2", "3"]), default=None,
+                     help="Zarr format of a new .zarr OUT (default 3, or its group's)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -183,10 +192,14 @@ def _product_options(func):
 
 
 def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile,
-                kernel):
+                kernel, out_chunks=None, out_shards=None, out_compressor=None,
+                zarr_format=None):
+    layout = {name: value for name, value in (
+        ("chunks", out_chunks), ("shards", out_shards), ("compressors", out_compressor),
+        ("zarr_format", int(zarr_format) if zarr_format else None)) if value is not None}
     return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
                 memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile,
-                kernel=kernel)
+                kernel=kernel, out_options=layout or None)
 
 
 def _rate(flops_per_second: float) -> str:
@@ -214,8 +227,8 @@ def main():
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @click.option("-o", "--out", required=True, metavar="PATH",
-              help="The output C (.zarr: Zarr v3; .npy). Written under a temporary name and "
-                   "renamed when complete.")
+              help="The output C (.zarr: Zarr v3 unless --zarr-format or its group says "
+                   "otherwise; .npy). Written under a temporary name and renamed when complete.")
 @_product_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
@@ -228,8 +241,8 @@ def main():
               help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs matplotlib) and "
                    "print its summary.")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel, overwrite, quiet, as_json, timeline_path,
-             plot_path):
+             host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
+             zarr_format, overwrite, quiet, as_json, timeline_path, plot_path):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
@@ -245,7 +258,8 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
         require_matplotlib()
     result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
-                                        host_memory_limit, tile, kernel))
+                                        host_memory_limit, tile, kernel, out_chunks, out_shards,
+                                        out_compressor, zarr_format))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
     if as_json:
@@ -335,7 +349,8 @@ def timeline_command(trace, plot_path, as_json):
 @click.option("-q", "--quiet", is_flag=True, help="Accepted as in multiply; no effect here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit,
-         tile, kernel, overwrite, quiet, as_json):
+         tile, kernel, out_chunks, out_shards, out_compressor, zarr_format, overwrite, quiet,
+         as_json):
     """Show how multiply would tile OUT = alpha*op(A)@op(B) + beta*C (reads no data).
 
     Takes the same options as multiply.
@@ -344,7 +359,8 @@ def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host
 
     the_plan = api_plan(a, b, out, **_api_kwargs(alpha, beta, c, trans_a, trans_b, device,
                                                  memory_limit, host_memory_limit, tile,
-                                                 kernel))
+                                                 kernel, out_chunks, out_shards, out_compressor,
+                                                 zarr_format))
     if as_json:
         _json(the_plan.summary())
     else:

@@ -71,11 +71,11 @@ def open_source(obj, role: str) -> MatrixSource:
                      f"dask), got {type(obj).__name__}")
 
 
-def open_sink(out, *, shape, dtype, chunks=None, overwrite=False, in_place=False,
+def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=False,
               attributes=None) -> MatrixSink:
     """Where C goes: a new file under a temporary name, or a given array written in place.
 
-    ``chunks`` is the chunk shape of a new Zarr output (aligned to the C blocks).
+    ``options`` is the layout of a new Zarr output (``zarr.create_array`` keywords, checked).
     ``in_place``: the output path is also C (beta != 0, c=None) and is replaced on commit.
     """
     if out is None:
@@ -94,7 +94,7 @@ def open_sink(out, *, shape, dtype, chunks=None, overwrite=False, in_place=False
             return NpySink(path, shape, dtype)
         from .zarr_store import ZarrSink
 
-        return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, chunks=chunks,
+        return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, options=options,
                         attributes=attributes)
     module = _module(out)
     if isinstance(out, np.ndarray):

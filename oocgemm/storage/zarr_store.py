@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import threading
+import warnings
 
 import numpy as np
 import zarr
 from zarr.core.buffer import cpu as zarr_cpu
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from . import _files
+from ..plan.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
 
 
@@ -52,32 +56,140 @@ class ZarrSource(MatrixSource):
                              f"{cols[0]}:{cols[1]} (corrupt or truncated chunk? "
                              f"{type(exc).__name__}: {exc})") from exc
 
+    def read_chunk(self, index, out):
+        """Decode one chunk (an inner chunk of a sharded array: zarr reads it through the
+        shard index, without the rest of the shard) into ``out``."""
+        (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+        self.read((r0, r1), (c0, c1), out)
+
     def array(self):
         return self._array
 
 
-def block_chunks(tile_rows: int, tile_cols: int, itemsize: int, target: int = 16 << 20
-                 ) -> tuple[int, int]:
-    """Chunks that divide a C block (so that every block write covers whole chunks) and are
-    near ``target`` bytes, so that downstream readers get reasonable chunks."""
+#: Keywords of ``zarr.create_array`` that ``out_options`` may set.
+OUT_OPTIONS = ("chunks", "shards", "compressors", "filters", "serializer", "zarr_format",
+               "dimension_names", "chunk_key_encoding")
+#: Largest default output chunk, bytes: readers of C downstream want chunks, not one file.
+MAX_OUT_CHUNK = 64 << 20
 
-    def shrink(extent: int, other: int) -> int:
-        for parts in range(1, 65):
-            if extent % parts == 0 and (extent // parts) * other * itemsize <= target:
-                return extent // parts
-        return extent
 
-    rows = shrink(max(tile_rows, 1), max(tile_cols, 1))
-    cols = shrink(max(tile_cols, 1), rows)
-    return rows, cols
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None = None,
+                  limit: int = MAX_OUT_CHUNK) -> tuple[int, int]:
+    """Default chunks of a new Zarr output: they tile the C blocks (``block``: w x h) and the
+    row stripes C is written in (``stripe_rows``, staged plans), so that every write covers
+    whole chunks, and hold at most ``limit`` bytes; square-ish, as large as that allows."""
+    w, h = max(block[0], 1), max(block[1], 1)
+    unit = math.gcd(w, stripe_rows) if stripe_rows else w
+    fits = [d for d in _divisors(unit) if d * d * itemsize <= limit] or [1]
+    rows = fits[-1]
+    cols = [d for d in _divisors(h) if rows * d * itemsize <= limit] or [1]
+    return rows, cols[-1]
+
+
+def parent_group(path: str):
+    """The Zarr group that holds ``path`` (``g.zarr/C``), or None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not any(os.path.exists(os.path.join(parent, name)) for name in ("zarr.json", ".zgroup")):
+        return None
+    try:
+        node = zarr.open(store=parent, mode="r")
+    except Exception:
+        return None
+    return node if isinstance(node, zarr.Group) else None
+
+
+def check_out_options(options, shape, dtype, path: str | None) -> dict:
+    """``out_options`` checked before any work: known keywords that ``zarr.create_array``
+    accepts for this shape and dtype (tried on an in-memory store). Fills in the Zarr format of
+    the group the output goes into (a v2 group gets a v2 array it can see)."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise OptionError(f"out_options must be a dict of zarr.create_array keywords, got "
+                          f"{type(options).__name__}")
+    unknown = sorted(set(options) - set(OUT_OPTIONS))
+    if unknown:
+        raise OptionError(f"out_options: unknown keyword(s) {', '.join(unknown)}; accepted: "
+                          f"{', '.join(OUT_OPTIONS)}")
+    options = dict(options)
+    group = parent_group(path) if path is not None else None
+    if "zarr_format" not in options and group is not None:
+        options["zarr_format"] = group.metadata.zarr_format
+    for name in ("chunks", "shards"):
+        if options.get(name) is not None:
+            value = options[name]
+            ok = (isinstance(value, (tuple, list)) and len(value) == 2
+                  and all(isinstance(x, numbers.Integral) and x >= 1 for x in value))
+            if not ok:
+                raise OptionError(f"out_options[{name!r}] must be two positive integers, got "
+                                  f"{value!r}")
+            options[name] = tuple(int(x) for x in value)
+    fmt = options.get("zarr_format", 3)
+    if fmt not in (2, 3):
+        raise OptionError(f"out_options['zarr_format'] must be 2 or 3, got {fmt!r}")
+    if isinstance(options.get("compressors"), str):
+        options["compressors"] = compressor(options["compressors"], fmt)
+    trial = dict(options)
+    trial.setdefault("chunks", tuple(max(1, min(x, 64)) for x in shape))
+    if trial.get("shards") is not None:
+        trial["chunks"] = tuple(min(c, s) for c, s in zip(trial["chunks"], trial["shards"]))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            zarr.create_array(store=zarr.storage.MemoryStore(), shape=shape, dtype=dtype,
+                              **trial)
+    except Exception as exc:
+        raise OptionError(f"out_options {options!r} are not a valid Zarr array layout: "
+                          f"{type(exc).__name__}: {exc}") from None
+    return options
+
+
+def compressor(spec: str, zarr_format: int = 3):
+    """A compressor from ``NAME[:LEVEL]``: none, zstd, gzip, blosc (lz4), lz4 (blosc)."""
+    name, _, level_text = spec.strip().lower().partition(":")
+    try:
+        level = int(level_text) if level_text else None
+    except ValueError:
+        raise OptionError(f"compressor {spec!r}: the level must be an integer") from None
+    if name in ("none", ""):
+        return None
+    if zarr_format == 2:
+        import numcodecs
+
+        made = {"zstd": lambda: numcodecs.Zstd(level=1 if level is None else level),
+                "gzip": lambda: numcodecs.GZip(level=6 if level is None else level),
+                "blosc": lambda: numcodecs.Blosc("lz4", 5 if level is None else level),
+                "lz4": lambda: numcodecs.Blosc("lz4", 5 if level is None else level)}
+    else:
+        from zarr import codecs
+
+        made = {"zstd": lambda: codecs.ZstdCodec(level=0 if level is None else level),
+                "gzip": lambda: codecs.GzipCodec(level=6 if level is None else level),
+                "blosc": lambda: codecs.BloscCodec(cname="lz4",
+                                                   clevel=5 if level is None else level),
+                "lz4": lambda: codecs.BloscCodec(cname="lz4",
+                                                 clevel=5 if level is None else level)}
+    if name not in made:
+        raise OptionError(f"unknown compressor {spec!r}; known: none, {', '.join(made)}")
+    return made[name]()
 
 
 class ZarrSink(MatrixSink):
-    """Writes into a new Zarr v3 array under a temporary name, renamed on commit; or into a
-    given ``zarr.Array`` in place, flagged incomplete in its attributes until commit."""
+    """Writes into a new Zarr array under a temporary name, renamed on commit; or into a
+    given ``zarr.Array`` in place, flagged incomplete in its attributes until commit.
+
+    ``options`` are the checked ``out_options`` (:func:`check_out_options`) with ``chunks``
+    filled in; a new array is uncompressed unless they say otherwise. An output inside a Zarr
+    group (``g.zarr/C``) is of the group's format, and a group with consolidated metadata is
+    consolidated again on commit, so that the group lists it."""
 
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
-                 chunks: tuple[int, int] | None = None, array: "zarr.Array | None" = None,
+                 options: dict | None = None, array: "zarr.Array | None" = None,
                  attributes: dict | None = None):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
@@ -90,10 +202,13 @@ class ZarrSink(MatrixSink):
         if array is None:
             self.path = os.path.abspath(path)
             self._temporary = _files.temporary_sibling(path)
+            options = dict(options or {})
+            options.setdefault("chunks", self.shape)
+            options.setdefault("compressors", None)
+            options.setdefault("zarr_format", 3)
             self._array = zarr.create_array(
-                store=self._temporary, shape=self.shape, dtype=self.dtype,
-                chunks=chunks or self.shape, compressors=None, fill_value=0,
-                zarr_format=3, attributes={"oocgemm": {"complete": False}})
+                store=self._temporary, shape=self.shape, dtype=self.dtype, fill_value=0,
+                attributes={"oocgemm": {"complete": False}}, **options)
         else:
             self._array = array
             self.path = None
@@ -122,6 +237,11 @@ class ZarrSink(MatrixSink):
             return self._array
         _files.replace(self._temporary, self._final)
         self._temporary = None
+        group = parent_group(self._final)
+        if group is not None and group.metadata.consolidated_metadata is not None:
+            with warnings.catch_warnings():  # zarr: consolidated v3 metadata is not spec
+                warnings.simplefilter("ignore")
+                zarr.consolidate_metadata(os.path.dirname(os.path.abspath(self._final)))
         return zarr.open_array(self._final, mode="r+")
 
     def abort(self):
