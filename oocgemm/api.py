@@ -18,7 +18,7 @@ from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionErr
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .result import Result
-from .storage import MatrixSource, is_path, open_sink, open_source
+from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
@@ -70,6 +70,8 @@ class _Prepared:
     device: Device
     out_options: dict
     """Checked ``out_options`` of a new Zarr output (empty otherwise)."""
+    storage_options: dict | None = None
+    """fsspec options for URL inputs and outputs."""
 
 
 def _scalar(name: str, value):
@@ -98,7 +100,11 @@ def _check_matrix(role: str, src: MatrixSource) -> None:
 
 
 def _same_path(x: str | None, y: str | None) -> bool:
-    return x is not None and y is not None and os.path.realpath(x) == os.path.realpath(y)
+    if x is None or y is None:
+        return False
+    if urls.is_url(x) or urls.is_url(y):
+        return urls.normal(x) == urls.normal(y)
+    return os.path.realpath(x) == os.path.realpath(y)
 
 
 def _same_array(x, y) -> bool:
@@ -119,16 +125,20 @@ def _overlaps(x, y) -> bool:
 
 
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel=None, out_options=None) -> _Prepared:
+             host_memory_limit, tile, kernel=None, out_options=None,
+             storage_options=None) -> _Prepared:
     alpha = _scalar("alpha", alpha)
     beta = _scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OptionError(f"{name} must be True or False, got {flag!r}")
     dev = resolve_device(device)
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise OptionError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+    a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
 
-    src_a = open_source(a, "a")
-    src_b = open_source(b, "b")
+    src_a = open_source(a, "a", storage_options)
+    src_b = open_source(b, "b", storage_options)
     _check_matrix("a", src_a)
     _check_matrix("b", src_b)
     m, k = src_a.shape[::-1] if trans_a else src_a.shape
@@ -143,15 +153,15 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     in_place = False
     c_source = None
     if c is not None:
-        c_source = open_source(c, "c")
+        c_source = open_source(c, "c", storage_options)
         _check_matrix("c", c_source)
         if tuple(c_source.shape) != (m, n):
             raise ShapeError(f"c has shape {tuple(c_source.shape)}, expected {(m, n)} "
                              f"(op(a) is {(m, k)}, op(b) is {(k, n)})")
     if beta != 0 and c is None:
-        if out is None or (is_path(out) and not os.path.exists(os.fspath(out))):
+        if out is None or (is_path(out) and not exists(out, storage_options)):
             raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in place")
-        c_source = open_source(out, "out (read as c, beta != 0)")
+        c_source = open_source(out, "out (read as c, beta != 0)", storage_options)
         _check_matrix("out", c_source)
         if tuple(c_source.shape) != (m, n):
             what = f"out {os.fspath(out)!r}" if is_path(out) else "out"
@@ -254,7 +264,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     if problem.c is not None:
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
-                     out_options=out_options)
+                     out_options=out_options, storage_options=storage_options)
 
 
 def _with_cache(plan: Plan) -> Plan:
@@ -379,7 +389,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 # ------------------------------------------------------------------------------------------
 def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
          device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
-         out_options=None, **_ignored) -> Plan:
+         out_options=None, storage_options=None, **_ignored) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -394,22 +404,23 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                         device=device, memory_limit=memory_limit,
                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
-                        out_options=out_options)
+                        out_options=out_options, storage_options=storage_options)
     return prepared.plan
 
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
-             kernel=None, overwrite=False, progress=None, events=True, out_options=None
-             ) -> Result:
+             kernel=None, overwrite=False, progress=None, events=True, out_options=None,
+             storage_options=None) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
     ----------
     a, b
         Matrices: a path (a ``.zarr`` directory in Zarr format 2 or 3, a ``.npy`` file opened
-        as a memmap), a ``zarr.Array``, a numpy array or memmap (any strides), a CuPy array,
-        or a dask array.
+        as a memmap), a URL of a Zarr array (``file://``, ``memory://``, ``s3://``, ``gs://``:
+        whatever fsspec opens), a ``zarr.Array``, a numpy array or memmap (any strides), a
+        CuPy array, or a dask array.
     out
         A path (created: ``.zarr`` as Zarr v3, or the format of the Zarr group it goes into,
         uncompressed, with chunks of at most 64 MiB that tile the C blocks; ``.npy`` as a
@@ -448,6 +459,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         ``dimension_names``, ``chunk_key_encoding``), checked before any work. ``compressors``
         may be a codec object (list) or a name like ``'zstd:3'``; C blocks align to the
         chunks (or shards).
+    storage_options
+        Options of the fsspec file system of URL inputs and outputs (credentials, endpoint).
     events
         True (the default) to record one timed event per block operation (``result.events``,
         ``result.timeline``); False records none, to measure what recording costs
@@ -471,7 +484,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"events must be True or False, got {events!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
-                    tile=tile, kernel=kernel, out_options=out_options)
+                    tile=tile, kernel=kernel, out_options=out_options,
+                    storage_options=storage_options)
     plan_ = prep.plan
     from .runtime.base import executor_class
 
@@ -480,7 +494,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                   "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
                   "trans_b": prob.trans_b}
     sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, options=_out_layout(prep),
-                     overwrite=overwrite, in_place=prep.in_place, attributes=attributes)
+                     overwrite=overwrite, in_place=prep.in_place, attributes=attributes,
+                     storage_options=prep.storage_options)
     bar = None
     sources = prep.sources
     try:

@@ -7,10 +7,12 @@ import os
 import numpy as np
 
 from ..errors import InputError, OutputError
+from . import urls
 from .base import MatrixSink, MatrixSource
 from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
 
-__all__ = ["MatrixSink", "MatrixSource", "open_source", "open_sink", "is_path", "kind_of_path"]
+__all__ = ["MatrixSink", "MatrixSource", "exists", "open_source", "open_sink", "is_path",
+           "kind_of_path"]
 
 
 def is_path(obj) -> bool:
@@ -33,8 +35,17 @@ def kind_of_path(path: str) -> str:
     return "zarr"
 
 
-def open_source(obj, role: str) -> MatrixSource:
-    """A readable matrix from a path (.zarr directory, .npy file), a zarr/numpy/cupy/dask array.
+def exists(target, storage_options: dict | None = None) -> bool:
+    """Whether a path or URL names something that exists."""
+    target = urls.local(os.fspath(target))
+    if urls.is_url(target):
+        return urls.exists(target, storage_options)
+    return os.path.exists(target)
+
+
+def open_source(obj, role: str, storage_options: dict | None = None) -> MatrixSource:
+    """A readable matrix from a path (.zarr directory, .npy file), a URL of a Zarr array
+    (``storage_options`` for its file system), a zarr/numpy/cupy/dask array.
 
     Raises
     ------
@@ -42,7 +53,15 @@ def open_source(obj, role: str) -> MatrixSource:
         Missing path, unreadable or corrupt file, unsupported object.
     """
     if is_path(obj):
-        path = os.fspath(obj)
+        path = urls.local(os.fspath(obj))
+        if urls.is_url(path):
+            from .zarr_store import ZarrSource
+
+            if kind_of_path(path) == "npy":
+                raise InputError(f"{role}: {path!r}: .npy inputs must be local paths; store "
+                                 f"it as Zarr to read it by URL")
+            return ZarrSource(urls.open_array(path, role, storage_options), name=path,
+                              path=urls.normal(path))
         if not os.path.exists(path):
             raise InputError(f"{role}: no such file or directory: {path!r}")
         if kind_of_path(path) == "npy":
@@ -72,7 +91,7 @@ def open_source(obj, role: str) -> MatrixSource:
 
 
 def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=False,
-              attributes=None) -> MatrixSink:
+              attributes=None, storage_options=None) -> MatrixSink:
     """Where C goes: a new file under a temporary name, or a given array written in place.
 
     ``options`` is the layout of a new Zarr output (``zarr.create_array`` keywords, checked).
@@ -80,8 +99,18 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
     """
     if out is None:
         return NumpySink(np.empty(shape, dtype=dtype), name="result array")
+    if is_path(out) and urls.is_url(urls.local(os.fspath(out))):
+        from .zarr_store import ZarrSink
+
+        url = os.fspath(out)
+        urls.check_sink(url, storage_options)
+        if urls.exists(url, storage_options) and not (overwrite or in_place):
+            raise OutputError(f"out: {url!r} exists; pass overwrite=True (--overwrite) to "
+                              f"replace it")
+        return ZarrSink(shape=shape, dtype=dtype, name=url, path=url, options=options,
+                        attributes=attributes, storage_options=storage_options)
     if is_path(out):
-        path = os.fspath(out)
+        path = urls.local(os.fspath(out))
         if os.path.exists(path) and not (overwrite or in_place):
             raise OutputError(f"out: {path!r} exists; pass overwrite=True (--overwrite) to "
                               f"replace it")

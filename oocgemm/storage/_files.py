@@ -9,11 +9,16 @@ import uuid
 PARTIAL = ".oocgemm-partial-"
 
 
+def temporary_suffix() -> str:
+    """What makes a name a temporary one: nobody mistakes it for a finished output."""
+    return f"{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def temporary_sibling(path: str) -> str:
     """A name beside ``path`` (same file system, so the final rename is atomic) that nobody
     mistakes for a finished output."""
     head, tail = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f"{tail}{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return os.path.join(head, tail + temporary_suffix())
 
 
 def remove(path: str) -> None:

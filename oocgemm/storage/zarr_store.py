@@ -13,7 +13,7 @@ import zarr
 from zarr.core.buffer import cpu as zarr_cpu
 
 from ..errors import InputError, OptionError
-from . import _files
+from . import _files, urls
 from ..plan.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
 
@@ -186,11 +186,15 @@ class ZarrSink(MatrixSink):
     ``options`` are the checked ``out_options`` (:func:`check_out_options`) with ``chunks``
     filled in; a new array is uncompressed unless they say otherwise. An output inside a Zarr
     group (``g.zarr/C``) is of the group's format, and a group with consolidated metadata is
-    consolidated again on commit, so that the group lists it."""
+    consolidated again on commit, so that the group lists it.
+
+    ``path`` may be a URL (:mod:`oocgemm.storage.urls`, with ``storage_options``): a new one
+    is written where it goes, flagged incomplete until commit and removed on abort; an
+    existing one is replaced on commit from a temporary sibling."""
 
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
                  options: dict | None = None, array: "zarr.Array | None" = None,
-                 attributes: dict | None = None):
+                 attributes: dict | None = None, storage_options: dict | None = None):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.name = name
@@ -199,16 +203,26 @@ class ZarrSink(MatrixSink):
         self._temporary = None
         self._attributes = attributes or {}
         self._lock = threading.Lock()
+        self._storage_options = storage_options
+        self._url = path is not None and urls.is_url(path)
+        self._direct = False  # a new URL output, written where it goes
         if array is None:
-            self.path = os.path.abspath(path)
-            self._temporary = _files.temporary_sibling(path)
+            if self._url:
+                self.path = urls.normal(path)
+                self._direct = not urls.exists(path, storage_options)
+                self._temporary = (path if self._direct else
+                                   self.path + _files.temporary_suffix())
+            else:
+                self.path = os.path.abspath(path)
+                self._temporary = _files.temporary_sibling(path)
             options = dict(options or {})
             options.setdefault("chunks", self.shape)
             options.setdefault("compressors", None)
             options.setdefault("zarr_format", 3)
+            extra = {"storage_options": storage_options} if self._url else {}
             self._array = zarr.create_array(
                 store=self._temporary, shape=self.shape, dtype=self.dtype, fill_value=0,
-                attributes={"oocgemm": {"complete": False}}, **options)
+                attributes={"oocgemm": {"complete": False}}, **options, **extra)
         else:
             self._array = array
             self.path = None
@@ -235,6 +249,12 @@ class ZarrSink(MatrixSink):
         self._array.attrs["oocgemm"] = {"complete": True, **self._attributes}
         if self._temporary is None:
             return self._array
+        if self._url:
+            if not self._direct:
+                urls.replace(self._temporary, self._final, self._storage_options)
+            self._temporary = None
+            return zarr.open_array(self._final, mode="r+",
+                                   storage_options=self._storage_options)
         _files.replace(self._temporary, self._final)
         self._temporary = None
         group = parent_group(self._final)
@@ -246,7 +266,10 @@ class ZarrSink(MatrixSink):
 
     def abort(self):
         if self._temporary is not None:
-            _files.remove(self._temporary)
+            if self._url:
+                urls.remove(self._temporary, self._storage_options)
+            else:
+                _files.remove(self._temporary)
             self._temporary = None
 
     def array(self):
