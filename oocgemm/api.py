@@ -542,22 +542,7 @@ def _progress(progress, plan_):
         progress = sys.stderr.isatty() and plan_.prediction.total > 2.0
     if not progress:
         return None, None
-    from tqdm.auto import tqdm
+    from .diagnostics.progress import ProgressBar
 
-    prob = plan_.problem
-    # Integer counts (flops, or blocks when there is no product): float GFLOP steps add up
-    # past the total by rounding.
-    if prob.flops:
-        bar = tqdm(total=prob.flops, unit="flop", unit_scale=True, desc="oocgemm", leave=False,
-                   dynamic_ncols=True)
-    else:
-        bar = tqdm(total=plan_.n_blocks, unit="block", desc="oocgemm", leave=False,
-                   dynamic_ncols=True)
-
-    def on_event(event):
-        if prob.flops and event.kind == "gemm":
-            bar.update(event.flops)
-        elif not prob.flops and event.kind == "fill":  # one per block
-            bar.update(1)
-
-    return on_event, bar
+    bar = ProgressBar(plan_)
+    return bar, bar

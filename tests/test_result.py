@@ -145,3 +145,30 @@ def test_import_and_cpu_multiply_do_not_import_cupy():
         print(sorted(m for m in sys.modules if m == "cupy" or m.startswith("cupy.")))
     """)
     assert out.strip() == "[]"
+
+
+def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
+    """The bar's figures: C blocks stored (each once all its writes are done) and the
+    storage's read and write rates, from a real run's events."""
+    import io
+
+    import zarr
+
+    from oocgemm.diagnostics.progress import ProgressBar
+
+    a, b = rand(rng, (12, 9)), rand(rng, (9, 10))
+    zarr.create_array("a.zarr", shape=a.shape, dtype=a.dtype, chunks=(4, 4))[:] = a
+    plan = oocgemm.plan("a.zarr", b, "c.zarr", tile=(4, 5, 3), device="cpu")
+    stream = io.StringIO()
+    bar = ProgressBar(plan, file=stream)
+    seen = []
+    r = oocgemm.multiply("a.zarr", b, "c.zarr", tile=(4, 5, 3), device="cpu",
+                         progress=lambda e: (seen.append(e), bar(e)))
+    bar.close()
+    assert bar.bar.n == r.flops
+    figures = bar.figures(r.seconds)
+    assert figures.startswith(f"blocks {plan.n_blocks}/{plan.n_blocks}, read ")
+    assert "write" in figures and "GB/s" in figures
+    reads = sum(e.nbytes for e in seen if e.kind == "read")
+    assert reads >= a.nbytes  # the zarr operand's reads were counted
+    assert_gemm(r.out, a, b)

@@ -148,8 +148,7 @@ class CudaExecutor(Executor):
                 self._nvtx.pop()
             end = self.log.now()
             lane = "read" if op.kind is OpKind.READ else "write"
-            self._report(op, thread_lane(lane), start, end,
-                         wanted=self.on_event is not None and op.kind is OpKind.WRITE)
+            self._report(op, thread_lane(lane), start, end, wanted=self.on_event is not None)
         return run
 
     # -- device lanes -------------------------------------------------------------------------
