@@ -10,8 +10,11 @@ the read copies its part out. A chunk stays in memory until the last read of the
 that needs it (streamed operands), or for the whole run (kept operands, ``Plan.cache``); the
 plan's :func:`~oocgemm.plan.chunks.loads` say how many reads each load makes.
 
-When a read starts a load, the decodes of the whole load are queued at once, in the load's
-row order: the decoders run ahead of the stripes by up to one load.
+When a read starts a load of a streamed operand, the decodes of the whole load are queued at
+once, in the load's row order: the decoders run ahead of the stripes by up to one load. A kept
+operand has its whole size budgeted anyway: the first read queues every chunk's decode in the
+order the schedule first needs them, so that the decoders (and the storage under them) never
+wait for the executor.
 """
 
 from __future__ import annotations
@@ -137,6 +140,8 @@ class ChunkReader(MatrixSource):
         else:  # not a read of the plan's loads: decode for this read alone
             return
         self._begun[at] += 1
+        if self.kept and self._next_load == 0:  # budgeted whole: decode all, in order of need
+            at = len(self._loads) - 1
         for ahead in self._loads[self._next_load:at + 1]:
             for index in ahead.chunks:
                 self._start(index)
