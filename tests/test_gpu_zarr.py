@@ -1,0 +1,61 @@
+"""Zarr -> Zarr on the CUDA executor: the staged schedule reads every input chunk once (counted
+at the store), writes the user's output layout, and reads URLs; skipped where no GPU is found."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import oocgemm
+from oocgemm import cuda
+from test_chunks import CountingStore, counted, n_chunks, write
+from _helpers import assert_gemm, rand
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]
+
+
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded", "v2"])
+def test_zarr_to_zarr_decodes_each_chunk_once(rng, workdir, layout):
+    a, b = rand(rng, (600, 500)), rand(rng, (500, 450))
+    write("a.zarr", a, (128, 96), layout)
+    write("b.zarr", b, (96, 128), layout)
+    (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
+    r = oocgemm.multiply(za, zb, "c.zarr", device="cuda", tile=(256, 192, 160),
+                         out_options={"compressors": "zstd:1"})
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
+    assert r.plan.staged and set(r.plan.cache) == {"A", "B"}
+    for name, store, x, chunks in (("A", store_a, a, (128, 96)), ("B", store_b, b, (96, 128))):
+        assert len(store.fetches) == n_chunks(x.shape, chunks)
+        assert set(store.fetches.values()) == {1}
+        assert r.chunks[name]["decodes"] == n_chunks(x.shape, chunks)
+    out = zarr.open_array("c.zarr", mode="r")
+    assert type(out.compressors[0]).__name__ == "ZstdCodec"
+
+
+def test_streamed_operand_on_the_gpu(rng, workdir):
+    a, b = rand(rng, (512, 384)), rand(rng, (384, 512))
+    write("a.zarr", a, (128, 128), "v3-zstd")
+    write("b.zarr", b, (128, 128), "v3-zstd")
+    kw = dict(device="cuda", tile=(128, 128, 128))
+    roomy = oocgemm.plan("a.zarr", "b.zarr", **kw)
+    budget = roomy.host_bytes - 1
+    r = oocgemm.multiply("a.zarr", "b.zarr", host_memory_limit=budget, **kw)
+    assert len(r.plan.cache) == 1
+    assert_gemm(r.out, a, b)
+    streamed = ({"A", "B"} - set(r.plan.cache)).pop()
+    assert r.chunks[streamed]["decodes"] > n_chunks((384, 512), (128, 128))
+    assert r.chunks[streamed]["peak_bytes"] <= r.plan.decode_window
+
+
+def test_memory_urls_on_the_gpu(rng):
+    import uuid
+
+    root = f"memory://oocgemm-gpu-{uuid.uuid4().hex[:8]}"
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
+    for name, x in (("a", a), ("b", b)):
+        zarr.create_array(f"{root}/{name}.zarr", shape=x.shape, dtype=x.dtype,
+                          chunks=(64, 64))[:] = x
+    oocgemm.multiply(f"{root}/a.zarr", f"{root}/b.zarr", f"{root}/c.zarr", device="cuda")
+    assert_gemm(zarr.open_array(f"{root}/c.zarr", mode="r")[:], a, b)
