@@ -268,20 +268,21 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
 
 
 def _with_cache(plan: Plan) -> Plan:
-    """Keep the decoded chunks of chunked on-disk operands (Zarr) that streaming would decode
-    more than once (panels reloaded, or panel edges that cut chunks) in host memory for the
-    whole run, the most repeated decode bytes first, where each fits in what the rest leaves
-    of host_memory_limit (it then no longer needs its streaming window): every chunk is then
-    read and decoded once (HARDWARE.md: storage is 25-40x slower than PCIe). A .npy memmap is
-    left to the OS page cache, which already is that cache: a copy of it cost the GPU
-    benchmark 60% of its rate from warm .npy files."""
-    extra = {}
+    """Keep the decoded chunks of chunked on-disk operands (Zarr) in host memory for the whole
+    run where they fit in what the rest leaves of host_memory_limit (a kept operand no longer
+    needs its streaming window): every chunk is then read and decoded once, and the decoders
+    run ahead of the executor as far as storage allows (HARDWARE.md: storage is 25-40x slower
+    than PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
+    by panel edges) come first, the most repeated decode bytes first; then the larger. A .npy
+    memmap is left to the OS page cache, which already is that cache: a copy of it cost the
+    GPU benchmark 60% of its rate from warm .npy files."""
+    priority = {}
     for report in plan.chunk_reports():
-        if report.operand in ("A", "B") and report.decodes > report.n_chunks:
-            extra[report.operand] = ((report.decodes - report.n_chunks)
-                                     * report.chunks[0] * report.chunks[1])
+        if report.operand in ("A", "B"):
+            repeated = (report.decodes - report.n_chunks) * report.chunks[0] * report.chunks[1]
+            priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
     chosen: tuple[str, ...] = ()
-    for name in sorted(extra, key=lambda x: -extra[x]):
+    for name in sorted(priority, key=lambda x: priority[x], reverse=True):
         trial = dataclasses.replace(plan, cache=tuple(sorted(chosen + (name,))))
         if trial.host_bytes <= plan.host_memory_limit:
             chosen = trial.cache
@@ -298,11 +299,13 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     from .storage.base import ChunkedSource
     from .storage.chunked import ChunkReader
 
+    # The CUDA executor's host threads mostly wait on copies: decode on every core there.
+    decoders = max(plan.readers, hostinfo.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
     for name, src in sources.items():
         if src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, name, src.chunks),
-                                        kept=name in plan.cache, decoders=plan.readers)
+                                        kept=name in plan.cache, decoders=decoders)
     return wrapped
 
 

@@ -103,7 +103,7 @@ def test_memory_back_to_start_after_a_failure(rng, tmp_path):
     plan = _tight_plan(a, b, tile=(32, 32, 16), stripe=64, ring=2)
     before = _levels()
     sink = open_sink(str(tmp_path / "c.zarr"), shape=(200, 120), dtype="float64",
-                     chunks=(32, 32))
+                     options={"chunks": (32, 32)})
     with pytest.raises(oocgemm.ExecutionError, match="disk on fire"):
         _run(plan, {"A": _Failing(a, after=20), "B": NumpySource(b)}, sink)
     sink.abort()
