@@ -1,0 +1,1 @@
+"""Measurements that live beside oocgemm, never imported by it (run them with ``python -m``)."""
