@@ -252,13 +252,14 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     if tile is not None:
         w, h, r = _parse_tile(tile)
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
-        plan = Plan(tile=tile, chosen_by="tile", **kwargs).validate()
+        plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
         tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
-        plan = Plan(tile=tile, **kwargs).validate()
+        plan = Plan(tile=tile, **kwargs)
     if staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         plan = dataclasses.replace(plan, stripe=min(plan.stripe, max(w * r, r * h, w * h)))
+    plan = plan.validate()
     plan = _with_cache(plan)
     sources = {"A": src_a, "B": src_b}
     if problem.c is not None:
