@@ -1,0 +1,309 @@
+"""Zarr -> Zarr at the speed of storage: oocgemm against its floors and against dask, in one run.
+
+    python -m benchmarks.zarr_product --n 32768 --chunk 4096 --layout v3 --workdir DIR \\
+        --memory-limit 16GB [--cold] [--dask] [--json FILE] [--plot FILE]
+
+For one layout of float64 n x n inputs written the way a zarr-python user with its defaults
+would (zstd; ``v3``: chunks of ``--chunk``; ``v3-sharded``: shards of ``--chunk`` holding
+``--inner`` chunks), it measures in this order:
+
+- the storage floor: the stored input bytes over the raw parallel cold read rate of their
+  files, plus C's bytes over the raw parallel write rate (fsync);
+- the decode floor, warm: both inputs read and decoded whole, every chunk once, on 16 threads
+  into memory with zarr-python (the decoder oocgemm uses), plus C written with the output's
+  layout (oocgemm's default: uncompressed, chunks tiling the C blocks);
+- the product's time at the device's sustained in-core GEMM rate (measured here, 16384^3);
+- oocgemm ``multiply(a, b, c.zarr, memory_limit=...)``, cold (page cache dropped) and warm;
+- with ``--dask``: dask's ``from_zarr`` -> CuPy blocks -> ``a @ b`` -> ``to_zarr`` on 16 threads,
+  warm (and cold with ``--cold``).
+
+Targets (issue 17): cold <= 1.15 x storage floor; warm <= 1.25 x max(decode floor, GEMM time);
+oocgemm >= 5x faster than dask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from benchmarks.zarr_io import describe_store, drop_caches, make_store, read_files, write_files
+
+GB = 1e9
+
+
+def _chunk_files(path: str) -> list[str]:
+    return describe_store(path).files
+
+
+def storage_floor(stores: list[str], c_bytes: int, workdir: str, threads: int) -> dict:
+    files = [f for s in stores for f in _chunk_files(s)]
+    how = drop_caches(files)
+    nbytes, seconds = read_files(files, threads)
+    read_rate = nbytes / seconds
+    wrote, wseconds = write_files(os.path.join(workdir, "write-floor"), c_bytes, threads)
+    write_rate = wrote / wseconds
+    return {
+        "cold": how,
+        "stored_bytes": nbytes,
+        "read_rate": read_rate,
+        "write_rate": write_rate,
+        "seconds": nbytes / read_rate + c_bytes / write_rate,
+    }
+
+
+def read_whole(path: str, threads: int) -> tuple[int, float]:
+    """Every chunk (inner chunk of a shard) decoded once, in parallel, into one array."""
+    import zarr
+
+    arr = zarr.open_array(path, mode="r")
+    out = np.empty(arr.shape, dtype=arr.dtype)
+    out.fill(0)  # fault the pages in before the clock
+    rows, cols = arr.chunks
+    jobs = [(i, j) for i in range(0, arr.shape[0], rows) for j in range(0, arr.shape[1], cols)]
+
+    def one(corner):
+        i, j = corner
+        out[i : i + rows, j : j + cols] = arr[i : i + rows, j : j + cols]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, jobs))
+    return out.nbytes, time.perf_counter() - start
+
+
+def write_like_output(path: str, n: int, tile: tuple[int, int], threads: int,
+                      codec: str = "none") -> tuple[float, int]:
+    """(seconds, stored bytes) to write an n x n float64 array of random normal values (what a
+    product of random inputs looks like to a codec) with oocgemm's default chunks and
+    ``codec``, each writer thread taking whole chunk rows, synced to disk."""
+    import zarr
+
+    from oocgemm.storage.zarr_store import compressor, output_chunks
+
+    chunks = output_chunks(tile, 8)
+    arr = zarr.create_array(path, shape=(n, n), dtype="f8", chunks=chunks,
+                            compressors=compressor(codec), overwrite=True)
+    block = np.random.default_rng(1).standard_normal((chunks[0], n))
+    starts = list(range(0, n, chunks[0]))
+
+    def one(i):
+        arr[i:i + chunks[0]] = block[:min(chunks[0], n - i)]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, starts))
+    os.sync()
+    seconds = time.perf_counter() - start
+    stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    shutil.rmtree(path, ignore_errors=True)
+    return seconds, stored
+
+
+def gemm_rate(size: int = 16384) -> float:
+    """Sustained cuBLAS DGEMM rate in core, flop/s (best of three after a warm-up)."""
+    import cupy
+
+    a = cupy.random.standard_normal((size, size))
+    b = cupy.random.standard_normal((size, size))
+    c = a @ b
+    best = float("inf")
+    for _ in range(3):
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        c = cupy.matmul(a, b, out=c)
+        cupy.cuda.Device().synchronize()
+        best = min(best, time.perf_counter() - start)
+    del a, b, c
+    cupy.get_default_memory_pool().free_all_blocks()
+    return 2 * size**3 / best
+
+
+def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool) -> dict:
+    import oocgemm
+
+    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    start = time.perf_counter()
+    r = oocgemm.multiply(
+        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
+    )
+    wall = time.perf_counter() - start
+    return {
+        "cold": how,
+        "wall": wall,
+        "run": r.seconds,
+        "tflops": r.flops / wall / 1e12,
+        "tile": list(r.plan.tile),
+        "chunks": r.chunks,
+        "bytes": r.bytes,
+        "predicted": r.plan.prediction.total,
+        "bound": r.plan.prediction.bound,
+        "result": r,
+    }
+
+
+def run_dask(a: str, b: str, c: str, threads: int, cold: bool) -> dict:
+    import cupy
+    import dask
+    import dask.array as da
+
+    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    x = da.from_zarr(a).map_blocks(cupy.asarray, dtype="f8")
+    y = da.from_zarr(b).map_blocks(cupy.asarray, dtype="f8")
+    z = (x @ y).map_blocks(cupy.asnumpy, dtype="f8")
+    start = time.perf_counter()
+    with dask.config.set(scheduler="threads", num_workers=threads):
+        z.to_zarr(c, overwrite=True)
+    wall = time.perf_counter() - start
+    cupy.get_default_memory_pool().free_all_blocks()
+    return {"cold": how, "wall": wall}
+
+
+def check(c: str, a: str, b: str, rows: int = 64) -> float:
+    """Max relative error of a few rows of C against numpy."""
+    import zarr
+
+    za, zb, zc = (zarr.open_array(p, mode="r") for p in (a, b, c))
+    sample = np.random.default_rng(7).choice(za.shape[0], size=rows, replace=False)
+    sample.sort()
+    want = za.get_orthogonal_selection((sample, slice(None))) @ zb[:]
+    got = zc.get_orthogonal_selection((sample, slice(None)))
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=32768)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--inner", type=int, default=512)
+    parser.add_argument("--layout", choices=("v3", "v3-sharded", "v2"), default="v3")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--memory-limit", default="16GB")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--cold", action="store_true", help="also run cold (drops caches)")
+    parser.add_argument("--dask", action="store_true", help="also run the dask baseline")
+    parser.add_argument("--keep", action="store_true", help="keep the stores afterwards")
+    parser.add_argument("--write-codecs", default="none",
+                        help="output codecs whose write of C to time, comma list; the first "
+                             "is the decode floor's (oocgemm's default output: none)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
+    parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
+    args = parser.parse_args(argv)
+
+    work = os.path.abspath(args.workdir)
+    os.makedirs(work, exist_ok=True)
+    a, b = os.path.join(work, "a.zarr"), os.path.join(work, "b.zarr")
+    c, cd = os.path.join(work, "c.zarr"), os.path.join(work, "c-dask.zarr")
+    doc = {
+        "date": datetime.date.today().isoformat(),
+        "n": args.n,
+        "layout": args.layout,
+        "chunk": args.chunk,
+        "inner": args.inner,
+        "memory_limit": args.memory_limit,
+    }
+
+    def say(text):
+        print(text, flush=True)
+
+    for seed, path in ((1, a), (2, b)):
+        made = make_store(
+            path,
+            n=args.n,
+            chunk=args.chunk,
+            layout=args.layout,
+            inner=args.inner,
+            seed=seed,
+            threads=args.threads,
+        )
+        say(f"made {path}: {made['stored_bytes'] / GB:.2f} GB stored in {made['seconds']:.1f} s")
+    c_bytes = args.n * args.n * 8
+    floor = storage_floor([a, b], c_bytes, work, args.threads)
+    doc["storage_floor"] = floor
+    say(
+        f"storage floor ({floor['cold'] or 'NOT cold'}): read {floor['read_rate'] / GB:.2f} GB/s, "
+        f"write {floor['write_rate'] / GB:.2f} GB/s -> {floor['seconds']:.2f} s"
+    )
+
+    decoded = [read_whole(p, args.threads) for p in (a, b)]
+    decode_s = sum(s for _, s in decoded)
+    probe = None
+    if args.device != "cpu":
+        import oocgemm
+
+        probe = oocgemm.plan(a, b, c, device=args.device, memory_limit=args.memory_limit)
+    tile = probe.tile[:2] if probe else (args.chunk, args.chunk)
+    writes = {codec: write_like_output(os.path.join(work, "write-probe.zarr"), args.n, tile,
+                                       args.threads, codec)
+              for codec in args.write_codecs.split(",")}
+    for codec, (seconds, stored) in writes.items():
+        say(f"write C with {codec}: {seconds:.2f} s, {stored / GB:.2f} GB stored "
+            f"({c_bytes / seconds / GB:.2f} GB/s of data)")
+    doc["write_codecs"] = {k: {"seconds": v[0], "stored_bytes": v[1]} for k, v in writes.items()}
+    write_s = next(iter(writes.values()))[0]
+    doc["decode_floor"] = {
+        "read_decode": decode_s,
+        "write": write_s,
+        "rate": sum(x for x, _ in decoded) / decode_s,
+        "seconds": decode_s + write_s,
+    }
+    say(
+        f"decode floor (warm): read+decode {decode_s:.2f} s "
+        f"({doc['decode_floor']['rate'] / GB:.2f} GB/s), write C {write_s:.2f} s "
+        f"-> {decode_s + write_s:.2f} s"
+    )
+    if args.device != "cpu":
+        rate = gemm_rate()
+        doc["gemm"] = {"rate": rate, "seconds": 2 * args.n**3 / rate}
+        say(f"in-core DGEMM {rate / 1e12:.1f} TFLOP/s -> {doc['gemm']['seconds']:.2f} s")
+        say(str(probe))
+
+    runs = []
+    for cold in (True, False) if args.cold else (False,):
+        if not cold:  # warm the page cache the way a user's second run would find it
+            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+        r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold)
+        result = r.pop("result")
+        r["error"] = check(c, a, b)
+        runs.append(r)
+        say(
+            f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} TFLOP/s, "
+            f"predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error {r['error']:.1e}, "
+            f"decodes { ({k: v['decodes'] for k, v in r['chunks'].items()}) }"
+        )
+        if not cold:
+            say(str(result.timeline))
+            if args.trace:
+                result.timeline.save(args.trace)
+            if args.plot:
+                result.timeline.plot(args.plot)
+    doc["oocgemm"] = runs
+    if args.dask:
+        druns = []
+        for cold in (True, False) if args.cold else (False,):
+            if not cold:
+                read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+            d = run_dask(a, b, cd, args.threads, cold)
+            druns.append(d)
+            say(f"dask {'cold' if cold else 'warm'}: {d['wall']:.2f} s")
+        doc["dask"] = druns
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    if not args.keep:
+        for p in (a, b, c, cd):
+            shutil.rmtree(p, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
