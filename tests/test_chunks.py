@@ -149,6 +149,35 @@ def test_streamed_operands_decode_once_per_load(rng, workdir):
     assert "decodes" in str(r.plan)
 
 
+def test_staged_streamed_operand_stays_within_its_window(rng, workdir):
+    """Stripes cut chunks (several stripes a chunk): a streamed operand's chunk is dropped
+    after the last stripe of the load that needs it, so the decoded bytes held stay within
+    the plan's window, while each chunk is still decoded once per load."""
+    a, b = rand(rng, (64, 64)), rand(rng, (64, 96))
+    write("a.zarr", a, (16, 16), "v3-zstd")
+    write("b.zarr", b, (16, 16), "v3-zstd")
+    (store_b, zb) = counted("b.zarr")
+    plan = oocgemm.plan("a.zarr", zb, device="cpu", tile=(32, 32, 32))
+    plan = dataclasses.replace(plan, staged=True, stripe=4 * 32, n_stage=3, n_out=2,
+                               cache=())
+    ops = plan.schedule.ops
+    b_loads = loads(ops, "B", (16, 16))
+    assert all(x.reads == 8 and set(x.uses) == {4} for x in b_loads)  # 4 stripes a chunk
+    sources = chunk_readers(plan, {"A": ZarrSource(zarr.open_array("a.zarr"), "a"),
+                                   "B": ZarrSource(zb, "b")})
+    out = poisoned((64, 96))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+        peak, decodes = sources["B"].peak_bytes, sources["B"].decodes
+    finally:
+        for src in sources.values():
+            src.close()
+    assert_gemm(out, a, b)
+    assert peak <= plan.decode_window
+    assert decodes >= sum(decode_counts(b_loads, kept=False).values()) > n_chunks(b.shape,
+                                                                                   (16, 16))
+
+
 def test_window_bytes_rounds_to_whole_chunks():
     assert window_bytes((16, 16), (16, 16), 8) == 16 * 16 * 8
     assert window_bytes((17, 16), (16, 16), 8) == 3 * 16 * 16 * 8  # cuts: one more each side

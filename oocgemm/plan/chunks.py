@@ -48,11 +48,13 @@ def chunk_region(index: tuple[int, int], chunks: tuple[int, int], shape: tuple[i
 @dataclass(frozen=True)
 class Load:
     """One load of a region (a panel, a C block) as the schedule reads it: ``reads`` READ
-    operations (stripes, or one read of the whole region), touching ``chunks``."""
+    operations (stripes, or one read of the whole region), touching ``chunks``, each of them
+    by ``uses`` of those reads (a chunk of 4096 rows by four 1024-row stripes)."""
 
     region: Region
     reads: int
     chunks: tuple[tuple[int, int], ...]
+    uses: tuple[int, ...]
 
 
 def loads(ops, operand: str, chunks: tuple[int, int]) -> list[Load]:
@@ -61,24 +63,23 @@ def loads(ops, operand: str, chunks: tuple[int, int]) -> list[Load]:
     out: list[Load] = []
     key = region = None
     reads = 0
+    uses: dict[tuple[int, int], int] = {}
     for op in ops:
         if op.kind is not OpKind.READ or op.operand != operand:
             continue
         if op.key != key:
             if key is not None:
-                out.append(_load(region, reads, chunks))
-            key, region, reads = op.key, op.region, 0
+                out.append(Load(region, reads, tuple(uses), tuple(uses.values())))
+            key, region, reads, uses = op.key, op.region, 0, {}
         (r0, r1), (c0, c1) = region
         (s0, s1), (d0, d1) = op.region
         region = ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1)))
         reads += 1
+        for index in chunks_of(op.region, chunks):
+            uses[index] = uses.get(index, 0) + 1
     if key is not None:
-        out.append(_load(region, reads, chunks))
+        out.append(Load(region, reads, tuple(uses), tuple(uses.values())))
     return out
-
-
-def _load(region: Region, reads: int, chunks: tuple[int, int]) -> Load:
-    return Load(region=region, reads=reads, chunks=tuple(chunks_of(region, chunks)))
 
 
 def decode_counts(load_list: list[Load], kept: bool) -> dict[tuple[int, int], int]:

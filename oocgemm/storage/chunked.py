@@ -75,8 +75,8 @@ class ChunkReader(MatrixSource):
         self._entries: dict[tuple[int, int], _Entry] = {}
         reads_per_chunk: dict[tuple[int, int], list[int]] = {}
         for load in self._loads:
-            for index in load.chunks:
-                reads_per_chunk.setdefault(index, []).append(load.reads)
+            for index, uses in zip(load.chunks, load.uses):
+                reads_per_chunk.setdefault(index, []).append(uses)
         for index, reads in reads_per_chunk.items():
             ends, total = [], 0
             for count in reads:
