@@ -5,6 +5,7 @@ at the store, under the whole Zarr stack."""
 from __future__ import annotations
 
 import collections
+import os
 import dataclasses
 import threading
 
@@ -17,7 +18,7 @@ import oocgemm
 from oocgemm.api import chunk_readers
 from oocgemm.plan.chunks import chunks_of, decode_counts, loads, window_bytes
 from oocgemm.runtime.cpu import CpuExecutor
-from oocgemm.storage.memory import NumpySink
+from oocgemm.storage.memory import NumpySink, NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
 from _helpers import assert_gemm, poisoned, rand
 
@@ -227,3 +228,40 @@ def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
     assert kept.cache and not streamed.cache
     assert kept.prediction.storage_read < streamed.prediction.storage_read / 2
     assert kept.prediction.decode < streamed.prediction.decode / 2
+
+
+@pytest.mark.parametrize("layout", ["v3", "v2", "v3-sharded"])
+def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir, layout):
+    """A cold disk reads ahead of the decoders: each chunk's object (its shard when sharded)
+    is a real file of the store, hinted before or when its decode starts."""
+    a, b = rand(rng, (48, 40)), rand(rng, (40, 36))
+    write("a.zarr", a, (8, 8), layout)
+    calls = []
+
+    class Watched(ZarrSource):
+        def prefetch_chunk(self, index):
+            calls.append(("hint", index, os.path.isfile(self._object_path(index))))
+            super().prefetch_chunk(index)
+
+        def read_chunk(self, index, out):
+            calls.append(("decode", index, None))
+            super().read_chunk(index, out)
+
+    plan = oocgemm.plan("a.zarr", b, device="cpu", tile=(16, 12, 8))
+    sources = chunk_readers(plan, {"A": Watched(zarr.open_array("a.zarr"), "a"),
+                                   "B": NumpySource(b)})
+    out = poisoned((48, 36))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+    finally:
+        sources["A"].close()
+    assert_gemm(out, a, b)
+    hinted = [index for kind, index, _ in calls if kind == "hint"]
+    decoded = [index for kind, index, _ in calls if kind == "decode"]
+    assert sorted(decoded) == sorted(set(decoded)) == sorted(chunks_of(((0, 48), (0, 40)),
+                                                                       (8, 8)))
+    assert sorted(hinted) == sorted(decoded)  # every chunk hinted once
+    assert all(ok for kind, _, ok in calls if kind == "hint")  # a real object of the store
+    for index in decoded:  # hinted no later than its decode
+        assert calls.index(("decode", index, None)) > min(
+            i for i, c in enumerate(calls) if c[0] == "hint" and c[1] == index)

@@ -68,6 +68,11 @@ class ChunkReader(MatrixSource):
         self.kept = kept
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
+        self.prefetch = 2 * max(1, decoders)
+        """Chunks ahead of the decodes started whose storage reads are hinted to the OS."""
+        self._queued: list[tuple[int, int]] = []  # decodes in the order they were queued
+        self._started = 0
+        self._hinted = 0
         self._loads = list(load_list)
         self._next_load = 0  # the first load whose decodes are not queued
         self._first_open = 0  # the first load with reads still to begin
@@ -98,7 +103,21 @@ class ChunkReader(MatrixSource):
         return rows * cols
 
     # -- decoding ----------------------------------------------------------------------------
+    def _hint_ahead(self) -> None:
+        """Let the storage start on the chunks queued up to ``prefetch`` decodes ahead of those
+        started (a cold disk then reads while the decoders decode)."""
+        hint = getattr(self.inner, "prefetch_chunk", None)
+        if hint is None:
+            return
+        with self._lock:
+            self._started += 1
+            upto = min(len(self._queued), self._started + self.prefetch)
+            ahead, self._hinted = self._queued[self._hinted:upto], max(self._hinted, upto)
+        for index in ahead:
+            hint(index)
+
     def _decode(self, index: tuple[int, int]) -> np.ndarray:
+        self._hint_ahead()
         (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
         out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
         self.inner.read_chunk(index, out)
@@ -115,6 +134,7 @@ class ChunkReader(MatrixSource):
         if entry is None:  # a region the plan did not announce: decode it for this read only
             entry = self._entries[index] = _Entry([1 << 62])
         if entry.future is None:
+            self._queued.append(index)
             entry.future = self._pool.submit(self._decode, index)
         return entry.future
 

@@ -67,6 +67,7 @@ class ZarrSource(MatrixSource):
     def __init__(self, array: "zarr.Array", name: str, path: str | None = None):
         self._given = array
         self._array = fast_reader(array)
+        self._hinted: set[str] = set()
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
         chunks = array.chunks
@@ -87,6 +88,35 @@ class ZarrSource(MatrixSource):
             raise InputError(f"{self.name}: cannot read rows {rows[0]}:{rows[1]}, columns "
                              f"{cols[0]}:{cols[1]} (corrupt or truncated chunk? "
                              f"{type(exc).__name__}: {exc})") from exc
+
+    def prefetch_chunk(self, index) -> None:
+        """Ask the OS to start reading the object that holds chunk ``index`` (its shard when
+        sharded) into the page cache, so that a cold disk works ahead of the decoders
+        (``posix_fadvise(WILLNEED)``; local stores only, a hint that may do nothing)."""
+        path = self._object_path(index)
+        if path is None or path in self._hinted or not hasattr(os, "posix_fadvise"):
+            return
+        self._hinted.add(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # a chunk never written (fill value), or not a plain file
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _object_path(self, index) -> str | None:
+        store = self._array.store_path.store
+        root = getattr(store, "root", None)
+        if root is None:
+            return None
+        outer = getattr(self._array, "shards", None) or self.chunks
+        coords = tuple(i * c // o for i, c, o in zip(index, self.chunks, outer))
+        key = self._array.metadata.encode_chunk_key(coords)
+        return os.path.join(os.fspath(root), self._array.store_path.path, key)
 
     def read_chunk(self, index, out):
         """Decode one chunk (an inner chunk of a sharded array: zarr reads it through the
