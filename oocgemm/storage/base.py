@@ -44,8 +44,8 @@ class MatrixSource(abc.ABC):
 @runtime_checkable
 class ChunkedSource(Protocol):
     """A source stored in chunks: it tells the planner its chunk grid (``chunks``, the unit
-    decoded at once: the chunk, or the inner chunk of a shard whose index allows partial
-    reads) and decodes one whole chunk at a time. Reads at this grain decode each chunk once
+    decoded at once: the chunk, or the shard of a sharded array) and decodes one whole chunk
+    at a time. Reads at this grain decode each chunk once
     (:class:`oocgemm.storage.chunked.ChunkReader`)."""
 
     shape: tuple[int, int]
