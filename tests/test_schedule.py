@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from oocgemm.plan import (OpKind, Operand, Plan, Problem, ScheduleError, check_schedule,
                           cpu_model, cuda_model)
+from oocgemm.plan.schedule import op_span
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
 from _helpers import assert_gemm, poisoned, rand
@@ -105,15 +106,90 @@ def duplicated(schedule, index):
     return replace(schedule, ops=tuple(ops))
 
 
+def lane_of(op) -> str | None:
+    """The executors' in-order lanes, written out again: CUDA streams h2d (A/B uploads),
+    compute (GEMM, FILL) and c (C uploads, downloads); READ and WRITE run on pools."""
+    if op.kind in (OpKind.GEMM, OpKind.FILL):
+        return "compute"
+    if op.kind is OpKind.UPLOAD:
+        return "c" if op.operand == "C" else "h2d"
+    if op.kind is OpKind.DOWNLOAD:
+        return "c"
+    return None
+
+
+def predecessors(schedule, index) -> list[int]:
+    """The deps of op ``index`` and the op before it on its in-order lane."""
+    op = schedule.ops[index]
+    preds = list(op.deps)
+    lane = lane_of(op)
+    if lane is not None:
+        earlier = [o.index for o in schedule.ops[:index] if lane_of(o) == lane]
+        preds += earlier[-1:]
+    return preds
+
+
 def ancestors(schedule, index) -> set[int]:
-    """Everything that happens before op ``index`` (an independent closure of the deps)."""
-    seen, todo = set(), list(schedule.ops[index].deps)
+    """Everything that happens before op ``index``: an independent closure of the deps and of
+    program order on each in-order lane."""
+    seen, todo = set(), predecessors(schedule, index)
     while todo:
         d = todo.pop()
         if d not in seen:
             seen.add(d)
-            todo.extend(schedule.ops[d].deps)
+            todo.extend(predecessors(schedule, d))
     return seen
+
+
+def hazard_free(schedule) -> bool:
+    """The checker's hazard rules, element by element with whole ancestor sets: slow, and
+    independent of its bookkeeping. Reads and writes touch ``op_span`` clipped to the slot."""
+    ops = schedule.ops
+    before: list[set[int]] = []
+    last: dict[str, int] = {}
+    for op in ops:
+        seen = set()
+        lane = lane_of(op)
+        for d in list(op.deps) + ([last[lane]] if lane in last else []):
+            seen |= before[d] | {d}
+        before.append(seen)
+        if lane is not None:
+            last[lane] = op.index
+    writer = {slot: [None] * size for slot, size in schedule.slots.items()}
+    readers = {slot: [set() for _ in range(size)] for slot, size in schedule.slots.items()}
+
+    def span(op, slot, writing):
+        lo, hi = op_span(op, slot, writing)
+        return range(lo, min(hi, schedule.slots[slot]))
+
+    for op in ops:
+        for slot in op.src:
+            wrote = {writer[slot][e] for e in span(op, slot, False)} - {None}
+            if not wrote or not wrote <= before[op.index]:
+                return False
+            for e in span(op, slot, False):
+                readers[slot][e].add(op.index)
+        if op.dst is not None:
+            for e in span(op, op.dst, True):
+                if not readers[op.dst][e] - {op.index} <= before[op.index]:
+                    return False
+                if writer[op.dst][e] is not None and writer[op.dst][e] not in before[op.index]:
+                    return False
+                writer[op.dst][e], readers[op.dst][e] = op.index, set()
+    return True
+
+
+def content_writers(schedule, index, slot) -> set[int]:
+    """The ops that wrote what ``slot`` holds when op ``index`` runs (its current content)."""
+    found, key = set(), None
+    for op in reversed(schedule.ops[:index]):
+        if op.dst != slot:
+            continue
+        if key is not None and (op.operand, op.key) != key:
+            break
+        key = (op.operand, op.key)
+        found.add(op.index)
+    return found
 
 
 MUTATION_PLANS = {
@@ -143,21 +219,30 @@ def gemms(schedule):
 
 
 def test_dropping_a_gemm_dependency_is_caught_unless_implied(mplan):
-    """RAW: drop a GEMM's wait for the op(s) that filled its A (or B) slot. The checker must
-    object exactly when nothing else still orders them."""
+    """RAW: drop the GEMM's dependencies through which it waits for the op(s) that filled its
+    A (or B) slot. The checker must object exactly when nothing else (its own lane's earlier
+    GEMMs included) still orders them."""
     sched = mplan.schedule
     caught = 0
     for op in gemms(sched):
         for which in (0, 1):
-            writers = {d for d in op.deps if sched.ops[d].dst == op.src[which]}
-            assert writers, f"{op} does not wait for the writer of {op.src[which]}"
-            mutated = with_op(sched, replace(op, deps=tuple(d for d in op.deps if d not in writers)))
-            if writers <= ancestors(mutated, op.index):
+            writers = content_writers(sched, op.index, op.src[which])
+            assert writers and writers <= ancestors(sched, op.index), (
+                f"{op} does not wait for the writers of {op.src[which]}")
+            through = {d for d in op.deps if writers & (ancestors(sched, d) | {d})}
+            mutated = with_op(sched, replace(op, deps=tuple(d for d in op.deps if d not in through)))
+            # The dropped deps may also have ordered the GEMM's other operands: the slow
+            # element-wise replay says whether the mutated schedule is still correct.
+            if hazard_free(mutated):
+                assert writers <= ancestors(mutated, op.index)
                 check_schedule(mutated, mplan)  # still ordered through other ops: correct
                 continue
-            with pytest.raises(ScheduleError, match="RAW"):
+            with pytest.raises(ScheduleError, match="RAW|WAR|WAW"):
                 check_schedule(mutated, mplan)
-            caught += 1
+            if not writers <= ancestors(mutated, op.index):
+                with pytest.raises(ScheduleError, match="RAW"):
+                    check_schedule(mutated, mplan)
+                caught += 1
     assert caught >= len(gemms(sched)) // 2
 
 
@@ -360,3 +445,165 @@ def test_cpu_executor_on_a_staged_plan_from_the_api(rng):
     assert staged.schedule.count(OpKind.UPLOAD) > 0
     assert_gemm(run_plan(staged, a, b, c), a, b, c, beta=0.5)
 
+
+
+# -- lane order ------------------------------------------------------------------------------
+@settings(max_examples=150)
+@given(plans(max_extent=16), st.data())
+def test_checker_agrees_with_an_element_wise_replay(plan, data):
+    """Drop a dependency, move one to another earlier op, or drop them all: the checker says
+    the schedule is wrong exactly when the slow element-wise replay (whole ancestor sets,
+    program order on the in-order lanes) finds a hazard."""
+    sched = plan.schedule
+    assert hazard_free(sched)
+    if len(sched.ops) < 2:
+        return
+    op = sched.ops[data.draw(st.integers(1, len(sched.ops) - 1))]
+    how = data.draw(st.sampled_from(["drop", "move", "none"]))
+    deps = list(op.deps)
+    if how == "drop" and deps:
+        deps.pop(data.draw(st.integers(0, len(deps) - 1)))
+    elif how == "move" and deps:
+        deps[data.draw(st.integers(0, len(deps) - 1))] = data.draw(st.integers(0, op.index - 1))
+    elif how == "none":
+        deps = []
+    mutated = with_op(sched, replace(op, deps=tuple(sorted(set(deps)))))
+    if hazard_free(mutated):
+        check_schedule(mutated, plan)
+    else:
+        with pytest.raises(ScheduleError, match="RAW|WAR|WAW"):
+            check_schedule(mutated, plan)
+
+
+def lane_mutations(sched):
+    """(op, dep, other): op waits for ``dep``; ``other`` is a later op than ``dep``, still
+    before ``op``, on another in-order lane or none (pools)."""
+    for op in sched.ops:
+        for d in op.deps:
+            for other in sched.ops[d + 1:op.index]:
+                yield op, d, other
+
+
+def test_a_later_op_of_the_same_lane_stands_for_an_earlier_one():
+    """Waiting for a later op of an in-order lane is waiting for all its earlier ones."""
+    moved = 0
+    for spec in MUTATION_PLANS.values():
+        plan = make_plan(10, 9, 12, (4, 4, 3), **spec)
+        sched = plan.schedule
+        for op, d, other in lane_mutations(sched):
+            lane = lane_of(sched.ops[d])
+            if lane is None or lane_of(other) != lane or lane == lane_of(op):
+                continue
+            mutated = with_op(sched, replace(op, deps=tuple(sorted({*op.deps, other.index} - {d}))))
+            assert hazard_free(mutated)
+            check_schedule(mutated, plan)
+            moved += 1
+    assert moved > 20
+
+
+def test_no_lane_order_is_assumed_where_executors_have_none():
+    """Move a dependency to a later op of its kind that only a wrong lane model would let
+    stand for it: one on another stream (h2d, c and compute are three on the GPU, although
+    the CPU copies on one thread), or a later READ or WRITE (pools run them in any order).
+    Wherever nothing else orders the ops, the checker must object."""
+    caught = set()
+    for spec in MUTATION_PLANS.values():
+        plan = make_plan(10, 9, 12, (4, 4, 3), **spec)
+        sched = plan.schedule
+        for op, d, other in lane_mutations(sched):
+            lane = lane_of(sched.ops[d])
+            if lane is not None and lane_of(other) == lane:
+                continue  # the same in-order lane: implied (the test above)
+            if sched.ops[d].kind is not other.kind:
+                continue
+            mutated = with_op(sched, replace(op, deps=tuple(sorted({*op.deps, other.index} - {d}))))
+            if d in ancestors(mutated, op.index) or hazard_free(mutated):
+                check_schedule(mutated, plan)  # still ordered, or d was not needed
+                continue
+            with pytest.raises(ScheduleError, match="RAW|WAR|WAW"):
+                check_schedule(mutated, plan)
+            caught.add((sched.ops[d].kind, lane, lane_of(other)))
+    # a C upload (stream c) replaced by a later A/B upload (stream h2d)
+    assert (OpKind.UPLOAD, "c", "h2d") in caught
+    # a READ, or a WRITE, replaced by a later one
+    assert (OpKind.READ, None, None) in caught and (OpKind.WRITE, None, None) in caught
+
+
+@settings(max_examples=200)
+@given(plans())
+def test_dependencies_are_few_and_one_per_lane(plan):
+    """No dependency on the op's own in-order lane, at most one on each other one, and few on
+    pool ops: a constant, whatever the size of the product."""
+    sched = plan.schedule
+    for op in sched.ops:
+        lanes = [lane_of(sched.ops[d]) for d in op.deps]
+        ordered = [lane for lane in lanes if lane is not None]
+        assert lane_of(op) not in ordered, op
+        assert len(ordered) == len(set(ordered)), op
+        assert lanes.count(None) <= 3, op
+        assert len(op.deps) <= 3, op
+
+
+@settings(max_examples=300)
+@given(plans())
+def test_counts_without_building_equal_the_schedule(plan):
+    assert plan.counts == plan.schedule.counts()
+    assert plan.counts.total == len(plan.schedule.ops)
+    assert plan.counts.traffic == plan.schedule.traffic()
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(beta=0.5, trans_a=True),
+    dict(alpha=0.0, beta=2.0),
+    dict(staged=True, beta=-1.0, trans_b=True, model=cuda_model(), stripe=37, min_stripes=3,
+         n_stage=6, n_out=3, ramp=2, ramp_granule=2, split_last=4, tail_panels=3, n_a=4, n_b=4),
+    dict(staged=True, alpha=0.0, beta=0.5, stripe=20, n_stage=2, n_out=2),
+])
+def test_counts_on_larger_ragged_plans(kw):
+    plan = make_plan(203, 171, 389, (24, 20, 16), **kw)  # every edge ragged
+    assert "schedule" not in vars(plan)
+    text, summary = str(plan), plan.summary()
+    assert "schedule" not in vars(plan)  # neither printing nor the summary builds it
+    assert f"{len(plan.schedule.ops)} operations" in text
+    assert summary["operations"] == len(plan.schedule.ops)
+    assert summary["bytes"] == plan.schedule.traffic()
+
+
+def _growth(staged: bool, scale: int, grow: str) -> tuple[int, int, int]:
+    """Operations, dependencies and the most dependencies of one op, for a product grown
+    ``scale`` times along M (more blocks) or along K (more panels)."""
+    m, k = (32 * scale, 64) if grow == "blocks" else (32, 64 * scale)
+    kw = dict(staged=True, stripe=16, n_stage=4, n_out=2, split_last=2, tail_panels=2,
+              ramp=1, n_a=3, n_b=3, min_stripes=2) if staged else {}
+    plan = make_plan(m, 32, k, (8, 8, 4), beta=0.5, **kw)
+    ops = plan.schedule.ops
+    return len(ops), sum(len(op.deps) for op in ops), max(len(op.deps) for op in ops)
+
+
+@pytest.mark.parametrize("grow", ["blocks", "panels"])
+@pytest.mark.parametrize("staged", [False, True])
+def test_operations_and_dependencies_grow_linearly(staged, grow):
+    (o1, d1, x1), (o2, d2, x2), (o4, d4, x4) = (_growth(staged, s, grow) for s in (1, 2, 4))
+    for small, large in ((o1, o2), (o2, o4), (d1, d2), (d2, d4)):
+        assert 1.8 <= large / small <= 2.2, (small, large)
+    assert x1 == x2 == x4 <= 3
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_checker_needs_a_fixed_number_of_chains(staged):
+    """The checker's vector clocks have one entry per chain: a few per lane and slot, not
+    more as the schedule grows."""
+    from oocgemm.plan.check import _Chains
+
+    sizes = []
+    for scale in (1, 4):
+        kw = dict(staged=True, stripe=16, n_stage=4, n_out=2, split_last=2, tail_panels=2,
+                  n_a=3, n_b=3) if staged else {}
+        plan = make_plan(32 * scale, 32, 64 * scale, (8, 8, 4), beta=0.5, **kw)
+        chains = _Chains()
+        for op in plan.schedule.ops:
+            chains.add(op)
+        sizes.append(len(chains.last))
+    slots = len(plan.schedule.slots)
+    assert sizes[0] == sizes[1] <= 3 + 2 * slots

@@ -3,9 +3,11 @@
 from .check import ScheduleError, check_schedule
 from .model import DeviceModel, cpu_model, cuda_model
 from .problem import Operand, Problem
-from .schedule import Op, OpKind, Schedule, build_schedule, serpentine
+from .schedule import (ORDERED_LANES, Counts, Op, OpKind, Schedule, build_schedule,
+                       count_schedule, ordered_lane, serpentine)
 from .tiling import Plan, Prediction, choose_tile, predict
 
-__all__ = ["DeviceModel", "Op", "OpKind", "Operand", "Plan", "Prediction", "Problem", "Schedule",
-           "ScheduleError", "build_schedule", "check_schedule", "choose_tile", "cpu_model",
-           "cuda_model", "predict", "serpentine"]
+__all__ = ["ORDERED_LANES", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
+           "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
+           "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model",
+           "ordered_lane", "predict", "serpentine"]

@@ -2,11 +2,23 @@
 
 Two passes over the operation list:
 
-1. Hazards. ``happens_before`` is the transitive closure of the declared dependencies (and
-   nothing else: an executor may run any two operations with no path between them at once,
-   on different lanes). Every read of a slot must come after the write that filled it (RAW), no
-   slot may be overwritten before all readers of its previous content finished (WAR), and two
-   writes of one slot are ordered (WAW).
+1. Hazards. ``happens_before`` is the transitive closure of the declared dependencies and of
+   program order on each in-order lane (:data:`~oocgemm.plan.schedule.ORDERED_LANES`: an
+   executor runs a lane's operations one after the other, in schedule order), and nothing
+   else: an executor may run any two operations with no path between them at once. Every read
+   of a slot must come after the write that filled it (RAW), no slot may be overwritten before
+   all readers of its previous content finished (WAR), and two writes of one slot are ordered
+   (WAW).
+
+   The closure is kept as vector clocks over a chain cover of the schedule: one chain per
+   in-order lane, and one per pool kind and slot (the READs into a staging slot follow each
+   other through the upload that empties it; the WRITEs out of one as well), with a chain of
+   its own for an op that does not follow its chain's last op. Each op's clock holds, per
+   chain, the latest op of that chain that happens before it: ``x`` happens before ``y`` when
+   ``clock[y][chain[x]] >= x``. A valid schedule needs a few dozen chains whatever its length,
+   so this pass is linear in the operations; it forgets reads and writes as later writes
+   (checked to come after them) cover them, and reads that a later read of the same range
+   (which they happen before) stands for.
 2. Data flow, replayed symbolically: every slot holds a tag (which block of which operand, and
    for a C slot which K panels it has accumulated). Each GEMM must find A(i, q) and B(q, j) in
    its slots; every K panel is accumulated into its C block exactly once; every C block is
@@ -16,7 +28,7 @@ Two passes over the operation list:
 from __future__ import annotations
 
 from .intervals import union
-from .schedule import OpKind, Schedule, op_span
+from .schedule import ORDERED_LANES, OpKind, Schedule, op_span, ordered_lane
 
 
 class ScheduleError(AssertionError):
@@ -36,34 +48,39 @@ def _span(op, slot: str, schedule: Schedule, writing: bool) -> tuple[int, int]:
 
 def _check_hazards(schedule: Schedule) -> None:
     ops = schedule.ops
-    ancestors: list[int] = []  # bitset per op of every op that happens before it
+    chains = _Chains()
     writes: dict[str, list[tuple[int, int, int]]] = {}  # slot -> live (op, lo, hi) writes
     reads: dict[str, list[tuple[int, int, int]]] = {}   # slot -> (op, lo, hi) reads to order
-    for op in ops:
-        if op.index != len(ancestors):
-            raise ScheduleError(f"op #{op.index} is at position {len(ancestors)}")
-        bits = 0
+    verified: dict[str, tuple[int, int, int]] = {}  # slot -> a read whose RAW check passed,
+    #                                                  no write to the slot since
+    for position, op in enumerate(ops):
+        if op.index != position:
+            raise ScheduleError(f"op #{op.index} is at position {position}")
         for d in op.deps:
             if not 0 <= d < op.index:
                 raise ScheduleError(f"{op}: depends on #{d}, which is not an earlier operation")
-            bits |= ancestors[d] | (1 << d)
-        ancestors.append(bits)
-
-        def before(earlier: int) -> bool:
-            return bool(bits >> earlier & 1)
+        before = chains.add(op)
 
         for slot in op.src:
             if slot not in schedule.slots:
                 raise ScheduleError(f"{op}: reads unknown slot {slot}")
             lo, hi = _span(op, slot, schedule, writing=False)
-            live = [w for w in writes.get(slot, []) if w[1] < hi and lo < w[2]]
-            if not live:
-                raise ScheduleError(f"{op}: reads slot {slot} that nothing wrote")
-            for writer, _, _ in live:
-                if not before(writer):
-                    raise ScheduleError(
-                        f"{op}: reads {slot} without waiting for its writer #{writer} (RAW)")
-            reads.setdefault(slot, []).append((op.index, lo, hi))
+            seen = verified.get(slot)
+            if not (seen is not None and seen[1] == lo and seen[2] == hi and before(seen[0])):
+                live = [w for w in writes.get(slot, ()) if w[1] < hi and lo < w[2]]
+                if not live:
+                    raise ScheduleError(f"{op}: reads slot {slot} that nothing wrote")
+                for writer, _, _ in live:
+                    if not before(writer):
+                        raise ScheduleError(
+                            f"{op}: reads {slot} without waiting for its writer #{writer} (RAW)")
+                verified[slot] = (op.index, lo, hi)
+            # An earlier read inside [lo, hi) that happens before this one needs no check of
+            # its own: whatever overwrites it must come after this read, hence after it.
+            kept_reads = [r for r in reads.get(slot, ())
+                          if not (lo <= r[1] and r[2] <= hi and before(r[0]))]
+            kept_reads.append((op.index, lo, hi))
+            reads[slot] = kept_reads
         if op.dst is not None:
             slot = op.dst
             if slot not in schedule.slots:
@@ -71,23 +88,85 @@ def _check_hazards(schedule: Schedule) -> None:
             lo, hi = _span(op, slot, schedule, writing=True)
             if hi > schedule.slots[slot]:
                 raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its {schedule.slots[slot]} elements")
-            kept_reads = []
-            for reader, rlo, rhi in reads.get(slot, []):
-                overlap = rlo < hi and lo < rhi
-                if overlap and reader != op.index and not before(reader):
+            verified.pop(slot, None)
+            for reader, rlo, rhi in reads.get(slot, ()):
+                if rlo < hi and lo < rhi and reader != op.index and not before(reader):
                     raise ScheduleError(
                         f"{op}: overwrites {slot} before its reader #{reader} finished (WAR)")
-                if not (lo <= rlo and rhi <= hi):  # a covered read is ordered through this write
-                    kept_reads.append((reader, rlo, rhi))
-            reads[slot] = kept_reads
-            kept = []
-            for writer, wlo, whi in writes.get(slot, []):
+            # What this write covers is ordered through it from now on (WAR and WAW checked).
+            reads[slot] = _outside(reads.get(slot, ()), lo, hi)
+            for writer, wlo, whi in writes.get(slot, ()):
                 if wlo < hi and lo < whi and not before(writer):
                     raise ScheduleError(f"{op}: writes {slot} concurrently with #{writer} (WAW)")
-                if not (lo <= wlo and whi <= hi):
-                    kept.append((writer, wlo, whi))
+            kept = _outside(writes.get(slot, ()), lo, hi)
             kept.append((op.index, lo, hi))
             writes[slot] = kept
+
+
+def _outside(entries, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """The parts of (op, a, b) ranges outside [lo, hi)."""
+    kept = []
+    for index, a, b in entries:
+        if b <= lo or hi <= a:
+            kept.append((index, a, b))
+            continue
+        if a < lo:
+            kept.append((index, a, lo))
+        if hi < b:
+            kept.append((index, hi, b))
+    return kept
+
+
+class _Chains:
+    """Happens-before as vector clocks over a chain cover (see the module's docstring)."""
+
+    def __init__(self):
+        self.clocks: list[list[int]] = []  # per op: chain -> latest op before it (or itself)
+        self.chain_of: list[int] = []
+        self.last: list[int] = [-1] * len(ORDERED_LANES)  # chain -> its last op
+        self.lane_chain = {lane: c for c, lane in enumerate(ORDERED_LANES)}
+        self.pool_chain: dict[tuple, int] = {}  # (kind, slot) -> chain
+
+    def add(self, op):
+        """Add ``op`` (its deps are earlier ops); return ``before(x)``: does op #x happen
+        before ``op`` (or is it ``op``)?"""
+        lane = ordered_lane(op)
+        sources = list(op.deps)
+        chain = self.lane_chain.get(lane) if lane is not None else None
+        if chain is not None and self.last[chain] >= 0:
+            sources.append(self.last[chain])  # program order on the lane
+        clock: list[int] = []
+        chain_of = self.chain_of
+        for d in sorted(sources, reverse=True):
+            c = chain_of[d]
+            if c < len(clock) and clock[c] >= d:
+                continue  # a later op of d's chain is in already, and all that came before d
+            other = self.clocks[d]
+            if not clock:
+                clock = list(other)
+                continue
+            if len(other) > len(clock):
+                clock.extend([-1] * (len(other) - len(clock)))
+            for c, x in enumerate(other):
+                if x > clock[c]:
+                    clock[c] = x
+        if chain is None:
+            key = (op.kind, op.dst if op.dst is not None else (op.src[:1] or ("",))[0])
+            chain = self.pool_chain.get(key)
+            if chain is None or not (chain < len(clock) and clock[chain] == self.last[chain]):
+                chain = self.pool_chain[key] = len(self.last)  # a chain of its own
+                self.last.append(-1)
+        if chain >= len(clock):
+            clock.extend([-1] * (chain + 1 - len(clock)))
+        clock[chain] = op.index
+        self.last[chain] = op.index
+        self.clocks.append(clock)
+        chain_of.append(chain)
+
+        def before(x: int) -> bool:
+            c = chain_of[x]
+            return c < len(clock) and clock[c] >= x
+        return before
 
 
 def _check_dataflow(schedule: Schedule, plan) -> None:

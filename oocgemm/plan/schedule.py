@@ -2,9 +2,13 @@
 
 Every operation names the buffer slots it reads and writes and the earlier operations it must
 wait for. Slots are A0..A{n-1}, B.., C.. on the device side (GPU memory, or the CPU's working
-buffers) and sA.., sB.., sC.. for host staging. The list is in program order (every dependency
-points backwards), so an executor may dispatch it in order onto its lanes and wait on
-dependencies only; the checker (:mod:`oocgemm.plan.check`) proves the buffer discipline.
+buffers) and sR.., sO.. for host staging. The list is in program order (every dependency
+points backwards). Device operations run on *in-order lanes* (:func:`ordered_lane`): an
+executor runs each such lane's operations one after the other in schedule order, so that a
+dependency on one of them stands for all earlier ones of its lane, and an operation needs no
+dependency on its own lane at all. Each operation therefore names at most one dependency per
+other in-order lane, plus the few pool operations (READ, WRITE) it waits for; the checker
+(:mod:`oocgemm.plan.check`) proves the buffer discipline under exactly that rule.
 
 Staged plans (CUDA) move every panel and C block in row stripes through a ring of small host
 buffers (sR0.. for what goes up, sO0.. for C coming down), so that pinned memory stays bounded
@@ -32,17 +36,6 @@ class OpKind(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-#: The lane (stream or thread pool) each kind runs on, in the executors' shared vocabulary.
-LANES = {
-    OpKind.READ: "read",
-    OpKind.UPLOAD: "h2d",
-    OpKind.FILL: "compute",
-    OpKind.GEMM: "compute",
-    OpKind.DOWNLOAD: "d2h",
-    OpKind.WRITE: "write",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +75,9 @@ class Op:
 
     @property
     def lane(self) -> str:
-        return LANES[self.kind]
+        """The stream or thread pool it runs on: its in-order lane (:func:`ordered_lane`), or
+        'read' / 'write' (pools)."""
+        return _lane(self.kind, self.operand) or self.kind.value
 
     @property
     def elements(self) -> int:
@@ -101,6 +96,31 @@ class Op:
         extra = f" q={self.q}" if self.kind is OpKind.GEMM else ""
         return (f"#{self.index:<5} {self.kind.value:<8} {self.operand}{self.key}{extra} "
                 f"{where}->{to} deps={list(self.deps)}")
+
+
+#: The in-order lanes: each runs its operations one at a time, in schedule order, in every
+#: executor. CUDA: the streams ``h2d`` (A and B uploads), ``compute`` (GEMM, FILL) and ``c``
+#: (C uploads and downloads). CPU: the compute thread (GEMM, FILL) and one copy thread that
+#: runs every UPLOAD and DOWNLOAD in schedule order, which keeps ``h2d``'s order and ``c``'s
+#: (and more). READs and WRITEs run on thread pools, in no order: no lane.
+ORDERED_LANES = ("h2d", "compute", "c")
+
+
+def _lane(kind: OpKind, operand: str) -> str | None:
+    if kind is OpKind.GEMM or kind is OpKind.FILL:
+        return "compute"
+    if kind is OpKind.UPLOAD:
+        return "c" if operand == "C" else "h2d"
+    if kind is OpKind.DOWNLOAD:
+        return "c"
+    return None
+
+
+def ordered_lane(op: Op) -> str | None:
+    """The in-order lane ``op`` runs on (one of :data:`ORDERED_LANES`), or None for a READ or
+    WRITE (thread pools). An operation that waits for op X of lane L also comes after every
+    earlier op of L; an operation of lane L comes after every earlier op of L."""
+    return _lane(op.kind, op.operand)
 
 
 #: Which traffic level each kind of operation moves its bytes on.
@@ -139,6 +159,23 @@ def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class Counts:
+    """How many operations of each kind a schedule holds and the bytes it moves: what
+    ``print(plan)`` and ``plan.summary()`` show, computed without building the schedule
+    (:func:`count_schedule`), or counted from a built one (:meth:`Schedule.counts`)."""
+
+    ops: dict
+    """OpKind -> number of operations of that kind (every kind present, 0 included)."""
+    traffic: dict
+    """Bytes per level: storage_read, storage_write, h2d, d2h (as :func:`traffic`)."""
+
+    @property
+    def total(self) -> int:
+        """Operations in all."""
+        return sum(self.ops.values())
+
+
+@dataclass(frozen=True)
 class Schedule:
     """The ordered operations of a plan, and the slot sizes they need (bytes)."""
 
@@ -155,6 +192,13 @@ class Schedule:
     def count(self, kind: OpKind) -> int:
         return sum(1 for op in self.ops if op.kind is kind)
 
+    def counts(self) -> Counts:
+        """Operations per kind and bytes per level, counted from the list."""
+        ops = dict.fromkeys(OpKind, 0)
+        for op in self.ops:
+            ops[op.kind] += 1
+        return Counts(ops=ops, traffic=self.traffic())
+
     def __len__(self) -> int:
         return len(self.ops)
 
@@ -163,38 +207,58 @@ class Schedule:
 
 
 class _SlotState:
-    """What a slot holds and who touched which of its elements, while building."""
+    """What a slot holds and who touched which of its elements since it got its content, while
+    building. Entries are (op, lo, hi, lane). A slot that gets new content forgets them all
+    (:meth:`refill`: every write of the new content waits for what the old one's readers, or
+    writers, were); a read forgets the earlier reads of its lane that it covers (a write that
+    waits for it comes after them too); a write forgets what it covers. So the lists hold what
+    one content's operations left, whatever the length of the schedule."""
 
-    __slots__ = ("name", "content", "writers", "readers", "last_use")
+    __slots__ = ("name", "content", "writers", "readers", "last_use", "_memo")
 
     def __init__(self, name: str):
         self.name = name
         self.content: tuple | None = None
-        self.writers: list[tuple[int, int, int]] = []  # (op, lo, hi) that produced the content
-        self.readers: list[tuple[int, int, int]] = []  # (op, lo, hi) that read it since
+        self.writers: list[tuple] = []  # (op, lo, hi, lane) that produced the content
+        self.readers: list[tuple] = []  # (op, lo, hi, lane) that read it since
         self.last_use = -1
-
-    @staticmethod
-    def _overlapping(entries, lo: int, hi: int) -> list[int]:
-        return [index for index, a, b in entries if a < hi and lo < b]
+        self._memo: tuple | None = None  # (lo, hi, producers): GEMMs ask for whole panels
 
     def producers(self, lo: int = 0, hi: int = WHOLE) -> list[int]:
         """Ops whose writes a reader of [lo, hi) must wait for."""
-        return self._overlapping(self.writers, lo, hi)
+        memo = self._memo
+        if memo is not None and memo[0] == lo and memo[1] == hi:
+            return memo[2]
+        found = [e[0] for e in self.writers if e[1] < hi and lo < e[2]]
+        self._memo = (lo, hi, found)
+        return found
 
     def hazards(self, lo: int = 0, hi: int = WHOLE) -> list[int]:
         """Ops a new writer of [lo, hi) must wait for: the readers of what is there, or its
         writers when nobody read it."""
-        return self._overlapping(self.readers, lo, hi) or self._overlapping(self.writers, lo, hi)
+        return ([e[0] for e in self.readers if e[1] < hi and lo < e[2]]
+                or [e[0] for e in self.writers if e[1] < hi and lo < e[2]])
 
-    def record(self, index: int, lo: int, hi: int, writing: bool) -> None:
+    def refill(self) -> list[int]:
+        """The slot gets new content: return what every write of it must wait for (the old
+        content's readers, or its writers when nobody read it) and forget the old content."""
+        hazards = self.hazards()
+        self.writers, self.readers, self._memo = [], [], None
+        return hazards
+
+    def record(self, index: int, lo: int, hi: int, lane: str | None, writing: bool) -> None:
         if not writing:
-            self.readers.append((index, lo, hi))
+            if lane is not None and self.readers:
+                self.readers = [e for e in self.readers
+                                if not (e[3] == lane and lo <= e[1] and e[2] <= hi)]
+            self.readers.append((index, lo, hi, lane))
             return
-        def kept(entries):
-            return [e for e in entries if not (lo <= e[1] and e[2] <= hi)]
-        self.writers = kept(self.writers) + [(index, lo, hi)]
-        self.readers = kept(self.readers)
+        if self.writers:
+            self.writers = [e for e in self.writers if not (lo <= e[1] and e[2] <= hi)]
+        self.writers.append((index, lo, hi, lane))
+        if self.readers:
+            self.readers = [e for e in self.readers if not (lo <= e[1] and e[2] <= hi)]
+        self._memo = None
 
 
 class _Builder:
@@ -204,30 +268,58 @@ class _Builder:
         self.prob = prob
         self.s = prob.itemsize
         self.ops: list[Op] = []
+        self.lanes: list[str | None] = []  # ordered_lane of each op
         self.clock = 0
         names = ([f"A{i}" for i in range(plan.n_a)] + [f"B{i}" for i in range(plan.n_b)]
                  + [f"C{i}" for i in range(plan.n_c)])
         if plan.staged:
             names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
         self.state = {name: _SlotState(name) for name in names}
+        self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
+                            "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
+        self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
+        self.ring = plan.buffers.ring // self.s  # elements of a ring buffer
         self.stage_turn = {"sR": 0, "sO": 0}
+        self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
 
     # -- bookkeeping ---------------------------------------------------------------------
     def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
         """Append an op and record which elements of which slots it touches."""
         index = len(self.ops)
+        lane = _lane(kind, operand)
         op = Op(index=index, kind=kind, operand=operand, key=key, src=tuple(src), dst=dst,
-                deps=tuple(sorted(set(deps))), region=region, **kw)
+                deps=self.reduce(deps, lane), region=region, **kw)
         self.ops.append(op)
+        self.lanes.append(lane)
         self.clock += 1
         for name in src:
-            self.state[name].record(index, *op_span(op, name, False), writing=False)
+            self.state[name].record(index, *op_span(op, name, False), lane, writing=False)
             self.state[name].last_use = self.clock
         if dst is not None:
-            self.state[dst].record(index, *op_span(op, dst, True), writing=True)
+            self.state[dst].record(index, *op_span(op, dst, True), lane, writing=True)
             self.state[dst].last_use = self.clock
         return index
+
+    def reduce(self, deps, lane: str | None) -> tuple[int, ...]:
+        """The dependencies an op of ``lane`` needs: none on its own lane (it runs after those
+        in order), the latest on each other in-order lane (it stands for the earlier ones),
+        and every pool op (READ, WRITE: no order among them)."""
+        if len(deps) == 1:  # the common case (a stripe's read, a write's one reader)
+            d = deps[0]
+            return () if d is None or (lane is not None and self.lanes[d] == lane) else (d,)
+        latest: dict[str, int] = {}
+        pool = set()
+        for d in deps:
+            if d is None:
+                continue
+            other = self.lanes[d]
+            if other is None:
+                pool.add(d)
+            elif other != lane and d > latest.get(other, -1):
+                latest[other] = d
+        pool.update(latest.values())
+        return tuple(sorted(pool))
 
     def write_deps(self, slot: str, *extra: int, lo: int = 0, hi: int = WHOLE) -> list[int]:
         return self.state[slot].hazards(lo, hi) + [e for e in extra if e is not None]
@@ -241,12 +333,18 @@ class _Builder:
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
 
+    def stripe_rows(self, region) -> int:
+        """Rows of each stripe of a stored region (the last one may have fewer): as many as
+        fit one ring buffer, and at most 1/min_stripes of the region."""
+        (r0, r1), (c0, c1) = region
+        cols = max(c1 - c0, 1)
+        return max(1, min(self.ring // cols, -(-(r1 - r0) // max(self.plan.min_stripes, 1))))
+
     def stripes(self, region):
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
         (r0, r1), (c0, c1) = region
         cols = max(c1 - c0, 1)
-        step = max(1, min(self.plan.buffers.ring // self.s // cols,
-                          -(-(r1 - r0) // max(self.plan.min_stripes, 1))))
+        step = self.stripe_rows(region)
         for lo in range(r0, r1, step):
             hi = min(lo + step, r1)
             yield ((lo, hi), (c0, c1)), (lo - r0) * cols
@@ -272,33 +370,60 @@ class _Builder:
     def load(self, operand: str, key: tuple[int, int], dst: str) -> None:
         """Storage -> dst; through the staging ring, stripe by stripe, when staged."""
         region = self.region(operand, key)
+        hazards = self.state[dst].refill()  # every stripe waits for the old content's readers
         if not self.plan.staged:
-            self.emit(OpKind.READ, operand, key, (), dst, self.write_deps(dst), region,
+            self.emit(OpKind.READ, operand, key, (), dst, hazards, region,
                       nbytes=self.nbytes(region))
             return
-        hazards = self.write_deps(dst)  # every stripe waits for the slot's previous readers
+        # Most operations of a staged schedule are these pairs, so they are appended here
+        # directly, with what emit() would record: each ring buffer gets new content (its
+        # read) and one reader (its upload); the stripes fill dst's fresh content in turn.
+        lane = _lane(OpKind.UPLOAD, operand)
+        waits = self.reduce(hazards, lane)  # besides its read, what every upload waits for
+        target, ops, lanes = self.state[dst], self.ops, self.lanes
         for stripe, offset in self.stripes(region):
             stage = self.next_stage("sR")
-            nbytes = self.nbytes(stripe)
-            read = self.emit(OpKind.READ, operand, key, (), stage, self.write_deps(stage), stripe,
-                             nbytes=nbytes)
-            self.emit(OpKind.UPLOAD, operand, key, (stage,), dst, hazards + [read], stripe,
-                      nbytes=nbytes, offset=offset)
+            ring = self.state[stage]
+            elements = self.nbytes(stripe) // self.s
+            read = len(ops)
+            ops.append(Op(read, OpKind.READ, operand, key, (), stage,
+                          self.reduce(ring.refill(), None), stripe,
+                          nbytes=elements * self.s))
+            ops.append(Op(read + 1, OpKind.UPLOAD, operand, key, (stage,), dst,
+                          tuple(sorted(waits + (read,))), stripe, nbytes=elements * self.s,
+                          offset=offset))
+            lanes += (None, lane)
+            self.clock += 2
+            ring.writers.append((read, 0, elements, None))
+            ring.readers.append((read + 1, 0, elements, lane))
+            ring.last_use = self.clock
+            target.writers.append((read + 1, offset, offset + elements, lane))
+            target._memo = None
+            target.last_use = self.clock
 
     def ensure(self, operand: str, key: tuple[int, int], pinned: set[str]) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot."""
-        count = self.plan.n_a if operand == "A" else self.plan.n_b
-        slots = [self.state[f"{operand}{i}"] for i in range(count)]
-        for st in slots:
-            if st.content == (operand, key):
-                return st.name
-        victim = min((st for st in slots if st.name not in pinned), key=lambda st: st.last_use)
+        content = (operand, key)
+        held = self.holding.get(content)
+        if held is not None:
+            return held.name
+        victim = None
+        for st in self.panel_slots[operand]:
+            if st.name not in pinned and (victim is None or st.last_use < victim.last_use):
+                victim = st
         self.load(operand, key, victim.name)
-        victim.content = (operand, key)
+        self.holding.pop(victim.content, None)
+        victim.content = content
+        self.holding[content] = victim
         return victim.name
 
     # -- the loop of figure 3 ----------------------------------------------------------------
     def build(self):
+        self.walk()
+        return Schedule(ops=tuple(self.ops), slots=self.slot_sizes(),
+                        transposed={"A": self.prob.trans_a, "B": self.prob.trans_b, "C": False})
+
+    def walk(self) -> None:
         plan, prob = self.plan, self.prob
         p, q_blocks, nk = plan.grid
         for t, (i, j) in enumerate(serpentine(p, q_blocks)):
@@ -306,13 +431,15 @@ class _Builder:
             c_key = (i, j)
             c_region = self.region("C", c_key)
             w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
+            # A new block is new content for its C slot: loaded (the load waits for the old
+            # block's readers), or else started by its first GEMMs (or FILL), which wait.
             if prob.reads_c:
                 self.load("C", c_key, c_slot)
+                self.c_hazards = []
+            else:
+                self.c_hazards = self.state[c_slot].refill()
             if not prob.computes_product:
-                src = (c_slot,) if prob.reads_c else ()
-                deps = self.read_dep(c_slot) if prob.reads_c else self.write_deps(c_slot)
-                self.emit(OpKind.FILL, "C", c_key, src, c_slot, deps, c_region,
-                          alpha=0.0, beta=prob.beta)
+                self.fill(c_key, c_slot, c_region)
             else:
                 panels = list(range(nk))
                 if t % 2:  # backwards, starting on the panel the previous block ended on...
@@ -340,8 +467,14 @@ class _Builder:
                         self.gemm(i, j, q, first=q == panels[0], rows=(x0, x1),
                                   c_slot=c_slot, c_region=c_region, h=h, pinned=pinned)
             self.store(c_key, c_slot, c_region)
-        return Schedule(ops=tuple(self.ops), slots=self.slot_sizes(),
-                        transposed={"A": prob.trans_a, "B": prob.trans_b, "C": False})
+
+    def fill(self, c_key, c_slot, c_region) -> None:
+        """C = beta * C (or zero): no product to compute."""
+        reads_c = self.prob.reads_c
+        src = (c_slot,) if reads_c else ()
+        deps = self.read_dep(c_slot) if reads_c else self.c_hazards
+        self.emit(OpKind.FILL, "C", c_key, src, c_slot, deps, c_region, alpha=0.0,
+                  beta=self.prob.beta)
 
     def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
         """C[i, j] rows ``rows`` (+)= A(i, q) @ B(q, j): beta of the problem (or 0) on the first
@@ -356,7 +489,7 @@ class _Builder:
         src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
         deps = self.read_dep(a_slot) + self.read_dep(b_slot)
         deps += (self.read_dep(c_slot, lo=lo, hi=hi) if beta != 0
-                 else self.write_deps(c_slot, lo=lo, hi=hi))
+                 else self.write_deps(c_slot, *self.c_hazards, lo=lo, hi=hi))
         region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
         factor = 8 if prob.dtype.startswith("complex") else 2
         self.emit(OpKind.GEMM, "C", (i, j), src, c_slot, deps, region, q=q, alpha=prob.alpha,
@@ -373,7 +506,7 @@ class _Builder:
             nbytes = self.nbytes(stripe)
             produced = self.read_dep(c_slot, lo=offset, hi=offset + self.nbytes(stripe) // self.s)
             down = self.emit(OpKind.DOWNLOAD, "C", key, (c_slot,), stage,
-                             self.write_deps(stage, *produced), stripe, nbytes=nbytes,
+                             self.state[stage].refill() + produced, stripe, nbytes=nbytes,
                              offset=offset)
             self.emit(OpKind.WRITE, "C", key, (stage,), None, [down], stripe, nbytes=nbytes)
 
@@ -381,8 +514,65 @@ class _Builder:
         w, h, r = self.plan.tile
         computes = self.prob.computes_product
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h}
-        ring = self.plan.buffers.ring // self.s
-        return {name: (ring if name.startswith("s") else sizes[name[0]]) for name in self.state}
+        return {name: (self.ring if name.startswith("s") else sizes[name[0]])
+                for name in self.state}
+
+
+class _Counter(_Builder):
+    """The builder's walk with nothing built: counts operations and bytes per load, per GEMM
+    and per store (a load's stripes counted, not listed), and keeps only what the walk's
+    choices depend on (which panel each slot holds, and when it was last used)."""
+
+    def __init__(self, plan):
+        super().__init__(plan)
+        self.counted = dict.fromkeys(OpKind, 0)
+        self.moved = dict.fromkeys(LEVELS.values(), 0)
+        self.gemms = 0
+        self.stripe_counts: dict[tuple[int, int], int] = {}  # region shape -> its stripes
+
+    def _stripes(self, region) -> int:
+        (r0, r1), (c0, c1) = region
+        shape = (r1 - r0, c1 - c0)
+        count = self.stripe_counts.get(shape)
+        if count is None:
+            count = self.stripe_counts[shape] = -(-shape[0] // self.stripe_rows(region))
+        return count
+
+    def load(self, operand, key, dst) -> None:
+        region = self.region(operand, key)
+        nbytes = self.nbytes(region)
+        stripes = self._stripes(region) if self.plan.staged else 1
+        self.counted[OpKind.READ] += stripes
+        self.moved["storage_read"] += nbytes
+        if self.plan.staged:
+            self.counted[OpKind.UPLOAD] += stripes
+            self.moved["h2d"] += nbytes
+        self.clock += 1  # the slot's last use, in the builder's order
+        self.state[dst].last_use = self.clock
+
+    def fill(self, c_key, c_slot, c_region) -> None:
+        self.counted[OpKind.FILL] += 1
+
+    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
+        a = self.ensure("A", (i, q), pinned=pinned)
+        b = self.ensure("B", (q, j), pinned=pinned)
+        self.gemms += 1
+        self.clock += 1
+        self.state[a].last_use = self.state[b].last_use = self.clock
+
+    def store(self, key, c_slot, region) -> None:
+        nbytes = self.nbytes(region)
+        stripes = self._stripes(region) if self.plan.staged else 1
+        if self.plan.staged:
+            self.counted[OpKind.DOWNLOAD] += stripes
+            self.moved["d2h"] += nbytes
+        self.counted[OpKind.WRITE] += stripes
+        self.moved["storage_write"] += nbytes
+
+    def count(self) -> Counts:
+        self.walk()
+        self.counted[OpKind.GEMM] = self.gemms
+        return Counts(ops=self.counted, traffic=self.moved)
 
 
 def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, int]]:
@@ -410,3 +600,9 @@ def serpentine(rows: int, cols: int):
 def build_schedule(plan) -> Schedule:
     """Expand a plan into its ordered block operations."""
     return _Builder(plan).build()
+
+
+def count_schedule(plan) -> Counts:
+    """What :func:`build_schedule` would hold (operations per kind, bytes per level), counted
+    by the same walk without listing the operations: one step per load, GEMM and store."""
+    return _Counter(plan).count()

@@ -183,6 +183,15 @@ class Plan:
 
         return build_schedule(self)
 
+    @functools.cached_property
+    def counts(self):
+        """Operations per kind and bytes per level of :attr:`schedule`, counted without
+        building it (:class:`oocgemm.plan.schedule.Counts`): what ``print(plan)`` and
+        :meth:`summary` show."""
+        from .schedule import count_schedule
+
+        return count_schedule(self)
+
     @property
     def prediction(self) -> "Prediction":
         return predict(self.problem, self.tile, self.model, staged=self.staged,
@@ -217,7 +226,7 @@ class Plan:
     def summary(self) -> dict:
         """The plan as plain data (for --json and logs)."""
         pred = self.prediction
-        sched = self.schedule
+        counts = self.counts
         p, q, nk = self.grid
         return {
             "shape": {"m": self.problem.m, "n": self.problem.n, "k": self.problem.k},
@@ -227,12 +236,12 @@ class Plan:
             "chosen_by": self.chosen_by,
             "kernel": self.kernel,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
-            "operations": len(sched.ops),
+            "operations": counts.total,
             "device_bytes": self.device_bytes,
             "memory_limit": self.memory_limit,
             "host_bytes": self.host_bytes,
             "host_memory_limit": self.host_memory_limit,
-            "bytes": sched.traffic(),
+            "bytes": dict(counts.traffic),
             "flops": self.problem.flops,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
@@ -241,7 +250,7 @@ class Plan:
     def __str__(self) -> str:
         prob, (w, h, r), (p, q, nk) = self.problem, self.tile, self.grid
         pred = self.prediction
-        traffic = self.schedule.traffic()
+        traffic = self.counts.traffic
         ta, tb = ("ᵀ" if prob.trans_a else ""), ("ᵀ" if prob.trans_b else "")
         lines = [
             f"oocgemm plan: C[{prob.m}x{prob.n}] = {prob.alpha:g}·A{ta}·B{tb}"
@@ -249,7 +258,7 @@ class Plan:
             f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else "")
             + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
-            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {len(self.schedule.ops)} operations",
+            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations",
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"

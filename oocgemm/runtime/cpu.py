@@ -1,10 +1,14 @@
 """The CPU executor: replays a schedule with numpy BLAS and thread pools.
 
 Lanes: one compute thread (the caller's) runs GEMM/FILL in schedule order; a pool of reader
-threads runs READs; one copy thread runs UPLOAD/DOWNLOAD of staged schedules; a pool of writer
-threads runs WRITEs. Every operation waits for its declared dependencies and nothing else, so
-the reads of the next panels overlap the current multiplication exactly as the schedule allows
-(the same double buffering the CUDA executor does with streams).
+threads runs READs; one copy thread runs UPLOAD/DOWNLOAD of staged schedules, in schedule
+order; a pool of writer threads runs WRITEs. Every operation waits for its declared
+dependencies and nothing else, so the reads of the next panels overlap the current
+multiplication exactly as the schedule allows (the same double buffering the CUDA executor
+does with streams). The schedule names no dependency that the order of its in-order lanes
+implies (:func:`oocgemm.plan.schedule.ordered_lane`): the compute thread and the single copy
+thread keep that order (the copy thread runs the lanes h2d and c as one, which keeps each
+one's order), so neither may become a pool.
 
 Operands already in memory are used in place: where a source or the output is a numpy array
 of the compute dtype with a layout BLAS takes, a READ binds the slot to a view of it instead
@@ -187,6 +191,7 @@ class CpuExecutor(Executor):
         futures: list[Future] = [None] * len(ops)  # type: ignore[list-item]
         pools = {
             "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
+            # One thread: it runs the in-order lanes h2d and c in schedule order.
             "copy": ThreadPoolExecutor(1, thread_name_prefix="oocgemm-copy"),
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }

@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from ..diagnostics.events import EventLog
-from ..plan.schedule import OpKind
+from ..plan.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 from .cpu import _translate
 
@@ -76,13 +76,11 @@ class _Futures(dict):
             fut.cancel()
 
 
-#: Which stream each device operation runs on.
 def _stream_of(op) -> str:
-    if op.kind in (OpKind.GEMM, OpKind.FILL):
-        return "compute"
-    if op.kind is OpKind.UPLOAD and op.operand in ("A", "B"):
-        return "h2d"
-    return "c"
+    """The stream a device operation runs on: its in-order lane (h2d: A and B uploads,
+    compute: GEMM and FILL, c: C uploads and downloads). The schedule counts on each stream
+    running its operations in schedule order (:func:`oocgemm.plan.schedule.ordered_lane`)."""
+    return ordered_lane(op)
 
 
 class CudaExecutor(Executor):
@@ -289,14 +287,21 @@ class CudaExecutor(Executor):
 
     def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
         timing = self.log.record or self.on_event is not None
+        # Per other stream, the latest op this stream already waits for: streams run in
+        # order, so a dependency at or before it needs no second wait. (Same-stream ones
+        # need none at all; the schedule names at most one per other stream.)
+        waited: dict[str, int] = {}
         for op in lane_ops:
             if self._cancel.is_set():
                 raise Cancelled()
             for d in op.deps:
                 if _on_host(ops[d]):
                     host_futures[d].result()
-                elif _stream_of(ops[d]) != stream:
+                    continue
+                other = _stream_of(ops[d])
+                if other != stream and d > waited.get(other, -1):
                     gpu.wait(stream, device_futures[d].result()[1])
+                    waited[other] = d
             self._nvtx.push(op)
             try:
                 # The start event times the operation (the events, progress bars); the end
