@@ -25,30 +25,41 @@ from _helpers import assert_gemm, poisoned, rand
 
 class CountingStore(WrapperStore):
     """Counts the fetches of each chunk object (and, for shards, of each byte range other
-    than the shard index, which zarr reads from the end)."""
+    than the shard index, which zarr reads from the end), whichever way zarr asks: async,
+    sync (zarr >= 3.4's fused pipeline) or by ranges."""
 
     def __init__(self, store):
         super().__init__(store)
         self.fetches: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
-    async def get(self, key, prototype, byte_range=None):
+    def _count(self, key, byte_range) -> None:
         name = key.rsplit("/", 1)[-1]
         metadata = name in ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
         index = byte_range is not None and type(byte_range).__name__ == "SuffixByteRequest"
         if not metadata and not index:
             with self._lock:
                 self.fetches[(key, repr(byte_range))] += 1
+
+    async def get(self, key, prototype, byte_range=None):
+        self._count(key, byte_range)
         return await super().get(key, prototype, byte_range)
+
+    def get_sync(self, key, *, prototype=None, byte_range=None):
+        self._count(key, byte_range)
+        return super().get_sync(key, prototype=prototype, byte_range=byte_range)
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
-        for key, byte_range in key_ranges:  # zarr >= 3.4 reads inner chunks of shards so
-            index = type(byte_range).__name__ == "SuffixByteRequest"
-            if not index:
-                with self._lock:
-                    self.fetches[(key, repr(byte_range))] += 1
+        for key, byte_range in key_ranges:
+            self._count(key, byte_range)
         return await super().get_partial_values(prototype, key_ranges)
+
+    async def get_ranges(self, key, byte_ranges, **kwargs):
+        for byte_range in byte_ranges:
+            self._count(key, byte_range)
+        async for group in super().get_ranges(key, byte_ranges, **kwargs):
+            yield group
 
 
 LAYOUTS = {

@@ -73,6 +73,7 @@ class ChunkReader(MatrixSource):
         self._queued: list[tuple[int, int]] = []  # decodes in the order they were queued
         self._started = 0
         self._hinted = 0
+        self._hint_lock = threading.Lock()
         self._loads = list(load_list)
         self._next_load = 0  # the first load whose decodes are not queued
         self._first_open = 0  # the first load with reads still to begin
@@ -109,12 +110,13 @@ class ChunkReader(MatrixSource):
         hint = getattr(self.inner, "prefetch_chunk", None)
         if hint is None:
             return
-        with self._lock:
-            self._started += 1
-            upto = min(len(self._queued), self._started + self.prefetch)
-            ahead, self._hinted = self._queued[self._hinted:upto], max(self._hinted, upto)
-        for index in ahead:
-            hint(index)
+        with self._hint_lock:  # hints go out in queue order, each before its own decode
+            with self._lock:
+                self._started += 1
+                upto = min(len(self._queued), self._started + self.prefetch)
+                ahead, self._hinted = self._queued[self._hinted:upto], max(self._hinted, upto)
+            for index in ahead:
+                hint(index)
 
     def _decode(self, index: tuple[int, int]) -> np.ndarray:
         self._hint_ahead()
