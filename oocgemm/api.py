@@ -248,7 +248,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     else:
         kwargs.update(readers=4)
     staging = {k: kwargs[k] for k in ("readers", "n_stage", "n_out", "split_last", "ramp",
-                                      "tail_panels", "n_a", "n_b") if k in kwargs}
+                                      "tail_panels", "n_a", "n_b", "min_stripes")
+               if k in kwargs}
     if tile is not None:
         w, h, r = _parse_tile(tile)
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))

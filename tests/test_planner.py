@@ -169,3 +169,26 @@ def test_plan_ignores_unknown_keywords_like_overwrite(rng):
     p = oocgemm.plan(rand(rng, (3, 2)), rand(rng, (2, 4)), device="cpu", overwrite=True,
                      progress=False)
     assert p.problem.m == 3
+
+
+@pytest.mark.parametrize("shape, tile, staged, stripe, min_stripes", [
+    ((300, 200, 250), (64, 48, 32), False, 0, 1),
+    ((300, 200, 250), (64, 48, 32), True, 64 * 8, 4),
+    ((1000, 900, 800), (256, 128, 64), True, 4096, 10),
+    ((1000, 900, 800), (1000, 900, 800), True, 1 << 20, 10),
+])
+def test_prediction_charges_every_operation(rng, shape, tile, staged, stripe, min_stripes):
+    """The per-operation overhead the planner charges counts the stripes of staged loads:
+    within a factor of 1.5 of the schedule's real count (it does not see panels kept in a
+    slot from one block to the next)."""
+    import dataclasses
+
+    from oocgemm.plan.tiling import OP_OVERHEAD
+
+    m, k, n = shape
+    plan = oocgemm.plan(np.empty((m, k)), np.empty((k, n)), device="cpu", tile=tile)
+    if staged:
+        plan = dataclasses.replace(plan, staged=True, stripe=stripe, min_stripes=min_stripes,
+                                   n_stage=4, n_out=2)
+    estimate = plan.prediction.overhead / OP_OVERHEAD
+    assert plan.counts.total / 1.5 <= estimate <= plan.counts.total * 1.5

@@ -197,7 +197,8 @@ class Plan:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, ramp=self.ramp,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
-                       decodes={r.operand: r for r in self.chunk_reports()})
+                       decodes={r.operand: r for r in self.chunk_reports()},
+                       stripe=self.stripe, min_stripes=self.min_stripes)
 
     def validate(self) -> "Plan":
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -359,11 +360,14 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
-            decodes: dict | None = None) -> Prediction:
+            decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1
+            ) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.plan.chunks.ChunkReport` per
-    operand, when known (else the chunk decodes are estimated from the tile)."""
+    operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
+    ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
+    cut into, which set how many operations each load takes."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -450,10 +454,34 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     block_out = 0 if out_in_place else w * h * s * per_byte
     tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
     drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
-    n_ops = blocks * (2 * nk + 3) * (2 if staged else 1)
+    n_ops = _operations(blocks, nk, (w, h, r), staged=staged, stripe=stripe,
+                        min_stripes=min_stripes, reads_c=prob.reads_c,
+                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1))
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
                       overhead=n_ops * OP_OVERHEAD, decode=decode)
+
+
+def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: bool, stripe: int,
+                min_stripes: int, reads_c: bool, gemms: int) -> int:
+    """About how many operations the schedule has: per C block, a load of each K panel of A
+    and B (a READ, or a READ and an UPLOAD per stripe when staged), its GEMMs, and C's store
+    (and load when beta != 0). Each costs ``OP_OVERHEAD`` to dispatch, so the planner does not
+    pick tiles whose thin panels are cut into millions of stripes."""
+    w, h, r = tile
+    if not staged:
+        per_block = 2 * nk + gemms + 1 + (1 if reads_c else 0)
+        return blocks * per_block
+
+    ring = max(stripe, w, h, r)
+
+    def stripes(rows: int, cols: int) -> int:
+        step = max(1, min(ring // max(cols, 1), -(-rows // max(min_stripes, 1))))
+        return -(-rows // step)
+
+    c_moves = 2 * stripes(w, h) * (2 if reads_c else 1)
+    per_block = nk * 2 * (stripes(w, r) + stripes(r, h)) + gemms + c_moves
+    return blocks * per_block
 
 
 def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
@@ -522,7 +550,7 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
-                split_last: int = 1, ramp: int = 0, tail_panels: int = 1
+                split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1
                 ) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets.
 
@@ -558,7 +586,8 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                 for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
                     tile = (w, h, r)
                     t = predict(prob, tile, model, staged=staged, split_last=split_last,
-                                ramp=ramp, tail=min(tail_panels, n_a, n_b)).total
+                                ramp=ramp, tail=min(tail_panels, n_a, n_b), stripe=stripe,
+                                min_stripes=min_stripes).total
                     # Prefer square-ish, larger tiles on ties (fewer, larger operations).
                     t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
                     if t < best_time:
