@@ -9,9 +9,10 @@ from .errors import (BudgetError, DependencyError, DeviceError, DTypeError, Exec
                      InputError, OOCGemmError, OptionError, OutputError, ShapeError)
 from .plan import Plan
 from .result import Result
+from .freivalds import VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "ExecutionError",
            "InputError", "OOCGemmError", "OptionError", "OutputError", "Plan", "Result",
-           "ShapeError", "multiply", "plan", "__version__"]
+           "ShapeError", "VerifyReport", "multiply", "plan", "verify", "__version__"]

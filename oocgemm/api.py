@@ -13,8 +13,8 @@ import numpy as np
 
 from . import hostinfo
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL, check_kernel
-from .errors import (BudgetError, DeviceError, DTypeError, InputError, OptionError, OutputError,
-                     ShapeError)
+from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError, OptionError,
+                     OutputError, ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .result import Result
@@ -416,7 +416,7 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
              kernel=None, overwrite=False, progress=None, events=True, out_options=None,
-             storage_options=None) -> Result:
+             storage_options=None, verify=False) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -466,6 +466,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         chunks (or shards).
     storage_options
         Options of the fsspec file system of URL inputs and outputs (credentials, endpoint).
+    verify
+        Check the product before it is committed with Freivalds' test (:func:`oocgemm.verify`,
+        two random vectors, O(n²)): a product that fails it is not committed
+        (``ExecutionError``); ``result.verified`` holds the report.
     events
         True (the default) to record one timed event per block operation (``result.events``,
         ``result.timeline``); False records none, to measure what recording costs
@@ -487,6 +491,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
     if not isinstance(events, (bool, np.bool_)):
         raise OptionError(f"events must be True or False, got {events!r}")
+    if not isinstance(verify, (bool, np.bool_)):
+        raise OptionError(f"verify must be True or False, got {verify!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel, out_options=out_options,
@@ -503,6 +509,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                      storage_options=prep.storage_options)
     bar = None
     sources = prep.sources
+    check = _Check(prep, a, b, c, storage_options) if verify else None
+    report = None
     try:
         on_event, bar = _progress(progress, plan_)
         sources = chunk_readers(plan_, prep.sources)
@@ -511,6 +519,11 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         start = time.perf_counter()
         log = executor.run()
         seconds = time.perf_counter() - start
+        if check is not None:
+            report = check.run(sink.array())
+            if not report:
+                raise ExecutionError(f"the product failed its check, so nothing was committed: "
+                                     f"{report}")
         result_out = sink.commit()
     except BaseException:
         sink.abort()
@@ -522,7 +535,33 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
                   bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
+                  verified=report,
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+class _Check:
+    """``multiply(verify=True)``: Freivalds' vectors drawn, and what C_in contributes taken,
+    before the run (an update in place overwrites C_in); the check run on the product before
+    it is committed."""
+
+    def __init__(self, prep: _Prepared, a, b, c, storage_options):
+        from .freivalds import _vectors, prepare_c_in
+
+        prob = prep.plan.problem
+        self.prob, self.a, self.b, self.storage_options = prob, a, b, storage_options
+        complex_ = (prob.dtype.startswith("complex") or isinstance(prob.alpha, complex)
+                    or isinstance(prob.beta, complex))
+        self.x = _vectors(prob.n, 2, complex_, None)
+        c_in = (prep.out if prep.in_place else c) if prob.reads_c else None
+        self.side = prepare_c_in(c_in, self.x, storage_options=storage_options)
+
+    def run(self, product):
+        from .freivalds import verify
+
+        prob = self.prob
+        return verify(self.a, self.b, product, alpha=prob.alpha, beta=prob.beta,
+                      trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
+                      storage_options=self.storage_options, _c_in_side=self.side, _x=self.x)
 
 
 def _chunk_counts(sources: dict) -> dict:

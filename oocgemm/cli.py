@@ -231,6 +231,8 @@ def main():
                    "otherwise; .npy). Written under a temporary name and renamed when complete.")
 @_product_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+@click.option("--verify", "verify", is_flag=True,
+              help="Check the product (Freivalds' test) before committing it.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
@@ -242,7 +244,7 @@ def main():
                    "print its summary.")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
              host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
-             zarr_format, overwrite, quiet, as_json, timeline_path, plot_path):
+             zarr_format, overwrite, verify, quiet, as_json, timeline_path, plot_path):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
@@ -256,7 +258,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
         from .diagnostics.plot import require_matplotlib
 
         require_matplotlib()
-    result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet,
+    result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet, verify=verify,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
                                         host_memory_limit, tile, kernel, out_chunks, out_shards,
                                         out_compressor, zarr_format))
@@ -281,6 +283,8 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
                f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
                + (f"; moved {moved}" if moved else ""))
+    if result.verified is not None:
+        click.echo(str(result.verified))
     if timeline is not None:
         click.echo(str(timeline))
         _echo_saved(timeline_path, plot_path)
@@ -368,6 +372,40 @@ def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host
     in_place = beta != 0 and c is None
     if out is not None and os.path.exists(out) and not (overwrite or in_place):
         click.echo(f"note: {out} exists; multiply will refuse it without --overwrite", err=True)
+
+
+@main.command("verify")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.argument("c", metavar="C")
+@click.option("--c-in", "c_in", metavar="PATH", default=None,
+              help="The C the product was computed from (needed with --beta).")
+@click.option("--alpha", type=SCALAR, default=1.0, show_default=True)
+@click.option("--beta", type=SCALAR, default=0.0, show_default=True)
+@click.option("--trans-a", is_flag=True, help="C was computed with the transpose of A.")
+@click.option("--trans-b", is_flag=True, help="C was computed with the transpose of B.")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Random vectors to test with.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the random vectors (default: fresh ones).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def verify_command(ctx, a, b, c, c_in, alpha, beta, trans_a, trans_b, rounds, seed, as_json):
+    """Check that C = alpha*op(A)@op(B) + beta*C_IN without recomputing it (Freivalds' test:
+    a few matrix-vector products, reading each matrix once in bands). Exits 0 when the check
+    passes, 1 when it fails."""
+    import dataclasses as _dc
+
+    from .freivalds import verify as api_verify
+
+    report = api_verify(a, b, c, alpha=alpha, beta=beta, c_in=c_in, trans_a=trans_a,
+                        trans_b=trans_b, rounds=rounds, seed=seed)
+    if as_json:
+        _json({**_dc.asdict(report), "ok": report.ok})
+    else:
+        click.echo(str(report))
+    if not report:
+        ctx.exit(1)
 
 
 @main.command()

@@ -30,6 +30,9 @@ class Result:
     """Per chunked on-disk operand ('A', 'B', 'C'): its ``chunks`` count, the ``decodes``
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
     and whether its chunks were ``kept`` for the whole run."""
+    verified: Any = None
+    """The :class:`~oocgemm.freivalds.VerifyReport` of ``multiply(verify=True)`` (None
+    otherwise)."""
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 
@@ -66,6 +69,9 @@ class Result:
             "operations": len(self.plan.schedule.ops),
             "predicted_seconds": plan.prediction.total,
             "out": self.out_name,
+            "verified": None if self.verified is None else {
+                "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
+                "worst_row": self.verified.worst_row},
         }
 
     def __str__(self) -> str:

@@ -251,6 +251,9 @@ def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
     assert kept.cache and not streamed.cache
     assert kept.prediction.storage_read < streamed.prediction.storage_read / 2
     assert kept.prediction.decode < streamed.prediction.decode / 2
+    summary = streamed.summary()["chunks"]
+    assert summary["A"]["grid"] == [8, 6] and summary["A"]["decodes"] > 8 * 6
+    assert not summary["A"]["kept"] and kept.summary()["chunks"]["A"]["kept"]
 
 
 @pytest.mark.parametrize("layout", ["v3", "v2", "v3-sharded"])

@@ -246,6 +246,9 @@ class Plan:
             "flops": self.problem.flops,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
+            "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
+                                   "loads": r.loads, "decodes": r.decodes}
+                       for r in self.chunk_reports()},
         }
 
     def __str__(self) -> str:

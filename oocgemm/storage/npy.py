@@ -44,6 +44,10 @@ class NpySink(MatrixSink):
     def write(self, rows, cols, block):
         self._array[rows[0]:rows[1], cols[0]:cols[1]] = block
 
+    def array(self):
+        """The memmap being written (under its temporary name until commit)."""
+        return getattr(self, "_array", None)
+
     def commit(self):
         self._array.flush()
         del self._array

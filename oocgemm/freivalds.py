@@ -1,0 +1,195 @@
+"""Check a product without recomputing it: Freivalds' test.
+
+For random vectors x, ``C x`` must equal ``alpha op(A) (op(B) x) + beta C_in x``. Each side costs
+a few matrix-vector products, O(n²) time, and the matrices are streamed in bands of whole stored
+rows (whole chunk rows for Zarr, so that each chunk is decoded once), so memory stays bounded
+whatever their size. A wrong element of C changes its row of ``C x`` unless x is orthogonal to
+the error, which random normal vectors almost never are; ``rounds`` independent vectors make
+that chance vanish.
+
+The tolerance is the rounding a correct product and the check itself carry, row by row, in
+its probabilistic form (rounding errors of a sum of K terms grow like sqrt(K) eps, not K eps;
+Higham and Mary 2019): ``LAMBDA sqrt(K + 2) eps_c |alpha| (|A| (|B| |x|))`` for the product
+computed in the compute dtype (eps_c its machine epsilon), ``LAMBDA eps_c |C| |x|`` for C
+rounded to its dtype, ``2 LAMBDA eps_c |beta| |C_in| |x|``, and the check's own float64 sums. A
+correct float64 4096² product sits about 1e-5 of it; one element changed by 1e-6 of the largest
+is about 300 |x_j| times over it, so two rounds miss it with probability under 1e-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import OptionError, ShapeError
+from .storage import open_source
+
+#: Bytes of one band of stored rows read at a time (rounded to whole chunk rows).
+BAND_BYTES = 256 << 20
+#: How many standard deviations of accumulated rounding the tolerance allows.
+LAMBDA = 8.0
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of :func:`verify`; truthy exactly when the check passed."""
+
+    ok: bool
+    rounds: int
+    worst_ratio: float
+    """Largest residual over its tolerance, over rows and rounds (<= 1 passes)."""
+    worst_row: int
+    """The row of C where that is (-1 for an empty product)."""
+    worst_rows: tuple[int, int]
+    """The band of C's stored rows (its chunk rows, or a band of this check) holding it."""
+    residual: float
+    """The residual there, |C x - (alpha A B x + beta C_in x)|."""
+    tolerance: float
+    """Its tolerance."""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        where = (f"worst at row {self.worst_row} (rows {self.worst_rows[0]}:{self.worst_rows[1]}): "
+                 f"residual {self.residual:.3g} against tolerance {self.tolerance:.3g}, "
+                 f"ratio {self.worst_ratio:.3g}")
+        return (f"verify: {'passed' if self.ok else 'FAILED'} ({self.rounds} random vectors); "
+                + where)
+
+
+def _bands(src, rows_total: int, cols: int):
+    """Row ranges of whole stored rows, whole chunk rows where the source has chunks, about
+    BAND_BYTES each."""
+    itemsize = np.dtype(src.dtype).itemsize
+    step = max(1, BAND_BYTES // max(1, cols * itemsize))
+    if src.chunks:
+        unit = src.chunks[0]
+        step = max(unit, step // unit * unit)
+    for lo in range(0, rows_total, step):
+        yield lo, min(lo + step, rows_total)
+
+
+def _read(src, lo: int, hi: int, cols: int, dtype) -> np.ndarray:
+    band = np.empty((hi - lo, cols), dtype=dtype)
+    src.read((lo, hi), (0, cols), band)
+    return band
+
+
+def _apply(src, x: np.ndarray, transposed: bool, dtype, x_abs: np.ndarray | None = None):
+    """(M @ x, |M| @ x_abs) in one pass, M the stored matrix or its transpose, read in bands
+    of whole stored rows; ``x_abs`` defaults to |x|."""
+    rows, cols = src.shape
+    out_rows = cols if transposed else rows
+    y = np.zeros((out_rows, x.shape[1]), dtype=dtype)
+    y_abs = np.zeros((out_rows, x.shape[1]), dtype=np.float64)
+    x_abs = np.abs(x) if x_abs is None else x_abs
+    for lo, hi in _bands(src, rows, cols):
+        band = _read(src, lo, hi, cols, dtype)
+        if transposed:
+            y += band.T @ x[lo:hi]
+            y_abs += np.abs(band).T @ x_abs[lo:hi]
+        else:
+            y[lo:hi] = band @ x
+            y_abs[lo:hi] = np.abs(band) @ x_abs
+    return y, y_abs
+
+
+def _vectors(n: int, rounds: int, complex_: bool, seed) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, rounds))
+    if complex_:
+        x = x + 1j * rng.standard_normal((n, rounds))
+    return x
+
+
+class _Side:
+    """What the check needs of ``beta C_in`` (or nothing), computed before C is overwritten
+    when C is updated in place."""
+
+    def __init__(self, value=None, value_abs=None):
+        self.value, self.value_abs = value, value_abs
+
+
+def prepare_c_in(c_in, x: np.ndarray, *, storage_options=None) -> _Side:
+    """``C_in x`` and ``|C_in| |x|`` (for a product that will overwrite C_in in place)."""
+    if c_in is None:
+        return _Side()
+    src = open_source(c_in, "c_in", storage_options)
+    try:
+        return _Side(*_apply(src, x, False, _wide(src.dtype, x.dtype)))
+    finally:
+        src.close()
+
+
+def _wide(*dtypes) -> np.dtype:
+    return np.dtype(np.complex128 if any(np.dtype(d).kind == "c" for d in dtypes)
+                    else np.float64)
+
+
+def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=False,
+           rounds: int = 2, seed=None, storage_options=None, _c_in_side=None,
+           _x=None) -> VerifyReport:
+    """Freivalds' check that ``c == alpha * op(a) @ op(b) + beta * c_in``.
+
+    Parameters are those of :func:`oocgemm.multiply` (paths, URLs or arrays); ``c`` is the
+    product to check and ``c_in`` the C it was computed from (needed when ``beta != 0``).
+    ``rounds`` random vectors (2 make a wrong result pass with negligible probability);
+    ``seed`` makes them reproducible.
+
+    Returns a :class:`VerifyReport`, truthy exactly when the check passes.
+    """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise OptionError(f"rounds must be a positive integer, got {rounds!r}")
+    from .api import _check_dtype, _check_matrix, _scalar
+
+    alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
+    if beta != 0 and c_in is None and _c_in_side is None:
+        raise OptionError("beta != 0: pass c_in=, the C the product was computed from")
+    srcs = {"a": open_source(a, "a", storage_options), "b": open_source(b, "b", storage_options),
+            "c": open_source(c, "c", storage_options)}
+    try:
+        for role, src in srcs.items():
+            _check_matrix(role, src)
+            _check_dtype(role, src.dtype)
+        m, k = srcs["a"].shape[::-1] if trans_a else srcs["a"].shape
+        k2, n = srcs["b"].shape[::-1] if trans_b else srcs["b"].shape
+        if k != k2 or tuple(srcs["c"].shape) != (m, n):
+            raise ShapeError(f"op(a) is {(m, k)}, op(b) is {(k2, n)}, c is "
+                             f"{tuple(srcs['c'].shape)}: not a product of these shapes")
+        compute = np.result_type(srcs["a"].dtype, srcs["b"].dtype)
+        complex_ = (compute.kind == "c" or np.dtype(srcs["c"].dtype).kind == "c"
+                    or isinstance(alpha, complex) or isinstance(beta, complex))
+        wide = np.dtype(np.complex128 if complex_ else np.float64)
+        x = _x if _x is not None else _vectors(n, rounds, complex_, seed)
+        bx, bx_abs = _apply(srcs["b"], x, trans_b, wide)
+        abx, abx_abs = _apply(srcs["a"], bx, trans_a, wide, x_abs=bx_abs)
+        cx, cx_abs = _apply(srcs["c"], x, False, wide)
+        want = alpha * abx
+        eps_c = np.finfo(compute).eps
+        eps = np.finfo(np.float64).eps
+        tol = LAMBDA * ((np.sqrt(k + 2) * (eps_c + eps)) * abs(alpha) * abx_abs
+                        + (eps_c + np.sqrt(n + 2) * eps) * cx_abs)
+        if beta != 0:
+            side = _c_in_side if _c_in_side is not None else prepare_c_in(
+                c_in, x, storage_options=storage_options)
+            want = want + beta * side.value
+            tol = tol + LAMBDA * 2 * eps_c * abs(beta) * side.value_abs
+        tol = tol + np.finfo(np.float64).tiny
+        residual = np.abs(cx - want)
+        ratio = residual / tol
+        if not np.all(np.isfinite(ratio)):
+            ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+        if ratio.size == 0:
+            return VerifyReport(True, rounds, 0.0, -1, (0, 0), 0.0, 0.0)
+        row, col = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        unit = srcs["c"].chunks[0] if srcs["c"].chunks else max(1, m)
+        band = (row // unit * unit, min(m, (row // unit + 1) * unit))
+        worst = float(ratio[row, col])
+        return VerifyReport(ok=bool(worst <= 1.0), rounds=rounds, worst_ratio=worst,
+                            worst_row=int(row), worst_rows=band,
+                            residual=float(residual[row, col]), tolerance=float(tol[row, col]))
+    finally:
+        for src in srcs.values():
+            src.close()
