@@ -77,17 +77,24 @@ class _Prepared:
 def _scalar(name: str, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         raise OptionError(f"{name} must be a number, got {value!r}")
-    if isinstance(value, complex) or np.iscomplexobj(value):
-        return complex(value)
-    value = float(value)
+    try:
+        if isinstance(value, complex) or np.iscomplexobj(value):
+            return complex(value)
+        value = float(value)
+    except OverflowError:
+        raise OptionError(f"{name}={value!r} is beyond the range of a float64") from None
     if value != value:
         raise OptionError(f"{name} must not be NaN")
     return value
 
 
 def _check_dtype(role: str, dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype.newbyteorder("=") not in SUPPORTED_DTYPES:  # '>f8' is float64 too
+    try:
+        dtype = np.dtype(dtype)
+        supported = dtype.kind in "fc" and dtype.newbyteorder("=") in SUPPORTED_DTYPES
+    except TypeError:  # not a numpy dtype, or one without a byte order (strings)
+        supported = False
+    if not supported:  # '>f8' is float64 too
         raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
                          f"complex128")
     return dtype
@@ -362,6 +369,50 @@ def _out_layout(prep: _Prepared) -> dict:
     return options
 
 
+def _check_out_path(path: str, inputs) -> None:
+    """A local output path, checked before any work: something oocgemm can create or would
+    have written itself (a Zarr array, a .npy file), never a directory that holds other
+    things nor one that holds an input, in a directory it can write to."""
+    from .storage import kind_of_path
+
+    if not path.strip():
+        raise OutputError("out is an empty path; name a .zarr or .npy output")
+    kind = kind_of_path(path)
+    if kind == "npy" and path.endswith(("/", os.sep)):
+        raise OutputError(f"out {path!r}: a .npy output is a file, not a directory")
+    real = os.path.realpath(path)
+    for role, obj, src in inputs:
+        inside = src.path is not None and not urls.is_url(src.path) and (
+            os.path.realpath(src.path).startswith(real.rstrip(os.sep) + os.sep))
+        if inside:
+            raise OutputError(f"out {path!r} holds {role} ({src.path}); writing it would "
+                              f"replace the input")
+    if os.path.lexists(path):
+        if kind == "zarr" and not _is_zarr_array(path):
+            raise OutputError(f"out {path!r} exists and is not a Zarr array; oocgemm replaces "
+                              f"only a Zarr array or .npy file, never other files or folders")
+        if kind == "npy" and not os.path.isfile(path):
+            raise OutputError(f"out {path!r} exists and is not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"out {path!r}: the directory {parent!r} is not writable")
+
+
+def _is_zarr_array(path: str) -> bool:
+    """True when ``path`` is a directory holding a Zarr array's metadata (format 2 or 3)."""
+    import json
+
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, ".zarray")):
+        return True
+    try:
+        with open(os.path.join(path, "zarr.json")) as f:
+            return json.load(f).get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _check_out(out, shape, dtype, inputs) -> Operand:
     """Refuse outputs that alias an input or have the wrong shape; describe the output."""
     if out is None:  # a new numpy array of the compute dtype
@@ -371,6 +422,8 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
         for role, obj, src in inputs:
             if _same_path(path, src.path):
                 raise OutputError(f"out {path!r} is the same file as {role}")
+        if not urls.is_url(path):
+            _check_out_path(path, inputs)
         return Operand(shape, None, True, path)
     if not hasattr(out, "shape") or len(out.shape) != 2:
         raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")

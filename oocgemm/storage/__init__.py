@@ -79,6 +79,10 @@ def open_source(obj, role: str, storage_options: dict | None = None) -> MatrixSo
     if module == "zarr":
         from .zarr_store import ZarrSource
 
+        if not hasattr(obj, "shape"):
+            raise InputError(f"{role}: a {type(obj).__name__} is not an array (a Zarr group? "
+                             f"pass one of its arrays)")
+
         root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
         path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
         return ZarrSource(obj, name=f"{role} (zarr array)", path=path)

@@ -1,0 +1,85 @@
+"""Output targets checked before any work (issue 18): oocgemm replaces only a Zarr array or a
+.npy file, never a directory that holds other things or an input; bad values are
+OOCGemmErrors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import oocgemm
+from oocgemm.cli import main
+from oocgemm.errors import DTypeError, InputError, OptionError, OutputError
+from _helpers import assert_gemm, leftovers, rand
+
+
+@pytest.fixture
+def inputs(rng, workdir):
+    os.mkdir("in")
+    a, b = rand(rng, (20, 15)), rand(rng, (15, 10))
+    np.save("in/a.npy", a)
+    np.save("in/b.npy", b)
+    return a, b
+
+
+def test_overwrite_never_deletes_the_folder_that_holds_the_inputs(inputs):
+    result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o", "in",
+                                       "--overwrite", "--device", "cpu"])
+    assert result.exit_code == 2 and "holds a" in result.output
+    assert sorted(os.listdir("in")) == ["a.npy", "b.npy"]
+
+
+@pytest.mark.parametrize("target, setup, message", [
+    ("file.zarr", lambda: open("file.zarr", "w").write("notes"), "not a Zarr array"),
+    ("folder.zarr", lambda: os.makedirs("folder.zarr/data"), "not a Zarr array"),
+    (".", None, "holds a"),
+    ("c.npy/", None, "is a file"),
+    ("", None, "empty path"),
+    ("dir.npy", lambda: os.mkdir("dir.npy"), "not a file"),
+])
+def test_targets_that_are_not_ours_are_refused_before_any_work(inputs, target, setup,
+                                                               message):
+    if setup is not None:
+        setup()
+    before = sorted(os.listdir("."))
+    with pytest.raises(OutputError, match=message):
+        oocgemm.multiply("in/a.npy", "in/b.npy", target, device="cpu", overwrite=True)
+    assert sorted(os.listdir(".")) == before and leftovers(".") == []
+    if target == "file.zarr":
+        assert open("file.zarr").read() == "notes"
+
+
+def test_overwrite_replaces_a_zarr_array_and_a_npy_file(inputs):
+    a, b = inputs
+    zarr.create_array("c.zarr", shape=(2, 2), dtype="f8")
+    np.save("c.npy", np.ones(3))
+    for target in ("c.zarr", "c.npy"):
+        r = oocgemm.multiply("in/a.npy", "in/b.npy", target, device="cpu", overwrite=True)
+        assert_gemm(r.out[:], a, b)
+
+
+def test_read_only_folder_is_refused_before_any_work(inputs):
+    os.mkdir("ro")
+    os.chmod("ro", 0o555)
+    try:
+        if os.access("ro", os.W_OK):  # root ignores the mode bits
+            pytest.skip("running as a user who can write anywhere")
+        with pytest.raises(OutputError, match="not writable"):
+            oocgemm.multiply("in/a.npy", "in/b.npy", "ro/c.zarr", device="cpu")
+    finally:
+        os.chmod("ro", 0o755)
+
+
+def test_values_that_used_to_escape_the_hierarchy(inputs, workdir):
+    with pytest.raises(OptionError, match="beyond the range"):
+        oocgemm.multiply("in/a.npy", "in/b.npy", device="cpu", alpha=10**400)
+    group = zarr.open_group("g.zarr", mode="w")
+    with pytest.raises(InputError, match="not an array"):
+        oocgemm.multiply(group, "in/b.npy", device="cpu")
+    strings = np.array([["a"] * 15] * 20, dtype=np.dtypes.StringDType())
+    with pytest.raises(DTypeError):
+        oocgemm.multiply(strings, "in/b.npy", device="cpu")
