@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
+import threading
 
 import click
 
@@ -28,6 +30,16 @@ from .plan.units import format_seconds, format_size
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, batch schedulers), raised where SIGINT would be, so that
+    a run stops the same way: lanes cancelled, temporary output removed, nothing committed."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
 
 
 # ------------------------------------------------------------------------------------------
@@ -44,6 +56,9 @@ class OOCGemmGroup(click.Group):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         _State.wrote = None
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -57,13 +72,18 @@ class OOCGemmGroup(click.Group):
         except OOCGemmError as exc:
             _error(str(exc))
             code = EXIT_ERROR
-        except (click.Abort, KeyboardInterrupt):
+        except (click.Abort, KeyboardInterrupt) as exc:
             # click turns KeyboardInterrupt (and EOF on a prompt) into Abort
+            terminated = isinstance(exc, _Terminated) or isinstance(exc.__cause__, _Terminated)
+            how = "terminated" if terminated else "interrupted"
             if _State.wrote:
-                click.echo(f"interrupted (after {_State.wrote} was written)", err=True)
+                click.echo(f"{how} (after {_State.wrote} was written)", err=True)
             else:
-                click.echo("interrupted; no output was written", err=True)
-            code = EXIT_INTERRUPTED
+                click.echo(f"{how}; no output was written", err=True)
+            code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         if standalone_mode:
             sys.exit(code)
         return code
