@@ -1059,6 +1059,16 @@ def _available(decoder: str) -> str:
     return ""
 
 
+#: zarr settings that select each non-default codec pipeline, for ``threads`` threads.
+_PIPELINES = {
+    "zarr-fused": lambda threads: {
+        "codec_pipeline.path": "zarr.core.codec_pipeline.FusedCodecPipeline",
+        "codec_pipeline.max_workers": threads},
+    "zarrs": lambda threads: {
+        "codec_pipeline.path": "zarrs.ZarrsCodecPipeline", "codec_pipeline.strict": True},
+}
+
+
 def build_cases(
     info: StoreInfo,
     decoders: Sequence[str],
@@ -1078,30 +1088,10 @@ def build_cases(
                 continue  # a blocked destination needs whole chunks
             if dec == "zarr":
                 settings = zarr_configs(configs, threads)
-            elif dec == "zarr-fused":
-                settings = [
-                    (
-                        f"w={threads}",
-                        {
-                            "codec_pipeline.path": "zarr.core.codec_pipeline.FusedCodecPipeline",
-                            "codec_pipeline.max_workers": threads,
-                            "threading.max_workers": threads,
-                            "async.concurrency": 4 * threads,
-                        },
-                    )
-                ]
-            elif dec == "zarrs":
-                settings = [
-                    (
-                        f"w={threads}",
-                        {
-                            "codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
-                            "codec_pipeline.strict": True,
-                            "threading.max_workers": threads,
-                            "async.concurrency": 4 * threads,
-                        },
-                    )
-                ]
+            elif dec in _PIPELINES:
+                settings = [(f"w={threads}", {**_PIPELINES[dec](threads),
+                                              "threading.max_workers": threads,
+                                              "async.concurrency": 4 * threads})]
             elif dec == "tensorstore":
                 settings = [(f"io={threads}", {})]
             else:
