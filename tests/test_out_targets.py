@@ -83,3 +83,25 @@ def test_values_that_used_to_escape_the_hierarchy(inputs, workdir):
     strings = np.array([["a"] * 15] * 20, dtype=np.dtypes.StringDType())
     with pytest.raises(DTypeError):
         oocgemm.multiply(strings, "in/b.npy", device="cpu")
+
+
+def test_partial_outputs_are_never_inputs(rng, workdir, monkeypatch):
+    """What an interrupted run leaves (a temporary file, or an array flagged incomplete) is
+    refused as an input with a clear error."""
+    a, b = rand(rng, (20, 15)), rand(rng, (15, 10))
+    np.save("b.npy", b)
+    np.save("c.npy.oocgemm-partial-123-abcd.npy", a)
+    with pytest.raises(InputError, match="did not finish"):
+        oocgemm.multiply("c.npy.oocgemm-partial-123-abcd.npy", "b.npy", device="cpu")
+    from oocgemm.runtime.cpu import CpuExecutor
+
+    def broken(self, op):
+        raise OSError("disk on fire")
+
+    z = zarr.create_array("c.zarr", shape=(20, 10), dtype="f8")
+    with monkeypatch.context() as patched, pytest.raises(oocgemm.OOCGemmError):
+        patched.setattr(CpuExecutor, "_gemm", broken)
+        oocgemm.multiply(a, "b.npy", z, device="cpu")
+    assert zarr.open_array("c.zarr").attrs["oocgemm"]["complete"] is False
+    with pytest.raises(InputError, match="incomplete oocgemm output"):
+        oocgemm.multiply("c.zarr", np.ones((10, 3)), device="cpu")

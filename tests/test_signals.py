@@ -16,6 +16,11 @@ from _helpers import leftovers
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
+#: The subprocesses import the oocgemm of this checkout, whatever is installed.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+
 
 def test_sigterm_mid_run_commits_nothing(rng, workdir):
     a = rng.standard_normal((1500, 1500))
@@ -23,7 +28,8 @@ def test_sigterm_mid_run_commits_nothing(rng, workdir):
     np.save("b.npy", a.T.copy())
     code = ("from oocgemm.cli import main; main(['multiply', 'a.npy', 'b.npy', '-o', 'c.zarr', "
             "'--device', 'cpu', '--tile', '100,100,100', '-q'])")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                            env=ENV)
     deadline = time.monotonic() + 60
     while not leftovers(".") and time.monotonic() < deadline:  # the run has started writing
         time.sleep(0.05)
@@ -33,3 +39,25 @@ def test_sigterm_mid_run_commits_nothing(rng, workdir):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated; no output was written" in err
     assert not os.path.exists("c.zarr") and leftovers(".") == []
+
+
+def test_a_npy_output_that_does_not_fit_fails_before_the_run(rng, workdir):
+    """The whole .npy output is allocated before the run: a disk that cannot hold it (here a
+    file-size limit, as `ulimit -f` sets) is an OutputError with nothing left behind, not a
+    SIGBUS or a raw OSError after the work."""
+    import resource
+
+    np.save("a.npy", rng.standard_normal((1000, 20)))
+    np.save("b.npy", rng.standard_normal((20, 1000)))
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    code = ("from oocgemm.cli import main; main(['multiply', 'a.npy', 'b.npy', '-o', 'c.npy', "
+            "'--device', 'cpu', '-q'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          preexec_fn=limit, timeout=120, env=ENV)
+    assert done.returncode == 2, done.stderr
+    assert "error: out 'c.npy': cannot make room for 8,000,000 bytes" in done.stderr
+    assert not os.path.exists("c.npy") and leftovers(".") == []

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import InputError, OutputError
 from . import urls
+from ._files import PARTIAL
 from .base import MatrixSink, MatrixSource
 from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
 
@@ -54,6 +55,9 @@ def open_source(obj, role: str, storage_options: dict | None = None) -> MatrixSo
     """
     if is_path(obj):
         path = urls.local(os.fspath(obj))
+        if PARTIAL in os.path.basename(path.rstrip("/\\")):
+            raise InputError(f"{role}: {path!r} is the temporary output of an oocgemm run that "
+                             f"did not finish; it is not a result (delete it)")
         if urls.is_url(path):
             from .zarr_store import ZarrSource
 

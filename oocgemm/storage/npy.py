@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..errors import InputError
+from ..errors import InputError, OutputError
 from . import _files
 from .base import MatrixSink
 from .memory import NumpySource
@@ -27,6 +28,22 @@ def open_npy(path: str, role: str) -> NumpySource:
     return NumpySource(array, name=path, on_disk=True, path=os.path.abspath(path))
 
 
+def _reserve(path: str) -> None:
+    """Allocate the whole file now, so that a full disk is an error before the run instead of
+    a SIGBUS when a write into the sparse memmap finds no block (file systems that cannot
+    allocate ahead are left as they are)."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    finally:
+        os.close(fd)
+
+
 class NpySink(MatrixSink):
     """A new .npy memmap under a temporary name, renamed over ``path`` on commit."""
 
@@ -38,8 +55,18 @@ class NpySink(MatrixSink):
         self.on_disk = True
         self._final = path
         self._temporary = _files.temporary_sibling(path)
-        self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
-                                             shape=self.shape)
+        try:
+            self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
+                                                 shape=self.shape)
+            _reserve(self._temporary)
+        except OSError as exc:
+            self._array = None
+            _files.remove(self._temporary)
+            self._temporary = None
+            need = int(np.prod(self.shape)) * self.dtype.itemsize
+            raise OutputError(f"out {path!r}: cannot make room for {need:,} bytes "
+                              f"({exc.strerror or exc}); free some space or write elsewhere"
+                              ) from None
 
     def write(self, rows, cols, block):
         self._array[rows[0]:rows[1], cols[0]:cols[1]] = block

@@ -65,6 +65,10 @@ def fast_reader(array: "zarr.Array", threads: int = 0) -> "zarr.Array":
 
 class ZarrSource(MatrixSource):
     def __init__(self, array: "zarr.Array", name: str, path: str | None = None):
+        mark = array.attrs.get("oocgemm")
+        if isinstance(mark, dict) and mark.get("complete") is False:
+            raise InputError(f"{name}: an incomplete oocgemm output (its run was interrupted "
+                             f"or failed); run the product again, or resume it")
         self._given = array
         self._array = fast_reader(array)
         self._hinted: set[str] = set()
