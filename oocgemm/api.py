@@ -614,7 +614,8 @@ class _Check:
         prob = self.prob
         return verify(self.a, self.b, product, alpha=prob.alpha, beta=prob.beta,
                       trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
-                      storage_options=self.storage_options, _c_in_side=self.side, _x=self.x)
+                      storage_options=self.storage_options, _c_in_side=self.side, _x=self.x,
+                      _checking=True)
 
 
 def _chunk_counts(sources: dict) -> dict:

@@ -44,9 +44,12 @@ def exists(target, storage_options: dict | None = None) -> bool:
     return os.path.exists(target)
 
 
-def open_source(obj, role: str, storage_options: dict | None = None) -> MatrixSource:
+def open_source(obj, role: str, storage_options: dict | None = None, *,
+                incomplete_ok: bool = False) -> MatrixSource:
     """A readable matrix from a path (.zarr directory, .npy file), a URL of a Zarr array
     (``storage_options`` for its file system), a zarr/numpy/cupy/dask array.
+    ``incomplete_ok`` accepts a Zarr array flagged incomplete (the product being checked
+    before its commit); anything else an interrupted run left is refused.
 
     Raises
     ------
@@ -89,7 +92,8 @@ def open_source(obj, role: str, storage_options: dict | None = None) -> MatrixSo
 
         root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
         path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
-        return ZarrSource(obj, name=f"{role} (zarr array)", path=path)
+        return ZarrSource(obj, name=f"{role} (zarr array)", path=path,
+                          incomplete_ok=incomplete_ok)
     if module == "cupy":
         return CupySource(obj, name=f"{role} (cupy array)")
     if module == "dask":

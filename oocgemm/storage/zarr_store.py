@@ -64,9 +64,10 @@ def fast_reader(array: "zarr.Array", threads: int = 0) -> "zarr.Array":
 
 
 class ZarrSource(MatrixSource):
-    def __init__(self, array: "zarr.Array", name: str, path: str | None = None):
+    def __init__(self, array: "zarr.Array", name: str, path: str | None = None,
+                 incomplete_ok: bool = False):
         mark = array.attrs.get("oocgemm")
-        if isinstance(mark, dict) and mark.get("complete") is False:
+        if isinstance(mark, dict) and mark.get("complete") is False and not incomplete_ok:
             raise InputError(f"{name}: an incomplete oocgemm output (its run was interrupted "
                              f"or failed); run the product again, or resume it")
         self._given = array
