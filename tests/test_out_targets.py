@@ -105,3 +105,49 @@ def test_partial_outputs_are_never_inputs(rng, workdir, monkeypatch):
     assert zarr.open_array("c.zarr").attrs["oocgemm"]["complete"] is False
     with pytest.raises(InputError, match="incomplete oocgemm output"):
         oocgemm.multiply("c.zarr", np.ones((10, 3)), device="cpu")
+
+
+@pytest.mark.parametrize("target", ["c.npy", "c.zarr"])
+def test_an_output_that_appears_during_the_run_is_not_replaced(rng, workdir, target):
+    """Another process writes the same path meanwhile: without overwrite the commit leaves
+    its output as it is and says so (it used to replace it silently)."""
+    a, b = rand(rng, (40, 30)), rand(rng, (30, 20))
+    theirs = np.full((40, 20), 7.0)
+
+    def other_process(event):
+        if event.kind == "gemm" and not os.path.lexists(target):
+            if target.endswith(".npy"):
+                np.save(target, theirs)
+            else:
+                zarr.create_array(target, shape=theirs.shape, dtype="f8")[:] = theirs
+
+    with pytest.raises(OutputError, match="appeared while this run computed"):
+        oocgemm.multiply(a, b, target, device="cpu", tile=(16, 16, 16), progress=other_process)
+    kept = np.load(target) if target.endswith(".npy") else zarr.open_array(target)[:]
+    np.testing.assert_array_equal(kept, theirs)
+    assert leftovers(".") == []
+
+
+def test_racing_writers_with_overwrite_leave_one_complete_output(rng, workdir):
+    import threading
+
+    a, b = rand(rng, (64, 48)), rand(rng, (48, 40))
+    errors = []
+
+    def run():
+        try:
+            oocgemm.multiply(a, b, "c.zarr", device="cpu", tile=(16, 16, 16), overwrite=True)
+        except Exception as exc:  # only OOCGemmErrors may escape
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(e, oocgemm.OOCGemmError) for e in errors), errors
+    assert len(errors) < 8
+    out = zarr.open_array("c.zarr", mode="r")
+    assert out.attrs["oocgemm"]["complete"] is True
+    assert_gemm(out[:], a, b)
+    assert sorted(os.listdir(".")) == ["c.zarr"]

@@ -132,11 +132,11 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
         if kind_of_path(path) == "npy":
             from .npy import NpySink
 
-            return NpySink(path, shape, dtype)
+            return NpySink(path, shape, dtype, replace=overwrite or in_place)
         from .zarr_store import ZarrSink
 
         return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, options=options,
-                        attributes=attributes)
+                        attributes=attributes, replace=overwrite or in_place)
     module = _module(out)
     if isinstance(out, np.ndarray):
         return NumpySink(out, name="out (numpy array)")

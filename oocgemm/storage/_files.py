@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
+
+from ..errors import OutputError
 
 PARTIAL = ".oocgemm-partial-"
 
@@ -28,12 +31,62 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
+def publish(temporary: str, final: str, *, replace: bool) -> None:
+    """Move ``temporary`` to ``final``, atomically. With ``replace`` False, an output that
+    appeared at ``final`` meanwhile (another process writing the same path) is left as it is
+    and this raises :class:`OutputError`; with ``replace`` True it is replaced (a file or a
+    directory, moved aside first and removed after; put back if the move fails). Several
+    writers racing for one path end with one complete output and no leftovers; every failure
+    is an OutputError."""
+    try:
+        if not replace:
+            _publish_new(temporary, final)
+            return
+        for _ in range(100):
+            if os.path.isdir(final) and not os.path.islink(final):
+                old = temporary + "-old"
+                try:
+                    os.rename(final, old)
+                except FileNotFoundError:  # another writer moved it first
+                    continue
+                try:
+                    os.rename(temporary, final)
+                except OSError as exc:
+                    if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another writer won
+                        shutil.rmtree(old, ignore_errors=True)
+                        continue
+                    try:  # the user's output goes back where it was
+                        os.rename(old, final)
+                    except OSError:
+                        pass
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+                return
+            try:
+                os.replace(temporary, final)
+                return
+            except IsADirectoryError:  # a directory appeared meanwhile
+                continue
+        raise OutputError(f"cannot move the finished output to {final!r}: other writers kept "
+                          f"replacing it")
+    except FileExistsError:
+        raise OutputError(f"out {final!r} appeared while this run computed (another process "
+                          f"writing the same path?); it was left as it is and this result "
+                          f"discarded; pass overwrite=True to replace it") from None
+    except OSError as exc:
+        raise OutputError(f"cannot move the finished output to {final!r}: {exc}") from None
+
+
+def _publish_new(temporary: str, final: str) -> None:
+    if os.path.isdir(temporary):
+        if os.path.lexists(final):  # rename would replace an empty directory or fail
+            raise FileExistsError(final)
+        os.rename(temporary, final)
+    else:
+        os.link(temporary, final)  # fails if final exists: no silent replacement
+        os.remove(temporary)
+
+
 def replace(temporary: str, final: str) -> None:
     """Move ``temporary`` to ``final``, replacing what is there (a file or a directory)."""
-    if os.path.isdir(final) and not os.path.islink(final):
-        old = temporary + "-old"
-        os.rename(final, old)
-        os.rename(temporary, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(temporary, final)
+    publish(temporary, final, replace=True)

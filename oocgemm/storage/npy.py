@@ -47,13 +47,14 @@ def _reserve(path: str) -> None:
 class NpySink(MatrixSink):
     """A new .npy memmap under a temporary name, renamed over ``path`` on commit."""
 
-    def __init__(self, path: str, shape, dtype):
+    def __init__(self, path: str, shape, dtype, replace: bool = False):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.name = path
         self.path = os.path.abspath(path)
         self.on_disk = True
         self._final = path
+        self._replace = replace
         self._temporary = _files.temporary_sibling(path)
         try:
             self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
@@ -78,7 +79,7 @@ class NpySink(MatrixSink):
     def commit(self):
         self._array.flush()
         del self._array
-        _files.replace(self._temporary, self._final)
+        _files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
         return np.load(self._final, mmap_mode="r+")
 

@@ -7,6 +7,7 @@ import math
 import numbers
 import os
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -14,7 +15,7 @@ import zarr
 from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import hostinfo
-from ..errors import InputError, OptionError
+from ..errors import InputError, OptionError, OutputError
 from . import _files, urls
 from ..plan.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
@@ -248,6 +249,19 @@ def compressor(spec: str, zarr_format: int = 3):
     return made[name]()
 
 
+def _reopen(path: str, tries: int = 50):
+    """The committed output, opened again. Another writer with ``overwrite=True`` may move it
+    aside for an instant while it publishes its own: try again rather than fail."""
+    for attempt in range(tries):
+        try:
+            return zarr.open_array(path, mode="r+")
+        except Exception:  # FileNotFoundError, zarr's ArrayNotFoundError
+            if attempt == tries - 1:
+                raise OutputError(f"out {path!r} was replaced by another writer as this run "
+                                  f"finished") from None
+            time.sleep(0.01)
+
+
 class ZarrSink(MatrixSink):
     """Writes into a new Zarr array under a temporary name, renamed on commit; or into a
     given ``zarr.Array`` in place, flagged incomplete in its attributes until commit.
@@ -263,7 +277,8 @@ class ZarrSink(MatrixSink):
 
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
                  options: dict | None = None, array: "zarr.Array | None" = None,
-                 attributes: dict | None = None, storage_options: dict | None = None):
+                 attributes: dict | None = None, storage_options: dict | None = None,
+                 replace: bool = False):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.name = name
@@ -271,6 +286,7 @@ class ZarrSink(MatrixSink):
         self._final = path
         self._temporary = None
         self._attributes = attributes or {}
+        self._replace = replace
         self._lock = threading.Lock()
         self._storage_options = storage_options
         self._url = path is not None and urls.is_url(path)
@@ -324,14 +340,14 @@ class ZarrSink(MatrixSink):
             self._temporary = None
             return zarr.open_array(self._final, mode="r+",
                                    storage_options=self._storage_options)
-        _files.replace(self._temporary, self._final)
+        _files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
         group = parent_group(self._final)
         if group is not None and group.metadata.consolidated_metadata is not None:
             with warnings.catch_warnings():  # zarr: consolidated v3 metadata is not spec
                 warnings.simplefilter("ignore")
                 zarr.consolidate_metadata(os.path.dirname(os.path.abspath(self._final)))
-        return zarr.open_array(self._final, mode="r+")
+        return _reopen(self._final)
 
     def abort(self):
         if self._temporary is not None:
