@@ -416,6 +416,11 @@ def _is_zarr_array(path: str) -> bool:
 def _check_out(out, shape, dtype, inputs) -> Operand:
     """Refuse outputs that alias an input or have the wrong shape; describe the output."""
     if out is None:  # a new numpy array of the compute dtype
+        need = shape[0] * shape[1] * dtype.itemsize
+        if need > hostinfo.available_memory():
+            raise OutputError(f"out=None returns C in memory, but C needs {format_size(need)} and "
+                              f"{format_size(hostinfo.available_memory())} is available; pass "
+                              f"a .zarr or .npy path as out")
         return Operand(shape, None, False, "result array", zero_copy=True)
     if is_path(out):
         path = os.fspath(out)

@@ -5,6 +5,7 @@ OOCGemmErrors."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -151,3 +152,34 @@ def test_racing_writers_with_overwrite_leave_one_complete_output(rng, workdir):
     assert out.attrs["oocgemm"]["complete"] is True
     assert_gemm(out[:], a, b)
     assert sorted(os.listdir(".")) == ["c.zarr"]
+
+
+def test_more_values_that_used_to_escape_the_hierarchy(rng, workdir, monkeypatch):
+    import dask.array as da
+
+    from oocgemm import hostinfo
+
+    b = rand(rng, (15, 10))
+    x = da.from_array(rand(rng, (20, 15)), chunks=5)
+    with pytest.raises(InputError, match="compute_chunk_sizes"):
+        oocgemm.multiply(x[x[:, 0] > 0], b, device="cpu")
+    monkeypatch.setattr(hostinfo, "available_memory", lambda: 1000)
+    with pytest.raises(OutputError, match="pass a .zarr or .npy path"):
+        oocgemm.multiply(rand(rng, (20, 15)), b, device="cpu")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: re.sub(r'"start_s": ?[-0-9.e]+', '"start_s": "soon"', t),  # was a ValueError
+    lambda t: re.sub(r'"(start_s|end_s)": ?[-0-9.e]+', r'"\1": 0', t),  # nothing lasted
+    lambda t: "[]",
+])
+def test_a_hand_edited_trace_is_an_input_error(rng, workdir, edit):
+    a, b = rand(rng, (20, 15)), rand(rng, (15, 10))
+    result = oocgemm.multiply(a, b, device="cpu", tile=(8, 8, 8))
+    result.timeline.save("run.json")
+    with open("run.json") as f:
+        text = edit(f.read())
+    with open("run.json", "w") as f:
+        f.write(text)
+    done = CliRunner().invoke(main, ["timeline", "run.json"])
+    assert done.exit_code == 2 and "error:" in done.output, (done.exit_code, done.output)

@@ -291,9 +291,20 @@ class Timeline:
         InputError
             The file is missing, not JSON, or not a trace that oocgemm wrote.
         """
+        from ..errors import InputError
         from .trace import read_chrome_trace
 
-        return cls.from_events(**read_chrome_trace(path))
+        try:
+            timeline = cls.from_events(**read_chrome_trace(path))
+        except (ValueError, TypeError, KeyError, ZeroDivisionError, AttributeError) as exc:
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"{path}: not a timeline that oocgemm wrote, or one edited by hand "
+                             f"({type(exc).__name__}: {exc})") from None
+        if timeline.events and not timeline.wall > 0:
+            raise InputError(f"{path}: its operations take no time at all; not a timeline that "
+                             f"oocgemm wrote, or one edited by hand")
+        return timeline
 
     def plot(self, path=None, *, title: str | None = None):
         """A Gantt chart, one row per lane (as in the seed paper's figure 5), the summary in

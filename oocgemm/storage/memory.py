@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from ..errors import OutputError
+from ..errors import InputError, OutputError
 from .base import MatrixSink, MatrixSource, blas_view
 
 
@@ -57,6 +57,9 @@ class DaskSource(MatrixSource):
         self.dtype = np.dtype(array.dtype)
         self.name = name
         chunks = array.chunks
+        if any(c != c for axis in chunks for c in axis):  # NaN: sizes dask does not know
+            raise InputError(f"{name}: a dask array whose chunk sizes are unknown (after a "
+                             f"boolean mask or a filter); call .compute_chunk_sizes() first")
         self.chunks = (max(chunks[0]) if chunks[0] else 1, max(chunks[1]) if chunks[1] else 1)
 
     def read(self, rows, cols, out):
