@@ -19,6 +19,7 @@ from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .result import Result
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
+from .storage._files import signals_deferred
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
@@ -562,14 +563,16 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
                   "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
                   "trans_b": prob.trans_b}
-    sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype, options=_out_layout(prep),
-                     overwrite=overwrite, in_place=prep.in_place, attributes=attributes,
-                     storage_options=prep.storage_options)
-    bar = None
+    layout = _out_layout(prep)
+    bar = sink = None
     sources = prep.sources
     check = _Check(prep, a, b, c, storage_options) if verify else None
     report = None
     try:
+        with signals_deferred():
+            sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype,
+                             options=layout, overwrite=overwrite, in_place=prep.in_place,
+                             attributes=attributes, storage_options=prep.storage_options)
         on_event, bar = _progress(progress, plan_)
         sources = chunk_readers(plan_, prep.sources)
         executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
@@ -582,9 +585,12 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             if not report:
                 raise ExecutionError(f"the product failed its check, so nothing was committed: "
                                      f"{report}")
-        result_out = sink.commit()
+        with signals_deferred():
+            result_out = sink.commit()
     except BaseException:
-        sink.abort()
+        if sink is not None:
+            with signals_deferred():
+                sink.abort()
         raise
     finally:
         if bar is not None:

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import signal
+import threading
 import uuid
 
 from ..errors import OutputError
 
 PARTIAL = ".oocgemm-partial-"
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold Ctrl-C and SIGTERM back while an output is created or committed: zarr writes its
+    metadata from its own event loop thread, so an interrupt raised in the caller meanwhile
+    could remove the temporary output while that thread writes into it again. The signal
+    arrives (and stops the run as usual) right after the block."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+            signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def temporary_suffix() -> str:

@@ -60,10 +60,12 @@ class NpySink(MatrixSink):
             self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
                                                  shape=self.shape)
             _reserve(self._temporary)
-        except OSError as exc:
+        except BaseException as exc:  # an interrupt too: what was begun goes
             self._array = None
             _files.remove(self._temporary)
             self._temporary = None
+            if not isinstance(exc, OSError):
+                raise
             need = int(np.prod(self.shape)) * self.dtype.itemsize
             raise OutputError(f"out {path!r}: cannot make room for {need:,} bytes "
                               f"({exc.strerror or exc}); free some space or write elsewhere"

@@ -305,9 +305,13 @@ class ZarrSink(MatrixSink):
             options.setdefault("compressors", None)
             options.setdefault("zarr_format", 3)
             extra = {"storage_options": storage_options} if self._url else {}
-            self._array = zarr.create_array(
-                store=self._temporary, shape=self.shape, dtype=self.dtype, fill_value=0,
-                attributes={"oocgemm": {"complete": False}}, **options, **extra)
+            try:
+                self._array = zarr.create_array(
+                    store=self._temporary, shape=self.shape, dtype=self.dtype, fill_value=0,
+                    attributes={"oocgemm": {"complete": False}}, **options, **extra)
+            except BaseException:  # an interrupt too: what was begun goes
+                self.abort()
+                raise
         else:
             self._array = array
             self.path = None
