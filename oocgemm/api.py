@@ -335,13 +335,15 @@ def _parse_tile(tile) -> tuple[int, int, int]:
 
 
 def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
-    """``out_options`` for a new Zarr output path, checked before any work; refused where
-    the output is not created by this run (an array, a .npy file, an update in place)."""
+    """``out_options`` for a new Zarr output path, checked before any work (with the Zarr
+    format of the group it goes into filled in); refused where the output is not created by
+    this run (an array, a .npy file, an update in place)."""
     from .storage import kind_of_path
     from .storage.zarr_store import check_out_options
 
-    if options is None:
-        return {}
+    zarr_path = is_path(out) and kind_of_path(os.fspath(out)) == "zarr"
+    if options is None:  # a Zarr path is written anew (in place too): its group's format
+        return check_out_options({}, shape, dtype, os.fspath(out)) if zarr_path else {}
     if not is_path(out) or kind_of_path(os.fspath(out)) != "zarr":
         raise OptionError("out_options sets the layout of a new Zarr output; out is "
                           + ("an array" if not is_path(out) else f"{os.fspath(out)!r}, not .zarr"))
@@ -356,12 +358,10 @@ def _out_layout(prep: _Prepared) -> dict:
     tile the C blocks and the row stripes they are written in, at most 64 MiB each
     (:func:`~oocgemm.storage.zarr_store.output_chunks`), and the Zarr format of the group
     the output goes into."""
-    from .storage.zarr_store import check_out_options, output_chunks
+    from .storage.zarr_store import output_chunks
 
     plan_ = prep.plan
-    options = dict(prep.out_options) or (
-        check_out_options({}, (plan_.problem.m, plan_.problem.n), plan_.problem.dtype,
-                          os.fspath(prep.out)) if is_path(prep.out) else {})
+    options = dict(prep.out_options)
     if options.get("chunks") is None:
         w, h, _ = plan_.tile
         block = options.get("shards") or (w, h)

@@ -204,6 +204,8 @@ def check_out_options(options, shape, dtype, path: str | None) -> dict:
         raise OptionError(f"out_options['zarr_format'] must be 2 or 3, got {fmt!r}")
     if isinstance(options.get("compressors"), str):
         options["compressors"] = compressor(options["compressors"], fmt)
+    if set(options) <= {"zarr_format"}:  # nothing of the user's to try
+        return options
     trial = dict(options)
     trial.setdefault("chunks", tuple(max(1, min(x, 64)) for x in shape))
     if trial.get("shards") is not None:
