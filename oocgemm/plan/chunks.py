@@ -158,6 +158,13 @@ def estimate(plan, operand: str) -> ChunkReport | None:
                        loads=per_panel * panels, decodes=decodes, cut=cut)
 
 
+def most_touched(extent: int, chunk: int) -> int:
+    """The most chunks (of ``chunk``) a range of ``extent`` elements touches, wherever it
+    starts: one more than it covers when it does not start and end on chunk edges."""
+    extent = max(extent, 1)
+    return -(-extent // chunk) + (0 if extent % chunk == 0 else 1)
+
+
 def window_bytes(region_shape: tuple[int, int], chunks: tuple[int, int] | None,
                  itemsize: int) -> int:
     """Bytes of the decoded chunks that one load of a region of ``region_shape`` may hold:
@@ -166,6 +173,5 @@ def window_bytes(region_shape: tuple[int, int], chunks: tuple[int, int] | None,
         return 0
     total = itemsize
     for extent, chunk in zip(region_shape, chunks):
-        touched = -(-max(extent, 1) // chunk) + (0 if extent % chunk == 0 else 1)
-        total *= touched * chunk
+        total *= most_touched(extent, chunk) * chunk
     return total

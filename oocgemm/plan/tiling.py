@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError, OptionError
-from .chunks import window_bytes
+from .chunks import most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
 from .units import format_seconds, format_size
@@ -357,8 +357,7 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
     """How many bytes are read per byte wanted when panels of ``size`` cut chunks of ``chunk``."""
     if not on_disk or not chunk or size <= 0:
         return 1.0
-    touched = math.ceil(size / chunk) + (0 if size % chunk == 0 else 1)
-    return max(1.0, min(touched * chunk, size + 2 * chunk) / size)
+    return max(1.0, min(most_touched(size, chunk) * chunk, size + 2 * chunk) / size)
 
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
