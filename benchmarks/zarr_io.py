@@ -1354,14 +1354,15 @@ def cmd_floor(args) -> dict:
                 ["write folder", "GB", "files = threads", "s (to last fsync)", "write GB/s"],
             )
         )
-    for note in dict.fromkeys(notes):
+    return _finish(notes, floor=records, write=writes)
+
+
+def _finish(notes: list[str], **results) -> dict:
+    """Print each distinct note once; the command's record: environment, results, notes."""
+    notes = list(dict.fromkeys(notes))
+    for note in notes:
         print("note:", note)
-    return {
-        "environment": environment(),
-        "floor": records,
-        "write": writes,
-        "notes": list(dict.fromkeys(notes)),
-    }
+    return {"environment": environment(), **results, "notes": notes}
 
 
 def cmd_decode(args) -> dict:
@@ -1427,14 +1428,7 @@ def cmd_decode(args) -> dict:
                 _print_progress(res)
     print()
     print(decode_table(records))
-    for note in dict.fromkeys(notes):
-        print("note:", note)
-    return {
-        "environment": environment(),
-        "decode": records,
-        "skipped": skipped,
-        "notes": list(dict.fromkeys(notes)),
-    }
+    return _finish(notes, decode=records, skipped=skipped)
 
 
 def _print_progress(r: dict) -> None:
