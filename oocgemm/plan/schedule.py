@@ -334,11 +334,9 @@ class _Builder:
         return f"{ring}{turn}"
 
     def stripe_rows(self, region) -> int:
-        """Rows of each stripe of a stored region (the last one may have fewer): as many as
-        fit one ring buffer, and at most 1/min_stripes of the region."""
+        """Rows of each stripe of a stored region (:func:`stripe_rows`)."""
         (r0, r1), (c0, c1) = region
-        cols = max(c1 - c0, 1)
-        return max(1, min(self.ring // cols, -(-(r1 - r0) // max(self.plan.min_stripes, 1))))
+        return stripe_rows(r1 - r0, c1 - c0, self.ring, self.plan.min_stripes)
 
     def stripes(self, region):
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
@@ -587,6 +585,13 @@ def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, in
         span = hi - lo
         bounds[-1:] = [lo + span // 2, lo + 3 * span // 4, lo + 7 * span // 8, hi]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def stripe_rows(rows: int, cols: int, ring: int, min_stripes: int) -> int:
+    """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through the
+    ring (the last one may have fewer): as many as fit one ring buffer of ``ring`` elements,
+    and at most a ``min_stripes``-th of the region."""
+    return max(1, min(ring // max(cols, 1), -(-rows // max(min_stripes, 1))))
 
 
 def serpentine(rows: int, cols: int):

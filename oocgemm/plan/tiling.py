@@ -15,6 +15,7 @@ from ..errors import BudgetError, OptionError
 from .chunks import most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
+from .schedule import stripe_rows
 from .units import format_seconds, format_size
 
 #: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
@@ -138,8 +139,8 @@ class Plan:
     def stripe_rows(self, rows: int, cols: int) -> int:
         """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through
         the ring: as many as one ring buffer holds, and at most a ``min_stripes``-th."""
-        return max(1, min(self.buffers.ring // self.problem.itemsize // max(cols, 1),
-                          -(-rows // max(self.min_stripes, 1))))
+        return stripe_rows(rows, cols, self.buffers.ring // self.problem.itemsize,
+                           self.min_stripes)
 
     # ---- memory ---------------------------------------------------------------------------
     @property
@@ -475,11 +476,10 @@ def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: boo
         per_block = 2 * nk + gemms + 1 + (1 if reads_c else 0)
         return blocks * per_block
 
-    ring = max(stripe, w, h, r)
+    ring = max(stripe, w, h, r)  # elements of a ring buffer (Buffers.ring)
 
     def stripes(rows: int, cols: int) -> int:
-        step = max(1, min(ring // max(cols, 1), -(-rows // max(min_stripes, 1))))
-        return -(-rows // step)
+        return -(-rows // stripe_rows(rows, cols, ring, min_stripes))
 
     c_moves = 2 * stripes(w, h) * (2 if reads_c else 1)
     per_block = nk * 2 * (stripes(w, r) + stripes(r, h)) + gemms + c_moves
