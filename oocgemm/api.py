@@ -375,6 +375,7 @@ def _check_out_path(path: str, inputs) -> None:
     have written itself (a Zarr array, a .npy file), never a directory that holds other
     things nor one that holds an input, in a directory it can write to."""
     from .storage import kind_of_path
+    from .storage.zarr_store import is_zarr_array
 
     if not path.strip():
         raise OutputError("out is an empty path; name a .zarr or .npy output")
@@ -389,7 +390,7 @@ def _check_out_path(path: str, inputs) -> None:
             raise OutputError(f"out {path!r} holds {role} ({src.path}); writing it would "
                               f"replace the input")
     if os.path.lexists(path):
-        if kind == "zarr" and not _is_zarr_array(path):
+        if kind == "zarr" and not is_zarr_array(path):
             raise OutputError(f"out {path!r} exists and is not a Zarr array; oocgemm replaces "
                               f"only a Zarr array or .npy file, never other files or folders")
         if kind == "npy" and not os.path.isfile(path):
@@ -397,21 +398,6 @@ def _check_out_path(path: str, inputs) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"out {path!r}: the directory {parent!r} is not writable")
-
-
-def _is_zarr_array(path: str) -> bool:
-    """True when ``path`` is a directory holding a Zarr array's metadata (format 2 or 3)."""
-    import json
-
-    if not os.path.isdir(path):
-        return False
-    if os.path.isfile(os.path.join(path, ".zarray")):
-        return True
-    try:
-        with open(os.path.join(path, "zarr.json")) as f:
-            return json.load(f).get("node_type") == "array"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _check_out(out, shape, dtype, inputs) -> Operand:

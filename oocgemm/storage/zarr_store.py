@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import numbers
 import os
@@ -159,6 +160,19 @@ def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None
     rows = fits[-1]
     cols = [d for d in _divisors(h) if rows * d * itemsize <= limit] or [1]
     return rows, cols[-1]
+
+
+def is_zarr_array(path: str) -> bool:
+    """True when ``path`` is a directory holding a Zarr array's metadata (format 2 or 3)."""
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, ".zarray")):
+        return True
+    try:
+        with open(os.path.join(path, "zarr.json")) as f:
+            return json.load(f).get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def parent_group(path: str):
