@@ -28,7 +28,9 @@ import datetime
 import json
 import os
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -128,7 +130,8 @@ def gemm_rate(size: int = 16384) -> float:
     return 2 * size**3 / best
 
 
-def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool) -> dict:
+def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool,
+                decoder: str = "auto") -> dict:
     import oocgemm
 
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
@@ -136,11 +139,14 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
     start = time.perf_counter()
     r = oocgemm.multiply(
-        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
+        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
+        decoder=decoder,
     )
     wall = time.perf_counter() - start
     return {
         "cold": how,
+        "decoder": decoder,
+        "gpu_decode": list(r.plan.gpu_decode),
         "wall": wall,
         "run": r.seconds,
         "tflops": r.flops / wall / 1e12,
@@ -153,23 +159,44 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     }
 
 
-def run_dask(a: str, b: str, c: str, threads: int, cold: bool) -> dict:
+def _dask_product(a: str, b: str, c: str, threads: int) -> None:
+    """The baseline in this process: prints ``start`` when its clock starts, then its seconds."""
     import cupy
     import dask
     import dask.array as da
 
-    shutil.rmtree(c, ignore_errors=True)
-    os.sync()
-    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
     x = da.from_zarr(a).map_blocks(cupy.asarray, dtype="f8")
     y = da.from_zarr(b).map_blocks(cupy.asarray, dtype="f8")
     z = (x @ y).map_blocks(cupy.asnumpy, dtype="f8")
+    print("start", flush=True)
     start = time.perf_counter()
     with dask.config.set(scheduler="threads", num_workers=threads):
         z.to_zarr(c, overwrite=True)
-    wall = time.perf_counter() - start
-    cupy.get_default_memory_pool().free_all_blocks()
-    return {"cold": how, "wall": wall}
+    print(time.perf_counter() - start, flush=True)
+
+
+def run_dask(a: str, b: str, c: str, threads: int, cold: bool, limit: float) -> dict:
+    """dask's ``from_zarr`` -> CuPy -> ``@`` -> ``to_zarr`` in a child process, stopped after
+    ``limit`` seconds of its clock (then ``wall`` is None: it took longer than ``limit``)."""
+    shutil.rmtree(c, ignore_errors=True)
+    os.sync()
+    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.zarr_product", "_dask", a, b, c, str(threads)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        if child.stdout.readline().strip() != "start":
+            raise RuntimeError(f"the dask baseline failed to start (exit {child.wait()})")
+        timer = threading.Timer(limit, child.kill)
+        timer.start()
+        line = child.stdout.readline().strip()
+        timer.cancel()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    shutil.rmtree(c, ignore_errors=True)
+    return {"cold": how, "wall": float(line) if line else None, "limit": limit}
 
 
 def check(c: str, a: str, b: str, rows: int = 64) -> float:
@@ -196,13 +223,25 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--cold", action="store_true", help="also run cold (drops caches)")
     parser.add_argument("--dask", action="store_true", help="also run the dask baseline")
+    parser.add_argument("--dask-limit", type=float, default=540,
+                        help="seconds after which a dask run is stopped and reported as "
+                             "taking longer (default 540)")
+    parser.add_argument("--dask-only", action="store_true",
+                        help="make the stores and run only the dask baseline")
     parser.add_argument("--keep", action="store_true", help="keep the stores afterwards")
     parser.add_argument("--write-codecs", default="none",
                         help="output codecs whose write of C to time, comma list; the first "
                              "is the decode floor's (oocgemm's default output: none)")
+    parser.add_argument("--decoders", default="auto",
+                        help="oocgemm's decoder= settings to run, comma list of auto, gpu, "
+                             "host (default auto)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_dask"]:  # internal: the dask baseline in its own process
+        _dask_product(*argv[1:4], int(argv[4]))
+        return 0
     args = parser.parse_args(argv)
 
     work = os.path.abspath(args.workdir)
@@ -233,6 +272,9 @@ def main(argv=None) -> int:
         )
         say(f"made {path}: {made['stored_bytes'] / GB:.2f} GB stored in {made['seconds']:.1f} s")
     c_bytes = args.n * args.n * 8
+    if args.dask_only:
+        doc["dask"] = dask_runs(a, b, cd, args, say)
+        return finish(doc, args, (a, b, c, cd))
     floor = storage_floor([a, b], c_bytes, work, args.threads)
     doc["storage_floor"] = floor
     say(
@@ -274,39 +316,57 @@ def main(argv=None) -> int:
         say(str(probe))
 
     runs = []
-    for cold in (True, False) if args.cold else (False,):
-        if not cold:  # warm the page cache the way a user's second run would find it
-            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
-        r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold)
-        result = r.pop("result")
-        r["error"] = check(c, a, b)
-        runs.append(r)
-        say(
-            f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} TFLOP/s, "
-            f"predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error {r['error']:.1e}, "
-            f"decodes { ({k: v['decodes'] for k, v in r['chunks'].items()}) }"
-        )
-        if not cold:
-            say(str(result.timeline))
-            if args.trace:
-                result.timeline.save(args.trace)
-            if args.plot:
-                result.timeline.plot(args.plot)
+    decoders = args.decoders.split(",")
+    for decoder in decoders:
+        for cold in (True, False) if args.cold else (False,):
+            if not cold:  # warm the page cache the way a user's second run would find it
+                read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+            r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold, decoder)
+            result = r.pop("result")
+            r["error"] = check(c, a, b)
+            runs.append(r)
+            say(
+                f"oocgemm {'cold' if cold else 'warm'}, decoder={decoder} "
+                f"(GPU decodes {','.join(r['gpu_decode']) or 'nothing'}): {r['wall']:.2f} s "
+                f"({r['tflops']:.2f} TFLOP/s, predicted {r['predicted']:.2f} s {r['bound']}-bound), "
+                f"rel. error {r['error']:.1e}, tile {r['tile']}, chunks {r['chunks']}"
+            )
+            if not cold:
+                say(str(result.timeline))
+                stem = "" if decoder == decoders[0] else f"-{decoder}"
+                if args.trace:
+                    result.timeline.save(_suffixed(args.trace, stem))
+                if args.plot:
+                    result.timeline.plot(_suffixed(args.plot, stem))
     doc["oocgemm"] = runs
     if args.dask:
-        druns = []
-        for cold in (True, False) if args.cold else (False,):
-            if not cold:
-                read_files(_chunk_files(a) + _chunk_files(b), args.threads)
-            d = run_dask(a, b, cd, args.threads, cold)
-            druns.append(d)
-            say(f"dask {'cold' if cold else 'warm'}: {d['wall']:.2f} s")
-        doc["dask"] = druns
+        doc["dask"] = dask_runs(a, b, cd, args, say)
+    return finish(doc, args, (a, b, c, cd))
+
+
+def _suffixed(path: str, stem: str) -> str:
+    root, ext = os.path.splitext(path)
+    return root + stem + ext
+
+
+def dask_runs(a: str, b: str, c: str, args, say) -> list[dict]:
+    runs = []
+    for cold in (True, False) if args.cold else (False,):
+        if not cold:
+            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+        d = run_dask(a, b, c, args.threads, cold, args.dask_limit)
+        runs.append(d)
+        took = f"{d['wall']:.2f} s" if d["wall"] is not None else f"not finished after {d['limit']:.0f} s"
+        say(f"dask {'cold' if cold else 'warm'}: {took}")
+    return runs
+
+
+def finish(doc: dict, args, paths) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)
     if not args.keep:
-        for p in (a, b, c, cd):
+        for p in paths:
             shutil.rmtree(p, ignore_errors=True)
     return 0
 

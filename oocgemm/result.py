@@ -29,7 +29,8 @@ class Result:
     chunks: dict = field(default_factory=dict)
     """Per chunked on-disk operand ('A', 'B', 'C'): its ``chunks`` count, the ``decodes``
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
-    and whether its chunks were ``kept`` for the whole run."""
+    whether its chunks were ``kept`` for the whole run, and the readers' ``copy_seconds``
+    copying parts of decoded chunks into their destinations (summed over threads)."""
     verified: Any = None
     """The :class:`~oocgemm.freivalds.VerifyReport` of ``multiply(verify=True)`` (None
     otherwise)."""

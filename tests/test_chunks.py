@@ -266,7 +266,7 @@ def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir,
 
     class Watched(ZarrSource):
         def prefetch_chunk(self, index):
-            calls.append(("hint", index, os.path.isfile(self._object_path(index))))
+            calls.append(("hint", index, os.path.isfile(self.object_path(index))))
             super().prefetch_chunk(index)
 
         def read_chunk(self, index, out):

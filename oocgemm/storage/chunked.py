@@ -20,6 +20,7 @@ wait for the executor.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -54,10 +55,13 @@ class ChunkReader(MatrixSource):
         Keep every decoded chunk until its last read in the run.
     decoders
         Decoder threads.
+    decoder
+        Decodes a chunk instead of the source (``decoder.decode(index, out)``, closed with
+        the reader): the GPU's, :class:`~oocgemm.cuda.zstd.GpuZstdDecoder`.
     """
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4):
+                 decoders: int = 4, decoder=None):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -66,6 +70,7 @@ class ChunkReader(MatrixSource):
         self.name = inner.name
         self.path = inner.path
         self.kept = kept
+        self.decoder = decoder
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self.prefetch = 2 * max(1, decoders)
@@ -96,6 +101,9 @@ class ChunkReader(MatrixSource):
         self.resident_bytes = 0
         self.peak_bytes = 0
         """Most bytes of decoded chunks held at once."""
+        self.copy_seconds = 0.0
+        """Time the readers spent copying parts of decoded chunks into their destinations
+        (the pinned ring, on a GPU), summed over reader threads."""
 
     @property
     def n_chunks(self) -> int:
@@ -122,7 +130,10 @@ class ChunkReader(MatrixSource):
         self._hint_ahead()
         (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
         out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
-        self.inner.read_chunk(index, out)
+        if self.decoder is not None:
+            self.decoder.decode(index, out)
+        else:
+            self.inner.read_chunk(index, out)
         with self._lock:
             self.decodes += 1
             self.decoded_bytes += out.nbytes
@@ -179,16 +190,20 @@ class ChunkReader(MatrixSource):
         with self._lock:
             self._announce(rows, cols)
             futures = [self._start(index) for index in indices]
+        copying = 0.0
         try:
             for index, future in zip(indices, futures):
                 chunk = future.result()
                 (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
                 lo_r, hi_r = max(r0, rows[0]), min(r1, rows[1])
                 lo_c, hi_c = max(c0, cols[0]), min(c1, cols[1])
+                start = time.perf_counter()
                 np.copyto(out[lo_r - rows[0]:hi_r - rows[0], lo_c - cols[0]:hi_c - cols[0]],
                           chunk[lo_r - r0:hi_r - r0, lo_c - c0:hi_c - c0], casting="same_kind")
+                copying += time.perf_counter() - start
         finally:
             with self._lock:
+                self.copy_seconds += copying
                 for index in indices:
                     self._release(index)
 
@@ -200,6 +215,8 @@ class ChunkReader(MatrixSource):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.close()
         with self._lock:
             for entry in self._entries.values():
                 entry.future = None

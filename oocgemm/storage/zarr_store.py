@@ -17,7 +17,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
-from . import _files, urls
+from . import _files, frames, urls
 from ..plan.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
 
@@ -82,6 +82,8 @@ class ZarrSource(MatrixSource):
         # (16 threads, 4096² shards of 512² chunks, docs/performance.md).
         chunks = getattr(array, "shards", None) or array.chunks
         self.chunks = tuple(chunks) if len(chunks) == 2 else None
+        self.zstd_layout = frames.zstd_layout(array)
+        """How its chunks hold zstd frames, where they are plain zstd (GPU decoding)."""
         self.on_disk = True
         self.name = name
         self.path = path
@@ -103,7 +105,7 @@ class ZarrSource(MatrixSource):
         """Ask the OS to start reading the object that holds chunk ``index`` (its shard when
         sharded) into the page cache, so that a cold disk works ahead of the decoders
         (``posix_fadvise(WILLNEED)``; local stores only, a hint that may do nothing)."""
-        path = self._object_path(index)
+        path = self.object_path(index)
         if path is None or path in self._hinted or not hasattr(os, "posix_fadvise"):
             return
         self._hinted.add(path)
@@ -118,7 +120,9 @@ class ZarrSource(MatrixSource):
         finally:
             os.close(fd)
 
-    def _object_path(self, index) -> str | None:
+    def object_path(self, index) -> str | None:
+        """The file that holds chunk ``index`` (its shard's, when sharded); None where the
+        store is not a local folder."""
         store = self._array.store_path.store
         root = getattr(store, "root", None)
         if root is None:
