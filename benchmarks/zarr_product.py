@@ -130,8 +130,7 @@ def gemm_rate(size: int = 16384) -> float:
     return 2 * size**3 / best
 
 
-def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool,
-                decoder: str = "auto") -> dict:
+def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool) -> dict:
     import oocgemm
 
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
@@ -139,14 +138,11 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
     start = time.perf_counter()
     r = oocgemm.multiply(
-        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
-        decoder=decoder,
+        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
     )
     wall = time.perf_counter() - start
     return {
         "cold": how,
-        "decoder": decoder,
-        "gpu_decode": list(r.plan.gpu_decode),
         "wall": wall,
         "run": r.seconds,
         "tflops": r.flops / wall / 1e12,
@@ -232,9 +228,6 @@ def main(argv=None) -> int:
     parser.add_argument("--write-codecs", default="none",
                         help="output codecs whose write of C to time, comma list; the first "
                              "is the decode floor's (oocgemm's default output: none)")
-    parser.add_argument("--decoders", default="auto",
-                        help="oocgemm's decoder= settings to run, comma list of auto, gpu, "
-                             "host (default auto)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
@@ -316,37 +309,28 @@ def main(argv=None) -> int:
         say(str(probe))
 
     runs = []
-    decoders = args.decoders.split(",")
-    for decoder in decoders:
-        for cold in (True, False) if args.cold else (False,):
-            if not cold:  # warm the page cache the way a user's second run would find it
-                read_files(_chunk_files(a) + _chunk_files(b), args.threads)
-            r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold, decoder)
-            result = r.pop("result")
-            r["error"] = check(c, a, b)
-            runs.append(r)
-            say(
-                f"oocgemm {'cold' if cold else 'warm'}, decoder={decoder} "
-                f"(GPU decodes {','.join(r['gpu_decode']) or 'nothing'}): {r['wall']:.2f} s "
-                f"({r['tflops']:.2f} TFLOP/s, predicted {r['predicted']:.2f} s {r['bound']}-bound), "
-                f"rel. error {r['error']:.1e}, tile {r['tile']}, chunks {r['chunks']}"
-            )
-            if not cold:
-                say(str(result.timeline))
-                stem = "" if decoder == decoders[0] else f"-{decoder}"
-                if args.trace:
-                    result.timeline.save(_suffixed(args.trace, stem))
-                if args.plot:
-                    result.timeline.plot(_suffixed(args.plot, stem))
+    for cold in (True, False) if args.cold else (False,):
+        if not cold:  # warm the page cache the way a user's second run would find it
+            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+        r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold)
+        result = r.pop("result")
+        r["error"] = check(c, a, b)
+        runs.append(r)
+        say(
+            f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} TFLOP/s, "
+            f"predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error {r['error']:.1e}, "
+            f"tile {r['tile']}, chunks {r['chunks']}"
+        )
+        if not cold:
+            say(str(result.timeline))
+            if args.trace:
+                result.timeline.save(args.trace)
+            if args.plot:
+                result.timeline.plot(args.plot)
     doc["oocgemm"] = runs
     if args.dask:
         doc["dask"] = dask_runs(a, b, cd, args, say)
     return finish(doc, args, (a, b, c, cd))
-
-
-def _suffixed(path: str, stem: str) -> str:
-    root, ext = os.path.splitext(path)
-    return root + stem + ext
 
 
 def dask_runs(a: str, b: str, c: str, args, say) -> list[dict]:

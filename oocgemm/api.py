@@ -134,7 +134,7 @@ def _overlaps(x, y) -> bool:
 
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
              host_memory_limit, tile, kernel=None, out_options=None,
-             storage_options=None, decoder="auto") -> _Prepared:
+             storage_options=None) -> _Prepared:
     alpha = _scalar("alpha", alpha)
     beta = _scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
@@ -208,10 +208,6 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         out_operand = dataclasses.replace(
             out_operand, chunks=out_options.get("shards") or out_options["chunks"])
 
-    if decoder not in DECODERS:
-        raise OptionError(f"decoder must be one of {', '.join(map(repr, DECODERS))}, "
-                          f"got {decoder!r}")
-    gpu_decode: dict = {}
     if dev.kind == "cuda":
         from . import cuda
 
@@ -222,16 +218,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
             raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
                               f"{format_size(free)} free on {dev}")
         staged = True
-        gpu_decode = _gpu_decoding(decoder, {"A": src_a, "B": src_b}, mem)
-        chunked = {name for name, src in (("A", src_a), ("B", src_b))
-                   if src.on_disk and src.chunks is not None}
-        if gpu_decode and chunked <= set(gpu_decode):
-            from .cuda.zstd import GPU_RATE
-
-            model = dataclasses.replace(model, decode=GPU_RATE)
     else:
-        if decoder == "gpu":
-            raise OptionError(f"decoder='gpu' decodes on a GPU, but the device is {dev}")
         total = hostinfo.total_memory()
         model = cpu_model()
         mem = parse_size(memory_limit, total, name="memory_limit") or total // 4
@@ -249,11 +236,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         a=operand(src_a), b=operand(src_b),
         c=operand(c_source) if (c_source is not None and beta != 0) else None,
         out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
-    reserved = sum(device for device, _ in gpu_decode.values())
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=staged, kernel=kernel,
-                  gpu_decode=tuple(sorted(gpu_decode)), gpu_decode_bytes=reserved,
-                  gpu_decode_host_bytes=sum(pinned for _, pinned in gpu_decode.values()))
+                  host_memory_limit=host, staged=staged, kernel=kernel)
     if staged:
         # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
         # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
@@ -279,7 +263,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
         plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
-        tile = choose_tile(problem, model, mem - reserved, host, staged=staged, **staging)
+        tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
         plan = Plan(tile=tile, **kwargs)
     if staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
@@ -317,42 +301,6 @@ def _with_cache(plan: Plan) -> Plan:
     return dataclasses.replace(plan, cache=chosen).validate()
 
 
-#: Values of ``decoder=``: where compressed Zarr chunks of A and B are decoded.
-DECODERS = ("auto", "gpu", "host")
-
-
-def _gpu_decoding(decoder: str, sources: dict, memory_limit: int) -> dict:
-    """The inputs whose chunks the GPU decodes, with the GPU memory each decoder holds:
-    Zarr arrays of plain zstd chunks on local storage, when nvCOMP is installed and the
-    decoders take at most a quarter of ``memory_limit`` (``decoder='auto'``); every such
-    input, or an OptionError saying why not (``'gpu'``); none (``'host'``)."""
-    if decoder == "host":
-        return {}
-    from .cuda import zstd
-
-    why = None if zstd.available() else ("nvCOMP is not installed (pip install "
-                                          "'oocgemm[nvcomp-cu12]' or 'oocgemm[nvcomp-cu13]')")
-    chosen = {}
-    for name, src in sources.items():
-        layout = getattr(src, "zstd_layout", None)
-        if layout is None:
-            why = why or (f"{name} is not a Zarr array of plain zstd chunks (zarr's default "
-                          f"coding): its chunks decode on the host")
-        elif src.object_path((0, 0)) is None:
-            why = why or f"{name} is not on local storage"
-        else:
-            chosen[name] = zstd.scratch_bytes(layout)  # (GPU, pinned host) bytes
-    if decoder == "gpu":
-        if why is not None:
-            raise OptionError(f"decoder='gpu': {why}")
-        return chosen
-    if why is not None and not zstd.available():
-        return {}
-    if sum(device for device, _ in chosen.values()) > memory_limit // 4:
-        return {}
-    return chosen
-
-
 def chunk_readers(plan: Plan, sources: dict) -> dict:
     """The sources with every chunked on-disk one read at its grain
     (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
@@ -366,14 +314,8 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     wrapped = dict(sources)
     for name, src in sources.items():
         if src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
-            decoder = None
-            if name in plan.gpu_decode:
-                from .cuda.zstd import GpuZstdDecoder
-
-                decoder = GpuZstdDecoder(src, src.zstd_layout, resolve_device(plan.device).index)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, name, src.chunks),
-                                        kept=name in plan.cache, decoders=decoders,
-                                        decoder=decoder)
+                                        kept=name in plan.cache, decoders=decoders)
     return wrapped
 
 
@@ -497,7 +439,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 # ------------------------------------------------------------------------------------------
 def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
          device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
-         out_options=None, storage_options=None, decoder="auto", **_ignored) -> Plan:
+         out_options=None, storage_options=None, **_ignored) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -512,15 +454,14 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                         device=device, memory_limit=memory_limit,
                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
-                        out_options=out_options, storage_options=storage_options,
-                        decoder=decoder)
+                        out_options=out_options, storage_options=storage_options)
     return prepared.plan
 
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
              kernel=None, overwrite=False, progress=None, events=True, out_options=None,
-             storage_options=None, verify=False, decoder="auto") -> Result:
+             storage_options=None, verify=False) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -570,12 +511,6 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         chunks (or shards).
     storage_options
         Options of the fsspec file system of URL inputs and outputs (credentials, endpoint).
-    decoder
-        Where the compressed chunks of Zarr inputs A and B are decoded: 'auto' (the default:
-        on the GPU with nvCOMP where the device is a GPU, nvCOMP is installed and the chunks
-        are zarr's default zstd on local storage, else on the host's cores), 'gpu' (an
-        OptionError where that cannot be) or 'host'. The GPU's decoders hold about 2 GiB of
-        GPU memory each, taken from ``memory_limit``.
     verify
         Check the product before it is committed with Freivalds' test (:func:`oocgemm.verify`,
         two random vectors, O(n²)): a product that fails it is not committed
@@ -606,7 +541,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel, out_options=out_options,
-                    storage_options=storage_options, decoder=decoder)
+                    storage_options=storage_options)
     plan_ = prep.plan
     from .runtime.base import executor_class
 
@@ -682,21 +617,13 @@ class _Check:
 
 def _chunk_counts(sources: dict) -> dict:
     """What the chunk readers did, per operand: chunks, decodes, decoded and peak bytes, the
-    readers' time copying out of decoded chunks, and the GPU decoder's frames, batches and
-    fallbacks to the host where it decoded."""
+    readers' time copying out of decoded chunks."""
     from .storage.chunked import ChunkReader
 
-    counts = {}
-    for name, src in sources.items():
-        if isinstance(src, ChunkReader):
-            counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
-                            "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
-                            "kept": src.kept, "copy_seconds": round(src.copy_seconds, 3)}
-            if src.decoder is not None:
-                counts[name].update(gpu_frames=src.decoder.frames,
-                                    gpu_batches=src.decoder.batches,
-                                    gpu_fallbacks=src.decoder.fallbacks)
-    return counts
+    return {name: {"chunks": src.n_chunks, "decodes": src.decodes,
+                   "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
+                   "kept": src.kept, "copy_seconds": src.copy_seconds}
+            for name, src in sources.items() if isinstance(src, ChunkReader)}
 
 
 def _json_scalar(x):

@@ -196,11 +196,6 @@ def _product_options(func):
         click.option("--kernel", metavar="NAME", default=None,
                      help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, "
                           "regblock or dmma (kernels/)."),
-        click.option("--decoder", type=click.Choice(["auto", "gpu", "host"]), default="auto",
-                     show_default=True,
-                     help="Where zstd Zarr chunks of A and B are decoded: on the GPU with "
-                          "nvCOMP (auto: where installed and the chunks are zarr's default "
-                          "zstd on local storage) or on the host's cores."),
         click.option("--out-chunks", type=CHUNKS, default=None,
                      help="Chunk shape of a new .zarr OUT (default: at most 64 MiB, tiling "
                           "the C blocks)."),
@@ -218,13 +213,13 @@ def _product_options(func):
 
 def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile,
                 kernel, out_chunks=None, out_shards=None, out_compressor=None,
-                zarr_format=None, decoder="auto"):
+                zarr_format=None):
     layout = {name: value for name, value in (
         ("chunks", out_chunks), ("shards", out_shards), ("compressors", out_compressor),
         ("zarr_format", int(zarr_format) if zarr_format else None)) if value is not None}
     return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
                 memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile,
-                kernel=kernel, out_options=layout or None, decoder=decoder)
+                kernel=kernel, out_options=layout or None)
 
 
 def _rate(flops_per_second: float) -> str:
@@ -268,7 +263,7 @@ def main():
               help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs matplotlib) and "
                    "print its summary.")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel, decoder, out_chunks, out_shards, out_compressor,
+             host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
              zarr_format, overwrite, verify, quiet, as_json, timeline_path, plot_path):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
@@ -286,7 +281,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet, verify=verify,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
                                         host_memory_limit, tile, kernel, out_chunks, out_shards,
-                                        out_compressor, zarr_format, decoder))
+                                        out_compressor, zarr_format))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
     if as_json:
@@ -378,8 +373,8 @@ def timeline_command(trace, plot_path, as_json):
 @click.option("-q", "--quiet", is_flag=True, help="Accepted as in multiply; no effect here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit,
-         tile, kernel, decoder, out_chunks, out_shards, out_compressor, zarr_format, overwrite,
-         quiet, as_json):
+         tile, kernel, out_chunks, out_shards, out_compressor, zarr_format, overwrite, quiet,
+         as_json):
     """Show how multiply would tile OUT = alpha*op(A)@op(B) + beta*C (reads no data).
 
     Takes the same options as multiply.
@@ -389,7 +384,7 @@ def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host
     the_plan = api_plan(a, b, out, **_api_kwargs(alpha, beta, c, trans_a, trans_b, device,
                                                  memory_limit, host_memory_limit, tile,
                                                  kernel, out_chunks, out_shards, out_compressor,
-                                                 zarr_format, decoder))
+                                                 zarr_format))
     if as_json:
         _json(the_plan.summary())
     else:

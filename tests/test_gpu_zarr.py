@@ -3,17 +3,14 @@ at the store), writes the user's output layout, and reads URLs; skipped where no
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import zarr
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.cuda import zstd
 from test_chunks import counted, n_chunks, objects, unit, write
-from _helpers import assert_gemm, poisoned, rand
+from _helpers import assert_gemm, rand
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]
@@ -26,7 +23,7 @@ def test_zarr_to_zarr_decodes_each_chunk_once(rng, workdir, layout):
     write("b.zarr", b, (96, 128), layout)
     (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
     r = oocgemm.multiply(za, zb, "c.zarr", device="cuda", tile=(256, 192, 160),
-                         out_options={"compressors": "zstd:1"}, decoder="host")
+                         out_options={"compressors": "zstd:1"})
     assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
     assert r.plan.staged and set(r.plan.cache) == {"A", "B"}
     for name, store, x, chunks in (("A", store_a, a, (128, 96)), ("B", store_b, b, (96, 128))):
@@ -63,59 +60,3 @@ def test_memory_urls_on_the_gpu(rng):
                           chunks=(64, 64))[:] = x
     oocgemm.multiply(f"{root}/a.zarr", f"{root}/b.zarr", f"{root}/c.zarr", device="cuda")
     assert_gemm(zarr.open_array(f"{root}/c.zarr", mode="r")[:], a, b)
-
-
-needs_nvcomp = pytest.mark.skipif(not zstd.available(), reason="nvCOMP is not installed")
-
-
-@needs_nvcomp
-@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded", "v2"])
-def test_chunks_decoded_on_the_gpu(rng, workdir, layout):
-    a, b = rand(rng, (600, 500)), rand(rng, (500, 450))  # ragged against chunks and shards
-    write("a.zarr", a, (128, 96), layout)
-    write("b.zarr", b, (96, 128), layout)
-    zarr.open_array("a.zarr", mode="r+")[256:384, :] = 0.0  # fill value: those chunks are absent
-    a[256:384, :] = 0.0
-    plan = oocgemm.plan("a.zarr", "b.zarr", device="cuda", tile=(256, 192, 160))
-    assert plan.gpu_decode == ("A", "B") and plan.gpu_decode_bytes > 0
-    assert "on the GPU (nvCOMP)" in str(plan)
-    c = poisoned((600, 450))
-    r = oocgemm.multiply("a.zarr", "b.zarr", c, device="cuda", tile=(256, 192, 160))
-    assert_gemm(c, a, b)
-    for name, x, chunks in (("A", a, (128, 96)), ("B", b, (96, 128))):
-        assert r.chunks[name]["decodes"] == n_chunks(x.shape, unit(chunks, layout))
-        assert r.chunks[name]["gpu_frames"] > 0 and r.chunks[name]["gpu_fallbacks"] == 0
-
-
-@needs_nvcomp
-def test_gpu_decoding_refuses_other_codings_when_asked(rng, workdir):
-    a = rand(rng, (64, 64))
-    write("a.zarr", a, (32, 32), "v3")  # zarr's default v3 coding is zstd: qualifies
-    zarr.create_array("b.zarr", shape=(64, 64), dtype="f8", chunks=(32, 32),
-                      compressors=zarr.codecs.BloscCodec())[:] = a
-    assert oocgemm.plan("a.zarr", "b.zarr", device="cuda").gpu_decode == ("A",)
-    with pytest.raises(oocgemm.OptionError, match="B is not a Zarr array of plain zstd"):
-        oocgemm.plan("a.zarr", "b.zarr", device="cuda", decoder="gpu")
-    assert oocgemm.plan("a.zarr", "b.zarr", device="cuda", decoder="host").gpu_decode == ()
-    r = oocgemm.multiply("a.zarr", "b.zarr", device="cuda")
-    assert_gemm(r.out, a, a)
-
-
-@needs_nvcomp
-@pytest.mark.parametrize("how", ["garble", "truncate"])
-def test_corrupt_chunk_decoded_on_the_gpu_fails_like_on_the_host(rng, workdir, how):
-    a, b = rand(rng, (96, 80)), rand(rng, (80, 64))
-    write("a.zarr", a, (32, 40), "v3-zstd")
-    write("b.zarr", b, (40, 32), "v3-zstd")
-    chunk = os.path.join("a.zarr", "c", "1", "1")
-    with open(chunk, "rb") as f:
-        data = f.read()
-    with open(chunk, "wb") as f:
-        f.write(data[: len(data) // 3] if how == "truncate" else bytes(reversed(data)))
-    with pytest.raises(oocgemm.OOCGemmError, match="corrupt or truncated chunk") as info:
-        oocgemm.multiply("a.zarr", "b.zarr", "c.zarr", device="cuda", decoder="gpu")
-    assert "a.zarr" in str(info.value)
-    assert not os.path.exists("c.zarr")
-    # The GPU is still usable after nvCOMP saw the damaged frame.
-    r = oocgemm.multiply("b.zarr", b.T.copy(), device="cuda", decoder="gpu")
-    assert_gemm(r.out, b, b.T)

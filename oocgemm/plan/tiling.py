@@ -98,12 +98,6 @@ class Plan:
     """'planner' or 'tile' (the user's override)."""
     kernel: str = "cublas"
     """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
-    gpu_decode: tuple[str, ...] = ()
-    """Chunked operands whose chunks the GPU decodes (nvCOMP), not the host's cores."""
-    gpu_decode_bytes: int = 0
-    """GPU memory those decoders hold, counted in ``device_bytes``."""
-    gpu_decode_host_bytes: int = 0
-    """Pinned host memory they hold (compressed frames on their way), in ``host_bytes``."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -156,14 +150,13 @@ class Plan:
     @property
     def device_bytes(self) -> int:
         buf = self.buffers
-        return (self.n_c * buf.c + self.n_a * buf.a + self.n_b * buf.b + buf.accumulator
-                + self.gpu_decode_bytes)
+        return self.n_c * buf.c + self.n_a * buf.a + self.n_b * buf.b + buf.accumulator
 
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
         staging = (self.n_stage + self.n_out) * buf.ring
-        return staging + self.decode_window + self.cache_bytes + self.gpu_decode_host_bytes
+        return staging + self.decode_window + self.cache_bytes
 
     @property
     def decode_window(self) -> int:
@@ -230,8 +223,6 @@ class Plan:
                  f"B {self.n_b}x{format_size(buf.b)}"]
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
-        if self.gpu_decode_bytes:
-            parts.append(f"decoding {format_size(self.gpu_decode_bytes)}")
         return ", ".join(parts)
 
     def summary(self) -> dict:
@@ -257,8 +248,7 @@ class Plan:
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
-                                   "loads": r.loads, "decodes": r.decodes,
-                                   "gpu_decode": r.operand in self.gpu_decode}
+                                   "loads": r.loads, "decodes": r.decodes}
                        for r in self.chunk_reports()},
         }
 
@@ -283,7 +273,6 @@ class Plan:
             "  traffic     " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
                                          for k, v in traffic.items() if v),
             *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
-              + (", on the GPU (nvCOMP)" if report.operand in self.gpu_decode else "")
               for n, report in enumerate(self.chunk_reports())),
             f"  work        {prob.flops / 1e9:.4g} GFLOP",
             f"  predicted   {format_seconds(pred.total)} on {self.model.name} "

@@ -55,13 +55,10 @@ class ChunkReader(MatrixSource):
         Keep every decoded chunk until its last read in the run.
     decoders
         Decoder threads.
-    decoder
-        Decodes a chunk instead of the source (``decoder.decode(index, out)``, closed with
-        the reader): the GPU's, :class:`~oocgemm.cuda.zstd.GpuZstdDecoder`.
     """
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4, decoder=None):
+                 decoders: int = 4):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -70,7 +67,6 @@ class ChunkReader(MatrixSource):
         self.name = inner.name
         self.path = inner.path
         self.kept = kept
-        self.decoder = decoder
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self.prefetch = 2 * max(1, decoders)
@@ -130,10 +126,7 @@ class ChunkReader(MatrixSource):
         self._hint_ahead()
         (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
         out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
-        if self.decoder is not None:
-            self.decoder.decode(index, out)
-        else:
-            self.inner.read_chunk(index, out)
+        self.inner.read_chunk(index, out)
         with self._lock:
             self.decodes += 1
             self.decoded_bytes += out.nbytes
@@ -215,8 +208,6 @@ class ChunkReader(MatrixSource):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self.decoder is not None:
-            self.decoder.close()
         with self._lock:
             for entry in self._entries.values():
                 entry.future = None

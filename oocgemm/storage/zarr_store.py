@@ -17,7 +17,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
-from . import _files, frames, urls
+from . import _files, urls
 from ..plan.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
 
@@ -82,8 +82,6 @@ class ZarrSource(MatrixSource):
         # (16 threads, 4096² shards of 512² chunks, docs/performance.md).
         chunks = getattr(array, "shards", None) or array.chunks
         self.chunks = tuple(chunks) if len(chunks) == 2 else None
-        self.zstd_layout = frames.zstd_layout(array)
-        """How its chunks hold zstd frames, where they are plain zstd (GPU decoding)."""
         self.on_disk = True
         self.name = name
         self.path = path
