@@ -263,7 +263,11 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
         plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
-        tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
+        try:
+            tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
+        except BudgetError as exc:
+            raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
+                                                    host_memory_limit=host_memory_limit)) from None
         plan = Plan(tile=tile, **kwargs)
     if staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
@@ -275,6 +279,17 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
                      out_options=out_options, storage_options=storage_options)
+
+
+def _unit_hint(**limits) -> str:
+    """A question for budgets given as a bare number under 1 MiB: bytes, or a unit forgotten?"""
+    for name, value in limits.items():
+        bare = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
+            isinstance(value, str) and value.strip().isdigit())
+        if bare and int(value) < (1 << 20):
+            return (f". {name}={value} is bytes (a bare number): did you mean "
+                    f"'{int(value)}MB' or '{int(value)}GB'?")
+    return ""
 
 
 def _with_cache(plan: Plan) -> Plan:

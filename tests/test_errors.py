@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import zarr
 
 import oocgemm
 from oocgemm import cuda
+from oocgemm.plan.tiling import SLOW_FLOOR
 from _helpers import leftovers, rand
 
 
@@ -183,6 +185,21 @@ def test_memory_limit_too_small_for_any_tile(rng, limit):
     a, b = rand(rng, (50, 50)), rand(rng, (50, 50))
     with pytest.raises(oocgemm.BudgetError, match="memory_limit=.*too small for any tile"):
         oocgemm.multiply(a, b, memory_limit=limit, device="cpu")
+
+
+@pytest.mark.parametrize("limit", [64, "64", "1KB"])
+def test_budget_that_leaves_only_useless_tiles_is_refused_at_once(rng, limit):
+    # 300x250x200: w=h=r=1 fits 64 bytes, and would be 45 million operations
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
+    with pytest.raises(oocgemm.BudgetError) as info:
+        oocgemm.plan(a, b, memory_limit=limit, device="cpu")
+    message = str(info.value)
+    assert "leaves only tiles" in message and "operations, predicted" in message
+    assert ("did you mean '64MB'" in message) == (limit != "1KB")
+    # the budget it names as enough is enough (it plans a run of at most SLOW_FLOOR seconds)
+    need = re.search(r"it takes (\S+ \S+) or more", message).group(1).replace(" ", "")
+    p = oocgemm.plan(a, b, memory_limit=need, device="cpu")
+    assert p.device_bytes <= p.memory_limit and p.prediction.total <= SLOW_FLOOR
 
 
 def test_requested_tile_over_the_budget(rng):

@@ -20,6 +20,11 @@ from .units import format_seconds, format_size
 
 #: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
 OP_OVERHEAD = 40e-6
+#: A budget is refused when its best tile is predicted to take more than SLOWDOWN times the
+#: product's time with every operand read once (the whole product as one tile), and more than
+#: SLOW_FLOOR seconds: such a budget turns the run into millions of tiny operations.
+SLOWDOWN = 20.0
+SLOW_FLOOR = 10.0
 
 
 @dataclass(frozen=True)
@@ -579,6 +584,11 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         host = (n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
+    def seconds(tile, full=False):
+        pred = predict(prob, tile, model, staged=staged, split_last=split_last, ramp=ramp,
+                       tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes)
+        return pred if full else pred.total
+
     def search(ws, hs, rs):
         best, best_time = None, math.inf
         for w in ws:
@@ -587,13 +597,26 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                     continue
                 for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
                     tile = (w, h, r)
-                    t = predict(prob, tile, model, staged=staged, split_last=split_last,
-                                ramp=ramp, tail=min(tail_panels, n_a, n_b), stripe=stripe,
-                                min_stripes=min_stripes).total
                     # Prefer square-ish, larger tiles on ties (fewer, larger operations).
-                    t *= 1 + 1e-9 * (abs(w - h) - w - h - r)
+                    t = seconds(tile) * (1 + 1e-9 * (abs(w - h) - w - h - r))
                     if t < best_time:
                         best, best_time = tile, t
+        return best
+
+    def too_slow(tile) -> bool:
+        return seconds(tile) > max(SLOW_FLOOR, SLOWDOWN * seconds((m, n, k)))
+
+    def smallest_budgets():
+        """(device, host) bytes of the least demanding tile that is not too slow."""
+        best = None
+        for w in ws:
+            for h in hs:
+                for r in rs:
+                    if not too_slow((w, h, r)):
+                        _, dev, host = fits((w, h, r))
+                        if best is None or (dev, host) < best:
+                            best = (dev, host)
+                        break  # a deeper r needs more memory
         return best
 
     # Chunk-aligned tiles first: a panel that cuts chunks decodes them twice, a cost the
@@ -603,8 +626,23 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                   _aligned(rs, align_k, k) if prob.computes_product else rs)
     if best is None:
         best = search(ws, hs, rs)
+    if best is not None and too_slow(best):
+        pred, need = seconds(best, full=True), smallest_budgets()
+        short = [f"{name}={format_size(limit)}"
+                 + (f" (it takes {format_size(want)} or more)" if want > limit else "")
+                 for name, limit, want in (("memory_limit", memory_limit, need[0] if need else 0),
+                                           ("host_memory_limit", host_memory_limit,
+                                            need[1] if need else 0))
+                 if not need or want > limit]
+        w, h, r = best
+        raise BudgetError(
+            f"{' and '.join(short)} {'leaves' if len(short) == 1 else 'leave'} only tiles of "
+            f"w={w} h={h} r={r}: "
+            f"{round(pred.overhead / OP_OVERHEAD):,} operations, predicted "
+            f"{format_seconds(pred.total)} against {format_seconds(seconds((m, n, k)))} with "
+            f"room for the whole product")
     if best is None:
-        ok, dev, host = fits((1, 1, 1))
+        _, dev, host = fits((1, 1, 1))
         which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit
                               else ("host_memory_limit", host, host_memory_limit))
         raise BudgetError(
