@@ -372,10 +372,15 @@ def _out_layout(prep: _Prepared) -> dict:
     """The layout of a new Zarr output: the user's ``out_options``, with default chunks that
     tile the C blocks and the row stripes they are written in, at most 64 MiB each
     (:func:`~oocgemm.storage.zarr_store.output_chunks`), and the Zarr format of the group
-    the output goes into."""
-    from .storage.zarr_store import output_chunks
+    the output goes into; for an update in place, the existing array's own layout."""
+    from .storage.zarr_store import ZarrSource, layout_of, output_chunks
 
     plan_ = prep.plan
+    original = prep.sources.get("C")
+    if prep.in_place and isinstance(original, ZarrSource):
+        # An update in place keeps the user's array as it was: chunks, shards, codecs, fill
+        # value, dimension names, attributes (it is written anew and swapped in on commit).
+        return layout_of(original.array())
     options = dict(prep.out_options)
     if options.get("chunks") is None:
         w, h, _ = plan_.tile

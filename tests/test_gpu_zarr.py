@@ -60,3 +60,16 @@ def test_memory_urls_on_the_gpu(rng):
                           chunks=(64, 64))[:] = x
     oocgemm.multiply(f"{root}/a.zarr", f"{root}/b.zarr", f"{root}/c.zarr", device="cuda")
     assert_gemm(zarr.open_array(f"{root}/c.zarr", mode="r")[:], a, b)
+
+
+def test_in_place_update_of_sharded_compressed_zarr_on_the_gpu(rng, workdir):
+    # C blocks and write stripes smaller than the shards: writers share shards
+    a, b, old = rand(rng, (300, 200)), rand(rng, (200, 260)), rand(rng, (300, 260))
+    z = zarr.create_array("c.zarr", shape=old.shape, dtype="f8", chunks=(32, 32),
+                          shards=(128, 128), compressors=zarr.codecs.ZstdCodec(level=3))
+    z[...] = old
+    z.attrs["units"] = "kelvin"
+    oocgemm.multiply(a, b, "c.zarr", beta=-1.5, tile=(96, 64, 64), device="cuda")
+    new = zarr.open_array("c.zarr", mode="r")
+    assert_gemm(new[...], a, b, old, beta=-1.5)
+    assert new.shards == (128, 128) and new.attrs["units"] == "kelvin"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import dask.array as da
+import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -259,3 +260,35 @@ def test_in_place_update_of_unusual_arrays(rng, layout):
     r = oocgemm.multiply(a, b, out, c=out, beta=-2.0, tile=(4, 3, 2), device="cpu")
     assert r.out is out
     assert_gemm(out, a, b, old, beta=-2.0, dtype=out.dtype)
+
+
+IN_PLACE_LAYOUTS = {
+    "v3 sharded zstd": dict(chunks=(16, 16), shards=(64, 64),
+                            compressors=zarr.codecs.ZstdCodec(level=3),
+                            dimension_names=["row", "col"]),
+    "v3 big-endian, fill 3.5, v2 keys": dict(
+        chunks=(24, 20), serializer=zarr.codecs.BytesCodec(endian="big"), fill_value=3.5,
+        chunk_key_encoding={"name": "v2", "separator": "."}),
+    "v2 blosc, delta filter, / keys": dict(
+        chunks=(24, 20), zarr_format=2, compressors=numcodecs.Blosc(cname="lz4"),
+        filters=[numcodecs.Delta("<f8")], chunk_key_encoding={"name": "v2", "separator": "/"}),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(IN_PLACE_LAYOUTS))
+@pytest.mark.parametrize("tile", [None, (24, 40, 30)])  # the planner's, and blocks cutting shards
+def test_in_place_update_keeps_the_arrays_layout_and_attributes(rng, workdir, layout, tile):
+    a, b, old = rand(rng, (100, 70)), rand(rng, (70, 90)), rand(rng, (100, 90))
+    z = zarr.create_array("c.zarr", shape=old.shape, dtype="f8", **IN_PLACE_LAYOUTS[layout])
+    z[...] = old
+    z.attrs.update({"units": "kelvin", "history": ["made by hand"]})
+    before = z.metadata.to_dict()
+    oocgemm.multiply(a, b, "c.zarr", beta=0.5, tile=tile, device="cpu")
+    new = zarr.open_array("c.zarr", mode="r")
+    assert_gemm(new[...], a, b, old, beta=0.5)
+    after = new.metadata.to_dict()
+    attributes = after.pop("attributes")
+    assert attributes.pop("oocgemm")["complete"] is True
+    assert attributes == {"units": "kelvin", "history": ["made by hand"]}
+    before.pop("attributes")
+    assert after == before

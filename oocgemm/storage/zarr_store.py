@@ -164,6 +164,25 @@ def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None
     return rows, cols[-1]
 
 
+def layout_of(array: "zarr.Array") -> dict:
+    """The ``zarr.create_array`` keywords that make an array laid out and coded like
+    ``array`` (chunks, shards, codecs, fill value, dimension names, chunk keys, format), and
+    its attributes: what an in-place update keeps."""
+    meta = array.metadata
+    options = {"chunks": array.chunks, "compressors": array.compressors,
+               "filters": array.filters, "fill_value": array.fill_value,
+               "zarr_format": meta.zarr_format,
+               "attributes": {k: v for k, v in array.attrs.items() if k != "oocgemm"}}
+    if meta.zarr_format == 3:
+        options.update(shards=array.shards, serializer=array.serializer,
+                       dimension_names=meta.dimension_names,
+                       chunk_key_encoding=meta.chunk_key_encoding)
+    else:
+        options.update(order=meta.order, chunk_key_encoding={
+            "name": "v2", "separator": meta.dimension_separator})
+    return options
+
+
 def is_zarr_array(path: str) -> bool:
     """True when ``path`` is a directory holding a Zarr array's metadata (format 2 or 3)."""
     if not os.path.isdir(path):
@@ -322,11 +341,14 @@ class ZarrSink(MatrixSink):
             options.setdefault("chunks", self.shape)
             options.setdefault("compressors", None)
             options.setdefault("zarr_format", 3)
+            options.setdefault("fill_value", 0)
+            self._kept = options.pop("attributes", None) or {}
             extra = {"storage_options": storage_options} if self._url else {}
             try:
                 self._array = zarr.create_array(
-                    store=self._temporary, shape=self.shape, dtype=self.dtype, fill_value=0,
-                    attributes={"oocgemm": {"complete": False}}, **options, **extra)
+                    store=self._temporary, shape=self.shape, dtype=self.dtype,
+                    attributes={**self._kept, "oocgemm": {"complete": False}}, **options,
+                    **extra)
             except BaseException:  # an interrupt too: what was begun goes
                 self.abort()
                 raise
