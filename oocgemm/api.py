@@ -144,6 +144,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     if storage_options is not None and not isinstance(storage_options, dict):
         raise OptionError(f"storage_options must be a dict, got {type(storage_options).__name__}")
     a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
+    if is_path(out) and not urls.is_url(out) and os.path.islink(out):
+        out = os.path.realpath(out)  # the output goes where the link points; the link stays
 
     src_a = open_source(a, "a", storage_options)
     src_b = open_source(b, "b", storage_options)

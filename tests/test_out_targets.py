@@ -183,3 +183,32 @@ def test_a_hand_edited_trace_is_an_input_error(rng, workdir, edit):
         f.write(text)
     done = CliRunner().invoke(main, ["timeline", "run.json"])
     assert done.exit_code == 2 and "error:" in done.output, (done.exit_code, done.output)
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+@pytest.mark.parametrize("beta", [0.0, 1.0])  # overwrite through the link, update in place
+def test_an_output_through_a_symlink_goes_where_the_link_points(inputs, suffix, beta):
+    a, b = inputs
+    old = rand(np.random.default_rng(5), (20, 10))
+    os.mkdir("data")
+    target = os.path.join("data", "c" + suffix)
+    if suffix == ".npy":
+        np.save(target, old)
+    else:
+        zarr.create_array(target, shape=old.shape, dtype="f8", chunks=(8, 8))[...] = old
+    os.symlink(os.path.abspath(target), "link" + suffix)
+    result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o", "link" + suffix,
+                                       "--beta", str(beta), "--overwrite", "-q",
+                                       "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert os.path.islink("link" + suffix)  # the link is left as it was...
+    got = np.load(target) if suffix == ".npy" else zarr.open_array(target, mode="r")[...]
+    assert_gemm(got, a, b, old, beta=beta)  # ...and what it points to holds the result
+    assert leftovers(".") == [] and leftovers("data") == []
+
+
+def test_a_symlink_to_an_input_is_refused_as_out(inputs):
+    os.symlink(os.path.abspath("in/a.npy"), "link.npy")
+    with pytest.raises(OutputError):
+        oocgemm.multiply("in/a.npy", "in/b.npy", "link.npy", overwrite=True, device="cpu")
+    assert np.load("in/a.npy").shape == (20, 15)
