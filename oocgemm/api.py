@@ -576,6 +576,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     sources = prep.sources
     check = _Check(prep, a, b, c, storage_options) if verify else None
     report = None
+    committed = False
     try:
         with signals_deferred():
             sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype,
@@ -593,10 +594,15 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             if not report:
                 raise ExecutionError(f"the product failed its check, so nothing was committed: "
                                      f"{report}")
-        with signals_deferred():
+        with signals_deferred():  # a signal that arrives here is raised as the block ends
             result_out = sink.commit()
-    except BaseException:
-        if sink is not None:
+            committed = True
+    except BaseException as exc:
+        if committed:  # an interrupt after the commit: the output is whole, and stays
+            where = os.fspath(prep.out) if is_path(prep.out) else sink.name
+            exc.oocgemm_committed = where
+            exc.add_note(f"oocgemm: {where} was complete and committed before this interrupt")
+        elif sink is not None:
             with signals_deferred():
                 sink.abort()
         raise

@@ -76,7 +76,12 @@ class OOCGemmGroup(click.Group):
             # click turns KeyboardInterrupt (and EOF on a prompt) into Abort
             terminated = isinstance(exc, _Terminated) or isinstance(exc.__cause__, _Terminated)
             how = "terminated" if terminated else "interrupted"
-            if _State.wrote:
+            committed = (getattr(exc, "oocgemm_committed", None)
+                         or getattr(exc.__cause__, "oocgemm_committed", None))
+            if committed:
+                click.echo(f"{how} after the output was complete: {committed} holds the whole "
+                           f"result", err=True)
+            elif _State.wrote:
                 click.echo(f"{how} (after {_State.wrote} was written)", err=True)
             else:
                 click.echo(f"{how}; no output was written", err=True)

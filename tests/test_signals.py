@@ -61,3 +61,32 @@ def test_a_npy_output_that_does_not_fit_fails_before_the_run(rng, workdir):
     assert done.returncode == 2, done.stderr
     assert "error: out 'c.npy': cannot make room for 8,000,000 bytes" in done.stderr
     assert not os.path.exists("c.npy") and leftovers(".") == []
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_commit_is_told_truthfully(rng, workdir, suffix, sig):
+    """A signal that arrives while the output is committed waits for the commit, and the
+    message then says the output is whole (it said "no output was written")."""
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    # The signal is sent from inside the commit, in a child process (its own signal handlers).
+    code = ("import os, signal, sys\n"
+            "from oocgemm.storage import npy, zarr_store\n"
+            "from oocgemm.cli import main\n"
+            "for sink in (npy.NpySink, zarr_store.ZarrSink):\n"
+            "    def commit(self, _commit=sink.commit):\n"
+            f"        os.kill(os.getpid(), {int(sig)})\n"
+            "        return _commit(self)\n"
+            "    sink.commit = commit\n"
+            f"main(['multiply', 'a.npy', 'b.npy', '-o', 'c{suffix}', '--device', 'cpu', '-q'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
+                          timeout=120)
+    how = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert proc.returncode == (128 + sig if sig == signal.SIGTERM else 130), proc.stderr
+    assert f"{how} after the output was complete" in proc.stderr
+    assert "holds the whole result" in proc.stderr and "no output" not in proc.stderr
+    got = np.load("c.npy") if suffix == ".npy" else __import__("zarr").open_array("c.zarr")[...]
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    assert leftovers(".") == []

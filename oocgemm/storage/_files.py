@@ -20,17 +20,35 @@ def signals_deferred():
     """Hold Ctrl-C and SIGTERM back while an output is created or committed: zarr writes its
     metadata from its own event loop thread, so an interrupt raised in the caller meanwhile
     could remove the temporary output while that thread writes into it again. The signal
-    arrives (and stops the run as usual) right after the block."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-            signal, "pthread_sigmask"):
+    arrives (and stops the run as usual) right after the block.
+
+    The hold is a Python handler that notes the signal, not a signal mask: a mask holds the
+    signal back from the calling thread only, and the OS hands a process's signal to any
+    thread that does not block it (zarr's, for one), whose arrival Python then raises in the
+    main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    arrived: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+                for signum in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived:
+            _deliver(arrived[0], previous[arrived[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+    """What a held signal would have done: its handler runs (Ctrl-C raises KeyboardInterrupt),
+    or the default action ends the process."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:
+        os.kill(os.getpid(), signum)
 
 
 def temporary_suffix() -> str:
