@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -73,8 +75,9 @@ def remove(path: str) -> None:
 def publish(temporary: str, final: str, *, replace: bool) -> None:
     """Move ``temporary`` to ``final``, atomically. With ``replace`` False, an output that
     appeared at ``final`` meanwhile (another process writing the same path) is left as it is
-    and this raises :class:`OutputError`; with ``replace`` True it is replaced (a file or a
-    directory, moved aside first and removed after; put back if the move fails). Several
+    and this raises :class:`OutputError`; with ``replace`` True it is replaced: a file by one
+    rename, a directory by one exchange of the two names where the system has it (Linux), else
+    moved aside first, removed after, and put back if the move fails. Several
     writers racing for one path end with one complete output and no leftovers; every failure
     is an OutputError."""
     try:
@@ -83,6 +86,14 @@ def publish(temporary: str, final: str, *, replace: bool) -> None:
             return
         for _ in range(100):
             if os.path.isdir(final) and not os.path.islink(final):
+                try:
+                    swapped = _exchange(temporary, final)
+                except FileNotFoundError:  # another writer moved it first
+                    continue
+                if swapped:  # the old output now sits at the temporary name
+                    remove(temporary)
+                    return
+                # No atomic exchange here: move the old aside, the new in, the old away.
                 old = temporary + "-old"
                 try:
                     os.rename(final, old)
@@ -114,6 +125,30 @@ def publish(temporary: str, final: str, *, replace: bool) -> None:
                           f"discarded; pass overwrite=True to replace it") from None
     except OSError as exc:
         raise OutputError(f"cannot move the finished output to {final!r}: {exc}") from None
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two paths in one step (Linux ``renameat2`` with ``RENAME_EXCHANGE``), so that a
+    crash never finds ``second`` missing; False where the system or file system has no such
+    call."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    if renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), second)
+
+
+@functools.cache
+def _renameat2():
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
 
 
 def _publish_new(temporary: str, final: str) -> None:
