@@ -271,16 +271,22 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
             raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
                                                     host_memory_limit=host_memory_limit)) from None
         plan = Plan(tile=tile, **kwargs)
-    if staged:  # small products need no 32 MB stripes
-        w, h, r = plan.tile
-        plan = dataclasses.replace(plan, stripe=min(plan.stripe, max(w * r, r * h, w * h)))
-    plan = plan.validate()
-    plan = _with_cache(plan)
+    plan = _finished(plan)
     sources = {"A": src_a, "B": src_b}
     if problem.c is not None:
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
                      out_options=out_options, storage_options=storage_options)
+
+
+def _finished(plan: Plan) -> Plan:
+    """A plan with its tile chosen: stripes no larger than its regions, validated against its
+    budgets, with the operands it keeps in host memory chosen."""
+    if plan.staged:  # small products need no 32 MB stripes
+        w, h, r = plan.tile
+        default = Plan.__dataclass_fields__["stripe"].default
+        plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
+    return _with_cache(dataclasses.replace(plan, cache=()).validate())
 
 
 def _unit_hint(**limits) -> str:
@@ -483,7 +489,7 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
              device="auto", memory_limit=None, host_memory_limit=None, tile=None,
              kernel=None, overwrite=False, progress=None, events=True, out_options=None,
-             storage_options=None, verify=False) -> Result:
+             storage_options=None, verify=False, resume=False) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -537,6 +543,13 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         Check the product before it is committed with Freivalds' test (:func:`oocgemm.verify`,
         two random vectors, O(n²)): a product that fails it is not committed
         (``ExecutionError``); ``result.verified`` holds the report.
+    resume
+        Continue the interrupted run (Ctrl-C, SIGTERM, a crash, ``kill -9``) of this same
+        product into this same output path: the C blocks it finished (each checked against the
+        checksum it journaled) are kept, the others computed with the same tile and schedule,
+        so the result is bitwise what an uninterrupted run gives. Refused (``OutputError``)
+        when the inputs or the options changed; a fresh run when there is nothing to resume.
+        Needs an output path and inputs stored as local files.
     events
         True (the default) to record one timed event per block operation (``result.events``,
         ``result.timeline``); False records none, to measure what recording costs
@@ -560,6 +573,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"events must be True or False, got {events!r}")
     if not isinstance(verify, (bool, np.bool_)):
         raise OptionError(f"verify must be True or False, got {verify!r}")
+    if not isinstance(resume, (bool, np.bool_)):
+        raise OptionError(f"resume must be True or False, got {resume!r}")
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel, out_options=out_options,
@@ -571,6 +586,18 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
                   "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
                   "trans_b": prob.trans_b}
+    def fingerprint_of(prep):
+        return _fingerprint(prep, a, b, c, _out_layout(prep))
+
+    fingerprint = fingerprint_of(prep)
+    journal = temporary = None
+    if resume:
+        if fingerprint is None:
+            raise OptionError("resume=True needs an output path and inputs stored as local "
+                              "files (.npy, .zarr)")
+        prep, journal, temporary = _resume(prep, fingerprint_of)
+        plan_ = prep.plan
+        fingerprint = fingerprint_of(prep)
     layout = _out_layout(prep)
     bar = sink = None
     sources = prep.sources
@@ -581,7 +608,15 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         with signals_deferred():
             sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype,
                              options=layout, overwrite=overwrite, in_place=prep.in_place,
-                             attributes=attributes, storage_options=prep.storage_options)
+                             attributes=attributes, storage_options=prep.storage_options,
+                             temporary=temporary)
+            if fingerprint is not None:
+                from .storage.journal import Journal, JournaledSink
+
+                if journal is None:
+                    journal = Journal(sink.temporary_path, {
+                        "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
+                sink = JournaledSink(sink, journal, plan_.row_splits, plan_.col_splits)
         on_event, bar = _progress(progress, plan_)
         sources = chunk_readers(plan_, prep.sources)
         executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
@@ -604,7 +639,18 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             exc.add_note(f"oocgemm: {where} was complete and committed before this interrupt")
         elif sink is not None:
             with signals_deferred():
-                sink.abort()
+                if isinstance(exc, KeyboardInterrupt) and getattr(sink, "keep", None) \
+                        and sink.keep():  # finished blocks stay, for resume=True
+                    p, q, _ = plan_.grid
+                    exc.oocgemm_resumable = (sink.journal.temporary, len(sink.journal.blocks),
+                                             p * q)
+                    exc.add_note(f"oocgemm: {len(sink.journal.blocks)} of {p * q} C blocks "
+                                 f"are kept in {sink.journal.temporary}; resume=True finishes "
+                                 f"the product")
+                else:
+                    sink.abort()
+        elif journal is not None:
+            journal.close()
         raise
     finally:
         if bar is not None:
@@ -613,8 +659,99 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
                   bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
-                  verified=report,
+                  verified=report, resumed=len(plan_.done),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+def _fingerprint(prep: _Prepared, a, b, c, layout: dict) -> dict | None:
+    """What a run computes and from what, for its journal (:mod:`oocgemm.storage.journal`):
+    each input's identity (path, and its files' sizes and modification times), the problem,
+    the output and its layout. None where the run cannot be resumed: an output that is not a
+    local path, or an input that is not a local file or folder."""
+    from .storage.journal import signature
+
+    if not is_path(prep.out) or urls.is_url(os.fspath(prep.out)):
+        return None
+    prob = prep.plan.problem
+    inputs = {"A": a, "B": b}
+    if prob.reads_c:
+        inputs["C"] = prep.out if prep.in_place else c
+    signatures = {}
+    for name, x in inputs.items():
+        if not is_path(x) or urls.is_url(urls.local(os.fspath(x))):
+            return None
+        signatures[name] = signature(urls.local(os.fspath(x)))
+    return {"inputs": signatures,
+            "problem": {"m": prob.m, "n": prob.n, "k": prob.k, "dtype": prob.dtype,
+                        "alpha": repr(prob.alpha), "beta": repr(prob.beta),
+                        "trans_a": prob.trans_a, "trans_b": prob.trans_b},
+            "out": {"path": os.path.abspath(os.fspath(prep.out)), "in_place": prep.in_place,
+                    "layout": repr(sorted(layout.items()))}}
+
+
+def _schedule_key(plan: Plan) -> dict:
+    """What fixes the order of every block's sums: the same key, the same bits."""
+    return {"device": plan.device.split(":")[0], "kernel": plan.kernel, "tile": list(plan.tile),
+            "staged": plan.staged, "ramp": plan.ramp, "ramp_granule": plan.ramp_granule,
+            "split_last": plan.split_last, "tail_panels": plan.tail_panels, "n_a": plan.n_a,
+            "n_b": plan.n_b}
+
+
+def _resume(prep: _Prepared, fingerprint_of):
+    """The interrupted run of this product to continue: (prep with the plan that finishes
+    it, its locked journal, its temporary output), or (prep, None, None) when there is none.
+    ``fingerprint_of(prep)`` is the run's fingerprint (:func:`_fingerprint`)."""
+    from .storage.journal import Journal, candidates, verified
+
+    changed, busy = [], []
+    for temporary in candidates(os.fspath(prep.out)):
+        try:
+            journal = Journal(temporary)
+        except BlockingIOError:
+            busy.append(temporary)
+            continue
+        header = journal.header
+        tile = tuple(header.get("schedule", {}).get("tile", prep.plan.tile))
+        try:  # the interrupted run's tile, which must fit this run's budgets
+            plan = _finished(dataclasses.replace(prep.plan, tile=tile, chosen_by="resume"))
+        except BudgetError:
+            journal.close()
+            raise
+        forced = dataclasses.replace(prep, plan=plan)
+        differs = (_differences(header.get("fingerprint", {}), fingerprint_of(forced))
+                   or _differences(header.get("schedule", {}), _schedule_key(plan)))
+        if differs:
+            journal.close()
+            changed.append((temporary, differs))
+            continue
+        done = verified(journal)
+        journal.blocks = {block: journal.blocks[block] for block in done}
+        plan = dataclasses.replace(plan, done=tuple(sorted(done)))
+        return dataclasses.replace(prep, plan=plan), journal, temporary
+    if changed:
+        temporary, differs = changed[0]
+        raise OutputError(f"cannot resume: the interrupted run in {temporary!r} computed "
+                          f"something else ({'; '.join(differs)}); run without resume to "
+                          f"start again, and remove it")
+    if busy:
+        raise OutputError(f"cannot resume: another process is writing {busy[0]!r}")
+    return prep, None, None
+
+
+def _differences(was: dict, now: dict, where: str = "") -> list[str]:
+    """What changed between two fingerprints, in words."""
+    out = []
+    for key in sorted(set(was) | set(now)):
+        old, new = was.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _differences(old, new, f"{where}{key} ")
+        elif old != new:
+            what = f"{where}{key}".strip()
+            if where.startswith("inputs"):
+                out.append(f"input {key} changed (or moved) since")
+            else:
+                out.append(f"{what} was {old}, now {new}")
+    return out
 
 
 class _Check:

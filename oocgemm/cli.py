@@ -78,9 +78,15 @@ class OOCGemmGroup(click.Group):
             how = "terminated" if terminated else "interrupted"
             committed = (getattr(exc, "oocgemm_committed", None)
                          or getattr(exc.__cause__, "oocgemm_committed", None))
+            resumable = (getattr(exc, "oocgemm_resumable", None)
+                         or getattr(exc.__cause__, "oocgemm_resumable", None))
             if committed:
                 click.echo(f"{how} after the output was complete: {committed} holds the whole "
                            f"result", err=True)
+            elif resumable:
+                partial, done, total = resumable
+                click.echo(f"{how}; {done} of {total} C blocks are kept in {partial}: run the "
+                           f"same command with --resume to finish, or remove it", err=True)
             elif _State.wrote:
                 click.echo(f"{how} (after {_State.wrote} was written)", err=True)
             else:
@@ -258,6 +264,9 @@ def main():
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("--verify", "verify", is_flag=True,
               help="Check the product (Freivalds' test) before committing it.")
+@click.option("--resume", is_flag=True,
+              help="Finish the interrupted run of this same command: the C blocks it wrote "
+                   "are kept (checked against their checksums), the rest computed.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
@@ -269,7 +278,8 @@ def main():
                    "print its summary.")
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
              host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
-             zarr_format, overwrite, verify, quiet, as_json, timeline_path, plot_path):
+             zarr_format, overwrite, verify, resume, quiet, as_json, timeline_path,
+             plot_path):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
@@ -284,6 +294,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
 
         require_matplotlib()
     result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet, verify=verify,
+                          resume=resume,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
                                         host_memory_limit, tile, kernel, out_chunks, out_shards,
                                         out_compressor, zarr_format))
@@ -308,6 +319,9 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
                f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
                + (f"; moved {moved}" if moved else ""))
+    if result.resumed:
+        p, q, _ = result.plan.grid
+        click.echo(f"resumed: {result.resumed} of {p * q} C blocks were done before and kept")
     if result.verified is not None:
         click.echo(str(result.verified))
     if timeline is not None:

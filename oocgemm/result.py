@@ -31,6 +31,8 @@ class Result:
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
     whether its chunks were ``kept`` for the whole run, and the readers' ``copy_seconds``
     copying parts of decoded chunks into their destinations (summed over threads)."""
+    resumed: int = 0
+    """C blocks an interrupted run had finished, kept by ``resume=True`` (not recomputed)."""
     verified: Any = None
     """The :class:`~oocgemm.freivalds.VerifyReport` of ``multiply(verify=True)`` (None
     otherwise)."""
@@ -70,6 +72,7 @@ class Result:
             "operations": len(self.plan.schedule.ops),
             "predicted_seconds": plan.prediction.total,
             "out": self.out_name,
+            "resumed_blocks": self.resumed,
             "verified": None if self.verified is None else {
                 "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
                 "worst_row": self.verified.worst_row},

@@ -424,7 +424,10 @@ class _Builder:
     def walk(self) -> None:
         plan, prob = self.plan, self.prob
         p, q_blocks, nk = plan.grid
+        done = set(plan.done)
         for t, (i, j) in enumerate(serpentine(p, q_blocks)):
+            if (i, j) in done:  # written by an interrupted run (resume); its neighbours' K
+                continue        # orders are the whole run's still, for a bitwise-equal result
             c_slot = f"C{t % plan.n_c}"
             c_key = (i, j)
             c_region = self.region("C", c_key)

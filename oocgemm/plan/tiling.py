@@ -103,6 +103,9 @@ class Plan:
     """'planner' or 'tile' (the user's override)."""
     kernel: str = "cublas"
     """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
+    done: tuple[tuple[int, int], ...] = ()
+    """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
+    them, and computes every other block as the whole run would."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -268,7 +271,8 @@ class Plan:
             f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else "")
             + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
-            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations",
+            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
+            + (f" ({len(self.done)} blocks done before, resumed)" if self.done else ""),
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"

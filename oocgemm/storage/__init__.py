@@ -103,11 +103,12 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
 
 
 def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=False,
-              attributes=None, storage_options=None) -> MatrixSink:
+              attributes=None, storage_options=None, temporary=None) -> MatrixSink:
     """Where C goes: a new file under a temporary name, or a given array written in place.
 
     ``options`` is the layout of a new Zarr output (``zarr.create_array`` keywords, checked).
     ``in_place``: the output path is also C (beta != 0, c=None) and is replaced on commit.
+    ``temporary``: the temporary output of an interrupted run of the same product, continued.
     """
     if out is None:
         return NumpySink(np.empty(shape, dtype=dtype), name="result array")
@@ -132,11 +133,13 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
         if kind_of_path(path) == "npy":
             from .npy import NpySink
 
-            return NpySink(path, shape, dtype, replace=overwrite or in_place)
+            return NpySink(path, shape, dtype, replace=overwrite or in_place,
+                           temporary=temporary)
         from .zarr_store import ZarrSink
 
         return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, options=options,
-                        attributes=attributes, replace=overwrite or in_place)
+                        attributes=attributes, replace=overwrite or in_place,
+                        temporary=temporary)
     module = _module(out)
     if isinstance(out, np.ndarray):
         return NumpySink(out, name="out (numpy array)")

@@ -47,7 +47,8 @@ def _reserve(path: str) -> None:
 class NpySink(MatrixSink):
     """A new .npy memmap under a temporary name, renamed over ``path`` on commit."""
 
-    def __init__(self, path: str, shape, dtype, replace: bool = False):
+    def __init__(self, path: str, shape, dtype, replace: bool = False,
+                 temporary: str | None = None):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.name = path
@@ -55,6 +56,12 @@ class NpySink(MatrixSink):
         self.on_disk = True
         self._final = path
         self._replace = replace
+        if temporary is not None:  # an interrupted run's output, continued (resume)
+            self._temporary = temporary
+            self._array = npy_format.open_memmap(temporary, mode="r+")
+            if self._array.shape != self.shape or self._array.dtype != self.dtype:
+                raise OutputError(f"{temporary!r} is not the output this run writes")
+            return
         self._temporary = _files.temporary_sibling(path)
         try:
             self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
@@ -84,6 +91,18 @@ class NpySink(MatrixSink):
         _files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
         return np.load(self._final, mmap_mode="r+")
+
+    @property
+    def temporary_path(self) -> str | None:
+        """Where the output is written until its commit (None: written in place)."""
+        return self._temporary
+
+    def close_partial(self):
+        """Leave the temporary output where it is (for a later resume), flushed."""
+        if getattr(self, "_array", None) is not None:
+            self._array.flush()
+        self._array = None
+        self._temporary = None
 
     def abort(self):
         if self._temporary is not None:

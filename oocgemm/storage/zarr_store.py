@@ -315,7 +315,7 @@ class ZarrSink(MatrixSink):
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
                  options: dict | None = None, array: "zarr.Array | None" = None,
                  attributes: dict | None = None, storage_options: dict | None = None,
-                 replace: bool = False):
+                 replace: bool = False, temporary: str | None = None):
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.name = name
@@ -328,7 +328,13 @@ class ZarrSink(MatrixSink):
         self._storage_options = storage_options
         self._url = path is not None and urls.is_url(path)
         self._direct = False  # a new URL output, written where it goes
-        if array is None:
+        if temporary is not None:  # an interrupted run's output, continued (resume)
+            self.path = os.path.abspath(path)
+            self._temporary = temporary
+            self._array = zarr.open_array(temporary, mode="r+")
+            if tuple(self._array.shape) != self.shape or self._array.dtype != self.dtype:
+                raise OutputError(f"{temporary!r} is not the output this run writes")
+        elif array is None:
             if self._url:
                 self.path = urls.normal(path)
                 self._direct = not urls.exists(path, storage_options)
@@ -373,6 +379,15 @@ class ZarrSink(MatrixSink):
         else:  # blocks that share a chunk would lose each other's updates
             with self._lock:
                 self._array[selection] = block
+
+    @property
+    def temporary_path(self) -> str | None:
+        """Where the output is written until its commit (None: written in place)."""
+        return self._temporary
+
+    def close_partial(self):
+        """Leave the temporary output where it is, for a later resume."""
+        self._temporary = None
 
     def commit(self):
         self._array.attrs["oocgemm"] = {"complete": True, **self._attributes}

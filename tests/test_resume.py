@@ -1,0 +1,254 @@
+"""Resume after a crash (issue 18, item 2): kill -9, SIGTERM and Ctrl-C midway, then
+``resume=True`` gives a result bitwise equal to an uninterrupted run, computing only the
+blocks that were missing; changed inputs or options are refused; a live run is left alone."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import oocgemm
+from oocgemm import cuda
+from oocgemm.cli import main
+from oocgemm.plan.schedule import OpKind
+from oocgemm.storage import journal as journal_module
+from oocgemm.storage import npy
+from _helpers import leftovers
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+TILE = (64, 48, 40)  # 5 x 5 = 25 C blocks of 320 x 240, 5 K panels of 200
+
+
+def _inputs(rng, kind: str):
+    a, b = rng.standard_normal((320, 200)), rng.standard_normal((200, 240))
+    if kind == "npy":
+        np.save("a.npy", a)
+        np.save("b.npy", b)
+        return "a.npy", "b.npy"
+    for name, x in (("a.zarr", a), ("b.zarr", b)):
+        zarr.create_array(name, shape=x.shape, dtype="f8", chunks=(64, 40))[...] = x
+    return "a.zarr", "b.zarr"
+
+
+def _load(path):
+    return np.load(path) if path.endswith(".npy") else zarr.open_array(path, mode="r")[...]
+
+
+def _journal_lines() -> int:
+    found = [os.path.join(root, f) for root, _, files in os.walk(".") for f in files
+             if f.endswith(journal_module.NAME)]
+    if not found:
+        return 0
+    with open(found[0]) as f:
+        return max(0, len(f.read().splitlines()) - 1)
+
+
+def _gemm_blocks(result) -> int:
+    return len({op.key for op in result.plan.schedule.ops if op.kind is OpKind.GEMM})
+
+
+CASES = [pytest.param(kind, sig, "cpu", id=f"{kind}-{sig.name}")
+         for kind in ("npy", "zarr") for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)]
+CASES += [pytest.param("zarr", sig, "cuda", id=f"zarr-{sig.name}-cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU")])
+    for sig in (signal.SIGKILL, signal.SIGINT)]
+
+
+@pytest.mark.parametrize("kind,sig,device", CASES)
+def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_result(rng, workdir, kind, sig,
+                                                                      device):
+    a, b = _inputs(rng, kind)
+    out = "c." + kind
+    whole = oocgemm.multiply(a, b, "whole." + kind, tile=TILE, alpha=0.5, device=device)
+    assert whole.resumed == 0
+    # A run slowed down per block (a sleep in each write), stopped once a few blocks are done.
+    code = ("import time\nfrom oocgemm.storage import npy, zarr_store\n"
+            "from oocgemm.cli import main\n"
+            "for sink in (npy.NpySink, zarr_store.ZarrSink):\n"
+            "    def write(self, rows, cols, block, _write=sink.write):\n"
+            "        _write(self, rows, cols, block)\n"
+            "        time.sleep(0.2)\n"
+            "    sink.write = write\n"
+            f"main(['multiply', '{a}', '{b}', '-o', '{out}', '--alpha', '0.5', '--tile', "
+            f"'{','.join(map(str, TILE))}', '--device', '{device}', '-q'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    deadline = time.monotonic() + 60
+    while _journal_lines() < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _journal_lines() >= 4, "the run never journaled a block"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    if sig != signal.SIGKILL:
+        assert "C blocks are kept in" in err and "--resume" in err, err
+    kept = leftovers(".")
+    assert kept and not os.path.exists(out)  # nothing looks complete
+    done_before = _journal_lines()
+
+    r = oocgemm.multiply(a, b, out, tile=TILE, alpha=0.5, device=device, resume=True)
+    assert r.resumed >= 4 and r.resumed == len(r.plan.done)
+    assert _gemm_blocks(r) == 25 - r.resumed  # finished blocks were not computed again
+    assert r.resumed <= done_before
+    np.testing.assert_array_equal(_load(out), _load("whole." + kind))
+    assert leftovers(".") == []
+
+
+def test_resume_through_the_cli_after_ctrl_c(rng, workdir, monkeypatch):
+    a, b = _inputs(rng, "npy")
+    writes = {"n": 0}
+    real = npy.NpySink.write
+
+    def write(self, rows, cols, block):
+        writes["n"] += 1
+        if writes["n"] == 8:
+            raise KeyboardInterrupt
+        real(self, rows, cols, block)
+
+    monkeypatch.setattr(npy.NpySink, "write", write)
+    args = ["multiply", a, b, "-o", "c.npy", "--tile", "64,48,40", "--device", "cpu"]
+    first = CliRunner().invoke(main, args + ["-q"])
+    assert first.exit_code == 130
+    assert "7 of 25 C blocks are kept in" in first.output and "--resume" in first.output
+    monkeypatch.setattr(npy.NpySink, "write", real)
+    second = CliRunner().invoke(main, args + ["--resume"])
+    assert second.exit_code == 0, second.output
+    assert "resumed: 7 of 25 C blocks were done before and kept" in second.output
+    np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12, atol=1e-12)
+    assert leftovers(".") == []
+
+
+def _interrupted(rng, kind="npy", **options):
+    """Inputs, and a run of them into c.<kind> interrupted after 8 blocks."""
+    a, b = _inputs(rng, kind)
+    sink = npy.NpySink if kind == "npy" else __import__(
+        "oocgemm.storage.zarr_store", fromlist=["ZarrSink"]).ZarrSink
+    real, writes = sink.write, {"n": 0}
+
+    def write(self, rows, cols, block):
+        writes["n"] += 1
+        if writes["n"] == 9:
+            raise KeyboardInterrupt
+        real(self, rows, cols, block)
+
+    sink.write = write
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            oocgemm.multiply(a, b, "c." + kind, tile=TILE, device="cpu", **options)
+    finally:
+        sink.write = real
+    return a, b
+
+
+@pytest.mark.parametrize("change", ["alpha", "input rewritten", "input content",
+                                    "input replaced", "tile"])
+def test_resume_refuses_a_different_product(rng, workdir, change):
+    a, b = _interrupted(rng)
+    kw = {"tile": TILE, "device": "cpu"}
+    if change == "alpha":
+        kw["alpha"] = 2.0
+    elif change == "input rewritten":
+        time.sleep(0.01)
+        np.save(b, np.load(b))  # the same numbers, but written again: it may have changed
+    elif change == "input content":
+        x = np.load(a)
+        x[3, 4] += 1e-9
+        np.save(a, x)
+    elif change == "input replaced":
+        os.replace(a, "old.npy")
+        np.save(a, np.load("old.npy"))
+    else:
+        kw["tile"] = (32, 48, 40)
+    if change == "tile":  # the interrupted run's tile wins: the result is still bitwise its own
+        r = oocgemm.multiply(a, b, "c.npy", resume=True, **kw)
+        assert r.plan.tile == TILE and r.resumed == 8
+        return
+    with pytest.raises(oocgemm.OutputError, match="cannot resume.*computed something else") as e:
+        oocgemm.multiply(a, b, "c.npy", resume=True, **kw)
+    assert ("alpha was" in str(e.value)) if change == "alpha" else ("changed" in str(e.value))
+    assert leftovers(".")  # the interrupted output is left for the user to remove
+
+
+def test_a_damaged_block_is_computed_again(rng, workdir):
+    a, b = _interrupted(rng)
+    partial = [p for p in leftovers(".") if not p.endswith(journal_module.NAME)][0]
+    c = np.load(partial, mmap_mode="r+")
+    c[0, 0] += 1.0  # block (0, 0) was written first: its checksum no longer holds
+    c.flush()
+    del c
+    r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    assert r.resumed == 7 and (0, 0) not in r.plan.done
+    np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_a_journal_cut_short_by_a_crash_loses_only_its_last_line(rng, workdir):
+    a, b = _interrupted(rng, kind="zarr")
+    path = [os.path.join(root, f) for root, _, files in os.walk(".") for f in files
+            if f == journal_module.NAME][0]
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text[:-20])  # the last block's line half written
+    r = oocgemm.multiply(a, b, "c.zarr", tile=TILE, device="cpu", resume=True)
+    assert r.resumed == 7
+    np.testing.assert_allclose(_load("c.zarr"), _load(a) @ _load(b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_run_still_writing_is_not_resumed(rng, workdir):
+    a, b = _interrupted(rng)
+    path = [p for p in leftovers(".") if p.endswith(journal_module.NAME)][0]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the live run it belongs to would hold it
+        with pytest.raises(oocgemm.OutputError, match="another process is writing"):
+            oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    finally:
+        os.close(fd)
+
+
+def test_nothing_to_resume_is_a_fresh_run(rng, workdir):
+    a, b = _inputs(rng, "npy")
+    r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    assert r.resumed == 0 and _gemm_blocks(r) == 25
+    assert leftovers(".") == []
+
+
+def test_resume_needs_files(rng, workdir):
+    with pytest.raises(oocgemm.OptionError, match="resume=True needs an output path"):
+        oocgemm.multiply(rng.standard_normal((4, 4)), rng.standard_normal((4, 4)), "c.npy",
+                         device="cpu", resume=True)
+    with pytest.raises(oocgemm.OptionError, match="resume must be True or False"):
+        oocgemm.multiply(rng.standard_normal((4, 4)), rng.standard_normal((4, 4)),
+                         device="cpu", resume="yes")
+
+
+def test_a_failed_run_leaves_no_journal(rng, workdir):
+    a, b = _inputs(rng, "npy")
+    real, writes = npy.NpySink.write, {"n": 0}
+
+    def write(self, rows, cols, block):
+        writes["n"] += 1
+        if writes["n"] == 5:
+            raise OSError("disk on fire")
+        real(self, rows, cols, block)
+
+    npy.NpySink.write = write
+    try:
+        with pytest.raises(oocgemm.OOCGemmError):
+            oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu")
+    finally:
+        npy.NpySink.write = real
+    assert leftovers(".") == []  # the journal went with the temporary output
