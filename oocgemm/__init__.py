@@ -6,7 +6,8 @@
 
 from .api import multiply, plan
 from .errors import (BudgetError, DependencyError, DeviceError, DTypeError, ExecutionError,
-                     InputError, OOCGemmError, OptionError, OutputError, ShapeError)
+                     InputError, MemoryPressureError, OOCGemmError, OptionError, OutputError,
+                     ShapeError)
 from .plan import Plan
 from .result import Result
 from .freivalds import VerifyReport, verify
@@ -14,5 +15,5 @@ from .freivalds import VerifyReport, verify
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "ExecutionError",
-           "InputError", "OOCGemmError", "OptionError", "OutputError", "Plan", "Result",
+           "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError", "Plan", "Result",
            "ShapeError", "VerifyReport", "multiply", "plan", "verify", "__version__"]

@@ -7,14 +7,15 @@ import numbers
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import hostinfo
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL, check_kernel
-from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError, OptionError,
-                     OutputError, ShapeError)
+from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError,
+                     MemoryPressureError, OptionError, OutputError, ShapeError)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .result import Result
@@ -604,6 +605,9 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     check = _Check(prep, a, b, c, storage_options) if verify else None
     report = None
     committed = False
+    replanned: list[str] = []
+    from .storage.journal import Journal, JournaledSink
+
     try:
         with signals_deferred():
             sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype,
@@ -611,18 +615,37 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                              attributes=attributes, storage_options=prep.storage_options,
                              temporary=temporary)
             if fingerprint is not None:
-                from .storage.journal import Journal, JournaledSink
-
                 if journal is None:
                     journal = Journal(sink.temporary_path, {
                         "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
                 sink = JournaledSink(sink, journal, plan_.row_splits, plan_.col_splits)
-        on_event, bar = _progress(progress, plan_)
-        sources = chunk_readers(plan_, prep.sources)
-        executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
-                                                    record=bool(events))
         start = time.perf_counter()
-        log = executor.run()
+        while True:
+            on_event, bar = _progress(progress, plan_)
+            sources = chunk_readers(plan_, prep.sources)
+            executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
+                                                        record=bool(events))
+            try:
+                log = executor.run()
+                break
+            except MemoryPressureError as exc:  # less memory than planned: smaller blocks
+                if bar is not None:
+                    bar.close()
+                    bar = None
+                for src in sources.values():
+                    src.close()
+                if len(replanned) == MAX_REPLANS:
+                    raise
+                plan_ = _smaller(plan_, exc, prep.device)
+                replanned.append(f"{exc}; planned again with tile w={plan_.tile[0]} "
+                                 f"h={plan_.tile[1]} r={plan_.tile[2]} "
+                                 f"(memory_limit={format_size(plan_.memory_limit)}, "
+                                 f"host_memory_limit={format_size(plan_.host_memory_limit)}) "
+                                 f"and started again")
+                warnings.warn("oocgemm: " + replanned[-1], RuntimeWarning, stacklevel=2)
+                if isinstance(sink, JournaledSink):  # the blocks are others now
+                    sink = sink.regrid(plan_.row_splits, plan_.col_splits, {
+                        "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
         seconds = time.perf_counter() - start
         if check is not None:
             report = check.run(sink.array())
@@ -659,8 +682,39 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
             src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
                   bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
-                  verified=report, resumed=len(plan_.done),
+                  verified=report, resumed=len(plan_.done), replanned=replanned,
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+#: Times a run plans again with smaller blocks after running out of memory.
+MAX_REPLANS = 3
+
+
+def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
+    """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
+    no more than the GPU has free now), the best tile under it, every block to compute."""
+    mem, host = plan.memory_limit, plan.host_memory_limit
+    if exc.where == "device" or (exc.where == "host" and device.kind == "cpu"):
+        mem //= 2  # on the CPU, the working buffers are host memory
+    if exc.where in ("host", "pinned"):
+        host //= 2
+    if exc.where == "pinned":
+        mem //= 2  # a CUDA allocation of unknown kind: both
+    if device.kind == "cuda":
+        from . import cuda
+
+        mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
+    staging = {k: getattr(plan, k) for k in ("readers", "n_stage", "n_out", "split_last",
+                                             "ramp", "tail_panels", "n_a", "n_b",
+                                             "min_stripes")}
+    try:
+        tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged, **staging)
+        return _finished(dataclasses.replace(plan, tile=tile, memory_limit=mem,
+                                             host_memory_limit=host, done=(),
+                                             chosen_by="planner, again after running out "
+                                                       "of memory"))
+    except BudgetError as budget:
+        raise BudgetError(f"{exc}; and no smaller plan fits: {budget}") from None
 
 
 def _fingerprint(prep: _Prepared, a, b, c, layout: dict) -> dict | None:

@@ -319,6 +319,8 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
                f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
                + (f"; moved {moved}" if moved else ""))
+    for note in result.replanned:
+        click.echo(f"note: {note}", err=True)
     if result.resumed:
         p, q, _ = result.plan.grid
         click.echo(f"resumed: {result.resumed} of {p * q} C blocks were done before and kept")

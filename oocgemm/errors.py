@@ -39,6 +39,16 @@ class ExecutionError(OOCGemmError):
     """The run failed midway (an I/O error, a corrupt chunk); no output was committed."""
 
 
+class MemoryPressureError(ExecutionError):
+    """An allocation failed during the run: ``where`` is 'device' (GPU memory), 'host' or
+    'pinned' (page-locked host memory, or a CUDA allocation of unknown kind). ``multiply``
+    catches it, plans again with smaller blocks and goes on."""
+
+    def __init__(self, message: str, where: str):
+        super().__init__(message)
+        self.where = where
+
+
 class KernelError(OOCGemmError):
     """A CUDA kernel failed to compile or to load; the compiler log is in the message."""
 

@@ -31,6 +31,9 @@ class Result:
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
     whether its chunks were ``kept`` for the whole run, and the readers' ``copy_seconds``
     copying parts of decoded chunks into their destinations (summed over threads)."""
+    replanned: list = field(default_factory=list)
+    """How the run went on after running out of memory: one line each time it planned again
+    with smaller blocks (and started the product again)."""
     resumed: int = 0
     """C blocks an interrupted run had finished, kept by ``resume=True`` (not recomputed)."""
     verified: Any = None
@@ -73,6 +76,7 @@ class Result:
             "predicted_seconds": plan.prediction.total,
             "out": self.out_name,
             "resumed_blocks": self.resumed,
+            "replanned": list(self.replanned),
             "verified": None if self.verified is None else {
                 "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
                 "worst_row": self.verified.worst_row},

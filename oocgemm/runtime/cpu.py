@@ -24,7 +24,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError, Thread
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..errors import ExecutionError, OOCGemmError
+from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..plan.schedule import OpKind
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 
@@ -248,4 +248,22 @@ def _translate(exc: BaseException, futures) -> BaseException:
                 break
     if isinstance(first, OOCGemmError):
         return first
+    where = _out_of_memory(first)
+    if where is not None:
+        return MemoryPressureError(f"{where} memory ran out: {type(first).__name__}: {first}",
+                                   where)
     return ExecutionError(f"the run failed: {type(first).__name__}: {first}")
+
+
+def _out_of_memory(err: BaseException) -> str | None:
+    """Which memory an allocation failure ran out of: 'host' (numpy's MemoryError), 'device'
+    (CuPy's OutOfMemoryError, from its GPU memory pool), 'pinned' (a CUDA allocation error:
+    page-locked host memory, or a library's own GPU allocation); None for other errors."""
+    if isinstance(err, MemoryError):
+        return "host"
+    if type(err).__name__ == "OutOfMemoryError":
+        return "device"
+    text = str(err)
+    if "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text:
+        return "pinned"
+    return None

@@ -217,6 +217,12 @@ class JournaledSink(MatrixSink):
         if pieces is not None:
             self.journal.record(key, sorted(pieces))
 
+    def regrid(self, rows, cols, header: dict) -> JournaledSink:
+        """The same output journaled afresh for other C blocks (a plan made again): what
+        the old blocks wrote is computed again, so the journal starts over."""
+        self.journal.close()
+        return JournaledSink(self.inner, Journal(self.journal.temporary, header), rows, cols)
+
     def array(self):
         return self.inner.array()
 

@@ -1,0 +1,91 @@
+"""Memory pressure (issue 18, item 4): an allocation that fails during a run makes the engine
+plan again with smaller blocks and go on, and say so; memory returns to where it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import oocgemm
+from oocgemm import cuda
+from oocgemm.runtime.cpu import CpuExecutor
+from _helpers import assert_gemm, leftovers, poisoned, rand
+
+
+def _failing(monkeypatch, cls, name, error, after: int, times: int = 1):
+    """Make ``cls.name`` raise ``error`` on its call number ``after`` (and the ``times - 1``
+    calls after it)."""
+    real, calls = getattr(cls, name), {"n": 0}
+
+    def method(self, *args, **kwargs):
+        calls["n"] += 1
+        if after <= calls["n"] < after + times:
+            raise error
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, method)
+    return calls
+
+
+@pytest.mark.parametrize("out", [None, "c.zarr", "c.npy"])
+def test_out_of_memory_midway_plans_again_and_finishes(rng, workdir, monkeypatch, out):
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=7)
+    with pytest.warns(RuntimeWarning, match="host memory ran out"):
+        r = oocgemm.multiply(a, b, out, device="cpu", memory_limit="400KB")
+    assert len(r.replanned) == 1 and "planned again with tile" in r.replanned[0]
+    assert r.plan.memory_limit <= 400_000 // 2  # half the budget that ran out
+    first = oocgemm.plan(a, b, out, device="cpu", memory_limit="400KB")
+    assert r.plan.device_bytes < first.device_bytes
+    got = r.out if out is None else (np.load(out) if out.endswith(".npy")
+                                     else zarr.open_array(out, mode="r")[...])
+    assert_gemm(got, a, b)
+    assert leftovers(".") == []
+
+
+def test_memory_that_keeps_running_out_is_an_error_in_the_end(rng, workdir, monkeypatch):
+    a, b = rand(rng, (200, 150)), rand(rng, (150, 120))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=1, times=100)
+    with pytest.warns(RuntimeWarning):
+        with pytest.raises(oocgemm.MemoryPressureError, match="host memory ran out"):
+            oocgemm.multiply(a, b, "c.npy", device="cpu", memory_limit="2MB")
+    assert leftovers(".") == []
+
+
+def test_given_out_array_is_written_whole_after_a_replan(rng, monkeypatch):
+    a, b = rand(rng, (120, 90)), rand(rng, (90, 100))
+    out = poisoned((120, 100))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=3)
+    with pytest.warns(RuntimeWarning):
+        r = oocgemm.multiply(a, b, out, device="cpu", memory_limit="100KB")
+    assert r.out is out and r.replanned
+    assert_gemm(out, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")
+@pytest.mark.parametrize("error", ["device", "pinned"])
+@pytest.mark.parametrize("where", ["start", "midway"])
+def test_gpu_allocation_failure_is_survived(rng, workdir, monkeypatch, error, where):
+    import cupy
+
+    from oocgemm.cuda.engine import GpuContext
+
+    if error == "device":
+        exc = cupy.cuda.memory.OutOfMemoryError(1 << 30, 0, 0)
+    else:
+        exc = cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+    a, b = rand(rng, (700, 600)), rand(rng, (600, 650))
+    pool = cupy.get_default_memory_pool()
+    used = pool.used_bytes()
+    if where == "start":
+        _failing(monkeypatch, GpuContext, "device_buffer", exc, after=2)
+    else:
+        _failing(monkeypatch, GpuContext, "gemm", exc, after=5)
+    with pytest.warns(RuntimeWarning, match="memory ran out"):
+        r = oocgemm.multiply(a, b, "c.zarr", device="cuda", memory_limit="8MB")
+    assert r.replanned and r.plan.memory_limit <= 4 << 20
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[...], a, b)
+    assert pool.used_bytes() == used  # device memory back where it was
+    assert leftovers(".") == []
