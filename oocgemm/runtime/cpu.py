@@ -259,10 +259,10 @@ def _out_of_memory(err: BaseException) -> str | None:
     """Which memory an allocation failure ran out of: 'host' (numpy's MemoryError), 'device'
     (CuPy's OutOfMemoryError, from its GPU memory pool), 'pinned' (a CUDA allocation error:
     page-locked host memory, or a library's own GPU allocation); None for other errors."""
+    if type(err).__name__ == "OutOfMemoryError":  # CuPy's is a MemoryError too
+        return "device"
     if isinstance(err, MemoryError):
         return "host"
-    if type(err).__name__ == "OutOfMemoryError":
-        return "device"
     text = str(err)
     if "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text:
         return "pinned"
