@@ -97,9 +97,33 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     if module == "cupy":
         return CupySource(obj, name=f"{role} (cupy array)")
     if module == "dask":
+        stored = zarr_behind(obj)
+        if stored is not None:  # da.from_zarr: read the store at its grain, not through dask
+            return open_source(stored, f"{role} (dask array from Zarr)", storage_options,
+                               incomplete_ok=incomplete_ok)
         return DaskSource(obj, name=f"{role} (dask array)")
+    if module == "xarray":
+        if not hasattr(obj, "dims") or not hasattr(obj, "variable"):
+            raise InputError(f"{role}: an xarray {type(obj).__name__} is not an array (pass "
+                             f"one of its DataArrays)")
+        return open_source(obj.data, f"{role} (xarray DataArray)", storage_options,
+                           incomplete_ok=incomplete_ok)
     raise InputError(f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, "
-                     f"dask), got {type(obj).__name__}")
+                     f"dask, xarray), got {type(obj).__name__}")
+
+
+def zarr_behind(x):
+    """The zarr.Array a dask array is, when it is ``da.from_zarr(...)`` untouched (its graph:
+    the array, and one getter per chunk); None otherwise."""
+    layers = getattr(getattr(x, "dask", None), "layers", None)
+    if not layers or len(layers) != 2 or f"original-{x.name}" not in layers:
+        return None
+    values = list(layers[f"original-{x.name}"].values())
+    stored = values[0] if len(values) == 1 else None
+    if (_module(stored) != "zarr" or tuple(getattr(stored, "shape", ())) != tuple(x.shape)
+            or np.dtype(stored.dtype) != np.dtype(x.dtype)):
+        return None
+    return stored
 
 
 def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 
@@ -49,24 +50,48 @@ class CupySource(MatrixSource):
 
 
 class DaskSource(MatrixSource):
-    """A dask array: each region is computed on demand by dask's scheduler."""
+    """A dask array, read chunk by chunk (a :class:`~oocgemm.storage.base.ChunkedSource`):
+    each chunk is computed by the active scheduler (a ``dask.distributed`` Client when there
+    is one), and the run's chunk readers keep what they computed, so that each chunk is
+    computed once per run where the plan keeps the operand (``print(plan)`` says)."""
 
     def __init__(self, array, name: str = "dask array"):
+        self.name = name
+        rows, cols = array.chunks
+        if any(c != c for axis in (rows, cols) for c in axis):  # NaN: sizes dask does not know
+            raise InputError(f"{name}: a dask array whose chunk sizes are unknown (after a "
+                             f"boolean mask or a filter); call .compute_chunk_sizes() first")
+        if not (_regular(rows) and _regular(cols)):  # a regular grid, as storage has
+            array = array.rechunk((max(rows, default=1), max(cols, default=1)))
+            rows, cols = array.chunks
         self._array = array
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
-        self.name = name
-        chunks = array.chunks
-        if any(c != c for axis in chunks for c in axis):  # NaN: sizes dask does not know
-            raise InputError(f"{name}: a dask array whose chunk sizes are unknown (after a "
-                             f"boolean mask or a filter); call .compute_chunk_sizes() first")
-        self.chunks = (max(chunks[0]) if chunks[0] else 1, max(chunks[1]) if chunks[1] else 1)
+        self.chunks = (rows[0] if rows else 1, cols[0] if cols else 1)
+        self.on_disk = True  # not in memory: produced by its graph, read at its grain
+        self.computed = 0
+        """Chunks computed so far."""
+        self._lock = threading.Lock()
+
+    def read_chunk(self, index, out) -> None:
+        """Compute chunk ``index`` into ``out``."""
+        self._copy(self._array.blocks[tuple(index)].compute(), out)
+        with self._lock:
+            self.computed += 1
 
     def read(self, rows, cols, out):
-        block = self._array[rows[0]:rows[1], cols[0]:cols[1]].compute(scheduler="threads")
+        self._copy(self._array[rows[0]:rows[1], cols[0]:cols[1]].compute(), out)
+
+    @staticmethod
+    def _copy(block, out) -> None:
         if hasattr(block, "get") and not isinstance(block, np.ndarray):  # a CuPy-backed graph
             block = block.get()
         np.copyto(out, block, casting="same_kind")
+
+
+def _regular(sizes) -> bool:
+    """Chunk sizes of a regular grid: all equal, but for a smaller last one."""
+    return all(c == sizes[0] for c in sizes[:-1]) and (not sizes or sizes[-1] <= sizes[0])
 
 
 class NumpySink(MatrixSink):
