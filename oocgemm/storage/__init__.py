@@ -56,6 +56,8 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     InputError
         Missing path, unreadable or corrupt file, unsupported object.
     """
+    if isinstance(obj, MatrixSource):  # opened already (a region, in a dask task)
+        return obj
     if is_path(obj):
         path = urls.local(os.fspath(obj))
         if PARTIAL in os.path.basename(path.rstrip("/\\")):
