@@ -35,6 +35,35 @@ class Device:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
 
 
+def device_names(device) -> list[str] | None:
+    """The executors of a run on several devices: ``device`` a list of device names (the
+    same kind; 'cpu' may repeat, as several CPU executors, named 'cpu#1', 'cpu#2'...) or
+    'cuda:all'; None for one device."""
+    from . import cuda
+
+    if isinstance(device, str):
+        if device.strip().lower() != "cuda:all":
+            return None
+        count = cuda.device_count()
+        if count == 0:
+            resolve_device("cuda")  # says why there is none
+        return [f"cuda:{i}" for i in range(count)]
+    if not isinstance(device, (list, tuple)) or not device:
+        raise DeviceError(f"device must be a name ('auto', 'cpu', 'cuda', 'cuda:N', "
+                          f"'cuda:all') or a list of them, got {device!r}")
+    kinds = {str(d).strip().lower().partition(":")[0] for d in device}
+    if "auto" in kinds or len(kinds) > 1:
+        raise DeviceError(f"devices {list(device)}: all of one kind, GPUs ('cuda:N') or the "
+                          f"CPU ('cpu')")
+    resolved = [resolve_device(d) for d in device]
+    if resolved[0].kind == "cuda":
+        names = [f"cuda:{d.index}" for d in resolved]
+        if len(set(names)) < len(names):
+            raise DeviceError(f"devices {list(device)}: a GPU named twice")
+        return names
+    return [f"cpu#{n}" for n in range(len(resolved))]
+
+
 def resolve_device(device) -> Device:
     """'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
     from . import cuda
@@ -480,8 +509,10 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     OOCGemmError
         For any bad input, option or budget (see :func:`multiply`).
     """
+    devices = device_names(device)  # several: the plan is each one's
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                        device=device, memory_limit=memory_limit,
+                        device=devices[0].partition("#")[0] if devices else device,
+                        memory_limit=memory_limit,
                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                         out_options=out_options, storage_options=storage_options)
     return prepared.plan
@@ -513,7 +544,11 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     trans_a, trans_b
         Use the transpose of a / b; transposed operands are read in their stored layout.
     device
-        'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.
+        'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'; or several:
+        'cuda:all' (every GPU) or a list such as ``['cuda:0', 'cuda:1']``. With several, the
+        plan is made for one device and its C blocks are handed out in groups (rows of
+        blocks, or single blocks), each device taking the next group when it is free;
+        ``result.devices`` says what each did. ``['cpu', 'cpu']`` runs two CPU executors.
     memory_limit
         Bytes, or a string like '8GB' or '80%', for the executor's block buffers (GPU memory
         for CUDA, the working buffers for the CPU). Defaults: 90% of free GPU memory, or a
@@ -576,8 +611,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"verify must be True or False, got {verify!r}")
     if not isinstance(resume, (bool, np.bool_)):
         raise OptionError(f"resume must be True or False, got {resume!r}")
+    devices = device_names(device)
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                    device=device, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
+                    device=devices[0].partition("#")[0] if devices else device,
+                    memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel, out_options=out_options,
                     storage_options=storage_options)
     plan_ = prep.plan
@@ -606,6 +643,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     report = None
     committed = False
     replanned: list[str] = []
+    shares: dict = {}
     from .storage.journal import Journal, JournaledSink
 
     try:
@@ -620,7 +658,11 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                         "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
                 sink = JournaledSink(sink, journal, plan_.row_splits, plan_.col_splits)
         start = time.perf_counter()
-        while True:
+        if devices:  # several devices: block groups handed out as each device is free
+            on_event, bar = _progress(progress, plan_)
+            log = _run_on_devices(plan_, prep, devices, sink, on_event, events)
+            shares = log.share
+        while not devices:  # one device (when memory runs short: again, with smaller blocks)
             on_event, bar = _progress(progress, plan_)
             sources = chunk_readers(plan_, prep.sources)
             executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
@@ -683,7 +725,34 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
                   bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
+                  devices=shares,
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events):
+    """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
+    from .runtime.base import executor_class
+    from .runtime.split import run_split
+
+    running: set = set()
+
+    def run_group(device_plan, name):
+        readers = chunk_readers(device_plan, prep.sources)
+        executor = executor_class(prep.device.kind)(device_plan, readers, sink,
+                                                    on_event=on_event, record=bool(events))
+        running.add(executor)
+        try:
+            return executor.run()
+        finally:
+            running.discard(executor)
+            for src in readers.values():
+                src.close()
+
+    def stop():
+        for executor in list(running):
+            executor._cancel.set()
+
+    return run_split(plan_, devices, run_group, stop)
 
 
 #: Times a run plans again with smaller blocks after running out of memory.

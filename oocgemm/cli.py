@@ -195,7 +195,8 @@ def _product_options(func):
         click.option("--trans-a", is_flag=True, help="Use the transpose of A."),
         click.option("--trans-b", is_flag=True, help="Use the transpose of B."),
         click.option("--device", default="auto", show_default=True, metavar="DEVICE",
-                     help="auto, cpu, cuda or cuda:N (auto: a GPU when CuPy sees one)."),
+                     help="auto, cpu, cuda or cuda:N (auto: a GPU when CuPy sees one); several: "
+                          "cuda:all or a list such as cuda:0,cuda:1."),
         click.option("--memory-limit", metavar="SIZE", default=None,
                      help="Budget of the block buffers (GPU memory, or the CPU's working "
                           "buffers): bytes, '8GB', '512MiB' or '80%'. Default: 90% of free "
@@ -228,6 +229,8 @@ def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_mem
     layout = {name: value for name, value in (
         ("chunks", out_chunks), ("shards", out_shards), ("compressors", out_compressor),
         ("zarr_format", int(zarr_format) if zarr_format else None)) if value is not None}
+    if "," in device:  # several devices: cuda:0,cuda:1 (or cpu,cpu)
+        device = [d.strip() for d in device.split(",") if d.strip()]
     return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
                 memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile,
                 kernel=kernel, out_options=layout or None)
@@ -319,6 +322,11 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     click.echo(f"wrote {out}: C[{prob.m}x{prob.n}] {prob.dtype} (K={prob.k}) on "
                f"{result.plan.device} in {format_seconds(result.seconds)}, {speed}"
                + (f"; moved {moved}" if moved else ""))
+    if result.devices:
+        blocks = sum(x["blocks"] for x in result.devices.values()) or 1
+        click.echo("devices: " + ", ".join(
+            f"{name} {x['blocks']} blocks ({x['blocks'] / blocks:.0%}) in "
+            f"{format_seconds(x['seconds'])}" for name, x in sorted(result.devices.items())))
     for note in result.replanned:
         click.echo(f"note: {note}", err=True)
     if result.resumed:

@@ -34,6 +34,9 @@ class Result:
     replanned: list = field(default_factory=list)
     """How the run went on after running out of memory: one line each time it planned again
     with smaller blocks (and started the product again)."""
+    devices: dict = field(default_factory=dict)
+    """On several devices: per device (or 'cpu#1' executor), the ``groups`` and ``blocks``
+    of C it computed, its ``seconds`` running them and its ``flops``."""
     resumed: int = 0
     """C blocks an interrupted run had finished, kept by ``resume=True`` (not recomputed)."""
     verified: Any = None
@@ -77,6 +80,7 @@ class Result:
             "out": self.out_name,
             "resumed_blocks": self.resumed,
             "replanned": list(self.replanned),
+            "devices": dict(self.devices),
             "verified": None if self.verified is None else {
                 "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
                 "worst_row": self.verified.worst_row},

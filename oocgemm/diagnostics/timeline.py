@@ -46,10 +46,12 @@ def lane_family(lane: str) -> str:
 
 
 def lane_order(lane: str):
-    """Sort key of lanes: compute, the streams, the copy thread, readers, writers."""
-    family = lane_family(lane)
-    number = lane[len(family) + 1:]
-    return (_LANE_ORDER.get(family, len(_LANE_ORDER)), family,
+    """Sort key of lanes: by device on a run on several ('cuda:1/compute'), then compute,
+    the streams, the copy thread, readers, writers."""
+    device, _, own = lane.rpartition("/")
+    family = lane_family(own)
+    number = own[len(family) + 1:]
+    return (device, _LANE_ORDER.get(family, len(_LANE_ORDER)), family,
             int(number) if number.isdigit() else -1, lane)
 
 
@@ -371,8 +373,31 @@ class Timeline:
                          f"({link.busy / self.wall:.0%} of the wall), "
                          f"{link.average / 1e9:.3g} GB/s overall")
         lines.append(_wrap("  lanes     ", self._lane_summary()))
+        shares = self.device_shares()
+        if len(shares) > 1:
+            most = max(x["flops"] for x in shares.values()) or 1
+            mean = sum(x["flops"] for x in shares.values()) / len(shares)
+            lines.append(_wrap("  devices   ", [
+                f"{name} {x['flops'] / max(self.flops, 1):.0%} of the flops "
+                f"(computing {x['compute'] / self.wall:.0%} of the wall)"
+                for name, x in shares.items()] + [f"balance {mean / most:.2f} (mean / most)"]))
         lines.append(f"  bound     {self._bound_text()}")
         return "\n".join(lines)
+
+    def device_shares(self) -> dict[str, dict]:
+        """Per device of a run on several (lanes named 'cuda:1/compute'): its flops and the
+        seconds it computed; empty for a run on one device."""
+        shares: dict[str, dict] = {}
+        for e in self.events:
+            device, _, lane = e.lane.rpartition("/")
+            if not device:
+                continue
+            share = shares.setdefault(device, {"flops": 0, "spans": []})
+            share["flops"] += e.flops
+            if e.kind in COMPUTE_KINDS:
+                share["spans"].append((e.start, e.end))
+        return {name: {"flops": x["flops"], "compute": measure(union(x["spans"]))}
+                for name, x in sorted(shares.items())}
 
     def _lane_summary(self) -> list[str]:
         families: dict[str, list[LaneStats]] = {}

@@ -65,17 +65,23 @@ def chrome_trace(timeline) -> dict:
     if meta.get("shape"):
         m, n, k = meta["shape"]
         process += f" C[{m}x{n}] {meta.get('dtype', '')} K={k} on {meta.get('device', '?')}"
-    trace = [{"ph": "M", "pid": _PID, "tid": 0, "name": "process_name",
-              "args": {"name": process}}]
+    trace = []
+    pids: dict[str, int] = {}  # a track group per device of a run on several
     for tid, (name, evs) in enumerate(tracks(timeline.events), start=1):
-        trace.append({"ph": "M", "pid": _PID, "tid": tid, "name": "thread_name",
+        device = name.rpartition("/")[0]
+        if device not in pids:
+            pid = pids[device] = _PID + len(pids)
+            trace.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+                          "args": {"name": process + (f" / {device}" if device else "")}})
+        pid = pids[device]
+        trace.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
                       "args": {"name": name}})
-        trace.append({"ph": "M", "pid": _PID, "tid": tid, "name": "thread_sort_index",
+        trace.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
                       "args": {"sort_index": tid}})
         for e in evs:
             start = _ns(e.start)
             trace.append({
-                "ph": "X", "pid": _PID, "tid": tid, "name": op_name(e.kind, e.operand),
+                "ph": "X", "pid": pid, "tid": tid, "name": op_name(e.kind, e.operand),
                 "cat": e.kind, "ts": start / 1000, "dur": (max(_ns(e.end), start) - start) / 1000,
                 "args": {"block": list(e.key), "q": e.q, "operand": e.operand,
                          "bytes": e.nbytes, "flops": e.flops, "index": e.index,

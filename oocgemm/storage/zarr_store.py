@@ -50,7 +50,7 @@ def reader_config(threads: int) -> dict:
                        "codec_pipeline.max_workers": threads})
     elif importlib.util.find_spec("zarrs") is not None:
         config.update({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
-                       "codec_pipeline.strict": True})
+                       "codec_pipeline.strict": False})  # zarr's pipeline for codecs it lacks
     return config
 
 
