@@ -636,6 +636,15 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         prep, journal, temporary = _resume(prep, fingerprint_of)
         plan_ = prep.plan
         fingerprint = fingerprint_of(prep)
+    elif fingerprint is not None:
+        from .storage.journal import candidates
+
+        kept = candidates(os.fspath(prep.out))
+        if kept:  # a run of this output was interrupted: say that it can be finished instead
+            warnings.warn(f"oocgemm: {kept[0]} holds the blocks of an interrupted run of "
+                          f"{os.fspath(prep.out)}: resume=True (--resume) finishes it instead of "
+                          f"starting again; remove it when it is not wanted", RuntimeWarning,
+                          stacklevel=2)
     layout = _out_layout(prep)
     bar = sink = None
     sources = prep.sources

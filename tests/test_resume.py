@@ -252,3 +252,12 @@ def test_a_failed_run_leaves_no_journal(rng, workdir):
     finally:
         npy.NpySink.write = real
     assert leftovers(".") == []  # the journal went with the temporary output
+
+
+def test_a_fresh_run_says_an_interrupted_one_can_be_resumed(rng, workdir):
+    a, b = _interrupted(rng)
+    with pytest.warns(RuntimeWarning, match="resume=True .* finishes it"):
+        r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", overwrite=True)
+    assert r.resumed == 0
+    np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12,
+                               atol=1e-12)
