@@ -5,6 +5,7 @@ that looks complete is left behind by a failed call."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -109,40 +110,47 @@ def _outputs(case, xa, xb, xc):
     return out
 
 
-@settings(max_examples=int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES", "80")), deadline=None,
-          suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_multiply_is_right_or_an_oocgemm_error(data):
+@contextlib.contextmanager
+def _in_a_new_folder():
+    """Each example in a folder of its own (hypothesis runs many in one test)."""
     with tempfile.TemporaryDirectory() as tmp:
         here = os.getcwd()
         os.chdir(tmp)
         try:
-            case = data.draw(cases())
-            out = _outputs(case, case["xa"], case["xb"], case["xc"])
-            try:
-                r = oocgemm.multiply(case["a"], case["b"], out, c=case["c"],
-                                     alpha=case["alpha"], beta=case["beta"],
-                                     trans_a=case["trans_a"], trans_b=case["trans_b"],
-                                     tile=case["tile"], memory_limit=case["memory_limit"],
-                                     device="cpu", overwrite=False)
-            except oocgemm.OOCGemmError:
-                path = out if isinstance(out, str) else None
-                if path == "existing.zarr":  # the user's folder is untouched
-                    assert os.listdir(path) == ["notes.txt"]
-                elif path is not None:
-                    assert not os.path.exists(path)  # nothing that looks complete
-                assert leftovers(".") == []
-                return
-            assert not case["damaged"], "a damaged input gave a result"
-            got = r.out
-            if isinstance(out, str):
-                got = np.load(out) if out.endswith(".npy") else zarr.open_array(out)[...]
-            assert_gemm(got, case["xa"], case["xb"], case["xc"], alpha=case["alpha"],
-                        beta=case["beta"], trans_a=case["trans_a"], trans_b=case["trans_b"],
-                        dtype=np.asarray(got).dtype)
-            assert leftovers(".") == []
+            yield
         finally:
             os.chdir(here)
+
+
+@settings(max_examples=int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_multiply_is_right_or_an_oocgemm_error(data):
+    with _in_a_new_folder():
+        case = data.draw(cases())
+        out = _outputs(case, case["xa"], case["xb"], case["xc"])
+        try:
+            r = oocgemm.multiply(case["a"], case["b"], out, c=case["c"], alpha=case["alpha"],
+                                 beta=case["beta"], trans_a=case["trans_a"],
+                                 trans_b=case["trans_b"], tile=case["tile"],
+                                 memory_limit=case["memory_limit"], device="cpu",
+                                 overwrite=False)
+        except oocgemm.OOCGemmError:
+            path = out if isinstance(out, str) else None
+            if path == "existing.zarr":  # the user's folder is untouched
+                assert os.listdir(path) == ["notes.txt"]
+            elif path is not None:
+                assert not os.path.exists(path)  # nothing that looks complete
+            assert leftovers(".") == []
+            return
+        assert not case["damaged"], "a damaged input gave a result"
+        got = r.out
+        if isinstance(out, str):
+            got = np.load(out) if out.endswith(".npy") else zarr.open_array(out)[...]
+        assert_gemm(got, case["xa"], case["xb"], case["xc"], alpha=case["alpha"],
+                    beta=case["beta"], trans_a=case["trans_a"], trans_b=case["trans_b"],
+                    dtype=np.asarray(got).dtype)
+        assert leftovers(".") == []
 
 
 def test_fuzz_draws_both_outcomes():
@@ -152,13 +160,8 @@ def test_fuzz_draws_both_outcomes():
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def probe(data):
-        with tempfile.TemporaryDirectory() as tmp:
-            here = os.getcwd()
-            os.chdir(tmp)
-            try:
-                seen.add(data.draw(cases())["damaged"])
-            finally:
-                os.chdir(here)
+        with _in_a_new_folder():
+            seen.add(data.draw(cases())["damaged"])
 
     probe()
     assert seen == {True, False}
