@@ -661,6 +661,10 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                              options=layout, overwrite=overwrite, in_place=prep.in_place,
                              attributes=attributes, storage_options=prep.storage_options,
                              temporary=temporary)
+            c_in = prep.sources.get("C")
+            if prep.in_place and hasattr(sink, "guard") and sink.path is None and \
+                    hasattr(c_in, "lock"):  # a given zarr.Array read as C and written
+                sink.guard(c_in)
             if fingerprint is not None:
                 if journal is None:
                     journal = Journal(sink.temporary_path, {

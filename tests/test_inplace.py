@@ -327,3 +327,26 @@ def test_in_place_update_with_and_without_the_exchange(rng, workdir, monkeypatch
     oocgemm.multiply(a, b, "c.zarr", beta=-1.0, tile=(8, 8, 8), device="cpu")
     assert_gemm(load("c.zarr"), a, b, old, beta=-1.0)
     assert leftovers(".") == []
+
+
+def test_a_given_zarr_array_updated_in_place_is_read_and_rewritten_under_one_lock(
+        rng, tmp_path, monkeypatch):
+    """Blocks that cut chunks rewrite chunks that other blocks still read: those reads and
+    writes are serialized (a read once met a chunk file being rewritten: 'the size of a
+    decoded chunk is 0')."""
+    from oocgemm.storage.zarr_store import ZarrSource
+
+    a, b, old = rand(rng, (90, 40)), rand(rng, (40, 80)), rand(rng, (90, 80))
+    z = zarr.create_array(str(tmp_path / "z.zarr"), shape=old.shape, dtype="f8", chunks=(7, 7))
+    z[...] = old
+    held = []
+    read = ZarrSource._read
+
+    def checked(self, rows, cols, out):
+        held.append(self.lock is not None and self.lock.locked())
+        return read(self, rows, cols, out)
+
+    monkeypatch.setattr(ZarrSource, "_read", checked)
+    oocgemm.multiply(a, b, z, beta=1.0, tile=(10, 9, 20), device="cpu")
+    assert held and all(held)
+    assert_gemm(zarr.open_array(str(tmp_path / "z.zarr"), mode="r")[...], a, b, old, beta=1.0)

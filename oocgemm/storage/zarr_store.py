@@ -86,7 +86,18 @@ class ZarrSource(MatrixSource):
         self.name = name
         self.path = path
 
+    lock = None
+    """A lock every read takes: the sink's, when the run writes this very array in place
+    (a read must not meet a rewrite of the chunk it decodes)."""
+
     def read(self, rows, cols, out):
+        if self.lock is not None:
+            with self.lock:
+                self._read(rows, cols, out)
+        else:
+            self._read(rows, cols, out)
+
+    def _read(self, rows, cols, out):
         selection = (slice(*rows), slice(*cols))
         try:
             if out.dtype == self.dtype and out.flags.c_contiguous:
@@ -371,6 +382,12 @@ class ZarrSink(MatrixSink):
         for (lo, hi), chunk, extent in zip((rows, cols), self.chunks, self.shape):
             ok &= lo % chunk == 0 and (hi % chunk == 0 or hi == extent)
         return ok
+
+    def guard(self, source: "ZarrSource") -> None:
+        """``source`` reads the array this sink updates in place: its reads and the writes
+        that rewrite chunks other blocks share take one lock. (A write of whole chunks only
+        touches chunks that no other block reads.)"""
+        source.lock = self._lock
 
     def write(self, rows, cols, block):
         selection = (slice(*rows), slice(*cols))
