@@ -23,6 +23,7 @@ one engine run at a time. Within one process the engine runs one block at a time
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -93,7 +94,7 @@ def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, c
             layer[(name, i, j)] = (
                 _block, ops["A"].part(r, None), ops["B"].part(None, q),
                 ops["C"].part(r, q) if "C" in ops else None,
-                alpha, beta, str(np.dtype(dtype)), dict(options))
+                alpha, beta, str(np.dtype(dtype)), dict(options), name)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None
     graph = HighLevelGraph.from_collections(
@@ -203,12 +204,17 @@ def _covering(bounds, span) -> tuple[int, int]:
     return min(i0, len(bounds) - 2), min(i1, len(bounds) - 1)
 
 
-def _block(a, b, c, alpha, beta, dtype, options):
+def _block(a, b, c, alpha, beta, dtype, options, graph: str = ""):
     """One task: its C block, computed by the engine on this worker."""
     from .api import multiply
 
-    a_src, b_src = _resolve(a), _resolve(b)
-    c_src = _resolve(c) if c is not None else None
+    with _shared_chunks(graph) as shared:
+        a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
+        c_src = _resolve(c, shared, "C") if c is not None else None
+        return _run_block(multiply, a, b, a_src, b_src, c_src, alpha, beta, dtype, options)
+
+
+def _run_block(multiply, a, b, a_src, b_src, c_src, alpha, beta, dtype, options):
     shape = (a_src.shape[1] if a[-1] else a_src.shape[0],
              b_src.shape[0] if b[-1] else b_src.shape[1])
     out = np.empty(shape, dtype=dtype)
@@ -227,7 +233,107 @@ def _device_lock(device: str) -> threading.Lock:
         return _DEVICE_LOCKS.setdefault(device, threading.Lock())
 
 
-def _resolve(spec) -> MatrixSource:
+class SharedChunks:
+    """The decoded chunks of a graph's stored inputs, shared by its tasks in one process, so
+    that each chunk is decoded once per process however many blocks need it. Held while
+    some task of the graph runs (or waits for its device) here, and ``GRACE`` seconds after;
+    at most ``budget`` bytes (chunks beyond it are decoded by each task for itself)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.bytes = 0
+        self.decodes = 0
+        self._chunks: dict = {}
+        self._lock = threading.Lock()
+        self.active = 0
+        self.timer: threading.Timer | None = None
+
+    def get(self, key, decode) -> np.ndarray:
+        """The chunk ``key``, decoded by ``decode()`` by the first task that asks."""
+        with self._lock:
+            entry = self._chunks.get(key)
+            mine = entry is None
+            if mine:
+                entry = self._chunks[key] = _Pending()
+        if not mine:
+            return entry.wait()
+        try:
+            array = decode()
+        except BaseException as exc:
+            with self._lock:
+                del self._chunks[key]
+            entry.fail(exc)
+            raise
+        with self._lock:
+            self.decodes += 1
+            if self.bytes + array.nbytes > self.budget:
+                del self._chunks[key]  # over budget: not kept, the next task decodes again
+            else:
+                self.bytes += array.nbytes
+        entry.done(array)
+        return array
+
+
+class _Pending:
+    def __init__(self):
+        self._event = threading.Event()
+        self._value = self._error = None
+
+    def done(self, value):
+        self._value = value
+        self._event.set()
+
+    def fail(self, error):
+        self._error = error
+        self._event.set()
+
+    def wait(self):
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+#: Seconds a graph's shared chunks outlive its last task running in a process. 0: they go
+#: as soon as no task of the graph runs here, so that a graph computed again after its stored
+#: inputs changed never meets chunks decoded before.
+GRACE = 0.0
+_SHARED: dict[str, SharedChunks] = {}
+
+
+@contextlib.contextmanager
+def _shared_chunks(graph: str):
+    """This process's shared chunks of ``graph``, held for the duration of one task."""
+    from . import hostinfo
+
+    with _LOCKS_LOCK:
+        shared = _SHARED.get(graph)
+        if shared is None:
+            shared = _SHARED[graph] = SharedChunks(hostinfo.total_memory() // 4)
+        if shared.timer is not None:
+            shared.timer.cancel()
+            shared.timer = None
+        shared.active += 1
+    try:
+        yield shared
+    finally:
+        with _LOCKS_LOCK:
+            shared.active -= 1
+            if shared.active == 0 and GRACE <= 0:
+                del _SHARED[graph]
+            elif shared.active == 0:
+                shared.timer = threading.Timer(GRACE, _drop, args=(graph, shared))
+                shared.timer.daemon = True
+                shared.timer.start()
+
+
+def _drop(graph: str, shared: SharedChunks) -> None:
+    with _LOCKS_LOCK:
+        if _SHARED.get(graph) is shared and shared.active == 0:
+            del _SHARED[graph]
+
+
+def _resolve(spec, shared: SharedChunks | None = None, role: str = "") -> MatrixSource:
     """A task's part of an operand, in its stored layout."""
     kind = spec[0]
     if kind == "blocks":
@@ -239,7 +345,7 @@ def _resolve(spec) -> MatrixSource:
     _, stored, rows, cols, _ = spec
     from .storage import open_source
 
-    return Region(open_source(stored, "stored input"), rows, cols)
+    return Region(open_source(stored, "stored input"), rows, cols, shared=shared, role=role)
 
 
 def _host(block):
@@ -250,8 +356,10 @@ class Region(MatrixSource):
     """Rows ``rows`` and columns ``cols`` of a source, itself a source: chunked where the
     region starts on the source's chunk grid, so that reads stay at the storage's grain."""
 
-    def __init__(self, inner: MatrixSource, rows, cols):
+    def __init__(self, inner: MatrixSource, rows, cols, *, shared: SharedChunks | None = None,
+                 role: str = ""):
         self.inner = inner
+        self._shared, self._role = shared, role
         self.rows, self.cols = tuple(rows), tuple(cols)
         self.shape = (rows[1] - rows[0], cols[1] - cols[0])
         self.dtype = inner.dtype
@@ -270,6 +378,30 @@ class Region(MatrixSource):
         r0 = index[0] * self.chunks[0]
         c0 = index[1] * self.chunks[1]
         self.read((r0, r0 + out.shape[0]), (c0, c0 + out.shape[1]), out)
+
+    @property
+    def shared_chunk(self):
+        """Chunks decoded once for every task of the graph in this process (None where the
+        region is not on the chunk grid, or nothing is shared)."""
+        if self._shared is None or self.chunks is None:
+            return None
+        return self._shared_chunk
+
+    def _shared_chunk(self, index) -> np.ndarray:
+        """Region chunk ``index``: its stored chunk, decoded once per process, clipped to the
+        region."""
+        (ch, cw), (rows, cols) = self.chunks, self.inner.shape
+        at = (self.rows[0] // ch + index[0], self.cols[0] // cw + index[1])
+        r0, c0 = at[0] * ch, at[1] * cw
+        r1, c1 = min(r0 + ch, rows), min(c0 + cw, cols)
+
+        def decode():
+            whole = np.empty((r1 - r0, c1 - c0), dtype=self.inner.dtype)
+            self.inner.read((r0, r1), (c0, c1), whole)
+            return whole
+
+        whole = self._shared.get((self._role, at), decode)
+        return whole[:min(r1, self.rows[1]) - r0, :min(c1, self.cols[1]) - c0]
 
     def array(self):
         return self.inner.array()

@@ -55,6 +55,32 @@ def test_stored_inputs_are_read_by_the_tasks(rng, workdir):
     assert_gemm(z.compute(), a, b, c, beta=0.5)
 
 
+def test_tasks_of_a_process_share_their_decoded_chunks(rng, workdir, monkeypatch):
+    a, b = rand(rng, (100, 80)), rand(rng, (80, 60))
+    zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(20, 16))[...] = a
+    zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(16, 20))[...] = b
+    z = odask.matmul("a.zarr", da.from_zarr("b.zarr"), chunks=(40, 20), device="cpu")
+    decodes = []  # of each graph's shared chunks, when its last task here is done
+    monkeypatch.setattr(odask, "_SHARED", _Watched(decodes))
+    with dask.config.set(scheduler="threads", num_workers=9):  # all 9 tasks at once
+        got = z.compute()
+    assert_gemm(got, a, b)
+    assert decodes == [5 * 5 + 5 * 3]  # each chunk decoded once, for 3 x 3 = 9 blocks
+    assert z.name not in odask._SHARED
+
+
+class _Watched(dict):
+    """The registry of shared chunks, noting the decodes of each graph's as it goes."""
+
+    def __init__(self, decodes: list):
+        super().__init__()
+        self.decodes = decodes
+
+    def __delitem__(self, key):
+        self.decodes.append(self[key].decodes)
+        super().__delitem__(key)
+
+
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)])
 def test_transposes_scalars_and_mixed_inputs(rng, workdir, trans_a, trans_b):
     a, b = rand(rng, (70, 50), "complex128"), rand(rng, (50, 40), "complex64")
