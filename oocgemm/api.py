@@ -736,7 +736,8 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         for src in sources.values():
             src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
-                  bytes=log.traffic(), events=log.events(), chunks=_chunk_counts(sources),
+                  bytes=log.traffic(), events=log.events(), started_at=log.started_at,
+                  chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
                   devices=shares,
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)

@@ -55,7 +55,9 @@ def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, c
         ``--resources GPU=1``.
     options
         Keywords of :func:`oocgemm.multiply` for each task's run: ``device``,
-        ``memory_limit``, ``host_memory_limit``, ``tile``, ``kernel``.
+        ``memory_limit``, ``host_memory_limit``, ``tile``, ``kernel``; and ``trace_dir``, a
+        folder every worker can write, where each task leaves its events for
+        :func:`timeline` to merge.
     """
     import dask.array as da
     from dask.base import tokenize
@@ -64,7 +66,8 @@ def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, c
     from .api import _scalar
     from .api import plan as plan_product
 
-    unknown = set(options) - {"device", "memory_limit", "host_memory_limit", "tile", "kernel"}
+    unknown = set(options) - {"device", "memory_limit", "host_memory_limit", "tile", "kernel",
+                              "trace_dir"}
     if unknown:
         raise OptionError(f"oocgemm.dask.matmul: unknown options {sorted(unknown)}")
     alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
@@ -220,11 +223,63 @@ def _run_block(multiply, a, b, a_src, b_src, c_src, alpha, beta, dtype, options)
     out = np.empty(shape, dtype=dtype)
     if 0 in out.shape:
         return out
+    options = dict(options)
+    trace_dir = options.pop("trace_dir", None)
     device = str(options.get("device", "auto"))
     with _device_lock(device):
-        multiply(a_src, b_src, out, c=c_src, alpha=alpha, beta=beta, trans_a=a[-1],
-                 trans_b=b[-1], progress=False, events=False, **options)
+        result = multiply(a_src, b_src, out, c=c_src, alpha=alpha, beta=beta, trans_a=a[-1],
+                          trans_b=b[-1], progress=False, events=trace_dir is not None,
+                          **options)
+    if trace_dir is not None:
+        _leave_events(trace_dir, result)
     return out
+
+
+def _leave_events(trace_dir: str, result) -> None:
+    """The task's events, in a file of its own in ``trace_dir`` (for :func:`timeline`)."""
+    import json
+    import socket
+    import uuid
+
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    doc = {"worker": worker, "device": result.plan.device, "started_at": result.started_at,
+           "flops": result.flops, "seconds": result.seconds,
+           "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,
+                       e.nbytes, e.flops] for e in result.events]}
+    path = os.path.join(trace_dir, f"task-{uuid.uuid4().hex}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def timeline(trace_dir: str):
+    """The tasks' events that :func:`matmul` left in ``trace_dir`` (``trace_dir=`` option),
+    merged onto one clock: a :class:`~oocgemm.diagnostics.Timeline` with a lane group per
+    worker and device ('host:pid/cuda:0/compute'), and its ``devices`` line for the share of
+    each and the balance."""
+    import glob
+    import json
+
+    from .diagnostics.events import Event
+    from .diagnostics.timeline import Timeline
+    from .errors import InputError
+
+    docs = []
+    for path in sorted(glob.glob(os.path.join(trace_dir, "task-*.json"))):
+        with open(path, encoding="utf-8") as f:
+            docs.append(json.load(f))
+    if not docs:
+        raise InputError(f"{trace_dir}: no task events (pass trace_dir= to matmul, and run it)")
+    zero = min(d["started_at"] for d in docs)
+    events = []
+    for d in docs:
+        shift = d["started_at"] - zero
+        for index, kind, operand, key, q, lane, start, end, nbytes, flops in d["events"]:
+            events.append(Event(index=index, kind=kind, operand=operand, key=tuple(key), q=q,
+                                lane=f"{d['worker']}/{d['device']}/{lane}",
+                                start=start + shift, end=end + shift, nbytes=nbytes,
+                                flops=flops))
+    return Timeline.from_events(events, meta={"tasks": len(docs)})
 
 
 def _device_lock(device: str) -> threading.Lock:

@@ -34,6 +34,8 @@ class Result:
     replanned: list = field(default_factory=list)
     """How the run went on after running out of memory: one line each time it planned again
     with smaller blocks (and started the product again)."""
+    started_at: float = 0.0
+    """The wall-clock time (``time.time()``) of the events' zero."""
     devices: dict = field(default_factory=dict)
     """On several devices: per device (or 'cpu#1' executor), the ``groups`` and ``blocks``
     of C it computed, its ``seconds`` running them and its ``flops``."""

@@ -3,6 +3,8 @@ engine in each task; stored inputs read by the tasks, dask inputs computed once 
 
 from __future__ import annotations
 
+import json
+
 import dask
 import dask.array as da
 import numpy as np
@@ -119,6 +121,27 @@ def test_under_a_distributed_local_cluster(rng, workdir):
         ran = client.run(lambda: True)
     assert len(ran) == 2
     assert_gemm(got, a, b)
+
+
+def test_the_tasks_timelines_merge_into_one(rng, workdir):
+    distributed = pytest.importorskip("distributed")
+    a, b = rand(rng, (160, 60)), rand(rng, (60, 120))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        z = odask.matmul(da.from_array(a, chunks=40), da.from_array(b, chunks=40),
+                         chunks=(40, 60), device="cpu", trace_dir=str(workdir))
+        assert_gemm(z.compute(), a, b)
+    t = odask.timeline(str(workdir))
+    assert t.flops == 2 * 160 * 120 * 60
+    shares = t.device_shares()  # one lane group per worker process and device
+    assert len(shares) == 2 and all(name.endswith("/cpu") for name in shares)
+    assert sum(x["flops"] for x in shares.values()) == t.flops
+    assert "balance" in str(t)
+    t.save("merged.json")
+    trace = json.load(open("merged.json"))
+    groups = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert len(groups) == 2
 
 
 def test_bad_inputs_fail_when_the_graph_is_built(rng, workdir):

@@ -79,6 +79,9 @@ class EventLog:
 
     def __init__(self, record: bool = True):
         self.origin = time.perf_counter()
+        self.started_at = time.time()
+        """The wall-clock time of the events' zero (to put runs of several processes on one
+        clock)."""
         self.record = bool(record)
         self._events: list[Event] = []
         self._moved: dict[str, int] = {}

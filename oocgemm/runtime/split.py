@@ -42,6 +42,9 @@ class MergedLog:
 
     def __init__(self):
         self.origin = time.perf_counter()
+        self.started_at = time.time()
+        """The wall-clock time of the events' zero (to put runs of several processes on one
+        clock)."""
         self._events: list[Event] = []
         self._moved = dict.fromkeys(LEVELS.values(), 0)
         self._lock = threading.Lock()
