@@ -453,9 +453,26 @@ def _check_out_path(path: str, inputs) -> None:
                               f"only a Zarr array or .npy file, never other files or folders")
         if kind == "npy" and not os.path.isfile(path):
             raise OutputError(f"out {path!r} exists and is not a file")
+        if kind == "npy" and not path.lower().endswith(".npy") and not _is_npy_file(path):
+            raise OutputError(f"out {path!r} exists and is not a .npy file; oocgemm replaces "
+                              f"only a Zarr array or .npy file, never other files")
+    elif not path.lower().rstrip("/\\").endswith((".zarr", ".npy")):
+        from .storage.zarr_store import parent_group
+
+        if parent_group(path) is None:  # inside a Zarr group any name is one of its arrays
+            raise OutputError(f"out {path!r}: name a new output .zarr (a Zarr array) or .npy "
+                              f"(a numpy file), or an array inside a Zarr group (g.zarr/C)")
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"out {path!r}: the directory {parent!r} is not writable")
+
+
+def _is_npy_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:
+        return False
 
 
 def _check_out(out, shape, dtype, inputs) -> Operand:

@@ -212,3 +212,20 @@ def test_a_symlink_to_an_input_is_refused_as_out(inputs):
     with pytest.raises(OutputError):
         oocgemm.multiply("in/a.npy", "in/b.npy", "link.npy", overwrite=True, device="cpu")
     assert np.load("in/a.npy").shape == (20, 15)
+
+
+def test_output_names_are_zarr_npy_or_an_array_of_a_group(inputs):
+    result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o", "c.txt",
+                                       "--device", "cpu", "-q"])
+    assert result.exit_code == 2 and "name a new output .zarr" in result.output
+    assert not os.path.exists("c.txt")
+    with open("notes.txt", "w") as f:  # a file of the user's, whatever its name, is kept
+        f.write("mine")
+    result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o", "notes.txt",
+                                       "--overwrite", "--device", "cpu", "-q"])
+    assert result.exit_code == 2 and "is not a .npy file" in result.output
+    assert open("notes.txt").read() == "mine"
+    zarr.create_group("g.zarr")  # inside a group any name is an array of the group
+    a, b = inputs
+    oocgemm.multiply("in/a.npy", "in/b.npy", "g.zarr/product", device="cpu")
+    assert_gemm(zarr.open_group("g.zarr", mode="r")["product"][...], a, b)
