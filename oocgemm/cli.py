@@ -270,7 +270,9 @@ def main():
 @click.option("--resume", is_flag=True,
               help="Finish the interrupted run of this same command: the C blocks it wrote "
                    "are kept (checked against their checksums), the rest computed.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress bar (it is drawn only on a terminal anyway); the one-line "
+                   "summary stays.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
 @click.option("--timeline", "timeline_path", metavar="PATH", default=None,
@@ -296,7 +298,8 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
         from .diagnostics.plot import require_matplotlib
 
         require_matplotlib()
-    result = api_multiply(a, b, out, overwrite=overwrite, progress=not quiet, verify=verify,
+    result = api_multiply(a, b, out, overwrite=overwrite, progress=False if quiet else None,
+                          verify=verify,
                           resume=resume,
                           **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
                                         host_memory_limit, tile, kernel, out_chunks, out_shards,
@@ -310,8 +313,6 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
         if timeline is not None:
             summary["timeline"] = timeline.to_dict()
         _json(summary)
-        return
-    if quiet:
         return
     prob = result.plan.problem
     if result.flops:

@@ -225,10 +225,14 @@ def test_multiply_json_is_the_only_stdout(operands, tmp_path):
     assert set(summary["bytes"]) >= {"storage_read", "storage_write"}
 
 
-def test_multiply_quiet_prints_nothing(operands, tmp_path):
+def test_multiply_quiet_keeps_the_summary_and_no_bar_off_a_terminal(operands, tmp_path):
     a, b, _ = operands
-    result = run("multiply", a, b, "-o", tmp_path / "out.npy", "--quiet")
-    assert result.stdout == "" and result.stderr == ""
+    quiet = run("multiply", a, b, "-o", tmp_path / "out.npy", "--quiet")
+    assert quiet.stdout.startswith("wrote ") and quiet.stdout.count("\n") == 1
+    assert quiet.stderr == ""
+    # Without --quiet, off a terminal (a pipe, a log file): no progress frames either.
+    plain = run("multiply", a, b, "-o", tmp_path / "out2.npy")
+    assert plain.stdout.startswith("wrote ") and "flop/s]" not in plain.stderr
 
 
 def test_multiply_overwrite(operands, tmp_path):
