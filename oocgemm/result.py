@@ -88,6 +88,12 @@ class Result:
                 "worst_row": self.verified.worst_row},
         }
 
+    def __repr__(self) -> str:  # short: the whole array and every event are attributes
+        p = self.plan.problem
+        out = self.out_name or type(self.out).__name__
+        return (f"Result(C[{p.m}x{p.n}] {p.dtype} K={p.k} on {self.plan.device}, "
+                f"{format_seconds(self.seconds)}, {len(self.events)} events, out={out!r})")
+
     def __str__(self) -> str:
         p = self.plan.problem
         moved = ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in self.bytes.items() if v)

@@ -172,3 +172,11 @@ def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
     reads = sum(e.nbytes for e in seen if e.kind == "read")
     assert reads >= a.nbytes  # the zarr operand's reads were counted
     assert_gemm(r.out, a, b)
+
+
+def test_short_reprs(rng):
+    a, b = rng.standard_normal((200, 150)), rng.standard_normal((150, 120))
+    r = oocgemm.multiply(a, b, device="cpu", tile=(20, 20, 20))
+    assert len(r.events) > 100
+    assert len(repr(r)) < 200 and "C[200x120]" in repr(r) and "events" in repr(r)
+    assert len(repr(r.timeline)) < 200 and repr(r.timeline).startswith("Timeline(")

@@ -239,6 +239,10 @@ class Timeline:
         """TFLOP/s while computing (the GEMMs' own rate)."""
         return self.flops / self.compute_busy / 1e12 if self.compute_busy > 0 else 0.0
 
+    def __repr__(self) -> str:  # short: the events are an attribute
+        return (f"Timeline({len(self.events)} events, {len(self.lanes)} lanes, wall "
+                f"{format_seconds(self.wall)}, bound {self.bound!r})")
+
     def lane(self, name: str) -> LaneStats:
         """The figures of one lane."""
         for lane in self.lanes:
