@@ -514,7 +514,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 # ------------------------------------------------------------------------------------------
 def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
          device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
-         out_options=None, storage_options=None, **_ignored) -> Plan:
+         out_options=None, storage_options=None, **run_only) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -526,6 +526,10 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     OOCGemmError
         For any bad input, option or budget (see :func:`multiply`).
     """
+    unknown = set(run_only) - RUN_ONLY
+    if unknown:
+        raise OptionError(f"plan() got unknown keyword arguments {sorted(unknown)}; it takes "
+                          f"those of multiply()")
     devices = device_names(device)  # several: the plan is each one's
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                         device=devices[0].partition("#")[0] if devices else device,
@@ -533,6 +537,10 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                         out_options=out_options, storage_options=storage_options)
     return prepared.plan
+
+
+#: Keywords of multiply() that only change how it runs; plan() accepts and ignores them.
+RUN_ONLY = frozenset({"overwrite", "progress", "events", "verify", "resume"})
 
 
 def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,

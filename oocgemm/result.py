@@ -71,7 +71,7 @@ class Result:
             "shape": [plan.problem.m, plan.problem.n, plan.problem.k],
             "dtype": plan.problem.dtype,
             "device": plan.device,
-            "kernel": plan.kernel,
+            "kernel": plan.kernel if plan.device.startswith("cuda") else None,
             "tile": list(plan.tile),
             "seconds": self.seconds,
             "flops": self.flops,

@@ -341,3 +341,11 @@ def test_bad_scalars_and_flags(rng, kw):
     name = next(iter(kw))
     with pytest.raises(oocgemm.OptionError, match=name):
         oocgemm.multiply(rand(rng, (3, 3)), rand(rng, (3, 3)), device="cpu", **kw)
+
+
+def test_plan_refuses_misspelled_keywords_and_takes_multiplys(rng):
+    a = rand(rng, (6, 6))
+    with pytest.raises(oocgemm.OptionError, match="memory_limt"):
+        oocgemm.plan(a, a, memory_limt="1GB", device="cpu")
+    p = oocgemm.plan(a, a, device="cpu", overwrite=True, progress=False, verify=True)
+    assert p.summary()["kernel"] is None  # no CUDA kernel on the CPU

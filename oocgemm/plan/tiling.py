@@ -244,7 +244,7 @@ class Plan:
             "device": self.device,
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
-            "kernel": self.kernel,
+            "kernel": self.kernel if self.device.startswith("cuda") else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,
