@@ -64,6 +64,11 @@ def device_names(device) -> list[str] | None:
     return [f"cpu#{n}" for n in range(len(resolved))]
 
 
+def _planned_for(devices: list[str] | None, device):
+    """The device a plan is made for: the first of several (each one's plan), or ``device``."""
+    return devices[0].partition("#")[0] if devices else device
+
+
 def resolve_device(device) -> Device:
     """'auto' (a GPU when CuPy sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
     from . import cuda
@@ -160,6 +165,11 @@ def _overlaps(x, y) -> bool:
     if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
         return np.may_share_memory(x, y) and np.shares_memory(x, y)
     return x is y
+
+
+#: The plan's staging settings that choose_tile takes (the buffers it must fit).
+STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",
+           "min_stripes")
 
 
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
@@ -287,9 +297,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                                        problem.b_chunks_kn()[0] or 1))
     else:
         kwargs.update(readers=4)
-    staging = {k: kwargs[k] for k in ("readers", "n_stage", "n_out", "split_last", "ramp",
-                                      "tail_panels", "n_a", "n_b", "min_stripes")
-               if k in kwargs}
+    staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
         w, h, r = _parse_tile(tile)
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
@@ -478,11 +486,11 @@ def _is_npy_file(path: str) -> bool:
 def _check_out(out, shape, dtype, inputs) -> Operand:
     """Refuse outputs that alias an input or have the wrong shape; describe the output."""
     if out is None:  # a new numpy array of the compute dtype
-        need = shape[0] * shape[1] * dtype.itemsize
-        if need > hostinfo.available_memory():
+        need, free = shape[0] * shape[1] * dtype.itemsize, hostinfo.available_memory()
+        if need > free:
             raise OutputError(f"out=None returns C in memory, but C needs {format_size(need)} and "
-                              f"{format_size(hostinfo.available_memory())} is available; pass "
-                              f"a .zarr or .npy path as out")
+                              f"{format_size(free)} is available; pass a .zarr or .npy path as "
+                              f"out")
         return Operand(shape, None, False, "result array", zero_copy=True)
     if is_path(out):
         path = os.fspath(out)
@@ -530,9 +538,8 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
     if unknown:
         raise OptionError(f"plan() got unknown keyword arguments {sorted(unknown)}; it takes "
                           f"those of multiply()")
-    devices = device_names(device)  # several: the plan is each one's
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                        device=devices[0].partition("#")[0] if devices else device,
+                        device=_planned_for(device_names(device), device),
                         memory_limit=memory_limit,
                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                         out_options=out_options, storage_options=storage_options)
@@ -638,7 +645,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
         raise OptionError(f"resume must be True or False, got {resume!r}")
     devices = device_names(device)
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                    device=devices[0].partition("#")[0] if devices else device,
+                    device=_planned_for(devices, device),
                     memory_limit=memory_limit, host_memory_limit=host_memory_limit,
                     tile=tile, kernel=kernel, out_options=out_options,
                     storage_options=storage_options)
@@ -649,19 +656,15 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
                   "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
                   "trans_b": prob.trans_b}
-    def fingerprint_of(prep):
-        return _fingerprint(prep, a, b, c, _out_layout(prep))
-
-    fingerprint = fingerprint_of(prep)
+    signatures = _input_signatures(prep, a, b, c)
     journal = temporary = None
     if resume:
-        if fingerprint is None:
+        if signatures is None:
             raise OptionError("resume=True needs an output path and inputs stored as local "
                               "files (.npy, .zarr)")
-        prep, journal, temporary = _resume(prep, fingerprint_of)
+        prep, journal, temporary = _resume(prep, signatures)
         plan_ = prep.plan
-        fingerprint = fingerprint_of(prep)
-    elif fingerprint is not None:
+    elif signatures is not None:
         from .storage.journal import candidates
 
         kept = candidates(os.fspath(prep.out))
@@ -671,6 +674,7 @@ def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, tran
                           f"starting again; remove it when it is not wanted", RuntimeWarning,
                           stacklevel=2)
     layout = _out_layout(prep)
+    fingerprint = None if signatures is None else _fingerprint(prep, signatures, layout)
     bar = sink = None
     sources = prep.sources
     check = _Check(prep, a, b, c, storage_options) if verify else None
@@ -812,9 +816,7 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
         from . import cuda
 
         mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
-    staging = {k: getattr(plan, k) for k in ("readers", "n_stage", "n_out", "split_last",
-                                             "ramp", "tail_panels", "n_a", "n_b",
-                                             "min_stripes")}
+    staging = {k: getattr(plan, k) for k in STAGING}
     try:
         tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged, **staging)
         return _finished(dataclasses.replace(plan, tile=tile, memory_limit=mem,
@@ -825,24 +827,30 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
         raise BudgetError(f"{exc}; and no smaller plan fits: {budget}") from None
 
 
-def _fingerprint(prep: _Prepared, a, b, c, layout: dict) -> dict | None:
-    """What a run computes and from what, for its journal (:mod:`oocgemm.storage.journal`):
-    each input's identity (path, and its files' sizes and modification times), the problem,
-    the output and its layout. None where the run cannot be resumed: an output that is not a
-    local path, or an input that is not a local file or folder."""
+def _input_signatures(prep: _Prepared, a, b, c) -> dict | None:
+    """Each input's identity (path, and its files' sizes and modification times), for a
+    run's journal; None where the run cannot be resumed: an output that is not a local path,
+    or an input that is not a local file or folder."""
     from .storage.journal import signature
 
     if not is_path(prep.out) or urls.is_url(os.fspath(prep.out)):
         return None
-    prob = prep.plan.problem
     inputs = {"A": a, "B": b}
-    if prob.reads_c:
+    if prep.plan.problem.reads_c:
         inputs["C"] = prep.out if prep.in_place else c
     signatures = {}
     for name, x in inputs.items():
         if not is_path(x) or urls.is_url(urls.local(os.fspath(x))):
             return None
         signatures[name] = signature(urls.local(os.fspath(x)))
+    return signatures
+
+
+def _fingerprint(prep: _Prepared, signatures: dict, layout: dict) -> dict:
+    """What a run computes and from what, for its journal (:mod:`oocgemm.storage.journal`):
+    its inputs' ``signatures`` (:func:`_input_signatures`), the problem, the output and its
+    ``layout``."""
+    prob = prep.plan.problem
     return {"inputs": signatures,
             "problem": {"m": prob.m, "n": prob.n, "k": prob.k, "dtype": prob.dtype,
                         "alpha": repr(prob.alpha), "beta": repr(prob.beta),
@@ -859,10 +867,10 @@ def _schedule_key(plan: Plan) -> dict:
             "n_b": plan.n_b}
 
 
-def _resume(prep: _Prepared, fingerprint_of):
+def _resume(prep: _Prepared, signatures: dict):
     """The interrupted run of this product to continue: (prep with the plan that finishes
     it, its locked journal, its temporary output), or (prep, None, None) when there is none.
-    ``fingerprint_of(prep)`` is the run's fingerprint (:func:`_fingerprint`)."""
+    ``signatures``: the inputs' (:func:`_input_signatures`)."""
     from .storage.journal import Journal, candidates, verified
 
     changed, busy = [], []
@@ -880,7 +888,8 @@ def _resume(prep: _Prepared, fingerprint_of):
             journal.close()
             raise
         forced = dataclasses.replace(prep, plan=plan)
-        differs = (_differences(header.get("fingerprint", {}), fingerprint_of(forced))
+        fingerprint = _fingerprint(forced, signatures, _out_layout(forced))
+        differs = (_differences(header.get("fingerprint", {}), fingerprint)
                    or _differences(header.get("schedule", {}), _schedule_key(plan)))
         if differs:
             journal.close()
