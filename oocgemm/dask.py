@@ -150,9 +150,8 @@ class _Operand:
             stored = zarr_behind(obj)
         if stored is not None:
             src = open_source(stored, role)  # checked here: missing, corrupt, not a matrix
-            shape, dtype = tuple(src.shape), src.dtype
+            shape, dtype, array = tuple(src.shape), src.dtype, None
             src.close()
-
         else:
             if _module(obj) == "xarray":
                 obj = obj.data
@@ -161,11 +160,8 @@ class _Operand:
                 raise ShapeError(f"{role} must be 2-d, got shape {tuple(array.shape)}")
             src = open_source(array, role)  # unknown chunk sizes, dtypes: refused here
             shape, dtype = tuple(array.shape), src.dtype
-        op = cls((shape[1], shape[0]) if transposed else shape, dtype, transposed,
-                 stored=stored)
-        if stored is None:
-            op.array = array
-        return op
+        return cls((shape[1], shape[0]) if transposed else shape, dtype, transposed,
+                   stored=stored, array=array)
 
     @property
     def token(self):
@@ -211,25 +207,20 @@ def _block(a, b, c, alpha, beta, dtype, options, graph: str = ""):
     """One task: its C block, computed by the engine on this worker."""
     from .api import multiply
 
+    trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
+    options = dict(options)
+    trace_dir = options.pop("trace_dir", None)
     with _shared_chunks(graph) as shared:
         a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
         c_src = _resolve(c, shared, "C") if c is not None else None
-        return _run_block(multiply, a, b, a_src, b_src, c_src, alpha, beta, dtype, options)
-
-
-def _run_block(multiply, a, b, a_src, b_src, c_src, alpha, beta, dtype, options):
-    shape = (a_src.shape[1] if a[-1] else a_src.shape[0],
-             b_src.shape[0] if b[-1] else b_src.shape[1])
-    out = np.empty(shape, dtype=dtype)
-    if 0 in out.shape:
-        return out
-    options = dict(options)
-    trace_dir = options.pop("trace_dir", None)
-    device = str(options.get("device", "auto"))
-    with _device_lock(device):
-        result = multiply(a_src, b_src, out, c=c_src, alpha=alpha, beta=beta, trans_a=a[-1],
-                          trans_b=b[-1], progress=False, events=trace_dir is not None,
-                          **options)
+        out = np.empty((a_src.shape[1] if trans_a else a_src.shape[0],
+                        b_src.shape[0] if trans_b else b_src.shape[1]), dtype=dtype)
+        if 0 in out.shape:
+            return out
+        with _device_lock(str(options.get("device", "auto"))):
+            result = multiply(a_src, b_src, out, c=c_src, alpha=alpha, beta=beta,
+                              trans_a=trans_a, trans_b=trans_b, progress=False,
+                              events=trace_dir is not None, **options)
     if trace_dir is not None:
         _leave_events(trace_dir, result)
     return out
@@ -393,18 +384,15 @@ def _resolve(spec, shared: SharedChunks | None = None, role: str = "") -> Matrix
     kind = spec[0]
     if kind == "blocks":
         _, blocks, (r0, c0), (lo_r, hi_r), (lo_c, hi_c), _ = spec
-        band = np.block([[np.asarray(_host(b)) for b in row] for row in blocks])
-        from .storage.memory import NumpySource
+        from .storage.memory import NumpySource, host_array
+
+        band = np.block([[np.asarray(host_array(b)) for b in row] for row in blocks])
 
         return NumpySource(band[lo_r - r0:hi_r - r0, lo_c - c0:hi_c - c0], name="dask chunks")
     _, stored, rows, cols, _ = spec
     from .storage import open_source
 
     return Region(open_source(stored, "stored input"), rows, cols, shared=shared, role=role)
-
-
-def _host(block):
-    return block.get() if hasattr(block, "get") and not isinstance(block, np.ndarray) else block
 
 
 class Region(MatrixSource):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 
@@ -69,24 +68,20 @@ class DaskSource(MatrixSource):
         self.dtype = np.dtype(array.dtype)
         self.chunks = (rows[0] if rows else 1, cols[0] if cols else 1)
         self.on_disk = True  # not in memory: produced by its graph, read at its grain
-        self.computed = 0
-        """Chunks computed so far."""
-        self._lock = threading.Lock()
 
     def read_chunk(self, index, out) -> None:
         """Compute chunk ``index`` into ``out``."""
-        self._copy(self._array.blocks[tuple(index)].compute(), out)
-        with self._lock:
-            self.computed += 1
+        np.copyto(out, host_array(self._array.blocks[tuple(index)].compute()),
+                  casting="same_kind")
 
     def read(self, rows, cols, out):
-        self._copy(self._array[rows[0]:rows[1], cols[0]:cols[1]].compute(), out)
+        np.copyto(out, host_array(self._array[rows[0]:rows[1], cols[0]:cols[1]].compute()),
+                  casting="same_kind")
 
-    @staticmethod
-    def _copy(block, out) -> None:
-        if hasattr(block, "get") and not isinstance(block, np.ndarray):  # a CuPy-backed graph
-            block = block.get()
-        np.copyto(out, block, casting="same_kind")
+
+def host_array(block):
+    """A computed chunk in host memory (a CuPy-backed graph gives device arrays)."""
+    return block.get() if hasattr(block, "get") and not isinstance(block, np.ndarray) else block
 
 
 def _regular(sizes) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -91,10 +92,7 @@ class ZarrSource(MatrixSource):
     (a read must not meet a rewrite of the chunk it decodes)."""
 
     def read(self, rows, cols, out):
-        if self.lock is not None:
-            with self.lock:
-                self._read(rows, cols, out)
-        else:
+        with self.lock or contextlib.nullcontext():
             self._read(rows, cols, out)
 
     def _read(self, rows, cols, out):
@@ -359,12 +357,12 @@ class ZarrSink(MatrixSink):
             options.setdefault("compressors", None)
             options.setdefault("zarr_format", 3)
             options.setdefault("fill_value", 0)
-            self._kept = options.pop("attributes", None) or {}
+            kept = options.pop("attributes", None) or {}  # an update in place: the user's
             extra = {"storage_options": storage_options} if self._url else {}
             try:
                 self._array = zarr.create_array(
                     store=self._temporary, shape=self.shape, dtype=self.dtype,
-                    attributes={**self._kept, "oocgemm": {"complete": False}}, **options,
+                    attributes={**kept, "oocgemm": {"complete": False}}, **options,
                     **extra)
             except BaseException:  # an interrupt too: what was begun goes
                 self.abort()
