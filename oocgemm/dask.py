@@ -118,7 +118,9 @@ def _splits(sizes, extent: int, what: str) -> list[int]:
 def _plan_chunks(plan_product, ops, alpha, beta, options):
     """The plan's C blocks for these inputs (planned here, where the graph is built)."""
     args = {name: op.for_plan() for name, op in ops.items()}
-    kw = dict(alpha=alpha, beta=beta, c=args.get("C"), **options)
+    kw = dict(alpha=alpha, beta=beta, c=args.get("C"), trans_a=ops["A"].transposed,
+              trans_b=ops["B"].transposed,
+              **{k: v for k, v in options.items() if k != "trace_dir"})
     try:
         p = plan_product(args["A"], args["B"], **kw)
     except DeviceError:  # no GPU where the graph is built: the blocks of a CPU plan

@@ -95,6 +95,19 @@ def test_transposes_scalars_and_mixed_inputs(rng, workdir, trans_a, trans_b):
     assert_gemm(z.compute(), a, b, c, alpha=1 - 2j, beta=-0.5)
 
 
+def test_the_plans_blocks_with_transposes_and_a_trace(rng, workdir):
+    a, b = rand(rng, (90, 60)), rand(rng, (60, 70))  # stored transposed: no chunks= given
+    np.save("at.npy", a.T.copy())
+    bt = da.from_array(b.T.copy(), chunks=20)
+    z = odask.matmul("at.npy", bt, trans_a=True, trans_b=True, device="cpu",
+                     memory_limit="60KB", trace_dir=str(workdir))
+    p = oocgemm.plan("at.npy", bt, trans_a=True, trans_b=True, device="cpu",
+                     memory_limit="60KB")
+    assert z.chunks == (tuple(np.diff(p.row_splits)), tuple(np.diff(p.col_splits)))
+    assert_gemm(z.compute(), a, b)
+    assert odask.timeline(str(workdir)).flops == 2 * 90 * 70 * 60
+
+
 def test_composes_with_the_rest_of_a_graph(rng, workdir):
     a, b = rand(rng, (90, 60)), rand(rng, (60, 70))
     z = odask.matmul(da.from_array(a, chunks=30), da.from_array(b, chunks=30), chunks=(30, 35),
