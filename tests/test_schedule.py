@@ -607,3 +607,34 @@ def test_the_checker_needs_a_fixed_number_of_chains(staged):
         sizes.append(len(chains.last))
     slots = len(plan.schedule.slots)
     assert sizes[0] == sizes[1] <= 3 + 2 * slots
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
+    """One device's group (Plan.blocks): only those blocks, built without walking the others,
+    each with the K order and row parts it has in the whole schedule."""
+    from oocgemm.plan.schedule import serpentine, serpentine_index
+
+    whole = make_plan(50, 60, 45, (10, 12, 9), staged=staged, ramp=2, split_last=3,
+                      tail_panels=2, n_a=3, n_b=3, stripe=40, n_stage=3, n_out=2)
+    p, q, _ = whole.grid
+    assert [serpentine_index(i, j, q) for i, j in serpentine(p, q)] == list(range(p * q))
+
+    def gemms(plan, block):
+        return [(op.q, op.region) for op in plan.schedule.ops
+                if op.kind is OpKind.GEMM and op.key == block]
+
+    picked = ((3, 1), (0, 4), (4, 4))  # the last block of the order among them
+    group = replace(whole, blocks=picked)
+    assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == set(picked)
+    for block in picked:
+        assert gemms(group, block) == gemms(whole, block)
+    check_schedule(group.schedule, group)
+
+
+def test_a_resumed_plan_checks_out():
+    plan = make_plan(50, 60, 45, (10, 12, 9))
+    resumed = replace(plan, done=((0, 0), (2, 3)))
+    check_schedule(resumed.schedule, resumed)
+    with pytest.raises(ScheduleError, match="leaves out"):
+        check_schedule(plan.schedule, resumed)  # blocks computed again that were done

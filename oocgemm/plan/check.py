@@ -313,18 +313,23 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
             raise ScheduleError(f"C{key}: stripes {sorted(stripes)} do not cover its elements "
                                 f"exactly once")
 
-    expected_blocks = {(i, j) for i in range(p) for j in range(q_blocks)}
+    # Every block of the plan: its picked blocks (one device's group), or all but those an
+    # interrupted run wrote (resume).
+    expected_blocks = set(plan.blocks) or (
+        {(i, j) for i in range(p) for j in range(q_blocks)} - set(plan.done))
     if set(written) != expected_blocks:
-        missing = expected_blocks - set(written)
-        raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}")
+        missing, extra = expected_blocks - set(written), set(written) - expected_blocks
+        raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}" if missing else
+                            f"C blocks written that the plan leaves out: {sorted(extra)[:5]}")
     if prob.computes_product:
         for (i, j, q), parts in accumulated.items():
             (r0, r1), (c0, c1) = region_of("C", (i, j))
             if not _tiles(parts, (r1 - r0) * (c1 - c0)):
                 raise ScheduleError(f"panel {(i, j, q)} accumulated over {sorted(parts)}, not "
                                     f"exactly once over the block")
-        if len(accumulated) != p * q_blocks * nk:
-            raise ScheduleError(f"{len(accumulated)} (i, j, q) products, expected {p * q_blocks * nk}")
+        if len(accumulated) != len(expected_blocks) * nk:
+            raise ScheduleError(f"{len(accumulated)} (i, j, q) products, expected "
+                                f"{len(expected_blocks) * nk}")
 
 
 def _check_tiling(what: str, splits: tuple[int, ...], extent: int) -> None:

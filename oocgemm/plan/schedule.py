@@ -424,10 +424,15 @@ class _Builder:
     def walk(self) -> None:
         plan, prob = self.plan, self.prob
         p, q_blocks, nk = plan.grid
-        done = set(plan.done)
-        for t, (i, j) in enumerate(serpentine(p, q_blocks)):
-            if (i, j) in done:  # written by an interrupted run (resume); its neighbours' K
-                continue        # orders are the whole run's still, for a bitwise-equal result
+        # Blocks skipped (resume) or picked out (one device's group): each keeps its place t
+        # in the whole run's order, which sets its K order, for a bitwise-equal result.
+        if plan.blocks:
+            order = [(serpentine_index(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
+        else:
+            done = set(plan.done)
+            order = [(t, block) for t, block in enumerate(serpentine(p, q_blocks))
+                     if block not in done]
+        for t, (i, j) in order:
             c_slot = f"C{t % plan.n_c}"
             c_key = (i, j)
             c_region = self.region("C", c_key)
@@ -595,6 +600,11 @@ def stripe_rows(rows: int, cols: int, ring: int, min_stripes: int) -> int:
     ring (the last one may have fewer): as many as fit one ring buffer of ``ring`` elements,
     and at most a ``min_stripes``-th of the region."""
     return max(1, min(ring // max(cols, 1), -(-rows // max(min_stripes, 1))))
+
+
+def serpentine_index(i: int, j: int, cols: int) -> int:
+    """The place of block (i, j) in :func:`serpentine` order."""
+    return i * cols + (j if i % 2 == 0 else cols - 1 - j)
 
 
 def serpentine(rows: int, cols: int):

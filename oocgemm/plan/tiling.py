@@ -106,6 +106,9 @@ class Plan:
     done: tuple[tuple[int, int], ...] = ()
     """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
     them, and computes every other block as the whole run would."""
+    blocks: tuple[tuple[int, int], ...] = ()
+    """When set, the only C blocks (i, j) the schedule computes, in this order, each as the
+    whole run would (a group of blocks for one of several devices)."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property

@@ -4,7 +4,7 @@ The plan is made for one device (its budgets are each device's). Its C blocks ar
 groups: rows of blocks, which share their A panels, or single blocks when there are too few
 rows to go round. Each device takes the next group from a shared queue as soon as it is free
 (dynamic load balancing: a faster device takes more), and runs the plan's own schedule with
-every block outside the group skipped (``Plan.done``), so that each block is computed exactly
+only the group's blocks picked out (``Plan.blocks``), so that each block is computed exactly
 as a single-device run computes it. The groups write disjoint regions of the one output.
 
 The events of every run go onto one clock, each lane named after its device
@@ -78,11 +78,10 @@ class MergedLog:
 def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
     """Run ``plan``'s blocks over ``devices`` (names: a device, or 'cpu#1' for a second CPU
     executor): ``run_group(device_plan, name)`` runs one group's plan (``device`` and
-    ``done`` set) and returns its event log. The first failure, or an interrupt, calls
+    ``blocks`` set) and returns its event log. The first failure, or an interrupt, calls
     ``stop()`` (which stops the runs under way) and is raised once every device stopped."""
     merged = MergedLog()
     todo: queue.SimpleQueue = queue.SimpleQueue()
-    everything = set(serpentine(*plan.grid[:2]))
     for group in groups(plan, len(devices)):
         todo.put(group)
     failed = threading.Event()
@@ -96,8 +95,7 @@ def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
                 group = todo.get_nowait()
             except queue.Empty:
                 return
-            skip = tuple(sorted(everything - set(group)))
-            device_plan = dataclasses.replace(plan, device=device, done=skip)
+            device_plan = dataclasses.replace(plan, device=device, blocks=tuple(group))
             start = time.perf_counter()
             try:
                 log = run_group(device_plan, name)
