@@ -7,8 +7,9 @@ On Zarr inputs written as a zarr-python user would (zstd, ``--chunk`` square chu
 
 - ``oocgemm.multiply(a, b, c)``, paths in, path out;
 - ``oocgemm.dask.matmul(da.from_zarr(a), da.from_zarr(b)).to_zarr(c)`` under the threaded
-  scheduler, and with ``--cluster`` under a ``dask.distributed.LocalCluster`` of one worker
-  (one thread, the GPU);
+  scheduler (with each engine run's start and end, from the tasks' events), and with
+  ``--cluster`` under a ``dask.distributed.LocalCluster`` of one worker process with
+  ``--threads`` threads and the GPU (``resources={"GPU": 1}``);
 - dask's own ``(x @ y).to_zarr(c)`` with CuPy chunks, stopped after ``--dask-limit`` seconds.
 
 Targets (issue 19): >= 5x dask's own, within 10% of ``oocgemm.multiply``.
@@ -31,6 +32,19 @@ def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _phases(trace_dir: str, zero: float) -> list[tuple[float, float]]:
+    """Each engine task's (start, end), in seconds from ``zero`` (a ``time.time()``), from the
+    events the tasks left in ``trace_dir``."""
+    import glob
+
+    spans = []
+    for path in glob.glob(os.path.join(trace_dir, "task-*.json")):
+        with open(path) as f:
+            doc = json.load(f)
+        spans.append((doc["started_at"] - zero, doc["started_at"] + doc["seconds"] - zero))
+    return sorted(spans)
 
 
 def main(argv=None) -> int:
@@ -73,34 +87,57 @@ def main(argv=None) -> int:
 
     warm()
     c1 = out("c-multiply.zarr")
-    doc["multiply"] = _timed(lambda: oocgemm.multiply(
-        a, b, c1, device=args.device, memory_limit=args.memory_limit, progress=False))
+    start = time.perf_counter()
+    result = oocgemm.multiply(a, b, c1, device=args.device, memory_limit=args.memory_limit,
+                              progress=False)
+    doc["multiply"] = time.perf_counter() - start
+    doc["multiply_run"] = result.seconds
+    print(f"  its engine run: {result.seconds:.2f} s; {result.timeline}", flush=True)
     print(f"oocgemm.multiply: {doc['multiply']:.2f} s, rel. error {check(c1, a, b):.1e}",
           flush=True)
 
     warm()
     c2 = out("c-dask-matmul.zarr")
+    trace_dir = out("trace")
+    os.makedirs(trace_dir)
     z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.device,
-                     memory_limit=args.memory_limit)
-    doc["tasks"] = len(z.dask)
-    with dask.config.set(scheduler="threads", num_workers=args.threads):
+                     memory_limit=args.memory_limit, trace_dir=trace_dir)
+    doc["tasks"] = len(z.dask.layers[z.name + "-groups"])
+    doc["chunks"] = list(z.chunksize)
+    from dask.diagnostics import Profiler
+
+    with dask.config.set(scheduler="threads", num_workers=args.threads), Profiler() as prof:
+        zero, zero_profile = time.time(), time.perf_counter()  # the profiler's clock
         doc["dask_matmul"] = _timed(lambda: z.to_zarr(c2))
-    print(f"oocgemm.dask.matmul -> to_zarr: {doc['dask_matmul']:.2f} s, {doc['tasks']} tasks, "
-          f"chunks {z.chunksize}, rel. error {check(c2, a, b):.1e}", flush=True)
+    doc["blocks"] = _phases(trace_dir, zero)
+    ends = sorted(t.end_time - zero_profile for t in prof.results)
+    run_end = max((e for _, e in doc["blocks"]), default=0.0)
+    doc["tasks_after_run"] = sum(e > run_end for e in ends)
+    print(f"  {doc['tasks_after_run']} of {len(ends)} tasks end after the engine run, the last "
+          f"at {ends[-1]:.2f} s", flush=True)
+    print(f"oocgemm.dask.matmul -> to_zarr: {doc['dask_matmul']:.2f} s, {doc['tasks']} engine "
+          f"task(s), {len(z.dask)} tasks, result chunks {z.chunksize}, "
+          f"rel. error {check(c2, a, b):.1e}", flush=True)
+    print("  engine runs (start, end) s: "
+          + ", ".join(f"({s:.2f}, {e:.2f})" for s, e in doc["blocks"]), flush=True)
+    print(odask.timeline(trace_dir), flush=True)
 
     if args.cluster:
         import distributed
 
         warm()
         c3 = out("c-cluster.zarr")
-        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=args.threads,
+                                      processes=True, resources={"GPU": 1},
                                       dashboard_address=None) as cluster, \
                 distributed.Client(cluster):
             z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.device,
-                             memory_limit=args.memory_limit)
+                             memory_limit=args.memory_limit, resources={"GPU": 1})
+            doc["cluster_tasks"] = len(z.dask.layers[z.name + "-groups"])
             doc["cluster"] = _timed(lambda: z.to_zarr(c3))
-        print(f"  the same through a LocalCluster of one GPU worker: {doc['cluster']:.2f} s, "
-              f"rel. error {check(c3, a, b):.1e}", flush=True)
+        print(f"  the same through a LocalCluster of one worker process ({args.threads} "
+              f"threads, resources GPU=1): {doc['cluster']:.2f} s, {doc['cluster_tasks']} engine "
+              f"tasks, rel. error {check(c3, a, b):.1e}", flush=True)
 
     warm()
     own = run_dask(a, b, out("c-dask.zarr"), args.threads, False, args.dask_limit)

@@ -969,6 +969,9 @@ def _json_scalar(x):
 def _progress(progress, plan_):
     """(on_event callback, bar to close) for the ``progress`` argument."""
     if callable(progress) and not isinstance(progress, bool):
+        planned = getattr(progress, "planned", None)
+        if planned is not None:  # told the plan its events' blocks belong to (and a replan)
+            planned(plan_)
         return progress, None
     if progress is None:
         progress = sys.stderr.isatty() and plan_.prediction.total > 2.0

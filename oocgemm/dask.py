@@ -1,24 +1,28 @@
-"""oocgemm inside dask graphs: a lazy matmul with one task per C block.
+"""oocgemm inside dask graphs: a lazy matmul with one engine task per group of C blocks.
 
     >>> import dask.array as da, oocgemm.dask
     >>> c = oocgemm.dask.matmul(da.from_zarr("a.zarr"), da.from_zarr("b.zarr"))  # doctest: +SKIP
     >>> c.to_zarr("c.zarr")                                                     # doctest: +SKIP
 
 dask's own ``x @ y`` makes a partial product for every (i, k, j) triple of chunks and sums them
-in a tree. :func:`matmul` makes one task per C block of the plan instead. Each task runs the
-engine for its block on the worker's device (a GPU where the worker has one), streaming the A
-rows and B columns it needs:
+in a tree. :func:`matmul` makes one engine task per group of C blocks instead (by default a
+band of whole block rows, as large as memory allows), and a light task per chunk of the result.
+An engine task starts the engine's run of its group on the worker's device (a GPU where the
+worker has one) and returns a handle once the run has the device; each chunk task takes its
+chunk from the handle as soon as the engine has written the blocks under it, so that the rest
+of the graph (``to_zarr``) works on the first chunks while the engine computes the next.
 
-- inputs that are stored (a ``.zarr`` or ``.npy`` path, a ``zarr.Array``, an untouched
-  ``da.from_zarr``) are read by each task straight from storage, at its chunks;
-- any other dask array feeds its chunks to the tasks as graph dependencies, so each chunk is
-  computed once per graph run.
+- Inputs that are stored (a ``.zarr`` or ``.npy`` path, a ``zarr.Array``, an untouched
+  ``da.from_zarr``) are read by each run straight from storage, at its chunks, each chunk
+  decoded once per process for all the runs of a graph there;
+- any other dask array feeds its chunks to the engine tasks as graph dependencies, so each
+  chunk is computed once per graph run.
 
-The result is a ``dask.array.Array`` whose chunks are the C blocks, and it composes with the rest
-of a graph (``to_zarr``, reductions, ``persist``). Under a ``dask.distributed`` Client the tasks run
-on its workers. With one GPU per worker (dask-cuda's ``LocalCUDACluster``, or workers started
-with their own ``CUDA_VISIBLE_DEVICES``), pass ``resources={"GPU": 1}`` to hold each worker to
-one engine run at a time. Within one process the engine runs one block at a time per device.
+Under a ``dask.distributed`` Client the engine tasks run on its workers (at least two groups
+per worker by default, so that they balance). With one GPU per worker (dask-cuda's
+``LocalCUDACluster``, or workers started with their own ``CUDA_VISIBLE_DEVICES`` and
+``--resources GPU=1``), pass ``resources={"GPU": 1}``. Within one process the engine runs one
+group at a time per device.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import contextlib
 import math
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -38,25 +43,35 @@ _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
 
-def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, chunks=None,
-           resources=None, **options):
-    """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one task per C block.
+def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, groups=None,
+           chunks=None, resources=None, **options):
+    """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one engine task per group
+    of C blocks.
 
     Parameters
     ----------
     x, y, c
         Dask arrays, numpy arrays, ``zarr.Array`` objects, or ``.zarr`` / ``.npy`` paths
         (``c`` with ``beta != 0`` only).
+    groups
+        The parts of C, one engine run (one task) each, as ``(rows, cols)`` (each a size, or a
+        list of sizes) or one size for both. Default: bands of whole rows of the plan's C
+        blocks (they share their A panels), as few as host memory allows (a band is held in
+        memory until its chunks are used), and under a ``dask.distributed`` Client at least
+        two per worker, so that the workers balance; with ``chunks`` given, whole chunks.
     chunks
-        The C blocks, as ``(rows, cols)`` of the output chunks; default: the plan's C blocks
-        for the device (``oocgemm.plan`` on the inputs, with ``options``).
+        The result's chunks, each within one group; a light task hands out each as soon as the
+        engine has written the blocks under it. Default: the groups cut at the inputs' chunk
+        grid (A's row chunks, B's column chunks) where that grid divides them, so that
+        ``to_zarr`` writes chunks like the inputs', while the engine goes on.
     resources
-        dask resource annotations of the tasks, e.g. ``{"GPU": 1}`` for workers started with
-        ``--resources GPU=1``.
+        dask resource annotations of the engine tasks, e.g. ``{"GPU": 1}`` for workers started
+        with ``--resources GPU=1``. An engine task holds them until its run has the device
+        (then the run goes on in the worker while the next task waits for the device).
     options
         Keywords of :func:`oocgemm.multiply` for each task's run: ``device``,
         ``memory_limit``, ``host_memory_limit``, ``tile``, ``kernel``; and ``trace_dir``, a
-        folder every worker can write, where each task leaves its events for
+        folder every worker can write, where each run leaves its events for
         :func:`timeline` to merge.
     """
     import dask.array as da
@@ -81,42 +96,166 @@ def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, c
         ops["C"] = _Operand.of(c, "c", False)
         if ops["C"].shape != (m, n):
             raise ShapeError(f"c has shape {ops['C'].shape}, expected {(m, n)}")
-    dtype = np.result_type(*(op.dtype for op in ops.values()),
-                           *([np.complex64] if isinstance(alpha, complex) or
-                             isinstance(beta, complex) else []))
-    if chunks is None:
-        chunks = _plan_chunks(plan_product, ops, alpha, beta, options)
-    rows, cols = (_splits(sizes, extent, name) for sizes, extent, name in
-                  ((chunks[0], m, "rows"), (chunks[1], n, "cols")))
+    dtype = np.dtype(np.result_type(*(op.dtype for op in ops.values()),
+                                    *([np.complex64] if isinstance(alpha, complex) or
+                                      isinstance(beta, complex) else [])))
+    extents = (m, n)
+    groups, chunks = (((v, v) if isinstance(v, (int, np.integer)) else v)
+                      for v in (groups, chunks))
+    chunk_bounds = None if chunks is None else [
+        _splits(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
+    planned = None
+    if groups is not None:
+        group_bounds = [_splits(groups[d], extents[d], "groups", ("rows", "cols")[d])
+                        for d in (0, 1)]
+    elif chunk_bounds is not None:
+        group_bounds = [_whole_chunks(chunk_bounds[0], _row_band(
+            planned := _plan_blocks(plan_product, ops, alpha, beta, options), n, dtype)),
+            [0, n]]
+    else:
+        planned = _plan_blocks(plan_product, ops, alpha, beta, options)
+        group_bounds = [_row_band(planned, n, dtype), [0, n]]
+    if chunk_bounds is None:
+        grain = (ops["A"].grain[0], ops["B"].grain[1])
+        sizes = planned or group_bounds
+        chunk_bounds = [_cut(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
+    for d, what in enumerate(("rows", "cols")):
+        if not set(group_bounds[d]) <= set(chunk_bounds[d]):
+            raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
+                              f"(group bounds {group_bounds[d]}, chunk bounds "
+                              f"{chunk_bounds[d]})")
+    rows, cols = group_bounds
     name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
-                                        cols, sorted(options.items()))
+                                        cols, chunk_bounds, sorted(options.items()))
+    group_name = name + "-groups"
+    row_of, col_of = (_owners(group_bounds[d], chunk_bounds[d]) for d in (0, 1))
+    per_row, per_col = (np.bincount(of, minlength=len(b) - 1).tolist()
+                        for of, b in ((row_of, rows), (col_of, cols)))
     layer = {}
     for i in range(len(rows) - 1):
         for j in range(len(cols) - 1):
             r, q = (rows[i], rows[i + 1]), (cols[j], cols[j + 1])
-            layer[(name, i, j)] = (
-                _block, ops["A"].part(r, None), ops["B"].part(None, q),
+            layer[(group_name, i, j)] = (
+                _group, ops["A"].part(r, None), ops["B"].part(None, q),
                 ops["C"].part(r, q) if "C" in ops else None,
-                alpha, beta, str(np.dtype(dtype)), dict(options), name)
+                alpha, beta, str(dtype), dict(options), name, per_row[i] * per_col[j])
+    pieces = {}
+    for ci in range(len(chunk_bounds[0]) - 1):
+        for cj in range(len(chunk_bounds[1]) - 1):
+            i, j = row_of[ci], col_of[cj]
+            r0, c0 = chunk_bounds[0][ci] - rows[i], chunk_bounds[1][cj] - cols[j]
+            r1, c1 = chunk_bounds[0][ci + 1] - rows[i], chunk_bounds[1][cj + 1] - cols[j]
+            pieces[(name, ci, cj)] = (_chunk, (group_name, i, j), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None
     graph = HighLevelGraph.from_collections(
-        name, MaterializedLayer(layer, annotations=annotations), dependencies=deps)
-    return da.Array(graph, name, (tuple(np.diff(rows)), tuple(np.diff(cols))), dtype=dtype)
+        group_name, MaterializedLayer(layer, annotations=annotations), dependencies=deps)
+    graph = HighLevelGraph(
+        {**graph.layers, name: MaterializedLayer(pieces)},
+        {**graph.dependencies, name: {group_name}})
+    return da.Array(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)
 
 
-def _splits(sizes, extent: int, what: str) -> list[int]:
+def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
     if isinstance(sizes, (int, np.integer)):
         sizes = [int(sizes)] * max(1, math.ceil(extent / max(int(sizes), 1)))
         sizes[-1] = extent - sum(sizes[:-1])
     sizes = [int(s) for s in sizes]
     if sum(sizes) != extent or any(s < 0 for s in sizes):
-        raise OptionError(f"chunks: {what} {sizes} do not add up to {extent}")
+        raise OptionError(f"{what}: {dim} {sizes} do not add up to {extent}")
     return [0, *np.cumsum(sizes).tolist()] if sizes else [0, 0]
 
 
-def _plan_chunks(plan_product, ops, alpha, beta, options):
-    """The plan's C blocks for these inputs (planned here, where the graph is built)."""
+def _owners(blocks: list[int], chunks: list[int]) -> list[int]:
+    """For each chunk (bounds nested in ``blocks``): the block it lies in."""
+    of = np.searchsorted(blocks, chunks[:-1], side="right") - 1
+    return of.clip(0, len(blocks) - 2).tolist()
+
+
+#: The smallest side of a result chunk cut at the inputs' grain, and the most chunks per side
+#: of a C block of the plan: chunks large enough that a task per chunk costs nothing, small
+#: enough that the chunks of a block are written by several threads at once.
+MIN_CHUNK_SIDE = 1024
+MAX_CHUNKS_PER_SIDE = 8
+
+
+def _cut(groups: list[int], grain: int | None, blocks: list[int]) -> list[int]:
+    """The result's chunk bounds along one dimension: ``groups`` cut every ``side`` elements,
+    where ``side`` is the smallest multiple of ``grain`` (the inputs' chunk size) that
+    divides every inner group bound and is at least ``MIN_CHUNK_SIDE`` and a block side (of
+    ``blocks``) over ``MAX_CHUNKS_PER_SIDE``; so the chunks are regular, as ``to_zarr``
+    needs. The groups themselves where no such side exists."""
+    extent = groups[-1]
+    largest = max(np.diff(groups).tolist() or [0])
+    if not grain or largest <= grain:
+        return groups
+    inner = math.gcd(*groups[1:-1]) if len(groups) > 2 else 0
+    if inner % grain:
+        return groups
+    least = max(MIN_CHUNK_SIDE, math.ceil(max(np.diff(blocks).tolist() or [0]) /
+                                          MAX_CHUNKS_PER_SIDE))
+    sides = (_divisors(inner // grain) if inner else
+             range(1, math.ceil(largest / grain) + 1))
+    side = next((grain * f for f in sorted(sides) if grain * f >= least), None)
+    if side is None or side >= largest:
+        return groups
+    return [*range(0, extent, side), extent]
+
+
+def _divisors(x: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(x) + 1) if x % d == 0]
+    return small + [x // d for d in small]
+
+
+def _whole_chunks(chunks: list[int], planned: list[int]) -> list[int]:
+    """Groups of whole chunks, each as large as the largest of ``planned`` or one chunk."""
+    size = max(np.diff(planned).tolist() or [0])
+    bounds = [0]
+    for lo, hi in zip(chunks[:-1], chunks[1:]):
+        if hi - bounds[-1] > size and lo > bounds[-1]:
+            bounds.append(lo)
+    return bounds + [chunks[-1]] if chunks[-1] > bounds[-1] else bounds
+
+
+#: Bytes of C one group may hold (a group's product is held until its chunks are used);
+#: None: a quarter of host memory.
+GROUP_MEMORY: int | None = None
+
+
+def _row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
+    """Row bounds of the default groups: bands of whole rows of the plan's C blocks, as few as
+    ``GROUP_MEMORY`` holds, and at least two per worker of an active ``dask.distributed``
+    Client."""
+    from . import hostinfo
+
+    rows = planned[0]
+    blocks = len(rows) - 1
+    budget = GROUP_MEMORY if GROUP_MEMORY is not None else hostinfo.total_memory() // 4
+    fits = budget // max(1, n * dtype.itemsize)
+    for count in range(min(max(1, 2 * _workers()), blocks), blocks + 1):
+        per = math.ceil(blocks / max(count, 1))
+        bounds = [*rows[:-1:per], rows[-1]]
+        if max(np.diff(bounds).tolist() or [0]) <= fits:
+            break
+    return bounds
+
+
+def _workers() -> int:
+    """The workers of the active ``dask.distributed`` Client; 0 without one."""
+    import sys
+
+    if "distributed" not in sys.modules:
+        return 0
+    from distributed import default_client
+
+    try:
+        return len(default_client().nthreads())
+    except ValueError:  # no Client
+        return 0
+
+
+def _plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:
+    """The plan's C block bounds for these inputs (planned here, where the graph is built)."""
     args = {name: op.for_plan() for name, op in ops.items()}
     kw = dict(alpha=alpha, beta=beta, c=args.get("C"), trans_a=ops["A"].transposed,
               trans_b=ops["B"].transposed,
@@ -125,16 +264,18 @@ def _plan_chunks(plan_product, ops, alpha, beta, options):
         p = plan_product(args["A"], args["B"], **kw)
     except DeviceError:  # no GPU where the graph is built: the blocks of a CPU plan
         p = plan_product(args["A"], args["B"], **{**kw, "device": "cpu"})
-    return (tuple(np.diff(p.row_splits)), tuple(np.diff(p.col_splits)))
+    return [[int(v) for v in p.row_splits], [int(v) for v in p.col_splits]]
 
 
 class _Operand:
     """One input of the graph: stored (each task reads its part from storage), or a dask
     array (each task gets its part's chunks as dependencies)."""
 
-    def __init__(self, shape, dtype, transposed, *, stored=None, array=None):
+    def __init__(self, shape, dtype, transposed, *, stored=None, array=None, grain=None):
         self.shape, self.dtype, self.transposed = shape, np.dtype(dtype), transposed
         self.stored, self.array = stored, array
+        #: The chunk sizes of op(operand) where it has a chunk grid, (rows, cols).
+        self.grain = (grain[1], grain[0]) if transposed and grain else (grain or (None, None))
 
     @classmethod
     def of(cls, obj, role: str, transposed: bool) -> _Operand:
@@ -142,7 +283,7 @@ class _Operand:
 
         from .storage import _module, is_path, open_source, urls, zarr_behind
 
-        stored = None
+        stored = grain = None
         if is_path(obj):  # absolute: workers may run elsewhere (a shared file system)
             path = urls.local(os.fspath(obj))
             stored = path if urls.is_url(path) else os.path.abspath(path)
@@ -153,17 +294,22 @@ class _Operand:
         if stored is not None:
             src = open_source(stored, role)  # checked here: missing, corrupt, not a matrix
             shape, dtype, array = tuple(src.shape), src.dtype, None
+            grain = getattr(src, "chunks", None)
             src.close()
         else:
             if _module(obj) == "xarray":
                 obj = obj.data
-            array = obj if _module(obj) == "dask" else da.from_array(np.asarray(obj))
+            if _module(obj) == "dask":
+                array = obj
+                grain = tuple(sizes[0] if sizes else None for sizes in obj.chunks)
+            else:
+                array = da.from_array(np.asarray(obj))
             if array.ndim != 2:
                 raise ShapeError(f"{role} must be 2-d, got shape {tuple(array.shape)}")
             src = open_source(array, role)  # unknown chunk sizes, dtypes: refused here
             shape, dtype = tuple(array.shape), src.dtype
         return cls((shape[1], shape[0]) if transposed else shape, dtype, transposed,
-                   stored=stored, array=array)
+                   stored=stored, array=array, grain=grain)
 
     @property
     def token(self):
@@ -205,27 +351,176 @@ def _covering(bounds, span) -> tuple[int, int]:
     return min(i0, len(bounds) - 2), min(i1, len(bounds) - 1)
 
 
-def _block(a, b, c, alpha, beta, dtype, options, graph: str = ""):
-    """One task: its C block, computed by the engine on this worker."""
-    from .api import multiply
-
+def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1) -> _Handle:
+    """One engine task: starts the run of its group on this worker's device and returns, once
+    the run has the device, a handle from which :func:`_chunk` takes the group's ``chunks``
+    chunks, each as soon as the blocks under it are written (the run goes on in a thread of
+    this process; the last chunk taken waits for its end)."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
-    options = dict(options)
-    trace_dir = options.pop("trace_dir", None)
-    with _shared_chunks(graph) as shared:
+    spec = (a, b, c, alpha, beta, dtype, options, graph)
+    shared_cm = _shared_chunks(graph)
+    shared = shared_cm.__enter__()  # left when the run ends
+    try:
         a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
         c_src = _resolve(c, shared, "C") if c is not None else None
-        out = np.empty((a_src.shape[1] if trans_a else a_src.shape[0],
-                        b_src.shape[0] if trans_b else b_src.shape[1]), dtype=dtype)
-        if 0 in out.shape:
-            return out
-        with _device_lock(str(options.get("device", "auto"))):
-            result = multiply(a_src, b_src, out, c=c_src, alpha=alpha, beta=beta,
-                              trans_a=trans_a, trans_b=trans_b, progress=False,
-                              events=trace_dir is not None, **options)
-    if trace_dir is not None:
-        _leave_events(trace_dir, result)
-    return out
+    except BaseException:
+        shared_cm.__exit__(None, None, None)
+        raise
+    shape = (a_src.shape[1] if trans_a else a_src.shape[0],
+             b_src.shape[0] if trans_b else b_src.shape[1])
+    run = _Run(np.empty(shape, dtype=dtype), chunks)
+    thread = threading.Thread(target=run.run, name="oocgemm-group", daemon=True, args=(
+        a_src, b_src, c_src, alpha, beta, trans_a, trans_b, dict(options), shared_cm))
+    thread.start()
+    run.wait_started()
+    return _Handle(run, spec)
+
+
+def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """One chunk of the result, a view of its group's product, when the engine has written
+    it."""
+    return handle.chunk(r0, r1, c0, c1)
+
+
+class _Cancelled(Exception):
+    """The group's handle is gone (its graph was released): the run stops."""
+
+
+class _Run:
+    """A group's engine run in a thread: its product, and which of its blocks are written."""
+
+    def __init__(self, out: np.ndarray, chunks: int):
+        self.out = out
+        self._left = chunks
+        self._cond = threading.Condition()
+        self._rows, self._cols = (0, out.shape[0]), (0, out.shape[1])
+        self._written: dict = {}  # C block -> bytes of it written
+        self._started = self._finished = self.cancelled = False
+        self._error: BaseException | None = None
+
+    def run(self, a, b, c, alpha, beta, trans_a, trans_b, options, shared_cm) -> None:
+        from .api import multiply
+
+        trace_dir = options.pop("trace_dir", None)
+        try:
+            if 0 in self.out.shape:
+                result = None
+            else:
+                with _device_lock(str(options.get("device", "auto"))):
+                    with self._cond:
+                        self._started = True
+                        self._cond.notify_all()
+                    if self.cancelled:
+                        raise _Cancelled()
+                    result = multiply(a, b, self.out, c=c, alpha=alpha, beta=beta,
+                                      trans_a=trans_a, trans_b=trans_b, progress=self,
+                                      events=trace_dir is not None, **options)
+            if trace_dir is not None and result is not None:
+                _leave_events(trace_dir, result)
+        except BaseException as exc:  # handed to every chunk of the group
+            with self._cond:
+                self._error = exc
+        finally:
+            shared_cm.__exit__(None, None, None)
+            for src in (a, b, c):
+                if src is not None:
+                    src.close()
+            with self._cond:
+                self._started = self._finished = True
+                self._cond.notify_all()
+
+    # the engine's progress callable: planned(plan), then each finished event
+    def planned(self, plan) -> None:
+        """The plan the run's C blocks belong to (again after a replan: all blocks anew)."""
+        with self._cond:
+            self._rows, self._cols = plan.row_splits, plan.col_splits
+            self._written = {}
+
+    def __call__(self, event) -> None:
+        with self._cond:
+            if event.kind == "write" and event.operand == "C":
+                # A staged run writes a block in row stripes, an event each; a block computed
+                # in place is written by one event that moves nothing.
+                key = tuple(event.key)
+                self._written[key] = (self._bytes(*key) if event.nbytes == 0 else
+                                      self._written.get(key, 0) + event.nbytes)
+                self._cond.notify_all()
+            elif self.cancelled and not self._covered(0, *self.out.shape[:1], 0,
+                                                      *self.out.shape[1:]):
+                raise _Cancelled()
+
+    def wait_started(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._started)
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        """Rows r0:r1, columns c0:c1 of the product, when written; the last chunk, when the
+        run is over (its events left, its sources closed), so that a graph is not done before
+        its runs are."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._finished or self._covered(r0, r1, c0, c1))
+            self._left -= 1
+            if self._left <= 0:
+                self._cond.wait_for(lambda: self._finished)
+            if self._error is not None:
+                raise self._error
+        return self.out[r0:r1, c0:c1]
+
+    def _covered(self, r0, r1, c0, c1) -> bool:
+        """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
+        if r0 >= r1 or c0 >= c1:
+            return True
+        rows = range(int(np.searchsorted(self._rows, r0, side="right")) - 1,
+                     int(np.searchsorted(self._rows, r1, side="left")))
+        cols = range(int(np.searchsorted(self._cols, c0, side="right")) - 1,
+                     int(np.searchsorted(self._cols, c1, side="left")))
+        return all(self._written.get((i, j), 0) >= self._bytes(i, j) for i in rows for j in cols)
+
+    def _bytes(self, i: int, j: int) -> int:
+        """The bytes of C block (i, j)."""
+        return ((self._rows[i + 1] - self._rows[i]) * (self._cols[j + 1] - self._cols[j]) *
+                self.out.itemsize)
+
+
+def _narrow(spec: list, rows, cols) -> list:
+    """A part ``spec`` (of :meth:`_Operand.part`) narrowed to rows ``rows`` and columns
+    ``cols`` of op(operand) within it (None: all)."""
+    spec, transposed = list(spec), spec[-1]
+    stored_r, stored_q = list(spec[-3]), list(spec[-2])
+    r, q = (stored_q, stored_r) if transposed else (stored_r, stored_q)
+    if rows is not None:
+        r = [r[0] + rows[0], r[0] + rows[1]]
+    if cols is not None:
+        q = [q[0] + cols[0], q[0] + cols[1]]
+    spec[-3], spec[-2] = (q, r) if transposed else (r, q)
+    return spec
+
+
+class _Handle:
+    """What an engine task returns: its run going on in this process. Released (its graph
+    is done or cancelled), the run stops if it is still going. Pickled (moved to another
+    worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
+    computed there by itself."""
+
+    def __init__(self, run: _Run | None, spec):
+        self.run, self.spec = run, spec
+        if run is not None:
+            weakref.finalize(self, setattr, run, "cancelled", True)
+
+    def __reduce__(self):
+        return (_Handle, (None, self.spec))
+
+    def __sizeof__(self) -> int:
+        return self.run.out.nbytes if self.run is not None else 0
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        if self.run is not None:
+            return self.run.chunk(r0, r1, c0, c1)
+        a, b, c, alpha, beta, dtype, options, graph = self.spec
+        a, b = _narrow(a, (r0, r1), None), _narrow(b, None, (c0, c1))
+        c = _narrow(c, (r0, r1), (c0, c1)) if c is not None else None
+        return _group(a, b, c, alpha, beta, dtype, options, graph).chunk(
+            0, r1 - r0, 0, c1 - c0)
 
 
 def _leave_events(trace_dir: str, result) -> None:
@@ -239,6 +534,7 @@ def _leave_events(trace_dir: str, result) -> None:
            "flops": result.flops, "seconds": result.seconds,
            "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,
                        e.nbytes, e.flops] for e in result.events]}
+    os.makedirs(trace_dir, exist_ok=True)
     path = os.path.join(trace_dir, f"task-{uuid.uuid4().hex}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(doc, f)

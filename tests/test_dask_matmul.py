@@ -1,15 +1,20 @@
-"""oocgemm.dask.matmul (issue 19): a lazy dask array with one task per C block, that runs the
-engine in each task; stored inputs read by the tasks, dask inputs computed once per graph run."""
+"""oocgemm.dask.matmul (issue 19): a lazy dask array with one engine task per group of C
+blocks, whose chunks are handed out as the engine writes them; stored inputs read by the tasks,
+dask inputs computed once per graph run."""
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import threading
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from dask.callbacks import Callback
 
 import oocgemm
 import oocgemm.dask as odask
@@ -18,27 +23,129 @@ from test_dask_inputs import Counter, counted
 from _helpers import assert_gemm, rand
 
 
-def _layer(z):
-    return z.dask.layers[z.name]
+def _groups(z):
+    """The graph's engine tasks, one per group."""
+    return z.dask.layers[z.name + "-groups"]
 
 
-def test_one_task_per_c_block_and_no_partial_products(rng):
+def test_one_engine_task_per_group_and_no_partial_products(rng):
     a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
     x, y = da.from_array(a, chunks=(64, 50)), da.from_array(b, chunks=(50, 64))
     z = odask.matmul(x, y, device="cpu", memory_limit="200KB")
-    blocks = len(z.chunks[0]) * len(z.chunks[1])
-    assert len(_layer(z)) == blocks
-    assert len(z.dask) == blocks + 5 * 4 + 4 * 4  # the blocks and the input chunks, nothing else
-    assert len((x @ y).dask) > 2 * len(z.dask)  # dask's own: partial products and their sums
     p = oocgemm.plan(x, y, device="cpu", memory_limit="200KB")
-    assert z.chunks == (tuple(np.diff(p.row_splits)), tuple(np.diff(p.col_splits)))
+    assert p.grid[0] > 2 and p.grid[1] > 2  # many C blocks ...
+    assert len(_groups(z)) == 1  # ... one engine run: one process, memory to spare
+    chunks = len(z.chunks[0]) * len(z.chunks[1])  # the inputs' chunks are below 1024: uncut
+    # the group, its chunks, and the input chunks, nothing else
+    assert len(z.dask) == 1 + chunks + 5 * 4 + 4 * 4
+    assert len((x @ y).dask) > 2 * len(z.dask)  # dask's own: partial products and their sums
     assert_gemm(z.compute(), a, b)
+
+
+def test_groups_are_bands_of_whole_block_rows_that_fit_in_memory(rng, monkeypatch):
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
+    x, y = da.from_array(a, chunks=(64, 50)), da.from_array(b, chunks=(50, 64))
+    p = oocgemm.plan(x, y, device="cpu", memory_limit="200KB")
+    fits = 120  # rows of C that a group may hold
+    monkeypatch.setattr(odask, "GROUP_MEMORY", fits * 250 * 8)
+    z = odask.matmul(x, y, device="cpu", memory_limit="200KB")
+    bounds = np.cumsum((0,) + z.chunks[0]).tolist()
+    assert len(bounds) > 2 and set(bounds) <= set(p.row_splits)
+    assert max(z.chunks[0]) <= fits and z.chunks[1] == (250,)
+    assert len(_groups(z)) == len(z.chunks[0])
+    assert_gemm(z.compute(), a, b)
+
+
+def test_the_result_is_chunked_like_the_inputs_within_the_groups(rng, workdir, monkeypatch):
+    monkeypatch.setattr(odask, "MIN_CHUNK_SIDE", 1)  # the grain of these small inputs
+    a, b = rand(rng, (160, 100)), rand(rng, (100, 120))
+    zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(20, 50))[...] = a
+    zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(50, 30))[...] = b
+    z = odask.matmul(da.from_zarr("a.zarr"), "b.zarr", groups=(80, 60), device="cpu")
+    assert z.chunks == ((20,) * 8, (30,) * 4)  # A's row chunks, B's column chunks
+    assert len(_groups(z)) == 2 * 2  # and still one engine task per group
+    z.to_zarr("c.zarr")
+    c = zarr.open_array("c.zarr", mode="r")
+    assert c.chunks == (20, 30)
+    assert_gemm(c[...], a, b)
+
+    # chunks given: groups of whole chunks, bands as large as memory allows
+    z = odask.matmul("a.zarr", "b.zarr", chunks=(20, 30), device="cpu", memory_limit="200KB")
+    assert z.chunks == ((20,) * 8, (30,) * 4)
+    assert len(_groups(z)) == 1
+    assert_gemm(z.compute(), a, b)
+    monkeypatch.setattr(odask, "GROUP_MEMORY", 50 * 120 * 8)
+    z = odask.matmul("a.zarr", "b.zarr", chunks=(20, 30), device="cpu", memory_limit="200KB")
+    assert len(_groups(z)) == 4  # bands of 40 rows: two chunks each, under 50
+    assert_gemm(z.compute(), a, b)
+
+
+def _group_threads():
+    return [t for t in threading.enumerate() if t.name == "oocgemm-group"]
+
+
+def test_chunks_are_handed_out_while_the_engine_goes_on(rng):
+    a, b = rand(rng, (400, 300)), rand(rng, (300, 400))
+    p = oocgemm.plan(a, b, device="cpu", memory_limit="300KB")
+    rows, cols = (int(max(np.diff(s))) for s in (p.row_splits, p.col_splits))
+    z = odask.matmul(a, b, chunks=(rows, cols), device="cpu", memory_limit="300KB")
+    assert len(_groups(z)) == 1 and p.grid[0] * p.grid[1] > 8
+    running = []  # as each chunk is done: whether the engine still runs
+
+    class Watch(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if key[0] == z.name:
+                running.append(bool(_group_threads()))
+
+    with Watch(), dask.config.set(scheduler="threads", num_workers=4):
+        got = z.compute()
+    assert_gemm(got, a, b)
+    assert len(running) == len(z.chunks[0]) * len(z.chunks[1])
+    assert running[0] and not running[-1]  # the first before the run's end, the last after
+
+
+def test_a_run_whose_chunks_are_not_wanted_stops(rng, workdir):
+    a, b = rand(rng, (1200, 400)), rand(rng, (400, 1200))
+    z = odask.matmul(a, b, chunks=50, device="cpu", memory_limit="1MB",
+                     trace_dir=str(workdir / "trace"))
+    assert_gemm(z[:50, :50].compute(), a[:50], b[:, :50])  # one chunk of 576 taken
+    for thread in _group_threads():
+        thread.join(10)
+    assert not _group_threads()
+    assert not os.path.exists(workdir / "trace")  # stopped: a run that ends leaves its events
+
+
+def test_a_corrupt_chunk_fails_every_chunk_of_its_group(rng, workdir):
+    a = rand(rng, (12, 10))
+    zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(4, 5))[...] = a
+    chunk = os.path.join("a.zarr", "c", "1", "1")
+    data = open(chunk, "rb").read()
+    with open(chunk, "wb") as fh:
+        fh.write(bytes(reversed(data)))
+    z = odask.matmul("a.zarr", rand(rng, (10, 6)), chunks=(4, 3), device="cpu")
+    with pytest.raises(oocgemm.OOCGemmError, match="corrupt or truncated chunk"):
+        z.compute()
+    for thread in _group_threads():
+        thread.join(10)
+    assert not _group_threads()
+
+
+def test_a_handle_moved_to_another_process_computes_its_chunk_there(rng):
+    a, b, c = rand(rng, (90, 60)), rand(rng, (60, 70)), rand(rng, (90, 70))
+    z = odask.matmul(a, da.from_array(b.T.copy(), chunks=30), c=c, beta=2.0, trans_b=True,
+                     chunks=(30, 35), device="cpu")
+    graph = dict(z.__dask_graph__())
+    group_key = next(iter(_groups(z)))
+    spec = dask.get(graph, group_key)  # the group task's handle, as a worker holds it
+    moved = pickle.loads(pickle.dumps(spec))  # as another worker gets it: no run with it
+    assert moved.run is None
+    assert_gemm(moved.chunk(30, 60, 35, 70), a[30:60], b[:, 35:70], c[30:60, 35:70], beta=2.0)
 
 
 def test_each_dask_chunk_is_computed_once_per_graph_run(rng):
     a, b = rand(rng, (120, 90)), rand(rng, (90, 100))
     ca, cb = Counter(), Counter()
-    z = odask.matmul(counted(a, (30, 30), ca), counted(b, (30, 25), cb), chunks=(40, 50),
+    z = odask.matmul(counted(a, (30, 30), ca), counted(b, (30, 25), cb), groups=(40, 50),
                      device="cpu")
     assert_gemm(z.compute(), a, b)
     assert set(ca.calls.values()) == {1} and len(ca.calls) == 4 * 3
@@ -51,9 +158,9 @@ def test_stored_inputs_are_read_by_the_tasks(rng, workdir):
     np.save("b.npy", b)
     zc = zarr.create_array("c.zarr", shape=c.shape, dtype="f8", chunks=(25, 30))
     zc[...] = c
-    z = odask.matmul(da.from_zarr("a.zarr"), "b.npy", c=zc, beta=0.5, chunks=(32, 30),
+    z = odask.matmul(da.from_zarr("a.zarr"), "b.npy", c=zc, beta=0.5, groups=(32, 30),
                      device="cpu")
-    assert len(z.dask) == len(_layer(z)) == 4 * 2  # no input tasks at all
+    assert len(z.dask) == 2 * len(_groups(z)) == 2 * 4 * 2  # no input tasks at all
     assert_gemm(z.compute(), a, b, c, beta=0.5)
 
 
@@ -61,13 +168,13 @@ def test_tasks_of_a_process_share_their_decoded_chunks(rng, workdir, monkeypatch
     a, b = rand(rng, (100, 80)), rand(rng, (80, 60))
     zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(20, 16))[...] = a
     zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(16, 20))[...] = b
-    z = odask.matmul("a.zarr", da.from_zarr("b.zarr"), chunks=(40, 20), device="cpu")
+    z = odask.matmul("a.zarr", da.from_zarr("b.zarr"), groups=(40, 20), device="cpu")
     decodes = []  # of each graph's shared chunks, when its last task here is done
     monkeypatch.setattr(odask, "_SHARED", _Watched(decodes))
     with dask.config.set(scheduler="threads", num_workers=9):  # all 9 tasks at once
         got = z.compute()
     assert_gemm(got, a, b)
-    assert decodes == [5 * 5 + 5 * 3]  # each chunk decoded once, for 3 x 3 = 9 blocks
+    assert decodes == [5 * 5 + 5 * 3]  # each chunk decoded once, for 3 x 3 = 9 groups
     assert z.name not in odask._SHARED
 
 
@@ -90,27 +197,27 @@ def test_transposes_scalars_and_mixed_inputs(rng, workdir, trans_a, trans_b):
     x = da.from_array(a.T.copy() if trans_a else a, chunks=(16, 16))
     np.save("b.npy", b.T.copy() if trans_b else b)
     z = odask.matmul(x, "b.npy", c=da.from_array(c, chunks=20), alpha=1 - 2j, beta=-0.5,
-                     trans_a=trans_a, trans_b=trans_b, chunks=(30, 15), device="cpu")
+                     trans_a=trans_a, trans_b=trans_b, groups=(30, 15), device="cpu")
     assert z.dtype == np.complex128
     assert_gemm(z.compute(), a, b, c, alpha=1 - 2j, beta=-0.5)
 
 
 def test_the_plans_blocks_with_transposes_and_a_trace(rng, workdir):
-    a, b = rand(rng, (90, 60)), rand(rng, (60, 70))  # stored transposed: no chunks= given
+    a, b = rand(rng, (90, 60)), rand(rng, (60, 70))  # stored transposed: no groups= given
     np.save("at.npy", a.T.copy())
     bt = da.from_array(b.T.copy(), chunks=20)
     z = odask.matmul("at.npy", bt, trans_a=True, trans_b=True, device="cpu",
-                     memory_limit="60KB", trace_dir=str(workdir))
-    p = oocgemm.plan("at.npy", bt, trans_a=True, trans_b=True, device="cpu",
-                     memory_limit="60KB")
-    assert z.chunks == (tuple(np.diff(p.row_splits)), tuple(np.diff(p.col_splits)))
+                     memory_limit="60KB", trace_dir=str(workdir / "trace"))
+    assert z.shape == (90, 70) and len(_groups(z)) == 1
     assert_gemm(z.compute(), a, b)
-    assert odask.timeline(str(workdir)).flops == 2 * 90 * 70 * 60
+    t = odask.timeline(str(workdir / "trace"))  # the folder made by the task
+    assert t.flops == 2 * 90 * 70 * 60
+    assert len({e.key for e in t.events if e.kind == "write"}) > 1  # several blocks, one run
 
 
 def test_composes_with_the_rest_of_a_graph(rng, workdir):
     a, b = rand(rng, (90, 60)), rand(rng, (60, 70))
-    z = odask.matmul(da.from_array(a, chunks=30), da.from_array(b, chunks=30), chunks=(30, 35),
+    z = odask.matmul(da.from_array(a, chunks=30), da.from_array(b, chunks=30), groups=(30, 35),
                      device="cpu")
     z.to_zarr("c.zarr")
     assert_gemm(zarr.open_array("c.zarr", mode="r")[...], a, b)
@@ -128,8 +235,10 @@ def test_under_a_distributed_local_cluster(rng, workdir):
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
-        z = odask.matmul(da.from_array(a, chunks=(40, 40)), "b.zarr", chunks=(40, 45),
-                         device="cpu")
+        x = da.from_array(a, chunks=(40, 40))
+        z = odask.matmul(x, "b.zarr", device="cpu", memory_limit="60KB")
+        p = oocgemm.plan(x, "b.zarr", device="cpu", memory_limit="60KB")
+        assert p.grid[0] >= 4 and len(_groups(z)) == 4  # two per worker: the workers balance
         got = z.compute()
         ran = client.run(lambda: True)
     assert len(ran) == 2
@@ -139,11 +248,12 @@ def test_under_a_distributed_local_cluster(rng, workdir):
 def test_the_tasks_timelines_merge_into_one(rng, workdir):
     distributed = pytest.importorskip("distributed")
     a, b = rand(rng, (160, 60)), rand(rng, (60, 120))
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                                  resources={"engine": 1}, dashboard_address=None) as cluster, \
             distributed.Client(cluster):
         z = odask.matmul(da.from_array(a, chunks=40), da.from_array(b, chunks=40),
-                         chunks=(40, 60), device="cpu", trace_dir=str(workdir))
+                         groups=(40, 60), device="cpu", trace_dir=str(workdir),
+                         resources={"engine": 1})
         assert_gemm(z.compute(), a, b)
     t = odask.timeline(str(workdir))
     assert t.flops == 2 * 160 * 120 * 60
@@ -164,7 +274,9 @@ def test_bad_inputs_fail_when_the_graph_is_built(rng, workdir):
     with pytest.raises(oocgemm.OptionError, match="unknown options"):
         odask.matmul(a, a.T, overwrite=True)
     with pytest.raises(oocgemm.OptionError, match="do not add up"):
-        odask.matmul(a, a.T, chunks=((5, 4), (10,)))
+        odask.matmul(a, a.T, groups=((5, 4), (10,)))
+    with pytest.raises(oocgemm.OptionError, match="within one group"):
+        odask.matmul(a, a.T, groups=(5, 5), chunks=(4, 5))
     with pytest.raises(oocgemm.InputError):
         odask.matmul("missing.zarr", a.T)
     with pytest.raises(oocgemm.OptionError, match="beta != 0 needs c"):
@@ -177,7 +289,38 @@ def test_on_the_gpu(rng, workdir):
     a, b = rand(rng, (600, 500)), rand(rng, (500, 450))
     zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(128, 100))[...] = a
     z = odask.matmul(da.from_zarr("a.zarr"), da.from_array(b, chunks=100), device="cuda",
-                     memory_limit="4MB")
-    with dask.config.set(scheduler="threads", num_workers=4):  # one run at a time on the GPU
+                     memory_limit="4MB", chunks=(128, 100))
+    assert len(_groups(z)) == 1 and len(z.chunks[0]) * len(z.chunks[1]) > 1
+    with dask.config.set(scheduler="threads", num_workers=4):
         assert_gemm(z.compute(), a, b)
-    assert len(_layer(z)) == len(z.chunks[0]) * len(z.chunks[1]) > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")
+def test_on_the_gpu_chunks_wait_for_every_stripe_of_their_blocks(rng, workdir):
+    a, b = rand(rng, (2048, 1024)), rand(rng, (1024, 1536))
+    z = odask.matmul(a, b, chunks=256, device="cuda", memory_limit="48MB",
+                     trace_dir=str(workdir / "trace"))
+    with dask.config.set(scheduler="threads", num_workers=8):
+        assert_gemm(z.compute(), a, b)
+    writes = [e for e in odask.timeline(str(workdir / "trace")).events
+              if e.kind == "write" and e.operand == "C"]
+    assert len(writes) > len({e.key for e in writes}) > 1  # blocks written stripe by stripe
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")
+def test_on_the_gpu_through_a_local_cluster(rng, workdir):
+    distributed = pytest.importorskip("distributed")
+    a, b = rand(rng, (600, 500)), rand(rng, (500, 450))
+    zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(100, 90))[...] = b
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=True,
+                                  resources={"GPU": 1}, dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        z = odask.matmul(da.from_array(a, chunks=100), "b.zarr", device="cuda",
+                         memory_limit="4MB", resources={"GPU": 1})
+        p = oocgemm.plan(da.from_array(a, chunks=100), "b.zarr", device="cuda",
+                         memory_limit="4MB")
+        assert len(_groups(z)) == min(2, p.grid[0])  # two per worker, so that workers balance
+        z.to_zarr("c.zarr")
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[...], a, b)
