@@ -38,7 +38,7 @@ class KernelSpec:
     min_capability: int = 70
     """Lowest compute capability (major * 10 + minor) it runs on."""
     about: str = ""
-    """One line for ``oocgemm bench --kernels`` and the docs."""
+    """One line for the docs and ``python -m benchmarks kernels``."""
 
     def expression(self, dtype: str, trans_a: bool, trans_b: bool, vec: bool) -> str:
         """The template instance NVRTC compiles, e.g. ``dmma_gemm<double,false,true,true>``."""
