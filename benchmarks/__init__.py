@@ -1,1 +1,1 @@
-"""Measurements that live beside oocgemm, never imported by it (run them with ``python -m``)."""
+"""Measurements that live beside oocgemm, never imported by it: ``python -m benchmarks --help``."""

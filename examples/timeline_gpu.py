@@ -4,7 +4,7 @@
                                     [--device cuda|cpu|auto]
 
 Multiplies two N x N float64 numpy arrays (N = 32768 by default: case (b) of
-``oocgemm bench --gpu``, 8 GB per matrix, about 26 GB of host memory in all) on the GPU under a
+``python -m benchmarks gpu``, 8 GB per matrix, about 26 GB of host memory in all) on the GPU under a
 GPU memory limit (16 GB by default), then:
 
 1. recording overhead: R rounds (5 by default), each one run with events recorded and one
@@ -35,7 +35,7 @@ import numpy as np
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.bench import random_matrix, tolerance
+from oocgemm.testing import random_matrix, tolerance
 
 
 def sampled_error(out, a, b, rows) -> float:

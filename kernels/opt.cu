@@ -64,7 +64,7 @@
 // - TB == true reads each thread's columns as scalars from 4 memory rows, one k at a
 //   time (uncoalesced across lanes; L1 serves the rest of each line): slower than TB false.
 //
-// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, each r-step reads
+// Bounds (`python -m benchmarks power`): built with -DOOCGEMM_STAGING=1, each r-step reads
 // B from the same r rows and stages A again from the first r-step (the loads hit in L1: no L2
 // or HBM traffic, while the operands still change from k to k as real data does; B read from
 // one row only would toggle less and draw less power); with 2, B as with 1 and nothing staged

@@ -6,7 +6,7 @@
 
 #pragma once
 
-// Measuring builds of opt.cu and regblock.cu (`oocgemm bench --kernels --power`; their headers
+// Measuring builds of opt.cu and regblock.cu (`python -m benchmarks power`; their headers
 // say what 1 and 2 stage). 0, the default, is the product; 1 and 2 give wrong products.
 #ifndef OOCGEMM_STAGING
 #define OOCGEMM_STAGING 0

@@ -50,7 +50,7 @@
 //   elements are inside; a pair that straddles the end of a row (e.g. K = 1001 with
 //   lda = 1002) is read element by element, the outside one as zero.
 //
-// Bounds (`oocgemm bench --kernels --power`): built with -DOOCGEMM_STAGING=1, every K-tile is
+// Bounds (`python -m benchmarks power`): built with -DOOCGEMM_STAGING=1, every K-tile is
 // staged again from the first one (its loads hit in L1: no L2 or HBM traffic); with 2, nothing
 // is staged after the first tile (the multiply loop alone, barriers kept). Both give wrong
 // products; they measure what the operand traffic costs at the GPU's power limit.

@@ -8,7 +8,9 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -21,6 +23,20 @@ from .plan.units import format_size, parse_size
 from .result import Result
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
+
+if TYPE_CHECKING:
+    from .diagnostics.events import Event
+
+#: A matrix that :func:`multiply` reads or writes: a path or URL (``str``, ``os.PathLike``), or
+#: an array (numpy array or memmap, CuPy, ``zarr.Array``, dask, xarray ``DataArray``; their
+#: types are not imported here, hence ``Any``).
+MatrixLike: TypeAlias = "str | os.PathLike[str] | np.ndarray | Any"
+#: alpha and beta: real or complex.
+Scalar: TypeAlias = "float | complex"
+#: A memory limit: bytes, or a string like ``'8GB'`` or ``'80%'``; None for the default.
+Size: TypeAlias = "int | str | None"
+#: A device (``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``, ``'cuda:all'``), or several.
+DeviceLike: TypeAlias = "str | Sequence[str]"
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
@@ -520,9 +536,13 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
 
 
 # ------------------------------------------------------------------------------------------
-def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-         device="auto", memory_limit=None, host_memory_limit=None, tile=None, kernel=None,
-         out_options=None, storage_options=None, **run_only) -> Plan:
+def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
+         c: MatrixLike | None = None, alpha: Scalar = 1.0, beta: Scalar = 0.0,
+         trans_a: bool = False, trans_b: bool = False, device: DeviceLike = "auto",
+         memory_limit: Size = None, host_memory_limit: Size = None,
+         tile: Sequence[int] | str | None = None, kernel: str | None = None,
+         out_options: Mapping[str, Any] | None = None,
+         storage_options: Mapping[str, Any] | None = None, **run_only: Any) -> Plan:
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
@@ -550,10 +570,15 @@ def plan(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=
 RUN_ONLY = frozenset({"overwrite", "progress", "events", "verify", "resume"})
 
 
-def multiply(a, b, out=None, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-             device="auto", memory_limit=None, host_memory_limit=None, tile=None,
-             kernel=None, overwrite=False, progress=None, events=True, out_options=None,
-             storage_options=None, verify=False, resume=False) -> Result:
+def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
+             c: MatrixLike | None = None, alpha: Scalar = 1.0, beta: Scalar = 0.0,
+             trans_a: bool = False, trans_b: bool = False, device: DeviceLike = "auto",
+             memory_limit: Size = None, host_memory_limit: Size = None,
+             tile: Sequence[int] | str | None = None, kernel: str | None = None,
+             overwrite: bool = False, progress: bool | Callable[[Event], object] | None = None,
+             events: bool = True, out_options: Mapping[str, Any] | None = None,
+             storage_options: Mapping[str, Any] | None = None, verify: bool = False,
+             resume: bool = False) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters

@@ -1,12 +1,11 @@
-"""The ``oocgemm`` command line: a thin layer over :mod:`oocgemm.api` and :mod:`oocgemm.bench`.
+"""The ``oocgemm`` command line: a thin layer over :mod:`oocgemm.api`.
 
     oocgemm random a.zarr --shape 20000x30000 --seed 1
     oocgemm random b.zarr --shape 30000x10000 --seed 2
     oocgemm plan a.zarr b.zarr -o c.zarr
     oocgemm multiply a.zarr b.zarr -o c.zarr --timeline run.json --plot run.png
     oocgemm timeline run.json
-    oocgemm info --bandwidth
-    oocgemm bench --cpu --size 4096
+    oocgemm info
 
 Errors that oocgemm raises on purpose (:class:`~oocgemm.OOCGemmError`) and usage errors print
 ``error: <message>`` on stderr and exit with status 2; an interrupt exits with 130. Anything
@@ -104,11 +103,6 @@ def _error(message: str, ctx: click.Context | None = None) -> None:
     click.echo(f"error: {message}", err=True)
     if ctx is not None and ctx.command is not None:
         click.echo(f"(see '{ctx.command_path} --help')", err=True)
-
-
-def _case_names(cases: str | None) -> tuple[str, ...] | None:
-    """--cases "a, b" as ("a", "b"); None when not given (the benchmark's own default)."""
-    return tuple(c.strip() for c in cases.split(",")) if cases else None
 
 
 def _json(data) -> None:
@@ -476,7 +470,7 @@ def random(path, shape, dtype, chunks, seed, overwrite, quiet):
     values depend only on the seed, the shape and the dtype: not on --chunks or the format
     (element (i, j) comes from position i*N+j of one seekable PCG64 stream).
     """
-    from .bench import write_random
+    from .testing import write_random
 
     info = write_random(path, shape, dtype, chunks=chunks, seed=seed, overwrite=overwrite,
                         progress=False if quiet else None)
@@ -490,16 +484,12 @@ def random(path, shape, dtype, chunks, seed, overwrite, quiet):
 
 
 @main.command()
-@click.option("--bandwidth", is_flag=True,
-              help="Also measure host memcpy bandwidth (and GPU transfers where available).")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
-def info(bandwidth, as_json):
+def info(as_json):
     """Versions, host cores and memory, the numpy BLAS, GPUs."""
-    from .bench import measure_bandwidth, system_info
+    from .sysinfo import system_info
 
     data = system_info()
-    if bandwidth:
-        data["bandwidth"] = measure_bandwidth(gpus=bool(data["gpus"]["devices"]))
     if as_json:
         _json(data)
         return
@@ -539,232 +529,7 @@ def info(bandwidth, as_json):
         lines.append(f"  none ({gpus.get('note', 'no CUDA GPU')})")
     if gpus.get("error"):
         lines.append(f"  error while querying GPUs: {gpus['error']}")
-    if bandwidth:
-        bw = data["bandwidth"]
-        host_bw = bw["host_memcpy"]
-        lines.append("bandwidth")
-        lines.append(f"  {'host copy':<10} {host_bw['best_gbps']:.3g} GB/s best, "
-                     f"{host_bw['median_gbps']:.3g} GB/s median ({format_size(host_bw['bytes'])} "
-                     f"numpy.copyto, {host_bw['repeat']} times)")
-        for dev in bw["gpus"]:
-            if not dev["measured"]:
-                lines.append(f"  {dev['device']:<10} host<->device transfers: not measured yet")
-                continue
-            rates = ", ".join(f"{key[:-5].replace('_', ' ')} {value:.3g} GB/s"
-                              for key, value in dev.items() if key.endswith("_gbps"))
-            lines.append(f"  {dev['device']:<10} {rates}")
     click.echo("\n".join(lines))
-
-
-@main.command()
-@click.option("--cpu", "cpu", is_flag=True,
-              help="oocgemm on the CPU against numpy.matmul, on in-memory operands.")
-@click.option("--kernels", "kernels", is_flag=True,
-              help="The per-block kernels of kernels/ against cuBLAS and the FMA peak (GPU).")
-@click.option("--power", "power", is_flag=True,
-              help="With --kernels: each kernel alone for a few seconds at --size (8192) while "
-                   "nvidia-smi samples SM clock and board power; energy per flop, and what opt "
-                   "and regblock reach when their operands cost less to move.")
-@click.option("--gpu", "gpu", is_flag=True,
-              help="The CUDA executor against in-core cuBLAS, cuBLASXt and dask+CuPy "
-                   "(default --size 32768 under --memory-limit 16GB).")
-@click.option("--big", type=click.IntRange(min=1), default=None,
-              help="With --gpu: one product of this size instead (operands beyond GPU memory).")
-@click.option("--memory-limit", default="16GB", show_default=True,
-              help="With --gpu: GPU memory the CUDA executor may use.")
-@click.option("--cases", default=None,
-              help="With --gpu: comma-separated subset of incore,numpy,npy,cublasxt,dask.")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="With --gpu: where the .npy operands are written (default: a temp dir).")
-@click.option("--size", type=click.IntRange(min=1), default=None,
-              help="N: the operands are NxN (4096 for --cpu, 32768 for --gpu).")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Timed rounds (each times numpy then oocgemm); medians are reported.")
-@click.option("--dtype", default="float64", show_default=True,
-              help="float32, float64, complex64 or complex128.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the operands.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
-@click.pass_context
-def bench(ctx, cpu, kernels, power, gpu, big, memory_limit, cases, workdir, size, repeat, dtype,
-          seed, as_json):
-    """Benchmarks. --cpu: oocgemm.multiply(device='cpu') against numpy.matmul. --gpu: the
-    CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy chunks.
-    --kernels: each kernel of kernels/ against cuBLAS at 1024..8192 (--size for one size,
-    --cases for some kernels) and the FMA peak of the CUDA cores; with --power, their clock,
-    board power and energy per flop, each run alone.
-
-    Exits with status 1 when a result differs from its reference beyond the tolerance.
-    """
-    from .bench import cpu_benchmark
-
-    if cpu + gpu + kernels != 1:
-        raise click.UsageError("choose one benchmark: --cpu, --gpu or --kernels", ctx)
-    if power and not kernels:
-        raise click.UsageError("--power goes with --kernels", ctx)
-    if power:
-        _bench_power(ctx, size=size or 8192, cases=cases, dtype=dtype, seed=seed,
-                     as_json=as_json)
-        return
-    if kernels:
-        _bench_kernels(ctx, size=size, cases=cases, repeat=repeat, dtype=dtype, seed=seed,
-                       as_json=as_json)
-        return
-    if gpu:
-        _bench_gpu(ctx, big=big, size=size or 32768, memory_limit=memory_limit, cases=cases,
-                   workdir=workdir, repeat=repeat, dtype=dtype, seed=seed, as_json=as_json)
-        return
-    size = size or 4096
-
-    def on_step(step, t_numpy, t_oocgemm):
-        click.echo(f"  round {step + 1}/{repeat}: numpy {format_seconds(t_numpy)}, "
-                   f"oocgemm {format_seconds(t_oocgemm)}", err=True)
-
-    if not as_json:
-        click.echo(f"bench --cpu: {size}x{size} {dtype}, {repeat} round(s)...", err=True)
-    res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype, seed=seed,
-                        on_step=None if as_json else on_step)
-    if as_json:
-        _json(res)
-    else:
-        npy, ooc = res["numpy"], res["oocgemm"]
-        w, h, r = ooc["tile"]
-        click.echo("\n".join([
-            f"CPU benchmark: {size}x{size} @ {size}x{size} {res['dtype']}, median of "
-            f"{repeat}, {res['cores']} cores, BLAS {res['blas']}",
-            f"  numpy.matmul     {format_seconds(npy['median_seconds']):>9}  "
-            f"{npy['gflops']:8.2f} GFLOP/s",
-            f"  oocgemm (cpu)    {format_seconds(ooc['median_seconds']):>9}  "
-            f"{ooc['gflops']:8.2f} GFLOP/s   (execution alone "
-            f"{format_seconds(ooc['execute_median_seconds'])}; tile w={w} h={h} r={r}, "
-            f"{ooc['operations']} operations)",
-            f"  ratio            {res['ratio']:.3f}  (target >= {res['target_ratio']:.2f}: "
-            f"{'met' if res['meets_target'] else 'NOT met'})",
-            f"  max rel. error   {res['max_rel_error']:.3g}  (tolerance {res['tolerance']:.3g}: "
-            f"{'ok' if res['correct'] else 'FAILED'})",
-        ]))
-    if not res["correct"]:
-        click.echo(f"error: oocgemm's result differs from numpy's: max relative error "
-                   f"{res['max_rel_error']:.3g} > {res['tolerance']:.3g}", err=True)
-        ctx.exit(1)
-
-
-def _bench_kernels(ctx, *, size, cases, repeat, dtype, seed, as_json):
-    from .bench import kernel_benchmark
-
-    def on_step(n, rates):
-        click.echo(f"  {n}^3: " + ", ".join(f"{k} {e['gflops']:.0f}" for k, e in rates.items())
-                   + " GFLOP/s", err=True)
-
-    chosen = _case_names(cases)
-    sizes = (size,) if size else (1024, 2048, 4096, 8192)
-    res = kernel_benchmark(sizes, kernels=chosen, dtype=dtype, repeat=max(repeat, 5), seed=seed,
-                           on_step=None if as_json else on_step)
-    if as_json:
-        _json(res)
-    else:
-        names = list(res["sizes"][sizes[0]])
-        peak = f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s"
-        if res["fma_nominal_gflops"]:
-            peak += (f" ({res['fma_peak_gflops'] / res['fma_nominal_gflops']:.3f} of the nominal "
-                     f"{res['fma_nominal_gflops']:.0f}: all FMA units busy at the top clock)")
-        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {max(repeat, 5)}); {peak}",
-                 f"  {'kernel':<9}" + "".join(f"{n:>9}" for n in sizes)
-                 + "   regs  shared  local"]
-        for name in names:
-            row = "".join(f"{res['sizes'][n][name]['gflops']:9.0f}" for n in sizes)
-            flags = "" if all(res["sizes"][n][name]["correct"] for n in sizes) else "  WRONG"
-            use = res["resources"].get(name)
-            if use:
-                row += (f"   {use['registers']:4d} {use['shared_bytes']:7d} "
-                        f"{use['local_bytes']:6d}")
-            lines.append(f"  {name:<9}{row}{flags}")
-        for name, t in res["targets"].items():
-            lines.append(f"  {name}: {t['ratio']:.3f} of {t['against']} at {max(sizes)}^3 "
-                         f"(target >= {t['target']:.2f}: {'met' if t['met'] else 'NOT met'})")
-        click.echo("\n".join(lines))
-    if any(not e["correct"] for rates in res["sizes"].values() for e in rates.values()):
-        ctx.exit(1)
-
-
-def _bench_power(ctx, *, size, cases, dtype, seed, as_json):
-    from .bench import KERNEL_BOUNDS, THROUGHPUT_ROWS, kernel_power
-
-    def on_entry(name, e):
-        click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
-
-    chosen = _case_names(cases)
-    res = kernel_power(size, kernels=chosen, dtype=dtype, seed=seed,
-                       on_entry=None if as_json else on_entry)
-    if as_json:
-        _json(res)
-    else:
-        idle = res["idle"]
-        limit = next((e["limit_w"] for e in res["entries"].values() if e.get("limit_w")), None)
-        lines = [f"Kernel power: {size}^3 {res['dtype']}, each run alone ~{res['seconds']:g} s; "
-                 f"board power limit {limit if limit is not None else '?'} W; idle "
-                 f"{idle.get('power_w', float('nan')):.0f} W at {idle.get('clock_mhz', 0):.0f} MHz",
-                 f"  {'case':<15}{'TFLOP/s':>8}{'of FMA peak':>12}{'SM MHz':>8}{'board W':>9}"
-                 f"{'pJ/flop':>9}{'capped':>8}"]
-        for name, e in res["entries"].items():
-            capped = e.get("power_capped")
-            lines.append(
-                f"  {name:<15}{e['tflops']:8.2f}{e['of_fma_peak']:12.3f}"
-                f"{e.get('clock_mhz', float('nan')):8.0f}{e.get('power_w', float('nan')):9.1f}"
-                f"{e.get('pj_per_flop', float('nan')):9.1f}"
-                f"{'' if capped is None else f'{capped:8.0%}'}"
-                + ("" if e.get("correct", True) else "  WRONG"))
-        lines.append("  pJ/flop: board power above idle per flop. capped: share of samples with "
-                     "the clock held down by the power cap.")
-        for name, (_, what) in THROUGHPUT_ROWS.items():
-            lines.append(f"  {name}: {what}")
-        for tag, (_, _, what) in KERNEL_BOUNDS.items():
-            lines.append(f"  <kernel>:{tag}: {what}; a measuring build, its product is wrong")
-        click.echo("\n".join(lines))
-    if any(not e.get("correct", True) for e in res["entries"].values()):
-        ctx.exit(1)
-
-
-def _bench_gpu(ctx, *, big, size, memory_limit, cases, workdir, repeat, dtype, seed, as_json):
-    from .bench import gpu_benchmark, gpu_big_benchmark
-
-    if big:
-        res = gpu_big_benchmark(big, dtype=dtype, seed=seed)
-        if as_json:
-            _json(res)
-        else:
-            click.echo(f"GPU product beyond GPU memory: n={res['size']} ({format_size(res['operand_bytes'])} "
-                       f"of operands): {format_seconds(res['seconds'])}, {res['tflops']:.2f} TFLOP/s, "
-                       f"tile {res['tile']}, sampled error {res['max_rel_error_sampled']:.2g}")
-        if not res["correct"]:
-            ctx.exit(1)
-        return
-
-    def on_step(name, entry):
-        click.echo(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
-                   f"({format_seconds(entry['seconds'])})", err=True)
-
-    chosen = _case_names(cases)
-    res = gpu_benchmark(size, memory_limit=memory_limit, dtype=dtype, seed=seed, repeat=repeat,
-                        workdir=workdir, cases=chosen, on_step=None if as_json else on_step)
-    if as_json:
-        _json(res)
-    else:
-        lines = [f"GPU benchmark: {size}^3 {res['dtype']}, GPU memory limit {memory_limit}, "
-                 f"tile {res['plan']['tile']} (grid {res['plan']['grid']})"]
-        for name, entry in res["cases"].items():
-            check = entry.get("correct")
-            lines.append(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
-                         f"{format_seconds(entry['seconds']):>9}"
-                         + ("" if check is None else f"  sampled error "
-                            f"{entry['max_rel_error_sampled']:.2g} {'ok' if check else 'FAILED'}"))
-        for key in ("numpy_vs_incore", "numpy_vs_incore_sustained", "npy_vs_incore",
-                    "numpy_vs_cublasxt"):
-            if key in res:
-                lines.append(f"  {key:<24} {res[key]:.3f}")
-        click.echo("\n".join(lines))
-    if any(entry.get("correct") is False for entry in res["cases"].values()):
-        ctx.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

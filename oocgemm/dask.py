@@ -32,19 +32,30 @@ import math
 import os
 import threading
 import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import DeviceError, OptionError, ShapeError
 from .storage.base import MatrixSource
 
+if TYPE_CHECKING:
+    import dask.array
+
+    from .api import MatrixLike, Scalar
+
+#: Sizes along (rows, cols): each a size, or a list of sizes; or one size for both.
+Bounds = "int | tuple[int | Sequence[int], int | Sequence[int]]"
 #: One engine run at a time per device in a process (a GPU's memory is planned for one run).
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
 
-def matmul(x, y, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, groups=None,
-           chunks=None, resources=None, **options):
+def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: Scalar = 1.0,
+           beta: Scalar = 0.0, trans_a: bool = False, trans_b: bool = False,
+           groups: Bounds | None = None, chunks: Bounds | None = None,
+           resources: Mapping[str, float] | None = None, **options: Any) -> dask.array.Array:
     """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one engine task per group
     of C blocks.
 

@@ -13,7 +13,7 @@ import pytest
 import zarr
 from click.testing import CliRunner
 
-from oocgemm import bench, cuda
+from oocgemm import testing
 from oocgemm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_random_same_seed_same_data_whatever_chunks_format_and_bands(tmp_path):
     for p in paths[1:]:
         np.testing.assert_array_equal(load(p), first)
     # tiny blocks: bands of one chunk row cut into column pieces give the same values
-    bench.write_random(tmp_path / "d.zarr", (40, 30), chunks=(3, 4), seed=11, block_bytes=64,
+    testing.write_random(tmp_path / "d.zarr", (40, 30), chunks=(3, 4), seed=11, block_bytes=64,
                        progress=False)
     np.testing.assert_array_equal(load(tmp_path / "d.zarr"), first)
     # a shorter matrix is a prefix of a taller one; float32 is the rounded float64
@@ -162,7 +162,7 @@ def test_random_interrupted_leaves_nothing(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench.NormalStream, "block", interrupt)
+    monkeypatch.setattr(testing.NormalStream, "block", interrupt)
     result = run("random", tmp_path / "m.zarr", "--shape", "4x4", code=130)
     assert "interrupted; no output was written" in result.stderr
     assert "Traceback" not in result.output
@@ -334,12 +334,12 @@ def test_version_and_help():
     from oocgemm import __version__
 
     assert __version__ in run("--version").stdout
-    for command in ("multiply", "plan", "random", "info", "bench"):
+    for command in ("multiply", "plan", "random", "info"):
         assert "Usage:" in run(command, "--help").stdout
 
 
 # ------------------------------------------------------------------------------------------
-# plan, info, bench
+# plan, info
 # ------------------------------------------------------------------------------------------
 def test_plan_mentions_the_tile(operands, tmp_path):
     a, b, _ = operands
@@ -368,38 +368,6 @@ def test_info_runs():
     assert data["versions"]["numpy"] == np.__version__
 
 
-def test_info_bandwidth(monkeypatch):
-    real = bench.host_memcpy_bandwidth
-    monkeypatch.setattr(bench, "host_memcpy_bandwidth",
-                        lambda nbytes=None, repeat=5: real(4 << 20, 2))
-    out = run("info", "--bandwidth").stdout
-    assert "bandwidth" in out and "GB/s" in out
-    data = json.loads(run("info", "--bandwidth", "--json").stdout)
-    assert data["bandwidth"]["host_memcpy"]["best_gbps"] > 0
-
-
-def test_bench_cpu_reports_a_ratio():
-    result = run("bench", "--cpu", "--size", "256", "--repeat", "1")
-    assert "ratio" in result.stdout and "numpy" in result.stdout and "GFLOP/s" in result.stdout
-    assert "ok" in result.stdout
-    data = json.loads(run("bench", "--cpu", "--size", "64", "--repeat", "2", "--json").stdout)
-    assert data["ratio"] > 0 and data["correct"] and data["target_ratio"] == 0.8
-    assert len(data["numpy"]["seconds"]) == len(data["oocgemm"]["seconds"]) == 2
-    assert data["max_rel_error"] <= data["tolerance"]
-
-
-def test_bench_errors():
-    assert "--cpu" in fails("bench")
-    assert "int8" in fails("bench", "--cpu", "--size", "16", "--dtype", "int8")
-    assert "--size" in fails("bench", "--cpu", "--size", "0")
-
-
-def test_cpu_benchmark_function_returns_plain_data():
-    res = bench.cpu_benchmark(size=32, repeat=1, dtype="complex64", warmup=False)
-    assert res["correct"] and res["dtype"] == "complex64" and res["flops"] == 8 * 32 ** 3
-    json.dumps(res)
-
-
 # ------------------------------------------------------------------------------------------
 # a real process
 # ------------------------------------------------------------------------------------------
@@ -426,68 +394,6 @@ def test_python_dash_m_end_to_end(tmp_path):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     proc = cli("--help")
     assert proc.returncode == 0 and "Usage: oocgemm" in proc.stdout
-
-
-def test_bench_gpu_unknown_case_is_a_clear_error():
-    from click.testing import CliRunner
-
-    from oocgemm.cli import main
-
-    result = CliRunner().invoke(main, ["bench", "--gpu", "--cases", "numpy,nope"])
-    assert result.exit_code == 2
-    assert "unknown benchmark case(s) nope" in result.output
-    assert "Traceback" not in result.output
-
-
-def test_bench_gpu_bad_workdir_fails_before_any_case(tmp_path):
-    """A workdir that cannot be made is an error up front (exit 2), not a traceback after the
-    first cases have run."""
-    from click.testing import CliRunner
-
-    from oocgemm.cli import main
-
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    result = CliRunner().invoke(main, ["bench", "--gpu", "--cases", "npy",
-                                       "--workdir", str(blocker / "sub")])
-    assert result.exit_code == 2
-    assert "workdir" in result.output and "cannot be created" in result.output
-    assert "Traceback" not in result.output
-
-
-def test_nominal_fma_rate_counts_every_unit_at_the_top_clock():
-    from oocgemm.bench import nominal_fma_rate
-
-    # H100 SXM: 132 SMs of 64 FP64 and 128 FP32 FMA units, 1980 MHz: NVIDIA's 33.5 and 66.9 TFLOP/s
-    assert nominal_fma_rate(90, 132, 1_980_000) == pytest.approx(33.45e12, rel=1e-3)
-    assert nominal_fma_rate(90, 132, 1_980_000, "float32") == pytest.approx(66.9e12, rel=1e-3)
-    assert nominal_fma_rate(80, 108, 1_410_000) == pytest.approx(9.75e12, rel=1e-3)  # A100
-    assert nominal_fma_rate(89, 128, 2_520_000) is None  # a consumer chip: FP64 units not listed
-
-
-def test_bench_kernels_is_one_benchmark_among_three():
-    from click.testing import CliRunner
-
-    from oocgemm.cli import main
-
-    result = CliRunner().invoke(main, ["bench", "--cpu", "--kernels"])
-    assert result.exit_code == 2 and "choose one benchmark" in result.output
-
-
-@pytest.mark.parametrize("args,why", [
-    (["--cpu", "--power"], "--power goes with --kernels"),
-    (["--gpu", "--power"], "--power goes with --kernels"),
-])
-def test_bench_power_goes_with_kernels(args, why):
-    result = CliRunner().invoke(main, ["bench", *args])
-    assert result.exit_code == 2 and why in result.output
-
-
-@pytest.mark.skipif(cuda.device_count() > 0, reason="a GPU is present")
-def test_bench_power_without_a_gpu_is_a_clear_error():
-    result = CliRunner().invoke(main, ["bench", "--kernels", "--power"])
-    assert result.exit_code == 2 and "needs a GPU" in result.output
-    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("args,why", [

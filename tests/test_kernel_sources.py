@@ -83,9 +83,10 @@ def test_every_instance_compiles(name, arch, tmp_path):
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
 def test_throughput_kernels_compile(arch, tmp_path):
-    """fma_peak.cu (the FMA peak and fma_outer, in both precisions) compiles, keeps everything
-    in registers, and holds each kernel that oocgemm.cuda.kernels launches."""
-    src = catalog.kernels_dir() / "fma_peak.cu"
+    """benchmarks/kernels/fma_peak.cu (the FMA peak and fma_outer, in both precisions)
+    compiles, keeps everything in registers, and holds each kernel that benchmarks.fma
+    launches (it imports CuPy, so the path is spelled out here)."""
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels" / "fma_peak.cu"
     proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
                            "-o", str(tmp_path / "fma_peak.cubin"), str(src)],
                           capture_output=True, text=True)
@@ -100,9 +101,9 @@ def test_throughput_kernels_compile(arch, tmp_path):
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
 def test_measuring_builds_compile(name, tag, tmp_path):
-    """The builds of `bench --kernels --power` compile for every instance, and differ from
+    """The builds of `python -m benchmarks power` compile for every instance, and differ from
     the product's build (the define reaches the code)."""
-    from oocgemm.bench import BOUNDED_KERNELS, KERNEL_BOUNDS
+    from benchmarks.kernel_rates import BOUNDED_KERNELS, KERNEL_BOUNDS
 
     assert name in BOUNDED_KERNELS
     macro, value, _ = KERNEL_BOUNDS[tag]

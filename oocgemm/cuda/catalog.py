@@ -9,9 +9,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import OptionError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 #: The default: cuBLAS (through CuPy), the fastest on every GPU measured so far.
 DEFAULT = "cublas"
@@ -24,7 +29,7 @@ class KernelSpec:
     name: str
     """What ``kernel=`` calls it."""
     source: str
-    """File name under ``kernels/``."""
+    """File name under ``kernels/`` (``oocgemm/_kernels/`` in an installed wheel)."""
     function: str
     """The C++ template ``function<T, TA, TB, VEC>`` the file defines."""
     threads: tuple[int, int]
@@ -38,7 +43,7 @@ class KernelSpec:
     min_capability: int = 70
     """Lowest compute capability (major * 10 + minor) it runs on."""
     about: str = ""
-    """One line for ``oocgemm bench --kernels`` and the docs."""
+    """One line for the docs and ``python -m benchmarks kernels``."""
 
     def expression(self, dtype: str, trans_a: bool, trans_b: bool, vec: bool) -> str:
         """The template instance NVRTC compiles, e.g. ``dmma_gemm<double,false,true,true>``."""
@@ -70,11 +75,22 @@ KERNELS: dict[str, KernelSpec] = {
 CHOICES = (DEFAULT, *KERNELS)
 
 
-def kernels_dir() -> Path:
-    """Where the .cu sources are: ``$OOCGEMM_KERNELS`` or the ``kernels/`` folder of the
-    checkout this package runs from."""
+def kernels_dir() -> Traversable:
+    """Where the .cu sources are, first found of:
+
+    - ``$OOCGEMM_KERNELS``, a folder;
+    - ``oocgemm/_kernels`` inside the installed package (a wheel carries them there: the build
+      copies ``kernels/``), read through ``importlib.resources``;
+    - the ``kernels/`` folder of the checkout this package runs from (a source tree, or an
+      editable install, which reads them in place).
+    """
     override = os.environ.get("OOCGEMM_KERNELS")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "kernels"
+    if override:
+        return Path(override)
+    packaged = resources.files("oocgemm").joinpath("_kernels")
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "kernels"
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)

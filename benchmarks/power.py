@@ -2,7 +2,7 @@
 
 Under its board power limit a GPU lowers its clock until it draws no more than the limit; a
 kernel that reaches the limit then runs at a rate set by its energy per flop, whatever its
-instruction schedule. ``oocgemm bench --kernels --power`` uses these samples to show where the
+instruction schedule. ``python -m benchmarks power`` uses these samples to show where the
 kernels stop. No CuPy here: the parsing is tested on machines without a GPU.
 """
 
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..errors import OptionError
+from oocgemm.errors import OptionError
 
 #: The fields queried, in order.
 QUERY = ("timestamp", "clocks.sm", "power.draw", "power.limit", "clocks_event_reasons.active")

@@ -1,6 +1,6 @@
-"""Clock and power samples of `bench --kernels --power` (oocgemm/cuda/power.py): parsing the
+"""Clock and power samples of `python -m benchmarks power` (benchmarks/power.py): parsing the
 lines nvidia-smi prints, summarising a window, and a clear error where nvidia-smi is absent.
-The sampling itself runs in the GPU tests (tests/test_gpu_kernels.py)."""
+The sampling itself runs in the GPU tests (tests/test_gpu_benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from oocgemm.cuda import power
+from benchmarks import power
 from oocgemm.errors import OptionError
 
 T0 = datetime(2026, 11, 22, 10, 31, 22, 123000)

@@ -34,7 +34,7 @@
 // flops = 2 * 2 * R * R * iters per thread; src holds OUTER_VALUES values a thread (a, b, then acc
 // row-major), out one sum of the accumulators a thread. With random src the FMAs' operands change
 // from one instruction to the next as a GEMM's do; with constant src they do not, so the two
-// measure what data costs in power (`oocgemm bench --kernels --power`). Each accumulator grows by a
+// measure what data costs in power (`python -m benchmarks power`). Each accumulator grows by a
 // fixed amount an iteration, so it stays far from overflow for any run that fits in hours.
 //
 // Self-contained on purpose: it is compiled at run time by NVRTC, which has no headers.

@@ -1,21 +1,27 @@
-"""What oocgemm's CUDA executor is measured against (``oocgemm bench --gpu``).
+"""What oocgemm's CUDA executor and kernels are measured against (``python -m benchmarks gpu``,
+``kernels``, ``bandwidth``).
 
 - in-core cuBLAS on one block of the plan's shape (the ceiling per block);
 - cuBLASXt ``cublasXtDgemm``, NVIDIA's own out-of-core GEMM, through ctypes (it ships in
   libcublas), with pinned or pageable host operands;
-- dask.array with CuPy chunks.
+- dask.array with CuPy chunks;
+- cuBLAS on square products, timed with the kernels of ``kernels/`` in interleaved rounds;
+- host<->device copies from pinned and pageable memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import time
 
 import numpy as np
 
 import cupy
 from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into the process)
+
+from oocgemm.cuda.kernels import gemm_arrays
 
 
 def timed_events(fn, repeat: int = 3) -> float:
@@ -178,3 +184,38 @@ def h2d_d2h_bandwidth(nbytes: int = 1 << 30, device: int = 0) -> dict:
                 result[f"{direction}_{name}_GBps"] = nbytes / seconds / 1e9
         dev = None
         return result
+
+
+def square_launches(cases: dict, n: int, dtype="float64", seed: int = 0) -> tuple[dict, dict]:
+    """Launches of cuBLAS and of each case on one n³ product of random operands with alpha = 1,
+    beta = 0, and each one's relative error against cuBLAS, checked once into a NaN-poisoned C
+    (which also compiles it before anything is timed).
+
+    ``cases``: label -> (kernel name, defines for :func:`function`). Returns (launches, errors),
+    both keyed by "cublas" and the labels, in that order.
+    """
+    dtype = np.dtype(dtype)
+    rng = cupy.random.default_rng(seed)
+    a = rng.standard_normal((n, n), dtype=dtype)
+    b = rng.standard_normal((n, n), dtype=dtype)
+    ref = cupy.matmul(a, b)
+    scale = float(cupy.abs(ref).max())
+    c = cupy.empty((n, n), dtype=dtype)
+    launches = {"cublas": lambda: cupy.matmul(a, b, out=c)}
+    errors = {"cublas": 0.0}
+    for label, (name, defines) in cases.items():
+        launch = launches[label] = functools.partial(gemm_arrays, name, a, b, c, defines=defines)
+        c.fill(cupy.nan)  # poisoned: a tile the kernel skips shows up
+        launch()
+        error = float(cupy.abs(c - ref).max()) / scale
+        errors[label] = error if np.isfinite(error) else float("inf")
+    return launches, errors
+
+
+def square_rates(names, n: int, dtype="float64", repeat: int = 5, seed: int = 0) -> dict:
+    """Seconds and relative error (against cuBLAS) of each kernel and of cuBLAS on one n³
+    product (:func:`square_launches`), timed in interleaved rounds
+    (:func:`interleaved_medians`), so that cuBLAS and the kernels see the same clocks."""
+    launches, errors = square_launches({name: (name, ()) for name in names}, n, dtype, seed)
+    seconds = interleaved_medians(launches, repeat)
+    return {name: {"seconds": seconds[name], "max_rel_error": errors[name]} for name in launches}

@@ -1,0 +1,3 @@
+from benchmarks.cli import main
+
+main(prog_name="python -m benchmarks")

@@ -1,0 +1,363 @@
+"""``python -m benchmarks SUBCOMMAND``: the measurements beside oocgemm, one subcommand each.
+
+    python -m benchmarks cpu --size 4096            # oocgemm on the CPU against numpy.matmul
+    python -m benchmarks gpu                        # against in-core cuBLAS, cuBLASXt, dask + CuPy
+    python -m benchmarks kernels                    # the kernels of kernels/ against cuBLAS
+    python -m benchmarks power                      # their SM clock, board power, energy per flop
+    python -m benchmarks bandwidth                  # host memcpy and host<->device copies
+    python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
+    python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode
+
+Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
+that differs from its reference beyond the tolerance exits with status 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import click
+
+from oocgemm.errors import OOCGemmError
+
+EXIT_ERROR = 2
+
+
+class BenchGroup(click.Group):
+    """A click group whose ``main`` turns oocgemm's errors and usage errors into ``error: ...``
+    and exit 2, without a traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.format_message(), err=True)
+            code = EXIT_ERROR
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            code = EXIT_ERROR
+        except OOCGemmError as exc:
+            click.echo(f"error: {exc}", err=True)
+            code = EXIT_ERROR
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("interrupted", err=True)
+            code = 130
+        if standalone_mode:
+            raise SystemExit(code)
+        return code
+
+
+@click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Benchmarks of oocgemm against its baselines; each subcommand is one benchmark."""
+
+
+def _case_names(cases: str | None) -> tuple[str, ...] | None:
+    """--cases "a, b" as ("a", "b"); None when not given (the benchmark's own default)."""
+    return tuple(c.strip() for c in cases.split(",")) if cases else None
+
+
+def _json(data) -> None:
+    """JSON on stdout, and nothing else there."""
+    click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=True))
+
+
+def _json_default(obj):
+    if isinstance(obj, complex):
+        return [obj.real, obj.imag]
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (tuple, set)):
+        return list(obj)
+    return str(obj)
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+_dtype = click.option("--dtype", default="float64", show_default=True,
+                      help="float32, float64, complex64 or complex128.")
+_seed = click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Seed of the operands.")
+_as_json = click.option("--json", "as_json", is_flag=True,
+                        help="Print the results as JSON on stdout.")
+
+
+# ------------------------------------------------------------------------------------------
+# cpu
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--size", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="N: the operands are NxN.")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed rounds (each times numpy then oocgemm); medians are reported.")
+@_dtype
+@_seed
+@_as_json
+@click.pass_context
+def cpu(ctx, size, repeat, dtype, seed, as_json):
+    """oocgemm.multiply(device='cpu') against numpy.matmul on in-memory operands."""
+    from .products import cpu_benchmark
+
+    def on_step(step, t_numpy, t_oocgemm):
+        click.echo(f"  round {step + 1}/{repeat}: numpy {_seconds(t_numpy)}, "
+                   f"oocgemm {_seconds(t_oocgemm)}", err=True)
+
+    if not as_json:
+        click.echo(f"cpu: {size}x{size} {dtype}, {repeat} round(s)...", err=True)
+    res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype, seed=seed,
+                        on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        npy, ooc = res["numpy"], res["oocgemm"]
+        w, h, r = ooc["tile"]
+        click.echo("\n".join([
+            f"CPU benchmark: {size}x{size} @ {size}x{size} {res['dtype']}, median of "
+            f"{repeat}, {res['cores']} cores, BLAS {res['blas']}",
+            f"  numpy.matmul     {_seconds(npy['median_seconds']):>9}  "
+            f"{npy['gflops']:8.2f} GFLOP/s",
+            f"  oocgemm (cpu)    {_seconds(ooc['median_seconds']):>9}  "
+            f"{ooc['gflops']:8.2f} GFLOP/s   (execution alone "
+            f"{_seconds(ooc['execute_median_seconds'])}; tile w={w} h={h} r={r}, "
+            f"{ooc['operations']} operations)",
+            f"  ratio            {res['ratio']:.3f}  (target >= {res['target_ratio']:.2f}: "
+            f"{'met' if res['meets_target'] else 'NOT met'})",
+            f"  max rel. error   {res['max_rel_error']:.3g}  (tolerance {res['tolerance']:.3g}: "
+            f"{'ok' if res['correct'] else 'FAILED'})",
+        ]))
+    if not res["correct"]:
+        click.echo(f"error: oocgemm's result differs from numpy's: max relative error "
+                   f"{res['max_rel_error']:.3g} > {res['tolerance']:.3g}", err=True)
+        ctx.exit(1)
+
+
+# ------------------------------------------------------------------------------------------
+# gpu
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--size", type=click.IntRange(min=1), default=32768, show_default=True,
+              help="N: the operands are NxN.")
+@click.option("--big", type=click.IntRange(min=1), default=None,
+              help="One product of this size instead (operands beyond GPU memory).")
+@click.option("--memory-limit", default="16GB", show_default=True,
+              help="GPU memory the CUDA executor may use.")
+@click.option("--cases", default=None,
+              help="Comma-separated subset of incore,numpy,npy,cublasxt,dask.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the .npy operands are written (default: a temp dir).")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed runs of each oocgemm case (the best is reported).")
+@_dtype
+@_seed
+@_as_json
+@click.pass_context
+def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_json):
+    """The CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy
+    chunks, on one GPU."""
+    from .products import gpu_benchmark, gpu_big_benchmark
+
+    if big:
+        res = gpu_big_benchmark(big, dtype=dtype, seed=seed)
+        if as_json:
+            _json(res)
+        else:
+            click.echo(f"GPU product beyond GPU memory: n={res['size']} "
+                       f"({res['operand_bytes'] / 1e9:.1f} GB of operands): "
+                       f"{_seconds(res['seconds'])}, {res['tflops']:.2f} TFLOP/s, tile "
+                       f"{res['tile']}, sampled error {res['max_rel_error_sampled']:.2g}")
+        if not res["correct"]:
+            ctx.exit(1)
+        return
+
+    def on_step(name, entry):
+        click.echo(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
+                   f"({_seconds(entry['seconds'])})", err=True)
+
+    res = gpu_benchmark(size, memory_limit=memory_limit, dtype=dtype, seed=seed, repeat=repeat,
+                        workdir=workdir, cases=_case_names(cases),
+                        on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        lines = [f"GPU benchmark: {size}^3 {res['dtype']}, GPU memory limit {memory_limit}, "
+                 f"tile {res['plan']['tile']} (grid {res['plan']['grid']})"]
+        for name, entry in res["cases"].items():
+            check = entry.get("correct")
+            lines.append(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
+                         f"{_seconds(entry['seconds']):>9}"
+                         + ("" if check is None else f"  sampled error "
+                            f"{entry['max_rel_error_sampled']:.2g} {'ok' if check else 'FAILED'}"))
+        for key in ("numpy_vs_incore", "numpy_vs_incore_sustained", "npy_vs_incore",
+                    "numpy_vs_cublasxt"):
+            if key in res:
+                lines.append(f"  {key:<24} {res[key]:.3f}")
+        click.echo("\n".join(lines))
+    if any(entry.get("correct") is False for entry in res["cases"].values()):
+        ctx.exit(1)
+
+
+# ------------------------------------------------------------------------------------------
+# kernels, power
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--size", type=click.IntRange(min=1), default=None,
+              help="One size N (default: 1024, 2048, 4096 and 8192).")
+@click.option("--cases", default=None, help="Comma-separated kernels (default: all).")
+@click.option("--repeat", type=click.IntRange(min=5), default=5, show_default=True,
+              help="Interleaved rounds; medians are reported.")
+@_dtype
+@_seed
+@_as_json
+@click.pass_context
+def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
+    """Each kernel of kernels/ against cuBLAS on N^3 products, the FMA peak of the CUDA cores,
+    and each kernel's registers, shared and local memory (GPU)."""
+    from .kernel_rates import kernel_benchmark
+
+    def on_step(n, rates):
+        click.echo(f"  {n}^3: " + ", ".join(f"{k} {e['gflops']:.0f}" for k, e in rates.items())
+                   + " GFLOP/s", err=True)
+
+    sizes = (size,) if size else (1024, 2048, 4096, 8192)
+    res = kernel_benchmark(sizes, kernels=_case_names(cases), dtype=dtype, repeat=repeat,
+                           seed=seed, on_step=None if as_json else on_step)
+    if as_json:
+        _json(res)
+    else:
+        names = list(res["sizes"][sizes[0]])
+        peak = f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s"
+        if res["fma_nominal_gflops"]:
+            peak += (f" ({res['fma_peak_gflops'] / res['fma_nominal_gflops']:.3f} of the nominal "
+                     f"{res['fma_nominal_gflops']:.0f}: all FMA units busy at the top clock)")
+        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {repeat}); {peak}",
+                 f"  {'kernel':<9}" + "".join(f"{n:>9}" for n in sizes)
+                 + "   regs  shared  local"]
+        for name in names:
+            row = "".join(f"{res['sizes'][n][name]['gflops']:9.0f}" for n in sizes)
+            flags = "" if all(res["sizes"][n][name]["correct"] for n in sizes) else "  WRONG"
+            use = res["resources"].get(name)
+            if use:
+                row += (f"   {use['registers']:4d} {use['shared_bytes']:7d} "
+                        f"{use['local_bytes']:6d}")
+            lines.append(f"  {name:<9}{row}{flags}")
+        for name, t in res["targets"].items():
+            lines.append(f"  {name}: {t['ratio']:.3f} of {t['against']} at {max(sizes)}^3 "
+                         f"(target >= {t['target']:.2f}: {'met' if t['met'] else 'NOT met'})")
+        click.echo("\n".join(lines))
+    if any(not e["correct"] for rates in res["sizes"].values() for e in rates.values()):
+        ctx.exit(1)
+
+
+@main.command()
+@click.option("--size", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="N: each kernel runs N^3 products.")
+@click.option("--cases", default=None,
+              help="Comma-separated kernels (default: opt, regblock, dmma).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=2.5,
+              show_default=True, help="How long each case runs alone.")
+@_dtype
+@_seed
+@_as_json
+@click.pass_context
+def power(ctx, size, cases, seconds, dtype, seed, as_json):
+    """Each kernel alone for a few seconds while nvidia-smi samples SM clock and board power:
+    energy per flop, and what opt and regblock reach when their operands cost less to move
+    (GPU)."""
+    from .kernel_rates import KERNEL_BOUNDS, THROUGHPUT_ROWS, kernel_power
+
+    def on_entry(name, e):
+        click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
+
+    res = kernel_power(size, kernels=_case_names(cases), seconds=seconds, dtype=dtype,
+                       seed=seed, on_entry=None if as_json else on_entry)
+    if as_json:
+        _json(res)
+    else:
+        idle = res["idle"]
+        limit = next((e["limit_w"] for e in res["entries"].values() if e.get("limit_w")), None)
+        lines = [f"Kernel power: {size}^3 {res['dtype']}, each run alone ~{res['seconds']:g} s; "
+                 f"board power limit {limit if limit is not None else '?'} W; idle "
+                 f"{idle.get('power_w', float('nan')):.0f} W at {idle.get('clock_mhz', 0):.0f} MHz",
+                 f"  {'case':<15}{'TFLOP/s':>8}{'of FMA peak':>12}{'SM MHz':>8}{'board W':>9}"
+                 f"{'pJ/flop':>9}{'capped':>8}"]
+        for name, e in res["entries"].items():
+            capped = e.get("power_capped")
+            lines.append(
+                f"  {name:<15}{e['tflops']:8.2f}{e['of_fma_peak']:12.3f}"
+                f"{e.get('clock_mhz', float('nan')):8.0f}{e.get('power_w', float('nan')):9.1f}"
+                f"{e.get('pj_per_flop', float('nan')):9.1f}"
+                f"{'' if capped is None else f'{capped:8.0%}'}"
+                + ("" if e.get("correct", True) else "  WRONG"))
+        lines.append("  pJ/flop: board power above idle per flop. capped: share of samples with "
+                     "the clock held down by the power cap.")
+        for name, (_, what) in THROUGHPUT_ROWS.items():
+            lines.append(f"  {name}: {what}")
+        for tag, (_, _, what) in KERNEL_BOUNDS.items():
+            lines.append(f"  <kernel>:{tag}: {what}; a measuring build, its product is wrong")
+        click.echo("\n".join(lines))
+    if any(not e.get("correct", True) for e in res["entries"].values()):
+        ctx.exit(1)
+
+
+# ------------------------------------------------------------------------------------------
+# bandwidth
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--bytes", "nbytes", type=click.IntRange(min=1 << 20), default=None,
+              help="Bytes copied at a time (default: 256 MiB on the host, 1 GiB to a GPU).")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Copies timed.")
+@_as_json
+def bandwidth(nbytes, repeat, as_json):
+    """Host memcpy bandwidth, and each GPU's host<->device bandwidth from pinned and pageable
+    memory."""
+    from .bandwidth import measure_bandwidth
+
+    res = measure_bandwidth(nbytes=nbytes, repeat=repeat)
+    if as_json:
+        _json(res)
+        return
+    host = res["host_memcpy"]
+    lines = [f"  {'host copy':<10} {host['best_gbps']:.3g} GB/s best, {host['median_gbps']:.3g} "
+             f"GB/s median ({host['bytes'] / 2**20:.0f} MiB numpy.copyto, {host['repeat']} times)"]
+    for dev in res["gpus"]:
+        rates = ", ".join(f"{key[:-5].replace('_', ' ')} {value:.3g} GB/s"
+                          for key, value in dev.items() if key.endswith("_gbps"))
+        lines.append(f"  {dev['device']:<10} {rates}")
+    if not res["gpus"]:
+        lines.append(f"  {'gpus':<10} none found")
+    click.echo("\n".join(["bandwidth", *lines]))
+
+
+# ------------------------------------------------------------------------------------------
+# the benchmarks with command lines of their own
+# ------------------------------------------------------------------------------------------
+_OWN_MAINS = {
+    "zarr-io": ("zarr_io", "Zarr reads: the file-system floor against each decoder."),
+    "zarr-product": ("zarr_product", "oocgemm on Zarr stores against dask on the same."),
+    "dask-matmul": ("dask_matmul", "oocgemm.dask.matmul against oocgemm.multiply and dask's own."),
+    "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
+}
+
+
+def _own_main(name: str, module: str, about: str) -> click.Command:
+    @click.command(name=name, help=f"{about} (python -m benchmarks.{module}; --help for its "
+                                   f"options)",
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                     "help_option_names": []})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def command(args):
+        return importlib.import_module(f"benchmarks.{module}").main(list(args))
+
+    return command
+
+
+for _name, (_module, _about) in _OWN_MAINS.items():
+    main.add_command(_own_main(_name, _module, _about))

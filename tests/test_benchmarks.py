@@ -1,0 +1,150 @@
+"""The benchmarks beside the library (benchmarks/, ``python -m benchmarks``) without a GPU: the
+CPU benchmark end to end, the subcommands' errors, and the wall between them and the library
+(no module of oocgemm imports benchmark code; kernels/ holds the GEMM sources only)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks import bandwidth, products
+from benchmarks.cli import main
+from benchmarks.kernel_rates import nominal_fma_rate
+from oocgemm import cuda
+from oocgemm.cuda import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, code=0):
+    """Invoke ``python -m benchmarks``; check the exit code; return the result."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == code, (
+        f"exit {result.exit_code} != {code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        f"\nexception: {result.exception!r}")
+    return result
+
+
+def fails(*args) -> str:
+    """Expect an error: exit 2, 'error:' on stderr, no traceback; returns the output."""
+    result = run(*args, code=2)
+    assert "error:" in result.output and "Traceback" not in result.output
+    return result.output
+
+
+def test_cpu_reports_a_ratio():
+    result = run("cpu", "--size", "256", "--repeat", "1")
+    assert "ratio" in result.stdout and "numpy" in result.stdout and "GFLOP/s" in result.stdout
+    assert "ok" in result.stdout
+    data = json.loads(run("cpu", "--size", "64", "--repeat", "2", "--json").stdout)
+    assert data["ratio"] > 0 and data["correct"] and data["target_ratio"] == 0.8
+    assert len(data["numpy"]["seconds"]) == len(data["oocgemm"]["seconds"]) == 2
+    assert data["max_rel_error"] <= data["tolerance"]
+
+
+def test_cpu_errors():
+    assert "int8" in fails("cpu", "--size", "16", "--dtype", "int8")
+    assert "--size" in fails("cpu", "--size", "0")
+    assert "No such command" in fails("frobnicate")
+
+
+def test_cpu_benchmark_function_returns_plain_data():
+    res = products.cpu_benchmark(size=32, repeat=1, dtype="complex64", warmup=False)
+    assert res["correct"] and res["dtype"] == "complex64" and res["flops"] == 8 * 32 ** 3
+    json.dumps(res)
+
+
+def test_gpu_unknown_case_is_a_clear_error():
+    assert "unknown benchmark case(s) nope" in fails("gpu", "--cases", "numpy,nope")
+
+
+def test_gpu_bad_workdir_fails_before_any_case(tmp_path):
+    """A workdir that cannot be made is an error up front (exit 2), not a traceback after the
+    first cases have run."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    output = fails("gpu", "--cases", "npy", "--workdir", blocker / "sub")
+    assert "workdir" in output and "cannot be created" in output
+
+
+@pytest.mark.skipif(cuda.device_count() > 0, reason="a GPU is present")
+@pytest.mark.parametrize("command", ["kernels", "power"])
+def test_kernel_benchmarks_without_a_gpu_are_a_clear_error(command):
+    assert "needs a GPU" in fails(command)
+
+
+def test_bandwidth(monkeypatch):
+    real = bandwidth.host_memcpy_bandwidth
+    monkeypatch.setattr(bandwidth, "host_memcpy_bandwidth",
+                        lambda nbytes=None, repeat=5: real(4 << 20, 2))
+    out = run("bandwidth").stdout
+    assert "bandwidth" in out and "GB/s" in out
+    data = json.loads(run("bandwidth", "--json").stdout)
+    assert data["host_memcpy"]["best_gbps"] > 0
+
+
+def test_nominal_fma_rate_counts_every_unit_at_the_top_clock():
+    # H100 SXM: 132 SMs of 64 FP64 and 128 FP32 FMA units, 1980 MHz: NVIDIA's 33.5 and 66.9 TFLOP/s
+    assert nominal_fma_rate(90, 132, 1_980_000) == pytest.approx(33.45e12, rel=1e-3)
+    assert nominal_fma_rate(90, 132, 1_980_000, "float32") == pytest.approx(66.9e12, rel=1e-3)
+    assert nominal_fma_rate(80, 108, 1_410_000) == pytest.approx(9.75e12, rel=1e-3)  # A100
+    assert nominal_fma_rate(89, 128, 2_520_000) is None  # a consumer chip: FP64 units not listed
+
+
+def test_python_dash_m_benchmarks_lists_its_subcommands():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
+                    "dask-matmul", "gpu-decode"):
+        assert command in proc.stdout
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_library_imports_no_benchmark_code():
+    offenders = {str(path.relative_to(ROOT)): sorted(n for n in _imports(path)
+                                                     if n.split(".")[0] == "benchmarks")
+                 for path in (ROOT / "oocgemm").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+def test_a_product_with_a_cuda_kernel_loads_no_benchmark_code():
+    """The kernel loader's modules, imported as a kernel= product imports them (oocgemm.cuda.
+    kernels itself needs CuPy, so its imports are read rather than run here)."""
+    code = ("import sys, oocgemm, oocgemm.cli, oocgemm.cuda.catalog, oocgemm.runtime.cuda; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks'))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert not {n for n in _imports(ROOT / "oocgemm" / "cuda" / "kernels.py")
+                if "baselines" in n or "power" in n or n.startswith("benchmarks")}
+
+
+def test_kernels_folder_holds_the_gemm_sources_only():
+    """Every .cu of kernels/ is a kernel of the catalog; the rest are headers they include."""
+    folder = ROOT / "kernels"
+    sources = {p.name for p in folder.glob("*.cu")}
+    assert sources == {spec.source for spec in catalog.KERNELS.values()}
+    included = set()
+    for spec in catalog.KERNELS.values():
+        included |= set(catalog._INCLUDE.findall((folder / spec.source).read_text()))
+    assert {p.name for p in folder.glob("*.cuh")} <= included
+    assert {p.suffix for p in folder.iterdir()} <= {".cu", ".cuh", ".md"}
