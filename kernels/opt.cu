@@ -28,7 +28,7 @@
 // shared load still costs two shared-memory wavefronts (lanes share a fetch only inside
 // a quad of consecutive lanes), so with an A pair
 // feeding only 4 FMAs, A alone kept the shared-memory pipe as busy as the FP64 pipe.
-// Here, 0.67 of the FMA peak (kernels/README.md; ratios below before session 10 are of the
+// Here, 0.67 of the FMA peak (docs/performance.md; ratios below before session 10 are of the
 // old, 8% low peak):
 // - A thread owns OPT_TC = 4 columns (2 pairs) over OPT_TW = 8 rows (4 pairs) of C. Each A
 //   pair it reads feeds 8 FMAs, each B value 8.

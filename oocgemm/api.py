@@ -297,7 +297,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
                   host_memory_limit=host, staged=staged, kernel=kernel)
     if staged:
-        # Pageable -> pinned copies need many threads to approach PCIe rates (HARDWARE.md:
+        # Pageable -> pinned copies need many threads to approach PCIe rates (on the H100:
         # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
         # spread over all readers. The first panel runs in pieces (r/4, r/4, r/2: two
         # halvings were ~1% ahead of three in two sweeps on the H100), so that the first GEMM
@@ -358,7 +358,7 @@ def _with_cache(plan: Plan) -> Plan:
     """Keep the decoded chunks of chunked on-disk operands (Zarr) in host memory for the whole
     run where they fit in what the rest leaves of host_memory_limit (a kept operand no longer
     needs its streaming window): every chunk is then read and decoded once, and the decoders
-    run ahead of the executor as far as storage allows (HARDWARE.md: storage is 25-40x slower
+    run ahead of the executor as far as storage allows (on the H100: storage is 25-40x slower
     than PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
     by panel edges) come first, the most repeated decode bytes first; then the larger. A .npy
     memmap is left to the OS page cache, which already is that cache: a copy of it cost the

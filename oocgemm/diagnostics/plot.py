@@ -1,4 +1,4 @@
-"""A Gantt chart of a timeline, one row per lane, like the seed paper's figure 5.
+"""A Gantt chart of a timeline, one row per lane.
 
 matplotlib is an optional dependency (``pip install 'oocgemm[plot]'``), imported only here and
 only when a plot is drawn. The figure is drawn without pyplot, so that plotting changes no

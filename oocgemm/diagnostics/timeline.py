@@ -313,7 +313,7 @@ class Timeline:
         return timeline
 
     def plot(self, path=None, *, title: str | None = None):
-        """A Gantt chart, one row per lane (as in the seed paper's figure 5), the summary in
+        """A Gantt chart, one row per lane, the summary in
         the title; written to ``path`` (PNG, SVG, PDF by its suffix) when given. Returns the
         matplotlib Figure. Needs matplotlib (``pip install 'oocgemm[plot]'``).
 

@@ -1,4 +1,4 @@
-"""The cost model that decides tile sizes (seed paper section 2.2 and 4; shared/HARDWARE.md).
+"""The cost model that decides tile sizes (docs/design.md, "Planner").
 
 A C block of w×h costs 2·w·h·K flops and moves (w·K + K·h)·s bytes of A and B: the flops per
 byte moved are about 2 / (s·(1/w + 1/h)), so w and h should be large. The model predicts the time
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DeviceModel:
-    """Rates of one executor's resources. Defaults are the H100 figures of shared/HARDWARE.md."""
+    """Rates of one executor's resources. Defaults are figures measured on the H100 machine."""
 
     name: str
     """'cuda' or 'cpu'."""
@@ -54,11 +54,11 @@ class DeviceModel:
 
 
 def cuda_model() -> DeviceModel:
-    """H100 80GB over PCIe gen5 (shared/HARDWARE.md): 55 TFLOP/s DGEMM, 55 GB/s each way; a
+    """H100 80GB over PCIe gen5, as measured there: 55 TFLOP/s DGEMM, 55 GB/s each way; a
     GEMM with r = 128 runs at about half rate."""
     # Host staging copies run on many threads; while C streams out beside A and B streaming
     # in, the host's copies together reached ~25 GB/s on the H100 machine (16 cores).
-    # Whole zstd chunks decode at 1.7 GB/s with zarr-python, 16 threads (HARDWARE.md).
+    # Whole zstd chunks decode at 1.7 GB/s with zarr-python, 16 threads (measured there).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
                        half_size=128, granule=256, decode=1.7e9)
 

@@ -14,7 +14,7 @@ Staged plans (CUDA) move every panel and C block in row stripes through a ring o
 buffers (sR0.. for what goes up, sO0.. for C coming down), so that pinned memory stays bounded
 whatever the tile, and many reader threads can fill the ring in parallel.
 
-The order follows the seed paper's figure 3: keep C_{ij} resident, stream the K panels of A and
+The order: keep C_{ij} resident, stream the K panels of A and
 B through ping-pong slots, store C_{ij}, move on. C blocks run in serpentine order (rows left to
 right, then right to left) and K panels alternate direction, so consecutive blocks share a
 panel; a panel already in a slot is never loaded again.

@@ -1,6 +1,6 @@
 """The CUDA executor: replays a staged schedule with CuPy streams, events and pinned buffers.
 
-Lanes (the seed used four streams; here three streams and two thread pools):
+Lanes (three streams and two thread pools):
 
 - reader threads fill the pinned ring (sR*) from the sources, many stripes at once;
 - stream ``h2d`` uploads A and B stripes into the device slots A0/A1, B0/B1;
