@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
     from .api import MatrixLike, Scalar
 
-#: Sizes along (rows, cols): each a size, or a list of sizes; or one size for both.
-Bounds = "int | tuple[int | Sequence[int], int | Sequence[int]]"
+    #: Sizes along (rows, cols): each a size, or a list of sizes; or one size for both.
+    Bounds = int | tuple[int | Sequence[int], int | Sequence[int]]
 #: One engine run at a time per device in a process (a GPU's memory is planned for one run).
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
