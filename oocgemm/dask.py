@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DeviceError, OptionError, ShapeError
+from .plan.schedule import serpentine
 from .storage.base import MatrixSource
 
 if TYPE_CHECKING:
@@ -150,21 +151,57 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
                 _group, ops["A"].part(r, None), ops["B"].part(None, q),
                 ops["C"].part(r, q) if "C" in ops else None,
                 alpha, beta, str(dtype), dict(options), name, per_row[i] * per_col[j])
+    # Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
+    # order), as a chain of tasks, each done when its block is written: a chunk's task waits
+    # for the chain's link of its last block, so it starts only once its data is there (at
+    # most one task a group waits for the engine, whatever order the scheduler picks).
+    wait_name = name + "-written"
+    waits, links = {}, {}
+    block_splits = planned or group_bounds
+    for i in range(len(rows) - 1):
+        for j in range(len(cols) - 1):
+            inner = [_within(block_splits[d], *bounds) for d, bounds in
+                     ((0, (rows[i], rows[i + 1])), (1, (cols[j], cols[j + 1])))]
+            before = (group_name, i, j)
+            for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
+                links[(i, j, bi, bj)] = t
+                waits[(wait_name, i, j, t)] = (
+                    _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
+                    inner[1][bj + 1])
+                before = (wait_name, i, j, t)
+            links[(i, j)] = inner
     pieces = {}
     for ci in range(len(chunk_bounds[0]) - 1):
         for cj in range(len(chunk_bounds[1]) - 1):
             i, j = row_of[ci], col_of[cj]
             r0, c0 = chunk_bounds[0][ci] - rows[i], chunk_bounds[1][cj] - cols[j]
             r1, c1 = chunk_bounds[0][ci + 1] - rows[i], chunk_bounds[1][cj + 1] - cols[j]
-            pieces[(name, ci, cj)] = (_chunk, (group_name, i, j), r0, r1, c0, c1)
+            inner = links[(i, j)]
+            last = max(links[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
+                       for bj in _spanned(inner[1], c0, c1))
+            pieces[(name, ci, cj)] = (_chunk, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None
     graph = HighLevelGraph.from_collections(
         group_name, MaterializedLayer(layer, annotations=annotations), dependencies=deps)
     graph = HighLevelGraph(
-        {**graph.layers, name: MaterializedLayer(pieces)},
-        {**graph.dependencies, name: {group_name}})
+        {**graph.layers, wait_name: MaterializedLayer(waits), name: MaterializedLayer(pieces)},
+        {**graph.dependencies, wait_name: {group_name}, name: {wait_name}})
     return da.Array(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)
+
+
+def _within(splits, lo: int, hi: int) -> list[int]:
+    """The bounds of ``splits`` inside ``lo:hi``, from ``lo`` (0) to ``hi``."""
+    inner = [int(v) - lo for v in splits if lo < v < hi]
+    return [0, *inner, hi - lo]
+
+
+def _spanned(bounds: list[int], lo: int, hi: int) -> range:
+    """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
+    span)."""
+    first = max(0, int(np.searchsorted(bounds, lo, side="right")) - 1)
+    return range(min(first, len(bounds) - 2),
+                 max(first + 1, int(np.searchsorted(bounds, hi, side="left"))))
 
 
 def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
@@ -387,6 +424,13 @@ def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 
     return _Handle(run, spec)
 
 
+def _written(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> _Handle:
+    """A link of a group's chain: done (handing on the handle) when the engine has written
+    rows r0:r1, columns c0:c1 of the group."""
+    handle.wait(r0, r1, c0, c1)
+    return handle
+
+
 def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """One chunk of the result, a view of its group's product, when the engine has written
     it."""
@@ -464,6 +508,11 @@ class _Run:
         with self._cond:
             self._cond.wait_for(lambda: self._started)
 
+    def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
+        """Until rows r0:r1, columns c0:c1 of the product are written, or the run is over."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._finished or self._covered(r0, r1, c0, c1))
+
     def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         """Rows r0:r1, columns c0:c1 of the product, when written; the last chunk, when the
         run is over (its events left, its sources closed), so that a graph is not done before
@@ -523,6 +572,10 @@ class _Handle:
 
     def __sizeof__(self) -> int:
         return self.run.out.nbytes if self.run is not None else 0
+
+    def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
+        if self.run is not None:  # elsewhere, the chunk is computed when it is taken
+            self.run.wait(r0, r1, c0, c1)
 
     def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         if self.run is not None:
