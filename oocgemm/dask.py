@@ -150,7 +150,8 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
             layer[(group_name, i, j)] = (
                 _group, ops["A"].part(r, None), ops["B"].part(None, q),
                 ops["C"].part(r, q) if "C" in ops else None,
-                alpha, beta, str(dtype), dict(options), name, per_row[i] * per_col[j])
+                alpha, beta, str(dtype), dict(options), name, per_row[i] * per_col[j],
+                len(rows) == len(cols) == 2)
     # Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
     # order), as a chain of tasks, each done when its block is written: a chunk's task waits
     # for the chain's link of its last block, so it starts only once its data is there (at
@@ -399,15 +400,19 @@ def _covering(bounds, span) -> tuple[int, int]:
     return min(i0, len(bounds) - 2), min(i1, len(bounds) - 1)
 
 
-def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1) -> _Handle:
+def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
+           alone: bool = False) -> _Handle:
     """One engine task: starts the run of its group on this worker's device and returns, once
     the run has the device, a handle from which :func:`_chunk` takes the group's ``chunks``
     chunks, each as soon as the blocks under it are written (the run goes on in a thread of
-    this process; the last chunk taken waits for its end)."""
+    this process; the last chunk taken waits for its end). ``alone``: the group is the whole
+    product, and shares no decoded chunks with others."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph)
     shared_cm = _shared_chunks(graph)
     shared = shared_cm.__enter__()  # left when the run ends
+    if alone:  # the whole product in one run: the engine's own reads and cache, as multiply's
+        shared = None
     try:
         a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
         c_src = _resolve(c, shared, "C") if c is not None else None
@@ -754,7 +759,11 @@ def _resolve(spec, shared: SharedChunks | None = None, role: str = "") -> Matrix
     _, stored, rows, cols, _ = spec
     from .storage import open_source
 
-    return Region(open_source(stored, "stored input"), rows, cols, shared=shared, role=role)
+    source = open_source(stored, "stored input")
+    if shared is None and tuple(rows) == (0, source.shape[0]) and \
+            tuple(cols) == (0, source.shape[1]):
+        return source  # the whole operand, for a run of its own: read as multiply reads it
+    return Region(source, rows, cols, shared=shared, role=role)
 
 
 class Region(MatrixSource):
