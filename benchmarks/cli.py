@@ -15,10 +15,10 @@ that differs from its reference beyond the tolerance exits with status 1.
 from __future__ import annotations
 
 import importlib
-import json
 
 import click
 
+from oocgemm.cli import echo_json
 from oocgemm.errors import OOCGemmError
 
 EXIT_ERROR = 2
@@ -62,21 +62,6 @@ def _case_names(cases: str | None) -> tuple[str, ...] | None:
     return tuple(c.strip() for c in cases.split(",")) if cases else None
 
 
-def _json(data) -> None:
-    """JSON on stdout, and nothing else there."""
-    click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=True))
-
-
-def _json_default(obj):
-    if isinstance(obj, complex):
-        return [obj.real, obj.imag]
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    if isinstance(obj, (tuple, set)):
-        return list(obj)
-    return str(obj)
-
-
 def _seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
@@ -89,6 +74,11 @@ _as_json = click.option("--json", "as_json", is_flag=True,
                         help="Print the results as JSON on stdout.")
 
 
+def _common(command):
+    """The options every benchmark takes (--dtype, --seed, --json), and the click context."""
+    return _dtype(_seed(_as_json(click.pass_context(command))))
+
+
 # ------------------------------------------------------------------------------------------
 # cpu
 # ------------------------------------------------------------------------------------------
@@ -97,10 +87,7 @@ _as_json = click.option("--json", "as_json", is_flag=True,
               help="N: the operands are NxN.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed rounds (each times numpy then oocgemm); medians are reported.")
-@_dtype
-@_seed
-@_as_json
-@click.pass_context
+@_common
 def cpu(ctx, size, repeat, dtype, seed, as_json):
     """oocgemm.multiply(device='cpu') against numpy.matmul on in-memory operands."""
     from .products import cpu_benchmark
@@ -114,7 +101,7 @@ def cpu(ctx, size, repeat, dtype, seed, as_json):
     res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype, seed=seed,
                         on_step=None if as_json else on_step)
     if as_json:
-        _json(res)
+        echo_json(res)
     else:
         npy, ooc = res["numpy"], res["oocgemm"]
         w, h, r = ooc["tile"]
@@ -154,10 +141,7 @@ def cpu(ctx, size, repeat, dtype, seed, as_json):
               help="Where the .npy operands are written (default: a temp dir).")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs of each oocgemm case (the best is reported).")
-@_dtype
-@_seed
-@_as_json
-@click.pass_context
+@_common
 def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_json):
     """The CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy
     chunks, on one GPU."""
@@ -166,7 +150,7 @@ def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_js
     if big:
         res = gpu_big_benchmark(big, dtype=dtype, seed=seed)
         if as_json:
-            _json(res)
+            echo_json(res)
         else:
             click.echo(f"GPU product beyond GPU memory: n={res['size']} "
                        f"({res['operand_bytes'] / 1e9:.1f} GB of operands): "
@@ -184,7 +168,7 @@ def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_js
                         workdir=workdir, cases=_case_names(cases),
                         on_step=None if as_json else on_step)
     if as_json:
-        _json(res)
+        echo_json(res)
     else:
         lines = [f"GPU benchmark: {size}^3 {res['dtype']}, GPU memory limit {memory_limit}, "
                  f"tile {res['plan']['tile']} (grid {res['plan']['grid']})"]
@@ -212,10 +196,7 @@ def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_js
 @click.option("--cases", default=None, help="Comma-separated kernels (default: all).")
 @click.option("--repeat", type=click.IntRange(min=5), default=5, show_default=True,
               help="Interleaved rounds; medians are reported.")
-@_dtype
-@_seed
-@_as_json
-@click.pass_context
+@_common
 def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
     """Each kernel of kernels/ against cuBLAS on N^3 products, the FMA peak of the CUDA cores,
     and each kernel's registers, shared and local memory (GPU)."""
@@ -229,7 +210,7 @@ def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
     res = kernel_benchmark(sizes, kernels=_case_names(cases), dtype=dtype, repeat=repeat,
                            seed=seed, on_step=None if as_json else on_step)
     if as_json:
-        _json(res)
+        echo_json(res)
     else:
         names = list(res["sizes"][sizes[0]])
         peak = f"FMA peak of the CUDA cores {res['fma_peak_gflops']:.0f} GFLOP/s"
@@ -262,10 +243,7 @@ def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
               help="Comma-separated kernels (default: opt, regblock, dmma).")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=2.5,
               show_default=True, help="How long each case runs alone.")
-@_dtype
-@_seed
-@_as_json
-@click.pass_context
+@_common
 def power(ctx, size, cases, seconds, dtype, seed, as_json):
     """Each kernel alone for a few seconds while nvidia-smi samples SM clock and board power:
     energy per flop, and what opt and regblock reach when their operands cost less to move
@@ -278,7 +256,7 @@ def power(ctx, size, cases, seconds, dtype, seed, as_json):
     res = kernel_power(size, kernels=_case_names(cases), seconds=seconds, dtype=dtype,
                        seed=seed, on_entry=None if as_json else on_entry)
     if as_json:
-        _json(res)
+        echo_json(res)
     else:
         idle = res["idle"]
         limit = next((e["limit_w"] for e in res["entries"].values() if e.get("limit_w")), None)
@@ -322,7 +300,7 @@ def bandwidth(nbytes, repeat, as_json):
 
     res = measure_bandwidth(nbytes=nbytes, repeat=repeat)
     if as_json:
-        _json(res)
+        echo_json(res)
         return
     host = res["host_memcpy"]
     lines = [f"  {'host copy':<10} {host['best_gbps']:.3g} GB/s best, {host['median_gbps']:.3g} "

@@ -6,20 +6,9 @@ import numpy as np
 
 from oocgemm import cuda
 from oocgemm.errors import OptionError
-from oocgemm.testing import DTYPES, tolerance
+from oocgemm.testing import check_dtype, tolerance
 
 __all__ = ["check_dtype", "check_room", "gib", "max_relative_error", "tolerance"]
-
-
-def check_dtype(dtype) -> np.dtype:
-    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or dt.name not in DTYPES:
-        raise OptionError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    return dt
 
 
 def max_relative_error(result, reference) -> float:

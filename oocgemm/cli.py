@@ -105,8 +105,9 @@ def _error(message: str, ctx: click.Context | None = None) -> None:
         click.echo(f"(see '{ctx.command_path} --help')", err=True)
 
 
-def _json(data) -> None:
-    """JSON on stdout, and nothing else there."""
+def echo_json(data) -> None:
+    """JSON on stdout, and nothing else there (numpy scalars, complex numbers, tuples and sets
+    written as JSON can hold them): the ``--json`` output of the CLI and of the benchmarks."""
     click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=True))
 
 
@@ -306,7 +307,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
             summary["out"] = os.path.abspath(out)
         if timeline is not None:
             summary["timeline"] = timeline.to_dict()
-        _json(summary)
+        echo_json(summary)
         return
     prob = result.plan.problem
     if result.flops:
@@ -381,7 +382,7 @@ def timeline_command(trace, plot_path, as_json):
     if plot_path is not None:
         timeline.plot(plot_path)
     if as_json:
-        _json(timeline.to_dict())
+        echo_json(timeline.to_dict())
         return
     click.echo(str(timeline))
     _echo_saved(None, plot_path)
@@ -410,7 +411,7 @@ def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host
                                                  kernel, out_chunks, out_shards, out_compressor,
                                                  zarr_format))
     if as_json:
-        _json(the_plan.summary())
+        echo_json(the_plan.summary())
     else:
         click.echo(str(the_plan))
     in_place = beta != 0 and c is None
@@ -445,7 +446,7 @@ def verify_command(ctx, a, b, c, c_in, alpha, beta, trans_a, trans_b, rounds, se
     report = api_verify(a, b, c, alpha=alpha, beta=beta, c_in=c_in, trans_a=trans_a,
                         trans_b=trans_b, rounds=rounds, seed=seed)
     if as_json:
-        _json({**_dc.asdict(report), "ok": report.ok})
+        echo_json({**_dc.asdict(report), "ok": report.ok})
     else:
         click.echo(str(report))
     if not report:
@@ -491,7 +492,7 @@ def info(as_json):
 
     data = system_info()
     if as_json:
-        _json(data)
+        echo_json(data)
         return
     v, host, blas, gpus = data["versions"], data["host"], data["blas"], data["gpus"]
     lines = [f"oocgemm {v['oocgemm']}", "versions"]

@@ -32,7 +32,8 @@ DEFAULT_CHUNK = 2048
 RANDOM_BLOCK_BYTES = 64 << 20
 
 
-def _check_dtype(dtype) -> np.dtype:
+def check_dtype(dtype) -> np.dtype:
+    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it."""
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -199,7 +200,7 @@ def write_random(path, shape, dtype="float64", *, chunks=None, seed: int | None 
     path = os.fspath(path)
     kind = random_kind(path)
     shape = _positive_pair(shape, "shape")
-    dt = _check_dtype(dtype)
+    dt = check_dtype(dtype)
     if chunks is not None:
         if kind == "npy":
             raise OptionError("chunks apply to .zarr outputs only (a .npy file has no chunks)")

@@ -75,3 +75,28 @@ def assert_gemm(got, a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_
 def leftovers(directory) -> list[str]:
     """Temporary files of interrupted runs in ``directory``."""
     return sorted(name for name in os.listdir(directory) if PARTIAL in name)
+
+
+def cli(main):
+    """``run(*args, code=0)`` and ``fails(*args)`` for the click command ``main``, through
+    click's CliRunner: ``run`` checks the exit code and returns the result; ``fails`` expects
+    a user's error (exit 2, 'error:' on stderr, nothing on stdout, no traceback) and returns
+    stderr."""
+    from click.testing import CliRunner
+
+    def run(*args, code=0):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == code, (
+            f"exit {result.exit_code} != {code}\nstdout:\n{result.stdout}\nstderr:\n"
+            f"{result.stderr}\nexception: {result.exception!r}")
+        return result
+
+    def fails(*args) -> str:
+        result = run(*args, code=2)
+        assert "error:" in result.stderr
+        assert "Traceback" not in result.output
+        assert result.stdout == ""
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        return result.stderr
+
+    return run, fails

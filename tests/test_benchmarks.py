@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from benchmarks import bandwidth, products
 from benchmarks.cli import main
@@ -20,23 +19,12 @@ from benchmarks.kernel_rates import nominal_fma_rate
 from oocgemm import cuda
 from oocgemm.cuda import catalog
 
+from _helpers import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args, code=0):
-    """Invoke ``python -m benchmarks``; check the exit code; return the result."""
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == code, (
-        f"exit {result.exit_code} != {code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-        f"\nexception: {result.exception!r}")
-    return result
-
-
-def fails(*args) -> str:
-    """Expect an error: exit 2, 'error:' on stderr, no traceback; returns the output."""
-    result = run(*args, code=2)
-    assert "error:" in result.output and "Traceback" not in result.output
-    return result.output
+run, fails = cli(main)
 
 
 def test_cpu_reports_a_ratio():

@@ -16,29 +16,15 @@ from click.testing import CliRunner
 from oocgemm import testing
 from oocgemm.cli import main
 
+from _helpers import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------
-def run(*args, code=0):
-    """Invoke the CLI; check the exit code; return the result (stdout, stderr, output)."""
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == code, (
-        f"exit {result.exit_code} != {code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-        f"\nexception: {result.exception!r}")
-    return result
-
-
-def fails(*args) -> str:
-    """Invoke the CLI expecting an error: exit 2, 'error:' on stderr, no traceback."""
-    result = run(*args, code=2)
-    assert "error:" in result.stderr
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    return result.stderr
+run, fails = cli(main)
 
 
 def load(path) -> np.ndarray:
