@@ -3,7 +3,9 @@
     python -m benchmarks.dask_matmul --n 32768 --chunk 4096 --workdir DIR [--memory-limit 16GB]
         [--dask-limit 300 (0: no dask baseline)] [--cluster] [--json FILE]
 
-On Zarr inputs written as a zarr-python user would (zstd, ``--chunk`` square chunks), warm:
+On Zarr inputs written as a zarr-python user would (zstd, ``--chunk`` square chunks), warm, each
+product writing the same output layout (``--chunk`` chunks; ``--out-compressor``: zarr's
+default zstd, as ``to_zarr`` writes, or none, as ``multiply`` writes by default):
 
 - ``oocgemm.multiply(a, b, c)``, paths in, path out;
 - ``oocgemm.dask.matmul(da.from_zarr(a), da.from_zarr(b)).to_zarr(c)`` under the threaded
@@ -55,6 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-limit", default="16GB")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--out-compressor", choices=("zstd:0", "none"), default="zstd:0",
+                        help="the outputs' compressor, the same for every product: zarr's "
+                             "default for to_zarr (zstd level 0), or none (multiply's default)")
     parser.add_argument("--dask-limit", type=float, default=300)
     parser.add_argument("--cluster", action="store_true")
     parser.add_argument("--json", default=None)
@@ -77,6 +82,10 @@ def main(argv=None) -> int:
     doc = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "chunk": args.chunk,
            "memory_limit": args.memory_limit}
 
+    # Every product writes the same layout: chunks of --chunk, compressed alike.
+    to_zarr = {"compressors": None} if args.out_compressor == "none" else {}
+    doc["out_compressor"] = args.out_compressor
+
     def warm():
         read_files(_chunk_files(a) + _chunk_files(b), args.threads)
 
@@ -89,6 +98,8 @@ def main(argv=None) -> int:
     c1 = out("c-multiply.zarr")
     start = time.perf_counter()
     result = oocgemm.multiply(a, b, c1, device=args.device, memory_limit=args.memory_limit,
+                              out_options={"chunks": (args.chunk, args.chunk),
+                                           "compressors": args.out_compressor},
                               progress=False)
     doc["multiply"] = time.perf_counter() - start
     doc["multiply_run"] = result.seconds
@@ -108,7 +119,7 @@ def main(argv=None) -> int:
 
     with dask.config.set(scheduler="threads", num_workers=args.threads), Profiler() as prof:
         zero, zero_profile = time.time(), time.perf_counter()  # the profiler's clock
-        doc["dask_matmul"] = _timed(lambda: z.to_zarr(c2))
+        doc["dask_matmul"] = _timed(lambda: z.to_zarr(c2, **to_zarr))
     doc["blocks"] = _phases(trace_dir, zero)
     ends = sorted(t.end_time - zero_profile for t in prof.results)
     run_end = max((e for _, e in doc["blocks"]), default=0.0)
@@ -134,7 +145,7 @@ def main(argv=None) -> int:
             z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.device,
                              memory_limit=args.memory_limit, resources={"GPU": 1})
             doc["cluster_tasks"] = len(z.dask.layers[z.name + "-groups"])
-            doc["cluster"] = _timed(lambda: z.to_zarr(c3))
+            doc["cluster"] = _timed(lambda: z.to_zarr(c3, **to_zarr))
         print(f"  the same through a LocalCluster of one worker process ({args.threads} "
               f"threads, resources GPU=1): {doc['cluster']:.2f} s, {doc['cluster_tasks']} engine "
               f"tasks, rel. error {check(c3, a, b):.1e}", flush=True)
