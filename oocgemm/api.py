@@ -15,9 +15,19 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from . import hostinfo
-from .cuda.catalog import DEFAULT as DEFAULT_KERNEL, check_kernel
-from .errors import (BudgetError, DeviceError, DTypeError, ExecutionError, InputError,
-                     MemoryPressureError, OptionError, OutputError, ShapeError)
+from .checks import check_dtype, check_matrix, scalar
+from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
+from .cuda.catalog import check_kernel
+from .errors import (
+    BudgetError,
+    DeviceError,
+    DTypeError,
+    ExecutionError,
+    MemoryPressureError,
+    OptionError,
+    OutputError,
+    ShapeError,
+)
 from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .plan.units import format_size, parse_size
 from .result import Result
@@ -38,7 +48,6 @@ Size: TypeAlias = "int | str | None"
 #: A device (``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``, ``'cuda:all'``), or several.
 DeviceLike: TypeAlias = "str | Sequence[str]"
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
 
 @dataclass(frozen=True)
@@ -126,38 +135,6 @@ class _Prepared:
     """fsspec options for URL inputs and outputs."""
 
 
-def _scalar(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Number):
-        raise OptionError(f"{name} must be a number, got {value!r}")
-    try:
-        if isinstance(value, complex) or np.iscomplexobj(value):
-            return complex(value)
-        value = float(value)
-    except OverflowError:
-        raise OptionError(f"{name}={value!r} is beyond the range of a float64") from None
-    if value != value:
-        raise OptionError(f"{name} must not be NaN")
-    return value
-
-
-def _check_dtype(role: str, dtype) -> np.dtype:
-    try:
-        dtype = np.dtype(dtype)
-        supported = dtype.kind in "fc" and dtype.newbyteorder("=") in SUPPORTED_DTYPES
-    except TypeError:  # not a numpy dtype, or one without a byte order (strings)
-        supported = False
-    if not supported:  # '>f8' is float64 too
-        raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
-                         f"complex128")
-    return dtype
-
-
-def _check_matrix(role: str, src: MatrixSource) -> None:
-    if len(src.shape) != 2:
-        raise InputError(f"{role} ({src.name}) is not a matrix: shape {tuple(src.shape)} has "
-                         f"{len(src.shape)} dimension(s), expected 2")
-
-
 def _same_path(x: str | None, y: str | None) -> bool:
     if x is None or y is None:
         return False
@@ -191,8 +168,8 @@ STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "
 def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
              host_memory_limit, tile, kernel=None, out_options=None,
              storage_options=None) -> _Prepared:
-    alpha = _scalar("alpha", alpha)
-    beta = _scalar("beta", beta)
+    alpha = scalar("alpha", alpha)
+    beta = scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OptionError(f"{name} must be True or False, got {flag!r}")
@@ -205,8 +182,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
 
     src_a = open_source(a, "a", storage_options)
     src_b = open_source(b, "b", storage_options)
-    _check_matrix("a", src_a)
-    _check_matrix("b", src_b)
+    check_matrix("a", src_a)
+    check_matrix("b", src_b)
     m, k = src_a.shape[::-1] if trans_a else src_a.shape
     k2, n = src_b.shape[::-1] if trans_b else src_b.shape
     if k != k2:
@@ -220,7 +197,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     c_source = None
     if c is not None:
         c_source = open_source(c, "c", storage_options)
-        _check_matrix("c", c_source)
+        check_matrix("c", c_source)
         if tuple(c_source.shape) != (m, n):
             raise ShapeError(f"c has shape {tuple(c_source.shape)}, expected {(m, n)} "
                              f"(op(a) is {(m, k)}, op(b) is {(k, n)})")
@@ -228,7 +205,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         if out is None or (is_path(out) and not exists(out, storage_options)):
             raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in place")
         c_source = open_source(out, "out (read as c, beta != 0)", storage_options)
-        _check_matrix("out", c_source)
+        check_matrix("out", c_source)
         if tuple(c_source.shape) != (m, n):
             what = f"out {os.fspath(out)!r}" if is_path(out) else "out"
             raise ShapeError(f"{what} has shape {tuple(c_source.shape)}, expected {(m, n)} (it is "
@@ -244,11 +221,11 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                 raise OutputError("out overlaps c without being the same array; pass c=out or "
                                   "separate arrays")
 
-    dtype_a = _check_dtype("a", src_a.dtype)
-    dtype_b = _check_dtype("b", src_b.dtype)
+    dtype_a = check_dtype("a", src_a.dtype)
+    dtype_b = check_dtype("b", src_b.dtype)
     dtypes = [dtype_a, dtype_b]
     if c_source is not None and beta != 0:
-        dtypes.append(_check_dtype("c", c_source.dtype))
+        dtypes.append(check_dtype("c", c_source.dtype))
     dtype = np.result_type(*dtypes)
     if (isinstance(alpha, complex) or isinstance(beta, complex)) and dtype.kind != "c":
         raise DTypeError(f"alpha={alpha!r}, beta={beta!r}: complex scalars need complex operands, "
@@ -520,7 +497,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
         raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape):
         raise ShapeError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    _check_dtype("out", out.dtype)
+    check_dtype("out", out.dtype)
     if np.dtype(out.dtype).kind != "c" and dtype.kind == "c":
         raise DTypeError(f"out has dtype {np.dtype(out.dtype)}, but the product is {dtype}")
     for role, obj, src in inputs:

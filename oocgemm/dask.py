@@ -90,14 +90,14 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-    from .api import _scalar
     from .api import plan as plan_product
+    from .checks import scalar
 
     unknown = set(options) - {"device", "memory_limit", "host_memory_limit", "tile", "kernel",
                               "trace_dir"}
     if unknown:
         raise OptionError(f"oocgemm.dask.matmul: unknown options {sorted(unknown)}")
-    alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
+    alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     ops = {"A": _Operand.of(x, "x", trans_a), "B": _Operand.of(y, "y", trans_b)}
     (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
     if k != k2:

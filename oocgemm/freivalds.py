@@ -143,17 +143,17 @@ def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=Fa
     """
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise OptionError(f"rounds must be a positive integer, got {rounds!r}")
-    from .api import _check_dtype, _check_matrix, _scalar
+    from .checks import check_dtype, check_matrix, scalar
 
-    alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
+    alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     if beta != 0 and c_in is None and _c_in_side is None:
         raise OptionError("beta != 0: pass c_in=, the C the product was computed from")
     srcs = {"a": open_source(a, "a", storage_options), "b": open_source(b, "b", storage_options),
             "c": open_source(c, "c", storage_options, incomplete_ok=_checking)}
     try:
         for role, src in srcs.items():
-            _check_matrix(role, src)
-            _check_dtype(role, src.dtype)
+            check_matrix(role, src)
+            check_dtype(role, src.dtype)
         m, k = srcs["a"].shape[::-1] if trans_a else srcs["a"].shape
         k2, n = srcs["b"].shape[::-1] if trans_b else srcs["b"].shape
         if k != k2 or tuple(srcs["c"].shape) != (m, n):

@@ -11,7 +11,7 @@ import os
 
 from ..errors import DependencyError, OutputError
 from .events import KIND_COLORS, KIND_NAMES
-from .trace import tracks
+from .lanes import tracks
 
 _HINT = "pip install 'oocgemm[plot]' (or pip install matplotlib)"
 

@@ -23,37 +23,18 @@ once on several threads count once):
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field
 
 from ..plan.intervals import intersection, measure, union
 from ..plan.units import format_seconds, format_size
 from .events import COMPUTE_KINDS, COPY_KINDS, Event
+from .lanes import lane_family, lane_order
 
 #: Compute busy at least this share of the wall: the run is compute-bound.
 COMPUTE_BOUND = 0.95
 
 #: Links between the levels, and the operation kind that moves bytes over each.
 LINKS = {"storage read": "read", "h2d": "upload", "d2h": "download", "storage write": "write"}
-
-#: Display order of lane families (anything else comes last, by name).
-_LANE_ORDER = {"compute": 0, "h2d": 1, "c": 2, "d2h": 3, "copy": 4, "read": 5, "write": 6}
-
-
-def lane_family(lane: str) -> str:
-    """'read' for 'read-3': the pool a thread lane belongs to (a stream is its own)."""
-    return re.sub(r"-\d+$", "", lane)
-
-
-def lane_order(lane: str):
-    """Sort key of lanes: by device on a run on several ('cuda:1/compute'), then compute,
-    the streams, the copy thread, readers, writers."""
-    device, _, own = lane.rpartition("/")
-    family = lane_family(own)
-    number = own[len(family) + 1:]
-    return (device, _LANE_ORDER.get(family, len(_LANE_ORDER)), family,
-            int(number) if number.isdigit() else -1, lane)
-
 
 # -- the report ----------------------------------------------------------------------------------
 @dataclass(frozen=True)

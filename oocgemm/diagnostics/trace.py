@@ -20,40 +20,12 @@ import os
 
 from ..errors import InputError, OutputError
 from .events import Event, op_name
-from .timeline import lane_order
+from .lanes import ns, tracks
 
 FORMAT = 1
 """Version of what ``otherData.oocgemm`` and the events' ``args`` hold."""
 
 _PID = 1
-
-
-def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
-
-
-def tracks(events) -> list[tuple[str, list]]:
-    """``(track name, events)`` per track, in display order: one per lane, with numbered
-    sub-tracks where a lane's events overlap (first fit in start order, on whole
-    nanoseconds: what the trace holds)."""
-    by_lane: dict[str, list] = {}
-    for e in sorted(events, key=lambda e: (e.start, e.end, e.index)):
-        by_lane.setdefault(e.lane, []).append(e)
-    result = []
-    for lane in sorted(by_lane, key=lane_order):
-        subs: list[tuple[int, list]] = []  # (end of the last event in ns, events)
-        for e in by_lane[lane]:
-            start, end = _ns(e.start), max(_ns(e.end), _ns(e.start))
-            for i, (last, evs) in enumerate(subs):
-                if last <= start:
-                    evs.append(e)
-                    subs[i] = (end, evs)
-                    break
-            else:
-                subs.append((end, [e]))
-        for i, (_, evs) in enumerate(subs):
-            result.append((lane if i == 0 else f"{lane} #{i + 1}", evs))
-    return result
 
 
 def chrome_trace(timeline) -> dict:
@@ -79,10 +51,10 @@ def chrome_trace(timeline) -> dict:
         trace.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
                       "args": {"sort_index": tid}})
         for e in evs:
-            start = _ns(e.start)
+            start = ns(e.start)
             trace.append({
                 "ph": "X", "pid": pid, "tid": tid, "name": op_name(e.kind, e.operand),
-                "cat": e.kind, "ts": start / 1000, "dur": (max(_ns(e.end), start) - start) / 1000,
+                "cat": e.kind, "ts": start / 1000, "dur": (max(ns(e.end), start) - start) / 1000,
                 "args": {"block": list(e.key), "q": e.q, "operand": e.operand,
                          "bytes": e.nbytes, "flops": e.flops, "index": e.index,
                          "lane": e.lane, "start_s": e.start, "end_s": e.end},

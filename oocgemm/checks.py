@@ -1,0 +1,50 @@
+"""The checks of a product's arguments that every entry point makes (multiply, plan, verify,
+oocgemm.dask): scalars, dtypes, matrices."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .errors import DTypeError, InputError, OptionError
+from .storage.base import MatrixSource
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
+
+
+def scalar(name: str, value):
+    """``value`` as a float or complex; OptionError for booleans, non-numbers, NaN, and what a
+    float64 cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        raise OptionError(f"{name} must be a number, got {value!r}")
+    try:
+        if isinstance(value, complex) or np.iscomplexobj(value):
+            return complex(value)
+        value = float(value)
+    except OverflowError:
+        raise OptionError(f"{name}={value!r} is beyond the range of a float64") from None
+    if value != value:
+        raise OptionError(f"{name} must not be NaN")
+    return value
+
+
+def check_dtype(role: str, dtype) -> np.dtype:
+    """``dtype`` of operand ``role`` as a numpy dtype; DTypeError unless oocgemm multiplies it
+    (either byte order)."""
+    try:
+        dtype = np.dtype(dtype)
+        supported = dtype.kind in "fc" and dtype.newbyteorder("=") in SUPPORTED_DTYPES
+    except TypeError:  # not a numpy dtype, or one without a byte order (strings)
+        supported = False
+    if not supported:  # '>f8' is float64 too
+        raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
+                         f"complex128")
+    return dtype
+
+
+def check_matrix(role: str, src: MatrixSource) -> None:
+    """InputError unless the source of operand ``role`` is 2-d."""
+    if len(src.shape) != 2:
+        raise InputError(f"{role} ({src.name}) is not a matrix: shape {tuple(src.shape)} has "
+                         f"{len(src.shape)} dimension(s), expected 2")
