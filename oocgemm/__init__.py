@@ -8,7 +8,7 @@ from .api import multiply, plan
 from .errors import (BudgetError, DependencyError, DeviceError, DTypeError, ExecutionError,
                      InputError, MemoryPressureError, OOCGemmError, OptionError, OutputError,
                      ShapeError)
-from .plan import Plan
+from .planning import Plan
 from .result import Result
 from .freivalds import VerifyReport, verify
 

@@ -28,8 +28,8 @@ from .errors import (
     OutputError,
     ShapeError,
 )
-from .plan import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
-from .plan.units import format_size, parse_size
+from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
+from .planning.units import format_size, parse_size
 from .result import Result
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
@@ -359,7 +359,7 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     """The sources with every chunked on-disk one read at its grain
     (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
     once per run for the operands the plan keeps."""
-    from .plan.chunks import loads
+    from .planning.chunks import loads
     from .storage.base import ChunkedSource
     from .storage.chunked import ChunkReader
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import DeviceError, OptionError, ShapeError
-from .plan.schedule import serpentine
+from .planning.schedule import serpentine
 from .storage.base import MatrixSource
 
 if TYPE_CHECKING:

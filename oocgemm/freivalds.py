@@ -97,10 +97,13 @@ def _apply(src, x: np.ndarray, transposed: bool, dtype, x_abs: np.ndarray | None
 
 
 def _vectors(n: int, rounds: int, complex_: bool, seed) -> np.ndarray:
+    """Random signs (and signs times i): every entry of x has the same magnitude, so an error
+    in one element of C shows in full in its row of ``C x``. (Gaussian entries near zero hid
+    an error of a fifth of max|C| in one element from two rounds in 1.4% of the draws.)"""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, rounds))
+    x = rng.choice((-1.0, 1.0), size=(n, rounds))
     if complex_:
-        x = x + 1j * rng.standard_normal((n, rounds))
+        x = x + 1j * rng.choice((-1.0, 1.0), size=(n, rounds))
     return x
 
 

@@ -16,7 +16,7 @@ from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
 from oocgemm.api import chunk_readers
-from oocgemm.plan.chunks import chunks_of, decode_counts, loads, window_bytes
+from oocgemm.planning.chunks import chunks_of, decode_counts, loads, window_bytes
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
 from oocgemm.storage.zarr_store import ZarrSource

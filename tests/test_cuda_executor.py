@@ -15,7 +15,7 @@ import pytest
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.plan import check_schedule
+from oocgemm.planning import check_schedule
 from oocgemm.storage import open_sink, open_source
 from oocgemm.storage.memory import NumpySink, NumpySource
 from _helpers import assert_gemm, poisoned, rand

@@ -11,7 +11,7 @@ import zarr
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.plan.tiling import SLOW_FLOOR
+from oocgemm.planning.tiling import SLOW_FLOOR
 from _helpers import leftovers, rand
 
 

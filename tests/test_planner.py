@@ -183,7 +183,7 @@ def test_prediction_charges_every_operation(rng, shape, tile, staged, stripe, mi
     slot from one block to the next)."""
     import dataclasses
 
-    from oocgemm.plan.tiling import OP_OVERHEAD
+    from oocgemm.planning.tiling import OP_OVERHEAD
 
     m, k, n = shape
     plan = oocgemm.plan(np.empty((m, k)), np.empty((k, n)), device="cpu", tile=tile)

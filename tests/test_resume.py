@@ -19,7 +19,7 @@ from click.testing import CliRunner
 import oocgemm
 from oocgemm import cuda
 from oocgemm.cli import main
-from oocgemm.plan.schedule import OpKind
+from oocgemm.planning.schedule import OpKind
 from oocgemm.storage import journal as journal_module
 from oocgemm.storage import npy
 from _helpers import leftovers

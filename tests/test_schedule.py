@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oocgemm.plan import (OpKind, Operand, Plan, Problem, ScheduleError, check_schedule,
+from oocgemm.planning import (OpKind, Operand, Plan, Problem, ScheduleError, check_schedule,
                           cpu_model, cuda_model)
-from oocgemm.plan.schedule import op_span
+from oocgemm.planning.schedule import op_span
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
 from _helpers import assert_gemm, poisoned, rand
@@ -594,7 +594,7 @@ def test_operations_and_dependencies_grow_linearly(staged, grow):
 def test_the_checker_needs_a_fixed_number_of_chains(staged):
     """The checker's vector clocks have one entry per chain: a few per lane and slot, not
     more as the schedule grows."""
-    from oocgemm.plan.check import _Chains
+    from oocgemm.planning.check import _Chains
 
     sizes = []
     for scale in (1, 4):
@@ -613,7 +613,7 @@ def test_the_checker_needs_a_fixed_number_of_chains(staged):
 def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
     """One device's group (Plan.blocks): only those blocks, built without walking the others,
     each with the K order and row parts it has in the whole schedule."""
-    from oocgemm.plan.schedule import serpentine, serpentine_index
+    from oocgemm.planning.schedule import serpentine, serpentine_index
 
     whole = make_plan(50, 60, 45, (10, 12, 9), staged=staged, ramp=2, split_last=3,
                       tail_panels=2, n_a=3, n_b=3, stripe=40, n_stage=3, n_out=2)

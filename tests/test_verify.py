@@ -46,6 +46,14 @@ def test_passes_clean_results_across_dtypes(rng, dtype, trans_a, trans_b):
                               trans_a=trans_a, trans_b=trans_b)
 
 
+def test_an_error_in_one_element_is_caught_whatever_the_vectors(rng):
+    a, b = rand(rng, (300, 1000), "float32"), rand(rng, (1000, 250), "float32")
+    wrong = oocgemm.multiply(a, b, device="cpu").out
+    wrong[7, 11] += 0.2 * np.abs(wrong).max()
+    missed = [seed for seed in range(200) if oocgemm.verify(a, b, wrong, seed=seed)]
+    assert missed == []  # random signs: the error shows in full in row 7 of C x
+
+
 def test_float32_positive_data_with_long_sums(rng):
     """All-positive float32 data with K = 20000: rounding that a correct product carries
     stays within the tolerance."""

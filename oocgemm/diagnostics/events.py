@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..plan.schedule import LEVELS
+from ..planning.schedule import LEVELS
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import collections
 import threading
 import time
 
-from ..plan.schedule import OpKind
+from ..planning.schedule import OpKind
 
 #: Seconds between two refreshes of the figures beside the bar.
 REFRESH = 0.5

@@ -25,8 +25,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..plan.intervals import intersection, measure, union
-from ..plan.units import format_seconds, format_size
+from ..planning.intervals import intersection, measure, union
+from ..planning.units import format_seconds, format_size
 from .events import COMPUTE_KINDS, COPY_KINDS, Event
 from .lanes import lane_family, lane_order
 

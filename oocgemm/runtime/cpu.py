@@ -6,7 +6,7 @@ order; a pool of writer threads runs WRITEs. Every operation waits for its decla
 dependencies and nothing else, so the reads of the next panels overlap the current
 multiplication exactly as the schedule allows (the same double buffering the CUDA executor
 does with streams). The schedule names no dependency that the order of its in-order lanes
-implies (:func:`oocgemm.plan.schedule.ordered_lane`): the compute thread and the single copy
+implies (:func:`oocgemm.planning.schedule.ordered_lane`): the compute thread and the single copy
 thread keep that order (the copy thread runs the lanes h2d and c as one, which keeps each
 one's order), so neither may become a pool.
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
-from ..plan.schedule import OpKind
+from ..planning.schedule import OpKind
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 
 

@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from ..diagnostics.events import EventLog
-from ..plan.schedule import OpKind, ordered_lane
+from ..planning.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 from .cpu import _translate
 
@@ -79,7 +79,7 @@ class _Futures(dict):
 def _stream_of(op) -> str:
     """The stream a device operation runs on: its in-order lane (h2d: A and B uploads,
     compute: GEMM and FILL, c: C uploads and downloads). The schedule counts on each stream
-    running its operations in schedule order (:func:`oocgemm.plan.schedule.ordered_lane`)."""
+    running its operations in schedule order (:func:`oocgemm.planning.schedule.ordered_lane`)."""
     return ordered_lane(op)
 
 

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..diagnostics.events import Event
-from ..plan.schedule import LEVELS, serpentine
+from ..planning.schedule import LEVELS, serpentine
 
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:

@@ -8,7 +8,7 @@ pool of decoder threads (so the chunks of one region decode in parallel, and the
 neighbouring stripes wait for the same decode instead of each decoding the chunk again), and
 the read copies its part out. A chunk stays in memory until the last read of the current load
 that needs it (streamed operands), or for the whole run (kept operands, ``Plan.cache``); the
-plan's :func:`~oocgemm.plan.chunks.loads` say how many reads each load makes.
+plan's :func:`~oocgemm.planning.chunks.loads` say how many reads each load makes.
 
 When a read starts a load of a streamed operand, the decodes of the whole load are queued at
 once, in the load's row order: the decoders run ahead of the stripes by up to one load. A kept
@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..plan.chunks import Load, chunk_region, chunks_of
+from ..planning.chunks import Load, chunk_region, chunks_of
 from .base import ChunkedSource, MatrixSource
 
 
@@ -50,7 +50,7 @@ class ChunkReader(MatrixSource):
     inner
         The chunked source.
     load_list
-        The loads of this operand in schedule order (:func:`oocgemm.plan.chunks.loads`).
+        The loads of this operand in schedule order (:func:`oocgemm.planning.chunks.loads`).
     kept
         Keep every decoded chunk until its last read in the run.
     decoders

@@ -19,7 +19,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
 from . import _files, urls
-from ..plan.chunks import chunk_region
+from ..planning.chunks import chunk_region
 from .base import MatrixSink, MatrixSource
 
 

@@ -181,7 +181,7 @@ class Plan:
 
     def chunk_reports(self) -> list:
         """Loads and decodes of each chunked on-disk operand
-        (:class:`oocgemm.plan.chunks.ChunkReport`), from the geometry alone."""
+        (:class:`oocgemm.planning.chunks.ChunkReport`), from the geometry alone."""
         from .chunks import estimate
 
         reports = (estimate(self, name) for name in ("A", "B", "C"))
@@ -190,7 +190,7 @@ class Plan:
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
     def schedule(self):
-        """The ordered block operations (:class:`oocgemm.plan.schedule.Schedule`)."""
+        """The ordered block operations (:class:`oocgemm.planning.schedule.Schedule`)."""
         from .schedule import build_schedule
 
         return build_schedule(self)
@@ -198,7 +198,7 @@ class Plan:
     @functools.cached_property
     def counts(self):
         """Operations per kind and bytes per level of :attr:`schedule`, counted without
-        building it (:class:`oocgemm.plan.schedule.Counts`): what ``print(plan)`` and
+        building it (:class:`oocgemm.planning.schedule.Counts`): what ``print(plan)`` and
         :meth:`summary` show."""
         from .schedule import count_schedule
 
@@ -379,7 +379,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             ) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
-    first panel). ``decodes``: the plan's :class:`~oocgemm.plan.chunks.ChunkReport` per
+    first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
     operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
     ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
     cut into, which set how many operations each load takes."""

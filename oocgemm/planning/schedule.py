@@ -8,7 +8,7 @@ executor runs each such lane's operations one after the other in schedule order,
 dependency on one of them stands for all earlier ones of its lane, and an operation needs no
 dependency on its own lane at all. Each operation therefore names at most one dependency per
 other in-order lane, plus the few pool operations (READ, WRITE) it waits for; the checker
-(:mod:`oocgemm.plan.check`) proves the buffer discipline under exactly that rule.
+(:mod:`oocgemm.planning.check`) proves the buffer discipline under exactly that rule.
 
 Staged plans (CUDA) move every panel and C block in row stripes through a ring of small host
 buffers (sR0.. for what goes up, sO0.. for C coming down), so that pinned memory stays bounded

@@ -3,7 +3,7 @@
 Two passes over the operation list:
 
 1. Hazards. ``happens_before`` is the transitive closure of the declared dependencies and of
-   program order on each in-order lane (:data:`~oocgemm.plan.schedule.ORDERED_LANES`: an
+   program order on each in-order lane (:data:`~oocgemm.planning.schedule.ORDERED_LANES`: an
    executor runs a lane's operations one after the other, in schedule order), and nothing
    else: an executor may run any two operations with no path between them at once. Every read
    of a slot must come after the write that filled it (RAW), no slot may be overwritten before
