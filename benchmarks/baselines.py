@@ -16,9 +16,8 @@ import ctypes
 import functools
 import time
 
-import numpy as np
-
 import cupy
+import numpy as np
 from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into the process)
 
 from oocgemm.cuda.kernels import gemm_arrays

@@ -8,9 +8,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import numpy as np
-
 import cupy
+import numpy as np
 
 from oocgemm.errors import KernelError
 

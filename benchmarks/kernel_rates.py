@@ -17,7 +17,6 @@ from oocgemm.sysinfo import gpu_info
 
 from .common import check_dtype, check_room, tolerance
 
-
 #: Targets of ``python -m benchmarks kernels`` (H100): SIMT kernels against the FMA peak,
 #: the tensor-core kernel against cuBLAS at the largest size.
 KERNEL_TARGETS = {"opt": ("fma_peak", 0.80), "regblock": ("fma_peak", 0.80),

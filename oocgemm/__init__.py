@@ -5,12 +5,22 @@
 """
 
 from .api import multiply, plan
-from .errors import (BudgetError, DependencyError, DeviceError, DTypeError, ExecutionError,
-                     InputError, MemoryPressureError, OOCGemmError, OptionError, OutputError,
-                     ShapeError)
+from .errors import (
+                     BudgetError,
+                     DependencyError,
+                     DeviceError,
+                     DTypeError,
+                     ExecutionError,
+                     InputError,
+                     MemoryPressureError,
+                     OOCGemmError,
+                     OptionError,
+                     OutputError,
+                     ShapeError,
+)
+from .freivalds import VerifyReport, verify
 from .planning import Plan
 from .result import Result
-from .freivalds import VerifyReport, verify
 
 __version__ = "0.1.0"
 

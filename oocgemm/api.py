@@ -29,10 +29,10 @@ from .errors import (
     ShapeError,
 )
 from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
-from .planning.units import format_size, parse_size
 from .result import Result
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
+from .units import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnostics.events import Event

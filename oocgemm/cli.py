@@ -25,7 +25,7 @@ import click
 
 from . import __version__
 from .errors import OOCGemmError, OutputError
-from .planning.units import format_seconds, format_size
+from .units import format_seconds, format_size
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .planning.units import format_seconds, format_size
+from .units import format_seconds, format_size
 
 
 @dataclass

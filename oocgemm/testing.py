@@ -278,6 +278,6 @@ def _positive_pair(value, name: str) -> tuple[int, int]:
 
 
 def _gib(nbytes: float) -> str:
-    from .planning.units import format_size
+    from .units import format_size
 
     return format_size(nbytes)

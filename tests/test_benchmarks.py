@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import cli
 
 from benchmarks import bandwidth, products
 from benchmarks.cli import main
 from benchmarks.kernel_rates import nominal_fma_rate
 from oocgemm import cuda
 from oocgemm.cuda import catalog
-
-from _helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,13 +5,14 @@ at the store, under the whole Zarr stack."""
 from __future__ import annotations
 
 import collections
-import os
 import dataclasses
+import os
 import threading
 
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, poisoned, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
@@ -20,7 +21,6 @@ from oocgemm.planning.chunks import chunks_of, decode_counts, loads, window_byte
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
-from _helpers import assert_gemm, poisoned, rand
 
 
 class CountingStore(WrapperStore):

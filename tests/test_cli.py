@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from _helpers import cli
 from click.testing import CliRunner
 
 from oocgemm import testing
 from oocgemm.cli import main
-
-from _helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

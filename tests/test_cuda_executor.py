@@ -12,13 +12,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
 from oocgemm.planning import check_schedule
 from oocgemm.storage import open_sink, open_source
 from oocgemm.storage.memory import NumpySink, NumpySource
-from _helpers import assert_gemm, poisoned, rand
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]

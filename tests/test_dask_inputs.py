@@ -10,12 +10,12 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, rand
 
 import oocgemm
 from oocgemm.storage import open_source
 from oocgemm.storage.memory import DaskSource
 from oocgemm.storage.zarr_store import ZarrSource
-from _helpers import assert_gemm, rand
 
 
 class Counter:

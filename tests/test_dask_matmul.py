@@ -14,13 +14,13 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, rand
 from dask.callbacks import Callback
+from test_dask_inputs import Counter, counted
 
 import oocgemm
 import oocgemm.dask as odask
 from oocgemm import cuda
-from test_dask_inputs import Counter, counted
-from _helpers import assert_gemm, rand
 
 
 def _groups(z):

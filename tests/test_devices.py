@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, poisoned, rand
 
 import oocgemm
 from oocgemm.runtime.cpu import CpuExecutor
-from _helpers import assert_gemm, leftovers, poisoned, rand
 
 THREE = ["cpu", "cpu", "cpu"]
 

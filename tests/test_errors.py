@@ -8,11 +8,11 @@ import re
 import numpy as np
 import pytest
 import zarr
+from _helpers import leftovers, rand
 
 import oocgemm
 from oocgemm import cuda
 from oocgemm.planning.tiling import SLOW_FLOOR
-from _helpers import leftovers, rand
 
 
 def test_error_hierarchy():

@@ -12,11 +12,11 @@ import tempfile
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import oocgemm
-from _helpers import assert_gemm, leftovers
 
 DTYPES = ["float32", "float64", "complex64", "complex128"]
 

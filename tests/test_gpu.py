@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
-from _helpers import assert_gemm, poisoned, rand
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]

@@ -8,12 +8,12 @@ import itertools
 
 import numpy as np
 import pytest
+from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
 from oocgemm.cuda import catalog
 from oocgemm.errors import KernelError
-from _helpers import assert_gemm, poisoned, rand
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]

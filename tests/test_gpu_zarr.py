@@ -3,14 +3,13 @@ at the store), writes the user's output layout, and reads URLs; skipped where no
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, rand
+from test_chunks import counted, n_chunks, objects, unit, write
 
 import oocgemm
 from oocgemm import cuda
-from test_chunks import counted, n_chunks, objects, unit, write
-from _helpers import assert_gemm, rand
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]

@@ -9,9 +9,9 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, poisoned, rand
 
 import oocgemm
-from _helpers import assert_gemm, leftovers, poisoned, rand
 
 
 def save(path: str, x: np.ndarray, chunks=(4, 4)):

@@ -8,9 +8,9 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, poisoned, rand
 
 import oocgemm
-from _helpers import assert_gemm, leftovers, poisoned, rand
 
 INPUT_KINDS = ["numpy", "transposed-view", "strided", "fortran", "memmap", "npy", "npy-pathlib",
                "zarr2", "zarr3", "zarr2-array", "zarr3-array", "dask"]

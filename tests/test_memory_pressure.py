@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
 from oocgemm.runtime.cpu import CpuExecutor
-from _helpers import assert_gemm, leftovers, poisoned, rand
 
 
 def _failing(monkeypatch, cls, name, error, after: int, times: int = 1):

@@ -12,13 +12,13 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, rand
 from click.testing import CliRunner
 
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.errors import OptionError
 from oocgemm.storage.zarr_store import MAX_OUT_CHUNK, compressor, output_chunks
-from _helpers import assert_gemm, leftovers, rand
 
 
 @pytest.fixture

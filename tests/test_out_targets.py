@@ -10,12 +10,12 @@ import re
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, leftovers, rand
 from click.testing import CliRunner
 
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.errors import DTypeError, InputError, OptionError, OutputError
-from _helpers import assert_gemm, leftovers, rand
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from _helpers import rand
 
 import oocgemm
 from oocgemm.storage.memory import DaskSource, NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
-from _helpers import rand
 
 
 @pytest.fixture

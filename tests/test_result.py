@@ -9,10 +9,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _helpers import assert_gemm, rand
 
 import oocgemm
 from oocgemm.diagnostics import Event
-from _helpers import assert_gemm, rand
 
 TRAFFIC_KEYS = {"storage_read", "storage_write", "h2d", "d2h"}
 

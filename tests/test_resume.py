@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import zarr
+from _helpers import leftovers
 from click.testing import CliRunner
 
 import oocgemm
@@ -22,7 +23,6 @@ from oocgemm.cli import main
 from oocgemm.planning.schedule import OpKind
 from oocgemm.storage import journal as journal_module
 from oocgemm.storage import npy
-from _helpers import leftovers
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 

@@ -8,15 +8,23 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _helpers import assert_gemm, poisoned, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oocgemm.planning import (OpKind, Operand, Plan, Problem, ScheduleError, check_schedule,
-                          cpu_model, cuda_model)
+from oocgemm.planning import (
+    Operand,
+    OpKind,
+    Plan,
+    Problem,
+    ScheduleError,
+    check_schedule,
+    cpu_model,
+    cuda_model,
+)
 from oocgemm.planning.schedule import op_span
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
-from _helpers import assert_gemm, poisoned, rand
 
 PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)}
 BIG = 1 << 50

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
-from _helpers import assert_gemm, poisoned, rand
 
 ALPHAS = [1.0, 2.5, -0.75, 0.0]
 BETAS = [0.0, 1.0, -0.5, 2.0]

@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-
 from _helpers import leftovers
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.diagnostics import Event, Timeline
-from oocgemm.diagnostics.timeline import intersection, measure, union
 from oocgemm.diagnostics.lanes import tracks
+from oocgemm.diagnostics.timeline import intersection, measure, union
 from oocgemm.diagnostics.trace import chrome_trace
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source

@@ -9,12 +9,12 @@ import uuid
 import numpy as np
 import pytest
 import zarr
+from _helpers import assert_gemm, poisoned, rand
 from click.testing import CliRunner
 
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.errors import InputError, OOCGemmError, OutputError
-from _helpers import assert_gemm, poisoned, rand
 
 
 @pytest.fixture

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from _helpers import leftovers, rand, reference
 from click.testing import CliRunner
 
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.errors import ExecutionError, OptionError, ShapeError
-from _helpers import leftovers, rand, reference
 
 
 def test_catches_one_element_off_by_1e6_of_the_largest_in_4096(rng):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
-import numpy as np
-
 import cupy
+import numpy as np
 from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas
 

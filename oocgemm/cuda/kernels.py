@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 import cupy
+import numpy as np
 
 from ..errors import KernelError
 from .catalog import KERNELS, KernelSpec, kernels_dir, source_text

@@ -25,8 +25,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..planning.intervals import intersection, measure, union
-from ..planning.units import format_seconds, format_size
+from ..intervals import intersection, measure, union
+from ..units import format_seconds, format_size
 from .events import COMPUTE_KINDS, COPY_KINDS, Event
 from .lanes import lane_family, lane_order
 

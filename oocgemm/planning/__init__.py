@@ -3,8 +3,17 @@
 from .check import ScheduleError, check_schedule
 from .model import DeviceModel, cpu_model, cuda_model
 from .problem import Operand, Problem
-from .schedule import (ORDERED_LANES, Counts, Op, OpKind, Schedule, build_schedule,
-                       count_schedule, ordered_lane, serpentine)
+from .schedule import (
+                       ORDERED_LANES,
+                       Counts,
+                       Op,
+                       OpKind,
+                       Schedule,
+                       build_schedule,
+                       count_schedule,
+                       ordered_lane,
+                       serpentine,
+)
 from .tiling import Plan, Prediction, choose_tile, predict
 
 __all__ = ["ORDERED_LANES", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",

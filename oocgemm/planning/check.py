@@ -27,7 +27,7 @@ Two passes over the operation list:
 
 from __future__ import annotations
 
-from .intervals import union
+from ..intervals import union
 from .schedule import ORDERED_LANES, OpKind, Schedule, op_span, ordered_lane
 
 

@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError, OptionError
+from ..units import format_seconds, format_size
 from .chunks import most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
 from .schedule import stripe_rows
-from .units import format_seconds, format_size
 
 #: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
 OP_OVERHEAD = 40e-6

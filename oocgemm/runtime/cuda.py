@@ -34,6 +34,7 @@ from ..planning.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, panel_shapes, thread_lane
 from .cpu import _translate
 
+
 def _settle(future: Future, task) -> None:
     """Run ``task`` and settle ``future`` with its outcome (unless it was cancelled)."""
     if not future.set_running_or_notify_cancel():

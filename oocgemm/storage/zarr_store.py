@@ -18,8 +18,8 @@ from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
-from . import _files, urls
 from ..planning.chunks import chunk_region
+from . import _files, urls
 from .base import MatrixSink, MatrixSource
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import OptionError
+from .errors import OptionError
 
 _UNITS = {
     "": 1, "b": 1,
