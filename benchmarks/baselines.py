@@ -171,7 +171,7 @@ def h2d_d2h_bandwidth(nbytes: int = 1 << 30, device: int = 0) -> dict:
         result = {}
         for name, host in (("pinned", pinned), ("pageable", pageable)):
             for direction in ("h2d", "d2h"):
-                def copy():
+                def copy(direction=direction, host=host):
                     if direction == "h2d":
                         cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes, 1,
                                                       stream.ptr)

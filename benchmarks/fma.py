@@ -19,7 +19,7 @@ from .baselines import timed_events
 SOURCE = Path(__file__).resolve().parent / "kernels" / "fma_peak.cu"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fma_module(device: int) -> cupy.RawModule:
     """``fma_peak.cu`` as one module per device, loaded once (its kernels and their shape
     queries are asked for several times a benchmark)."""

@@ -45,7 +45,8 @@ _MISSING = (1 << 64) - 1
 
 def zstd_frames(info: StoreInfo) -> list[tuple[str, int, int, tuple[slice, ...]]]:
     """(file, offset, size, region) of every zstd frame of the store, innermost chunks in C order
-    of the stored objects; refuses stores whose chunks are not ``bytes`` (little-endian) + ``zstd``."""
+    of the stored objects; refuses stores whose chunks are not ``bytes`` (little-endian) +
+    ``zstd``."""
     if info.zarr_format != 3:
         raise BenchError(f"{info.path}: Zarr v3 stores only")
     codecs = info.meta["codecs"]

@@ -4,13 +4,16 @@ Three subcommands (``python -m benchmarks.zarr_io SUBCOMMAND --help`` for the op
 
     python -m benchmarks.zarr_io make --n 8192 --chunk 4096 --layout v3|v3-sharded|v2 DIR
     python -m benchmarks.zarr_io floor DIR... [--threads 16] [--drop-caches]
-    python -m benchmarks.zarr_io decode DIR... [--threads 16] [--decoders zarr,zarrs,tensorstore,numcodecs]
+    python -m benchmarks.zarr_io decode DIR... [--threads 16] [--decoders
+    zarr,zarrs,tensorstore,numcodecs]
 
 ``make`` writes a test store the way a user with zarr-python's defaults would (random float64,
-zstd, chunk-aligned parallel writes); the data of each stored object is ``default_rng([seed, *index])``,
+zstd, chunk-aligned parallel writes); the data of each stored object is ``default_rng([seed,
+*index])``,
 recorded in the attributes, so ``decode`` can check every decoder against regenerated data.
 
-``floor`` measures the disk under the stores: parallel os-level reads of every chunk file, cold (after
+``floor`` measures the disk under the stores: parallel os-level reads of every chunk file, cold
+(after
 dropping the page cache) and warm, and parallel writes of N files with fsync (C's storage floor).
 
 ``decode`` reads each whole store into a preallocated array, every stored chunk decoded once, with
@@ -168,7 +171,8 @@ class StoreInfo:
         return tuple(slice(i * s, min((i + 1) * s, n)) for i, s, n in zip(index, step, self.shape))
 
     def inner_chunks(self) -> list[tuple[slice, ...]]:
-        """Regions of every innermost chunk, C order (stored objects' order for unsharded arrays)."""
+        """Regions of every innermost chunk, C order (stored objects' order for unsharded
+        arrays)."""
         grid = tuple(-(-s // c) for s, c in zip(self.shape, self.inner))
         return [self.region(idx, self.inner) for idx in np.ndindex(*grid)]
 
@@ -371,7 +375,8 @@ _BLOCK = 64 << 20
 
 
 def _read_whole_file(path: str, local: threading.local) -> memoryview | None:
-    """The file's bytes in this thread's reusable buffer (valid until its next call); None if absent."""
+    """The file's bytes in this thread's reusable buffer (valid until its next call); None if
+       absent."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -715,11 +720,13 @@ def _scratch(local: threading.local, shape: tuple[int, ...], dtype) -> np.ndarra
 
 
 class _Chain:
-    """Decode of one innermost chunk's bytes into a C-contiguous chunk-shaped array, by numcodecs."""
+    """Decode of one innermost chunk's bytes into a C-contiguous chunk-shaped array, by
+    numcodecs."""
 
     def __init__(self, ops: list, swap: bool, filters: list) -> None:
         self.ops = ops
-        """bytes->bytes decode steps in decode order: a numcodecs codec, or ``"crc32c"`` (strip 4 bytes)."""
+        """bytes->bytes decode steps in decode order: a numcodecs codec, or ``"crc32c"`` (strip 4 "
+                                                                                     "bytes)."""
         self.swap = swap
         """Whether the stored elements are big-endian."""
         self.filters = filters
@@ -756,7 +763,8 @@ class _Chain:
 
 
 def _fill_value(fill, dtype: str) -> np.ndarray:
-    """The fill value of missing chunks as a 0-d array (JSON spells NaN and infinities as strings)."""
+    """The fill value of missing chunks as a 0-d array (JSON spells NaN and infinities as
+       strings)."""
     if fill is None:
         fill = 0
     elif isinstance(fill, str):
@@ -790,7 +798,8 @@ def _v3_bytes_chain(codecs: list[dict]) -> _Chain:
             ops.append("crc32c")
         else:
             raise BenchError(
-                f"the direct reader handles bytes, zstd, blosc, gzip, crc32c, sharding_indexed; got {name!r}"
+                "the direct reader handles bytes, zstd, blosc, gzip, crc32c, sharding_indexed; "
+                f"got {name!r}"
             )
     return _Chain(ops, swap, [])
 
@@ -800,7 +809,8 @@ class NumcodecsReader(Reader):
 
     ``chunks``: ``threads`` threads share the stored objects; each reads the whole file and decodes
     it (every inner chunk of a shard, through the shard index) into a per-thread scratch chunk,
-    then copies it into its place. ``inner`` (sharded only): each inner chunk on its own, reading the
+    then copies it into its place. ``inner`` (sharded only): each inner chunk on its own, reading
+    the
     shard index and then the chunk's byte range, as a reader of tiles smaller than a shard would.
     ``direct``: the destination is laid out chunk by chunk (a blocked array), so each chunk is
     decoded straight into its block, no copy; uncompressed chunks are read straight into it.
@@ -836,7 +846,8 @@ class NumcodecsReader(Reader):
             if info.sharded:
                 if len(codecs) != 1:
                     raise BenchError(
-                        f"{info.path}: sharding_indexed must be the only codec, got {[c['name'] for c in codecs]}"
+                        f"{info.path}: sharding_indexed must be the only codec, got "
+                        f"{[c['name'] for c in codecs]}"
                     )
                 conf = codecs[0]["configuration"]
                 self.chain = _v3_bytes_chain(conf["codecs"])
@@ -860,7 +871,8 @@ class NumcodecsReader(Reader):
         if variant == "direct":
             if any(s % c for s, c in zip(info.shape, info.inner)):
                 raise BenchError(
-                    f"direct needs the shape {info.shape} to be a multiple of the chunk {info.inner}"
+                    f"direct needs the shape {info.shape} to be a multiple of the chunk "
+                    f"{info.inner}"
                 )
             grid = tuple(s // c for s, c in zip(info.shape, info.inner))
             self.out = None
@@ -888,7 +900,8 @@ class NumcodecsReader(Reader):
     # -- one innermost chunk ---------------------------------------------------------------------
 
     def _place(self, data, grid_index: tuple[int, ...]) -> None:
-        """Decode one innermost chunk (``data`` None: missing, fill) at innermost-grid ``grid_index``."""
+        """Decode one innermost chunk (``data`` None: missing, fill) at innermost-grid
+           ``grid_index``."""
         info = self.info
         if self.blocks is not None:
             dest = self.blocks[grid_index]
@@ -988,7 +1001,8 @@ def make_reader(info: StoreInfo, decoder: str, variant: str, threads: int, confi
     """The reader for one case (imports its decoder)."""
     if variant not in _VARIANTS_OF.get(decoder, ()):
         raise BenchError(
-            f"decoder {decoder!r} has no variant {variant!r}: it has {', '.join(_VARIANTS_OF.get(decoder, ()))}"
+            f"decoder {decoder!r} has no variant {variant!r}: it has "
+            f"{', '.join(_VARIANTS_OF.get(decoder, ()))}"
         )
     if variant == "inner" and not info.sharded:
         raise BenchError("inner is for sharded arrays; for others it is 'chunks'")
@@ -1211,7 +1225,9 @@ def environment() -> dict:
 def _table(rows: list[list], header: list[str]) -> str:
     cells = [header] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    def fmt(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
     return "\n".join(
         [fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
         + [fmt(r) for r in cells[1:]]
@@ -1264,7 +1280,8 @@ def cmd_make(args) -> dict:
         threads=args.threads,
     )
     print(
-        f"{rec['path']}: {rec['label']}, {rec['n']}x{rec['n']} {rec['dtype']}, {rec['files']} files, "
+        f"{rec['path']}: {rec['label']}, {rec['n']}x{rec['n']} {rec['dtype']}, {rec['files']} "
+        "files, "
         f"{rec['stored_bytes'] / GB:.3f} GB stored of {rec['decoded_bytes'] / GB:.3f} GB, "
         f"written in {rec['seconds']:.2f} s on {rec['threads']} threads "
         f"({_rate(rec['decoded_bytes'], rec['seconds'])} GB/s)"
@@ -1432,7 +1449,8 @@ def cmd_decode(args) -> dict:
 
 
 def _print_progress(r: dict) -> None:
-    name = f"{Path(r['path']).name} {r['decoder']} {r['variant']} t={r['threads']} {r.get('config_label', '')}"
+    name = (f"{Path(r['path']).name} {r['decoder']} {r['variant']} t={r['threads']} "
+            f"{r.get('config_label', '')}")
     if "error" in r:
         print(f"  {name}: error: {r['error']}", flush=True)
     else:

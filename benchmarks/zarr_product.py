@@ -340,7 +340,8 @@ def dask_runs(a: str, b: str, c: str, args, say) -> list[dict]:
             read_files(_chunk_files(a) + _chunk_files(b), args.threads)
         d = run_dask(a, b, c, args.threads, cold, args.dask_limit)
         runs.append(d)
-        took = f"{d['wall']:.2f} s" if d["wall"] is not None else f"not finished after {d['limit']:.0f} s"
+        took = (f"{d['wall']:.2f} s" if d["wall"] is not None else
+                f"not finished after {d['limit']:.0f} s")
         say(f"dask {'cold' if cold else 'warm'}: {took}")
     return runs
 

@@ -24,7 +24,9 @@ def main(workdir: str) -> float:
     a = rng.standard_normal((600, 400))
     b = rng.standard_normal((400, 500))
     a_path, b_path, c_path = (os.path.join(workdir, name) for name in ("a.zarr", "b.npy", "c.zarr"))
-    zarr.create_array(a_path, shape=a.shape, chunks=(100, 100), dtype=a.dtype, overwrite=True)[:] = a
+    stored = zarr.create_array(a_path, shape=a.shape, chunks=(100, 100), dtype=a.dtype,
+                               overwrite=True)
+    stored[:] = a
     np.save(b_path, b)
 
     # A 2 MB budget forces a tiling into several C blocks and K panels.

@@ -25,5 +25,6 @@ from .result import Result
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "ExecutionError",
-           "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError", "Plan", "Result",
+           "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError",
+           "Plan", "Result",
            "ShapeError", "VerifyReport", "multiply", "plan", "verify", "__version__"]

@@ -116,7 +116,8 @@ def resolve_device(device) -> Device:
                    if not cuda.cupy_installed() else "no CUDA GPU was found")
             raise DeviceError(f"device {device!r}: {why}; use device='cpu' or 'auto'")
         if index >= count:
-            raise DeviceError(f"device {device!r}: only {count} GPU(s) found (cuda:0..cuda:{count - 1})")
+            raise DeviceError(f"device {device!r}: only {count} GPU(s) found "
+                              f"(cuda:0..cuda:{count - 1})")
         return Device("cuda", index)
     raise DeviceError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
@@ -126,7 +127,7 @@ def resolve_device(device) -> Device:
 class _Prepared:
     plan: Plan
     sources: dict
-    out: object
+    out: Any
     in_place: bool
     device: Device
     out_options: dict
@@ -149,7 +150,7 @@ def _same_array(x, y) -> bool:
         return True
     try:
         ix, iy = x.__array_interface__, y.__array_interface__
-        return ix["data"] == iy["data"] and ix["shape"] == iy["shape"] and ix["strides"] == iy["strides"]
+        return all(ix[key] == iy[key] for key in ("data", "shape", "strides"))
     except AttributeError:
         return False
 
@@ -188,7 +189,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     k2, n = src_b.shape[::-1] if trans_b else src_b.shape
     if k != k2:
         raise ShapeError(
-            f"inner dimensions differ: a is {tuple(src_a.shape)}{' (transposed)' if trans_a else ''}, "
+            "inner dimensions differ: a is "
+            f"{tuple(src_a.shape)}{' (transposed)' if trans_a else ''}, "
             f"b is {tuple(src_b.shape)}{' (transposed)' if trans_b else ''}: op(a) has {k} "
             f"columns, op(b) has {k2} rows")
 
@@ -203,7 +205,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                              f"(op(a) is {(m, k)}, op(b) is {(k, n)})")
     if beta != 0 and c is None:
         if out is None or (is_path(out) and not exists(out, storage_options)):
-            raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in place")
+            raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in "
+                              "place")
         c_source = open_source(out, "out (read as c, beta != 0)", storage_options)
         check_matrix("out", c_source)
         if tuple(c_source.shape) != (m, n):
@@ -264,7 +267,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
     def operand(src: MatrixSource) -> Operand:
         rows, cols = src.shape
         in_place = src.view((0, rows), (0, cols), dtype) is not None
-        return Operand(tuple(src.shape), src.chunks, src.on_disk, src.name, zero_copy=in_place)
+        return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=in_place)
 
     problem = Problem(
         m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
@@ -304,7 +307,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         plan = Plan(tile=tile, **kwargs)
     plan = _finished(plan)
     sources = {"A": src_a, "B": src_b}
-    if problem.c is not None:
+    if problem.c is not None and c_source is not None:
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
                      out_options=out_options, storage_options=storage_options)
@@ -315,7 +318,7 @@ def _finished(plan: Plan) -> Plan:
     budgets, with the operands it keeps in host memory chosen."""
     if plan.staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
-        default = Plan.__dataclass_fields__["stripe"].default
+        default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
     return _with_cache(dataclasses.replace(plan, cache=()).validate())
 
@@ -385,7 +388,8 @@ def _parse_tile(tile) -> tuple[int, int, int]:
         ok = False
     if not ok or min(values) < 1:
         raise OptionError(f"tile must be three positive integers (w, h, r), got {tile!r}")
-    return values
+    w, h, r = values
+    return w, h, r
 
 
 def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
@@ -442,7 +446,7 @@ def _check_out_path(path: str, inputs) -> None:
     if kind == "npy" and path.endswith(("/", os.sep)):
         raise OutputError(f"out {path!r}: a .npy output is a file, not a directory")
     real = os.path.realpath(path)
-    for role, obj, src in inputs:
+    for role, _obj, src in inputs:
         inside = src.path is not None and not urls.is_url(src.path) and (
             os.path.realpath(src.path).startswith(real.rstrip(os.sep) + os.sep))
         if inside:
@@ -487,7 +491,7 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
         return Operand(shape, None, False, "result array", zero_copy=True)
     if is_path(out):
         path = os.fspath(out)
-        for role, obj, src in inputs:
+        for role, _obj, src in inputs:
             if _same_path(path, src.path):
                 raise OutputError(f"out {path!r} is the same file as {role}")
         if not urls.is_url(path):
@@ -698,6 +702,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                 sink.guard(c_in)
             if fingerprint is not None:
                 if journal is None:
+                    assert sink.temporary_path is not None  # a fingerprint: a file output
                     journal = Journal(sink.temporary_path, {
                         "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
                 sink = JournaledSink(sink, journal, plan_.row_splits, plan_.col_splits)
@@ -743,16 +748,17 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
             committed = True
     except BaseException as exc:
         if committed:  # an interrupt after the commit: the output is whole, and stays
+            assert sink is not None
             where = os.fspath(prep.out) if is_path(prep.out) else sink.name
-            exc.oocgemm_committed = where
+            exc.oocgemm_committed = where  # type: ignore[attr-defined]
             exc.add_note(f"oocgemm: {where} was complete and committed before this interrupt")
         elif sink is not None:
             with signals_deferred():
-                if isinstance(exc, KeyboardInterrupt) and getattr(sink, "keep", None) \
+                if isinstance(exc, KeyboardInterrupt) and isinstance(sink, JournaledSink) \
                         and sink.keep():  # finished blocks stay, for resume=True
                     p, q, _ = plan_.grid
-                    exc.oocgemm_resumable = (sink.journal.temporary, len(sink.journal.blocks),
-                                             p * q)
+                    exc.oocgemm_resumable = (  # type: ignore[attr-defined]
+                        sink.journal.temporary, len(sink.journal.blocks), p * q)
                     exc.add_note(f"oocgemm: {len(sink.journal.blocks)} of {p * q} C blocks "
                                  f"are kept in {sink.journal.temporary}; resume=True finishes "
                                  f"the product")

@@ -4,6 +4,7 @@ oocgemm.dask): scalars, dtypes, matrices."""
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -13,20 +14,21 @@ from .storage.base import MatrixSource
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
 
-def scalar(name: str, value):
+def scalar(name: str, value: Any) -> float | complex:
     """``value`` as a float or complex; OptionError for booleans, non-numbers, NaN, and what a
     float64 cannot hold."""
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         raise OptionError(f"{name} must be a number, got {value!r}")
+    number: Any = value  # a Number: int, float, complex, a numpy scalar, a Fraction, ...
     try:
-        if isinstance(value, complex) or np.iscomplexobj(value):
-            return complex(value)
-        value = float(value)
+        if isinstance(number, complex) or np.iscomplexobj(number):
+            return complex(number)
+        real = float(number)
     except OverflowError:
         raise OptionError(f"{name}={value!r} is beyond the range of a float64") from None
-    if value != value:
+    if real != real:
         raise OptionError(f"{name} must not be NaN")
-    return value
+    return real
 
 
 def check_dtype(role: str, dtype) -> np.dtype:

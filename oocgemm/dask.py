@@ -157,28 +157,30 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     # for the chain's link of its last block, so it starts only once its data is there (at
     # most one task a group waits for the engine, whatever order the scheduler picks).
     wait_name = name + "-written"
-    waits, links = {}, {}
+    waits: dict = {}
+    link: dict[tuple[int, int, int, int], int] = {}  # (group, block) -> its link in the chain
+    inner_of: dict[tuple[int, int], list[list[int]]] = {}  # group -> its block bounds, inside
     block_splits = planned or group_bounds
     for i in range(len(rows) - 1):
         for j in range(len(cols) - 1):
-            inner = [_within(block_splits[d], *bounds) for d, bounds in
-                     ((0, (rows[i], rows[i + 1])), (1, (cols[j], cols[j + 1])))]
-            before = (group_name, i, j)
+            inner = inner_of[(i, j)] = [
+                _within(block_splits[d], *bounds)
+                for d, bounds in ((0, (rows[i], rows[i + 1])), (1, (cols[j], cols[j + 1])))]
+            before: tuple = (group_name, i, j)
             for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
-                links[(i, j, bi, bj)] = t
+                link[(i, j, bi, bj)] = t
                 waits[(wait_name, i, j, t)] = (
                     _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
                     inner[1][bj + 1])
                 before = (wait_name, i, j, t)
-            links[(i, j)] = inner
     pieces = {}
     for ci in range(len(chunk_bounds[0]) - 1):
         for cj in range(len(chunk_bounds[1]) - 1):
             i, j = row_of[ci], col_of[cj]
             r0, c0 = chunk_bounds[0][ci] - rows[i], chunk_bounds[1][cj] - cols[j]
             r1, c1 = chunk_bounds[0][ci + 1] - rows[i], chunk_bounds[1][cj + 1] - cols[j]
-            inner = links[(i, j)]
-            last = max(links[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
+            inner = inner_of[(i, j)]
+            last = max(link[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
                        for bj in _spanned(inner[1], c0, c1))
             pieces[(name, ci, cj)] = (_chunk, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
@@ -505,8 +507,8 @@ class _Run:
                 self._written[key] = (self._bytes(*key) if event.nbytes == 0 else
                                       self._written.get(key, 0) + event.nbytes)
                 self._cond.notify_all()
-            elif self.cancelled and not self._covered(0, *self.out.shape[:1], 0,
-                                                      *self.out.shape[1:]):
+            elif self.cancelled and not self._covered(0, self.out.shape[0], 0,
+                                                      self.out.shape[1]):
                 raise _Cancelled()
 
     def wait_started(self) -> None:
@@ -664,10 +666,9 @@ class SharedChunks:
     def get(self, key, decode) -> np.ndarray:
         """The chunk ``key``, decoded by ``decode()`` by the first task that asks."""
         with self._lock:
-            entry = self._chunks.get(key)
-            mine = entry is None
-            if mine:
-                entry = self._chunks[key] = _Pending()
+            found = self._chunks.get(key)
+            mine = found is None
+            entry = self._chunks[key] = _Pending() if found is None else found
         if not mine:
             return entry.wait()
         try:
@@ -782,13 +783,16 @@ class Region(MatrixSource):
         self.path = inner.path
         grid = getattr(inner, "chunks", None)
         aligned = grid is not None and rows[0] % grid[0] == 0 and cols[0] % grid[1] == 0
-        self.chunks = tuple(grid) if aligned and hasattr(inner, "read_chunk") else None
+        self.chunks: tuple[int, int] | None = (
+            (int(grid[0]), int(grid[1])) if grid is not None and aligned and
+            hasattr(inner, "read_chunk") else None)
 
     def read(self, rows, cols, out):
         self.inner.read((self.rows[0] + rows[0], self.rows[0] + rows[1]),
                         (self.cols[0] + cols[0], self.cols[0] + cols[1]), out)
 
     def read_chunk(self, index, out):
+        assert self.chunks is not None  # only regions on the chunk grid are read by chunks
         r0 = index[0] * self.chunks[0]
         c0 = index[1] * self.chunks[1]
         self.read((r0, r0 + out.shape[0]), (c0, c0 + out.shape[1]), out)
@@ -804,6 +808,7 @@ class Region(MatrixSource):
     def _shared_chunk(self, index) -> np.ndarray:
         """Region chunk ``index``: its stored chunk, decoded once per process, clipped to the
         region."""
+        assert self.chunks is not None and self._shared is not None  # see shared_chunk
         (ch, cw), (rows, cols) = self.chunks, self.inner.shape
         at = (self.rows[0] // ch + index[0], self.cols[0] // cw + index[1])
         r0, c0 = at[0] * ch, at[1] * cw

@@ -187,8 +187,9 @@ def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=Fa
         if ratio.size == 0:
             return VerifyReport(True, rounds, 0.0, -1, (0, 0), 0.0, 0.0)
         row, col = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        unit = srcs["c"].chunks[0] if srcs["c"].chunks else max(1, m)
-        band = (int(row // unit * unit), int(min(m, (row // unit + 1) * unit)))
+        rows_of_c = int(srcs["c"].shape[0])
+        unit = int(srcs["c"].chunks[0]) if srcs["c"].chunks else max(1, rows_of_c)
+        band = (int(row // unit * unit), min(rows_of_c, int(row // unit + 1) * unit))
         worst = float(ratio[row, col])
         return VerifyReport(ok=bool(worst <= 1.0), rounds=rounds, worst_ratio=worst,
                             worst_row=int(row), worst_rows=band,

@@ -96,7 +96,8 @@ class Result:
 
     def __str__(self) -> str:
         p = self.plan.problem
-        moved = ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in self.bytes.items() if v)
+        moved = ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
+                          for k, v in self.bytes.items() if v)
         return (f"C[{p.m}x{p.n}] ({p.dtype}, K={p.k}) on {self.plan.device}: "
                 f"{format_seconds(self.seconds)}, {self.tflops * 1e3:.4g} GFLOP/s"
                 + (f"; moved {moved}" if moved else ""))

@@ -37,16 +37,19 @@ def parse_size(value: int | float | str | None, total: int | None = None, *, nam
     if value is None:
         return None
     if isinstance(value, bool):
-        raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got "
+                          f"{value!r}")
     if isinstance(value, (int, float)):
         if not 1 <= value < float("inf"):  # NaN, inf, 0 and fractions of a byte too
             raise OptionError(f"{name} must be a positive, finite byte count, got {value!r}")
         return int(value)
     if not isinstance(value, str):
-        raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got {value!r}")
+        raise OptionError(f"{name} must be a byte count or a string like '8GB' or '80%', got "
+                          f"{value!r}")
     match = _SIZE.match(value)
     if not match:
-        raise OptionError(f"{name} must look like '8GB', '512MiB', '80%' or a byte count, got {value!r}")
+        raise OptionError(f"{name} must look like '8GB', '512MiB', '80%' or a byte count, got "
+                          f"{value!r}")
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit == "%":
         if total is None:

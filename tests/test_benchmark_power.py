@@ -14,7 +14,8 @@ from oocgemm.errors import OptionError
 T0 = datetime(2026, 11, 22, 10, 31, 22, 123000)
 
 
-def _line(when: datetime, clock="1875", draw="696.78", limit="700.00", reasons="0x0000000000000004"):
+def _line(when: datetime, clock="1875", draw="696.78", limit="700.00",
+          reasons="0x0000000000000004"):
     return f"{when:%Y/%m/%d %H:%M:%S.%f}"[:-3] + f", {clock}, {draw}, {limit}, {reasons}"
 
 
@@ -24,7 +25,8 @@ def test_parse_line_reads_every_field():
 
 
 @pytest.mark.parametrize("line", [
-    "timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], clocks_event_reasons.active",
+    "timestamp, clocks.current.sm [MHz], power.draw [W], power.limit [W], "
+    "clocks_event_reasons.active",
     "Failed to initialize NVML: Driver/library version mismatch",
     "",
     _line(T0)[:30],                        # cut off
@@ -60,6 +62,5 @@ def test_window_keeps_the_samples_between_two_times():
 
 def test_without_nvidia_smi_the_error_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no nvidia-smi on it
-    with pytest.raises(OptionError, match="nvidia-smi"):
-        with power.PowerSampler():
-            pass
+    with pytest.raises(OptionError, match="nvidia-smi"), power.PowerSampler():
+        pass

@@ -393,7 +393,8 @@ def test_kernel_option_errors(tmp_path, rng, args, why):
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
     np.save(a, rng.standard_normal((12, 8)))
     np.save(b, rng.standard_normal((8, 5)))
-    for command in (["plan", str(a), str(b)], ["multiply", str(a), str(b), "-o", str(tmp_path / "c.npy")]):
+    for command in (["plan", str(a), str(b)],
+                    ["multiply", str(a), str(b), "-o", str(tmp_path / "c.npy")]):
         result = CliRunner().invoke(main, command + args)
         assert result.exit_code == 2, result.output
         assert why in result.output and "Traceback" not in result.output

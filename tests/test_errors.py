@@ -274,7 +274,8 @@ def test_npy_that_is_not_npy(rng, workdir):
 @pytest.mark.parametrize("how", ["delete", "garble"])
 def test_corrupt_zarr_metadata(rng, workdir, fmt, how):
     x = rand(rng, (6, 5))
-    zarr.create_array("b.zarr", shape=x.shape, dtype=x.dtype, chunks=(3, 3), zarr_format=fmt)[...] = x
+    zarr.create_array("b.zarr", shape=x.shape, dtype=x.dtype, chunks=(3, 3),
+                      zarr_format=fmt)[...] = x
     meta = os.path.join("b.zarr", "zarr.json" if fmt == 3 else ".zarray")
     if how == "delete":
         os.remove(meta)

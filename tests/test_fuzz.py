@@ -53,7 +53,8 @@ def matrices(draw, shape, role):
             os.remove(path)
             return path, x, damage
         return path, x, None
-    chunks = (draw(st.integers(1, max(shape[0], 1) + 2)), draw(st.integers(1, max(shape[1], 1) + 2)))
+    chunks = (draw(st.integers(1, max(shape[0], 1) + 2)), draw(st.integers(1, max(shape[1], 1) +
+    2)))
     path = f"{role}.zarr"
     options = {"zarr_format": 2} if form == "zarr-v2" else {}
     if form == "zarr-sharded":

@@ -47,9 +47,9 @@ def test_out_of_memory_midway_plans_again_and_finishes(rng, workdir, monkeypatch
 def test_memory_that_keeps_running_out_is_an_error_in_the_end(rng, workdir, monkeypatch):
     a, b = rand(rng, (200, 150)), rand(rng, (150, 120))
     _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=1, times=100)
-    with pytest.warns(RuntimeWarning):
-        with pytest.raises(oocgemm.MemoryPressureError, match="host memory ran out"):
-            oocgemm.multiply(a, b, "c.npy", device="cpu", memory_limit="2MB")
+    with pytest.warns(RuntimeWarning), \
+            pytest.raises(oocgemm.MemoryPressureError, match="host memory ran out"):
+        oocgemm.multiply(a, b, "c.npy", device="cpu", memory_limit="2MB")
     assert leftovers(".") == []
 
 

@@ -238,7 +238,8 @@ def test_dropping_a_gemm_dependency_is_caught_unless_implied(mplan):
             assert writers and writers <= ancestors(sched, op.index), (
                 f"{op} does not wait for the writers of {op.src[which]}")
             through = {d for d in op.deps if writers & (ancestors(sched, d) | {d})}
-            mutated = with_op(sched, replace(op, deps=tuple(d for d in op.deps if d not in through)))
+            mutated = with_op(sched, replace(op, deps=tuple(d for d in op.deps if d not in
+            through)))
             # The dropped deps may also have ordered the GEMM's other operands: the slow
             # element-wise replay says whether the mutated schedule is still correct.
             if hazard_free(mutated):

@@ -69,7 +69,8 @@ def test_beta_zero_ignores_poisoned_existing_out_path(rng, workdir, suffix):
     if suffix == ".npy":
         np.save("out.npy", poisoned((10, 6)))
     else:
-        zarr.create_array("out.zarr", shape=(10, 6), dtype="f8", chunks=(3, 3))[:] = poisoned((10, 6))
+        zarr.create_array("out.zarr", shape=(10, 6), dtype="f8",
+                          chunks=(3, 3))[:] = poisoned((10, 6))
     r = oocgemm.multiply(a, b, "out" + suffix, overwrite=True, tile=(3, 4, 2), device="cpu")
     assert_gemm(r.out[:], a, b)
 

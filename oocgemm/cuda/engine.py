@@ -110,7 +110,7 @@ class GpuContext:
         self.streams: dict[str, cupy.cuda.Stream] = {}
 
     # -- lifetime ----------------------------------------------------------------------------
-    def __enter__(self) -> "GpuContext":
+    def __enter__(self) -> GpuContext:
         self.device.__enter__()
         try:
             self.streams = {name: cupy.cuda.Stream(non_blocking=True)

@@ -53,7 +53,8 @@ def _compile(spec: KernelSpec, expr: str, device: int, defines: tuple = ()) -> c
     cc = capability(device)
     if cc < spec.min_capability:
         raise KernelError(f"kernel {spec.name!r} needs compute capability "
-                          f"{spec.min_capability / 10:.1f} or newer; GPU {device} has {cc / 10:.1f}")
+                          f"{spec.min_capability / 10:.1f} or newer; GPU {device} has "
+                          f"{cc / 10:.1f}")
     with cupy.cuda.Device(device):
         options = _OPTIONS + tuple(f"-D{macro}={value}" for macro, value in defines)
         module = cupy.RawModule(code=source_text(spec), options=options, name_expressions=[expr])
@@ -70,7 +71,8 @@ def _compile(spec: KernelSpec, expr: str, device: int, defines: tuple = ()) -> c
 def resources(name: str, dtype="float64", device: int | None = None) -> dict:
     """Registers, static shared memory, local memory (spills) of the plain (NN, vector) instance."""
     fn = function(name, dtype, False, False, True, device)
-    return {"registers": fn.num_regs, "shared_bytes": fn.shared_size_bytes + KERNELS[name].dynamic_shared,
+    return {"registers": fn.num_regs,
+            "shared_bytes": fn.shared_size_bytes + KERNELS[name].dynamic_shared,
             "local_bytes": fn.local_size_bytes}
 
 
@@ -92,7 +94,8 @@ def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: 
         return
     dtype = np.dtype(dtype)
     spec = KERNELS[name]
-    vec = all(_aligned(p, ld, dtype.itemsize) for p, ld in ((a_ptr, lda), (b_ptr, ldb), (c_ptr, ldc)))
+    vec = all(_aligned(p, ld, dtype.itemsize) for p, ld in ((a_ptr, lda), (b_ptr, ldb), (c_ptr,
+    ldc)))
     fn = function(name, dtype, trans_a, trans_b, vec, defines=defines)
     rows, cols = spec.tile
     grid = ((n + cols - 1) // cols, (m + rows - 1) // rows, 1)

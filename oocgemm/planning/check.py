@@ -87,7 +87,8 @@ def _check_hazards(schedule: Schedule) -> None:
                 raise ScheduleError(f"{op}: writes unknown slot {slot}")
             lo, hi = _span(op, slot, schedule, writing=True)
             if hi > schedule.slots[slot]:
-                raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its {schedule.slots[slot]} elements")
+                raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its "
+                                    f"{schedule.slots[slot]} elements")
             verified.pop(slot, None)
             for reader, rlo, rhi in reads.get(slot, ()):
                 if rlo < hi and lo < rhi and reader != op.index and not before(reader):
@@ -247,7 +248,8 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 ranges = cstate[c_slot] = (op.key, _Ranges())
             pieces = ranges[1].get(lo, hi)
             if len(set(pieces)) != 1:
-                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} are in mixed states {pieces}")
+                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} are in mixed states "
+                                    f"{pieces}")
             previous = pieces[0]
             # A GEMM accumulates where the slot holds a partial sum of this block; elsewhere it
             # is the first touch (with beta == 1 the first GEMM has op.beta == 1 too).
@@ -256,9 +258,11 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 q = op.q
                 a_tag, b_tag = content.get(op.src[0]), content.get(op.src[1])
                 if not _whole(a_tag, "A", (i, q), region_of):
-                    raise ScheduleError(f"{op}: A slot {op.src[0]} holds {a_tag}, expected all of A{(i, q)}")
+                    raise ScheduleError(f"{op}: A slot {op.src[0]} holds {a_tag}, expected all of "
+                                        f"A{(i, q)}")
                 if not _whole(b_tag, "B", (q, j), region_of):
-                    raise ScheduleError(f"{op}: B slot {op.src[1]} holds {b_tag}, expected all of B{(q, j)}")
+                    raise ScheduleError(f"{op}: B slot {op.src[1]} holds {b_tag}, expected all of "
+                                        f"B{(q, j)}")
                 if op.alpha != prob.alpha:
                     raise ScheduleError(f"{op}: alpha {op.alpha}, expected {prob.alpha}")
                 accumulated.setdefault((i, j, q), []).append((lo, hi))
@@ -271,7 +275,8 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 # The first touch of these rows: beta * C (as read) or nothing (beta == 0).
                 want_beta = prob.beta if prob.reads_c else 0.0
                 if op.beta != want_beta:
-                    raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected {want_beta}")
+                    raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected "
+                                        f"{want_beta}")
                 if prob.reads_c and previous != "input":
                     raise ScheduleError(f"{op}: scales {previous}, expected rows {lo}:{hi} of "
                                         f"C{op.key} as read")
@@ -304,7 +309,8 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                     raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels "
                                         f"{sorted(want_panels)}")
                 if tag[3] != frozenset({(lo, hi)}):
-                    raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding {tag[3]}")
+                    raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding "
+                                        f"{tag[3]}")
             written.setdefault(op.key, []).append((lo, hi))
 
     for key, stripes in written.items():
@@ -333,9 +339,10 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
 
 
 def _check_tiling(what: str, splits: tuple[int, ...], extent: int) -> None:
-    if splits[0] != 0 or splits[-1] != extent or any(b <= a for a, b in zip(splits, splits[1:])):
-        if not (extent == 0 and splits == (0,)):
-            raise ScheduleError(f"{what} {splits} do not tile [0, {extent})")
+    tiles = splits[0] == 0 and splits[-1] == extent and all(
+        b > a for a, b in zip(splits, splits[1:]))
+    if not tiles and not (extent == 0 and splits == (0,)):
+        raise ScheduleError(f"{what} {splits} do not tile [0, {extent})")
 
 
 def _merge(ranges) -> frozenset:

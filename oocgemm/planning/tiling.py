@@ -205,14 +205,14 @@ class Plan:
         return count_schedule(self)
 
     @property
-    def prediction(self) -> "Prediction":
+    def prediction(self) -> Prediction:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, ramp=self.ramp,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes)
 
-    def validate(self) -> "Plan":
+    def validate(self) -> Plan:
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
         w, h, r = self.tile
         if min(w, h, r) < 1:
@@ -271,7 +271,8 @@ class Plan:
         lines = [
             f"oocgemm plan: C[{prob.m}x{prob.n}] = {prob.alpha:g}·A{ta}·B{tb}"
             + (f" + {prob.beta:g}·C" if prob.reads_c else "") + f"  ({prob.dtype}, K={prob.k})",
-            f"  device      {self.device}" + ("  (staged through pinned host buffers)" if self.staged else "")
+            f"  device      {self.device}"
+            + ("  (staged through pinned host buffers)" if self.staged else "")
             + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
             f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
@@ -602,7 +603,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
             for h in hs:
                 if not fits((w, h, 1))[0]:
                     continue
-                for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
+                for r in _r_candidates(rs, lambda r, w=w, h=h: fits((w, h, r))[0]):
                     tile = (w, h, r)
                     # Prefer square-ish, larger tiles on ties (fewer, larger operations).
                     t = seconds(tile) * (1 + 1e-9 * (abs(w - h) - w - h - r))

@@ -17,7 +17,8 @@ def executor_class(kind: str):
     try:
         target = _EXECUTORS[kind]
     except KeyError:
-        raise DeviceError(f"unknown executor {kind!r}; known: {', '.join(sorted(_EXECUTORS))}") from None
+        known = ", ".join(sorted(_EXECUTORS))
+        raise DeviceError(f"unknown executor {kind!r}; known: {known}") from None
     module, name = target.split(":")
     return getattr(importlib.import_module(module), name)
 

@@ -83,7 +83,8 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     module = _module(obj)
     if isinstance(obj, np.ndarray):
         name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
-        path = os.path.abspath(obj.filename) if isinstance(obj, np.memmap) and obj.filename else None
+        mapped = isinstance(obj, np.memmap) and obj.filename
+        path = os.path.abspath(obj.filename) if mapped else None
         return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
     if module == "zarr":
         from .zarr_store import ZarrSource

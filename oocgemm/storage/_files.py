@@ -105,10 +105,8 @@ def publish(temporary: str, final: str, *, replace: bool) -> None:
                     if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another writer won
                         shutil.rmtree(old, ignore_errors=True)
                         continue
-                    try:  # the user's output goes back where it was
+                    with contextlib.suppress(OSError):  # the user's output goes back
                         os.rename(old, final)
-                    except OSError:
-                        pass
                     raise
                 shutil.rmtree(old, ignore_errors=True)
                 return

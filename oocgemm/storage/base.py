@@ -86,6 +86,11 @@ class MatrixSink(abc.ABC):
     def abort(self) -> None:
         """Remove whatever a failed run wrote under a temporary name."""
 
+    @property
+    def temporary_path(self) -> str | None:
+        """Where a file output is written until its commit (None: no file, or in place)."""
+        return None
+
     def array(self):
         return None
 

@@ -17,6 +17,7 @@ resumes (or disturbs) an output that another is still writing.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -137,10 +138,8 @@ class Journal:
         if self._file is None:
             return
         if remove:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
-            except FileNotFoundError:
-                pass
         self._file.close()  # closing the descriptor releases the flock
         self._file = None
 

@@ -55,7 +55,7 @@ def reader_config(threads: int) -> dict:
     return config
 
 
-def fast_reader(array: "zarr.Array", threads: int = 0) -> "zarr.Array":
+def fast_reader(array: zarr.Array, threads: int = 0) -> zarr.Array:
     """``array`` opened again, read-only, under :func:`reader_config` (the codec pipeline is
     fixed when an array is opened); the array itself where that fails."""
     threads = threads or hostinfo.cores()
@@ -67,7 +67,7 @@ def fast_reader(array: "zarr.Array", threads: int = 0) -> "zarr.Array":
 
 
 class ZarrSource(MatrixSource):
-    def __init__(self, array: "zarr.Array", name: str, path: str | None = None,
+    def __init__(self, array: zarr.Array, name: str, path: str | None = None,
                  incomplete_ok: bool = False):
         mark = array.attrs.get("oocgemm")
         if isinstance(mark, dict) and mark.get("complete") is False and not incomplete_ok:
@@ -173,7 +173,7 @@ def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None
     return rows, cols[-1]
 
 
-def layout_of(array: "zarr.Array") -> dict:
+def layout_of(array: zarr.Array) -> dict:
     """The ``zarr.create_array`` keywords that make an array laid out and coded like
     ``array`` (chunks, shards, codecs, fill value, dimension names, chunk keys, format), and
     its attributes: what an in-place update keeps."""
@@ -322,7 +322,7 @@ class ZarrSink(MatrixSink):
     existing one is replaced on commit from a temporary sibling."""
 
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
-                 options: dict | None = None, array: "zarr.Array | None" = None,
+                 options: dict | None = None, array: zarr.Array | None = None,
                  attributes: dict | None = None, storage_options: dict | None = None,
                  replace: bool = False, temporary: str | None = None):
         self.shape = tuple(shape)
@@ -381,7 +381,7 @@ class ZarrSink(MatrixSink):
             ok &= lo % chunk == 0 and (hi % chunk == 0 or hi == extent)
         return ok
 
-    def guard(self, source: "ZarrSource") -> None:
+    def guard(self, source: ZarrSource) -> None:
         """``source`` reads the array this sink updates in place: its reads and the writes
         that rewrite chunks other blocks share take one lock. (A write of whole chunks only
         touches chunks that no other block reads.)"""
