@@ -66,19 +66,16 @@ class Result:
         return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
 
     def summary(self) -> dict:
-        plan = self.plan
+        """The run as plain data (``--json``): the plan's fields (``Plan.summary``, the same
+        schema as ``oocgemm plan --json``, its planned bytes as ``planned_bytes``), then what
+        the run measured."""
+        planned = self.plan.summary()
+        planned["planned_bytes"] = planned.pop("bytes")
         return {
-            "shape": [plan.problem.m, plan.problem.n, plan.problem.k],
-            "dtype": plan.problem.dtype,
-            "device": plan.device,
-            "kernel": plan.kernel if plan.device.startswith("cuda") else None,
-            "tile": list(plan.tile),
+            **planned,
             "seconds": self.seconds,
-            "flops": self.flops,
             "tflops": self.tflops,
             "bytes": dict(self.bytes),
-            "operations": len(self.plan.schedule.ops),
-            "predicted_seconds": plan.prediction.total,
             "out": self.out_name,
             "resumed_blocks": self.resumed,
             "replanned": list(self.replanned),

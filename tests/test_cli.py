@@ -175,7 +175,7 @@ def test_multiply_transpose_alpha_beta_c_and_tile(operands, tmp_path):
     result = run("multiply", a, a, "-o", out, "--trans-a", "--alpha", "2", "--beta", "0.5",
                  "--c", tmp_path / "c2.npy", "--tile", "8,6,7", "--device", "cpu", "--json")
     summary = json.loads(result.stdout)
-    assert summary["tile"] == [8, 6, 7]
+    assert summary["tile"] == {"w": 8, "h": 6, "r": 7}
     A = load(a)
     expected = 2 * A.T @ A + 0.5 * load(tmp_path / "c2.npy")
     np.testing.assert_allclose(load(out), expected, rtol=1e-12, atol=1e-12)
@@ -204,7 +204,7 @@ def test_multiply_json_is_the_only_stdout(operands, tmp_path):
     result = run("multiply", a, b, "-o", tmp_path / "out.zarr", "--json")
     summary = json.loads(result.stdout)
     assert summary["tflops"] > 0
-    assert summary["shape"] == [30, 25, 20]
+    assert summary["shape"] == {"m": 30, "n": 25, "k": 20}
     assert summary["flops"] == 2 * 30 * 25 * 20
     assert summary["out"] == str(tmp_path / "out.zarr")
     assert set(summary["bytes"]) >= {"storage_read", "storage_write"}

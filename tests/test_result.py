@@ -120,8 +120,12 @@ def test_summary_and_str(rng):
     a, b = rand(rng, (12, 9)), rand(rng, (9, 10))
     r = oocgemm.multiply(a, b, tile=(4, 4, 4), device="cpu")
     s = r.summary()
-    assert s["shape"] == [12, 10, 9] and s["tile"] == [4, 4, 4]
+    assert s["shape"] == {"m": 12, "n": 10, "k": 9} and s["tile"] == {"w": 4, "h": 4, "r": 4}
     assert s["flops"] == r.flops and s["operations"] == len(r.events)
+    plan = r.plan.summary()  # one schema: the plan's fields, then the run's
+    assert {k: s[k] for k in plan if k != "bytes"} == {k: v for k, v in plan.items()
+                                                       if k != "bytes"}
+    assert s["planned_bytes"] == plan["bytes"] and s["bytes"] == r.bytes
     assert "C[12x10]" in str(r) and "GFLOP/s" in str(r)
 
 

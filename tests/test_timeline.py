@@ -98,6 +98,7 @@ def test_summary_of_a_hand_made_pipeline():
     assert (t.link("h2d").bytes, t.link("h2d").busy) == (600, 3.0)
     assert (t.link("d2h").bytes, t.link("d2h").busy) == (100, 1.0)
     assert (t.link("storage write").bytes, t.link("storage write").busy) == (100, 2.0)
+    assert t.link("storage_write") == t.link("storage write")  # as result.bytes names it
     # rates and the bound: compute is busy 38%, storage read is the busiest resource (6 s)
     assert t.flops == 5000
     assert t.tflops == pytest.approx(5000 / 13 / 1e12)

@@ -232,9 +232,10 @@ class Timeline:
         raise KeyError(f"no lane {name!r}; lanes: {', '.join(x.name for x in self.lanes)}")
 
     def link(self, name: str) -> LinkStats:
-        """The figures of one link ('storage read', 'h2d', 'd2h', 'storage write')."""
+        """The figures of one link: 'storage read', 'h2d', 'd2h', 'storage write', or as the
+        keys of ``result.bytes`` spell them ('storage_read', ...)."""
         for link in self.links:
-            if link.name == name:
+            if link.name == name.replace("_", " "):
                 return link
         raise KeyError(f"no link {name!r} moved anything; links: "
                        f"{', '.join(x.name for x in self.links) or 'none'}")
