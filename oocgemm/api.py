@@ -30,6 +30,7 @@ from .errors import (
 )
 from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .result import Result
+from .runtime.base import executor_class
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
 from .units import format_size, parse_size
@@ -255,12 +256,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         if mem > free:
             raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
                               f"{format_size(free)} free on {dev}")
-        staged = True
     else:
         total = hostinfo.total_memory()
         model = cpu_model()
         mem = parse_size(memory_limit, total, name="memory_limit") or total // 4
-        staged = False
     host = parse_size(host_memory_limit, hostinfo.total_memory(), name="host_memory_limit") or (
         hostinfo.total_memory() // 4)
 
@@ -274,25 +273,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         a=operand(src_a), b=operand(src_b),
         c=operand(c_source) if (c_source is not None and beta != 0) else None,
         out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
+    executor = executor_class(dev.kind)  # it owns its staging policy
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=staged, kernel=kernel)
-    if staged:
-        # Pageable -> pinned copies need many threads to approach PCIe rates (on the H100:
-        # 16 threads ~50 GB/s); the ring holds two stripes per reader, and small regions are
-        # spread over all readers. The first panel runs in pieces (r/4, r/4, r/2: two
-        # halvings were ~1% ahead of three in two sweeps on the H100), so that the first GEMM
-        # starts early. The last 4 panels of a block run row stripe by row stripe, 8 stripes
-        # (16 drained faster but ran the GEMMs slower: 1.5% slower end to end), with 5 slots
-        # each for A and B (4 resident + 1 for the next block's first panel), so that C's
-        # rows become final over 4 panels' time and leave while the rest computes.
-        readers = max(4, min(10, hostinfo.cores() - 4))
-        kwargs.update(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
-                      min_stripes=readers,
-                      tail_panels=4, n_a=5, n_b=5,
-                      ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
-                                       problem.b_chunks_kn()[0] or 1))
-    else:
-        kwargs.update(readers=4)
+                  host_memory_limit=host, staged=executor.STAGED, kernel=kernel,
+                  **executor.staging(problem, model))
     staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
         w, h, r = _parse_tile(tile)
@@ -300,7 +284,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
         plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
         try:
-            tile = choose_tile(problem, model, mem, host, staged=staged, **staging)
+            tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, **staging)
         except BudgetError as exc:
             raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
                                                     host_memory_limit=host_memory_limit)) from None
@@ -656,7 +640,6 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                     tile=tile, kernel=kernel, out_options=out_options,
                     storage_options=storage_options)
     plan_ = prep.plan
-    from .runtime.base import executor_class
 
     prob = plan_.problem
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
@@ -782,7 +765,6 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
 
 def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events):
     """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
-    from .runtime.base import executor_class
     from .runtime.split import run_split
 
     running: set = set()

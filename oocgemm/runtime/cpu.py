@@ -46,6 +46,14 @@ class CpuExecutor(Executor):
         False to keep no events (only the bytes moved are counted).
     """
 
+    #: Plans for this executor work in place (no staging buffers).
+    STAGED = False
+
+    @staticmethod
+    def staging(problem, model) -> dict:
+        """The plan's staging settings for this executor: 4 reader threads."""
+        return {"readers": 4}
+
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
                  record: bool = True):
         super().__init__(plan, sources, sink, on_event=on_event, record=record)
