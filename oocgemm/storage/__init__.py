@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -12,8 +14,8 @@ from ._files import PARTIAL
 from .base import MatrixSink, MatrixSource
 from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
 
-__all__ = ["MatrixSink", "MatrixSource", "exists", "open_source", "open_sink", "is_path",
-           "kind_of_path"]
+__all__ = ["SINKS", "SOURCES", "SUFFIXES", "MatrixSink", "MatrixSource", "exists", "is_path",
+           "kind_of_path", "open_sink", "open_source", "register_sink", "register_source"]
 
 
 def is_path(obj) -> bool:
@@ -24,12 +26,18 @@ def _module(obj) -> str:
     return type(obj).__module__.split(".")[0]
 
 
+#: Path suffixes and the kind of adapter that reads and writes them.
+SUFFIXES: dict[str, str] = {".npy": "npy", ".zarr": "zarr"}
+
+
 def kind_of_path(path: str) -> str:
-    """'npy' or 'zarr', from the name (and, for existing paths, what is there)."""
+    """'npy', 'zarr' or a registered kind, from the name's suffix (and, for other existing
+    paths, what is there: a directory is Zarr, a file .npy)."""
     lower = path.lower().rstrip("/\\")
-    if lower.endswith(".npy"):
-        return "npy"
-    if lower.endswith(".zarr") or os.path.isdir(path):
+    for suffix, kind in SUFFIXES.items():
+        if lower.endswith(suffix):
+            return kind
+    if os.path.isdir(path):
         return "zarr"
     if os.path.isfile(path):
         return "npy"
@@ -47,9 +55,10 @@ def exists(target, storage_options: dict | None = None) -> bool:
 def open_source(obj, role: str, storage_options: dict | None = None, *,
                 incomplete_ok: bool = False) -> MatrixSource:
     """A readable matrix from a path (.zarr directory, .npy file), a URL of a Zarr array
-    (``storage_options`` for its file system), a zarr/numpy/cupy/dask array.
-    ``incomplete_ok`` accepts a Zarr array flagged incomplete (the product being checked
-    before its commit); anything else an interrupted run left is refused.
+    (``storage_options`` for its file system), a zarr/numpy/cupy/dask array or an xarray
+    DataArray: the adapter registered for its kind (:data:`SOURCES`). ``incomplete_ok``
+    accepts a Zarr array flagged incomplete (the product being checked before its commit);
+    anything else an interrupted run left is refused.
 
     Raises
     ------
@@ -63,56 +72,105 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
         if PARTIAL in os.path.basename(path.rstrip("/\\")):
             raise InputError(f"{role}: {path!r} is the temporary output of an oocgemm run that "
                              f"did not finish; it is not a result (delete it)")
-        if urls.is_url(path):
-            from .zarr_store import ZarrSource
-
-            if kind_of_path(path) == "npy":
-                raise InputError(f"{role}: {path!r}: .npy inputs must be local paths; store "
-                                 f"it as Zarr to read it by URL")
-            return ZarrSource(urls.open_array(path, role, storage_options), name=path,
-                              path=urls.normal(path))
-        if not os.path.exists(path):
+        if not urls.is_url(path) and not os.path.exists(path):
             raise InputError(f"{role}: no such file or directory: {path!r}")
-        if kind_of_path(path) == "npy":
-            from .npy import open_npy
+        kind = "url" if urls.is_url(path) else kind_of_path(path)
+        obj = path
+    else:
+        kind = "numpy" if isinstance(obj, np.ndarray) else _module(obj) + " array"
+    if kind not in SOURCES:
+        raise InputError(f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, "
+                         f"cupy, dask, xarray), got {type(obj).__name__}")
+    return _adapter(SOURCES, kind)(obj, role, storage_options, incomplete_ok)
 
-            return open_npy(path, role)
-        from .zarr_store import ZarrSource, open_zarr_array
 
-        return ZarrSource(open_zarr_array(path, role), name=path, path=os.path.abspath(path))
-    module = _module(obj)
-    if isinstance(obj, np.ndarray):
-        name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
-        mapped = isinstance(obj, np.memmap) and obj.filename
-        path = os.path.abspath(obj.filename) if mapped else None
-        return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
-    if module == "zarr":
-        from .zarr_store import ZarrSource
+def _url_source(url, role, storage_options, incomplete_ok):
+    from .zarr_store import ZarrSource
 
-        if not hasattr(obj, "shape"):
-            raise InputError(f"{role}: a {type(obj).__name__} is not an array (a Zarr group? "
-                             f"pass one of its arrays)")
+    if kind_of_path(url) == "npy":
+        raise InputError(f"{role}: {url!r}: .npy inputs must be local paths; store it as Zarr "
+                         f"to read it by URL")
+    return ZarrSource(urls.open_array(url, role, storage_options), name=url,
+                      path=urls.normal(url))
 
-        root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
-        path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
-        return ZarrSource(obj, name=f"{role} (zarr array)", path=path,
-                          incomplete_ok=incomplete_ok)
-    if module == "cupy":
-        return CupySource(obj, name=f"{role} (cupy array)")
-    if module == "dask":
-        stored = zarr_behind(obj)
-        if stored is not None:  # da.from_zarr: read the store at its grain, not through dask
-            return open_source(stored, f"{role} (dask array from Zarr)", storage_options,
-                               incomplete_ok=incomplete_ok)
-        return DaskSource(obj, name=f"{role} (dask array)")
-    if module == "xarray":
-        if not hasattr(obj, "dims") or not hasattr(obj, "variable"):
-            raise InputError(f"{role}: an xarray {type(obj).__name__} is not an array (pass "
-                             f"one of its DataArrays)")
-        return open_source(obj.data, f"{role} (xarray DataArray)", storage_options,
+
+def _npy_source(path, role, storage_options, incomplete_ok):
+    from .npy import open_npy
+
+    return open_npy(path, role)
+
+
+def _zarr_source(path, role, storage_options, incomplete_ok):
+    from .zarr_store import ZarrSource, open_zarr_array
+
+    return ZarrSource(open_zarr_array(path, role), name=path, path=os.path.abspath(path))
+
+
+def _numpy_source(obj, role, storage_options, incomplete_ok):
+    name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
+    mapped = isinstance(obj, np.memmap) and obj.filename
+    path = os.path.abspath(obj.filename) if mapped else None
+    return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
+
+
+def _zarr_array_source(obj, role, storage_options, incomplete_ok):
+    from .zarr_store import ZarrSource
+
+    if not hasattr(obj, "shape"):
+        raise InputError(f"{role}: a {type(obj).__name__} is not an array (a Zarr group? "
+                         f"pass one of its arrays)")
+    root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
+    path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
+    return ZarrSource(obj, name=f"{role} (zarr array)", path=path, incomplete_ok=incomplete_ok)
+
+
+def _cupy_source(obj, role, storage_options, incomplete_ok):
+    return CupySource(obj, name=f"{role} (cupy array)")
+
+
+def _dask_source(obj, role, storage_options, incomplete_ok):
+    stored = zarr_behind(obj)
+    if stored is not None:  # da.from_zarr: read the store at its grain, not through dask
+        return open_source(stored, f"{role} (dask array from Zarr)", storage_options,
                            incomplete_ok=incomplete_ok)
-    raise InputError(f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, "
-                     f"dask, xarray), got {type(obj).__name__}")
+    return DaskSource(obj, name=f"{role} (dask array)")
+
+
+def _xarray_source(obj, role, storage_options, incomplete_ok):
+    if not hasattr(obj, "dims") or not hasattr(obj, "variable"):
+        raise InputError(f"{role}: an xarray {type(obj).__name__} is not an array (pass one "
+                         f"of its DataArrays)")
+    return open_source(obj.data, f"{role} (xarray DataArray)", storage_options,
+                       incomplete_ok=incomplete_ok)
+
+
+#: The source adapters by kind: a local path's ('npy', 'zarr': :func:`kind_of_path`), a URL's
+#: ('url'), an array's ('numpy', or its top-level module and ' array': 'zarr array', 'cupy
+#: array', 'dask array', 'xarray array'). Each is ``opener(obj, role, storage_options,
+#: incomplete_ok) -> MatrixSource``, or a 'module:function' name imported when first used.
+#: :func:`register_source` adds one.
+SOURCES: dict[str, Callable | str] = {
+    "url": _url_source, "npy": _npy_source, "zarr": _zarr_source, "numpy": _numpy_source,
+    "zarr array": _zarr_array_source, "cupy array": _cupy_source, "dask array": _dask_source,
+    "xarray array": _xarray_source,
+}
+
+
+def register_source(kind: str, opener: Callable | str, *, suffix: str | None = None) -> None:
+    """Read paths with ``suffix`` (e.g. '.h5'), or arrays of the top-level module ``m``
+    (``kind='m array'``), with ``opener``: a callable or a 'module:function' name."""
+    SOURCES[kind] = opener
+    if suffix is not None:
+        SUFFIXES[suffix.lower()] = kind
+
+
+def _adapter(table: dict, kind: str) -> Callable:
+    """The adapter registered as ``kind``, imported on first use where it is a name."""
+    entry = table[kind]
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = table[kind] = getattr(importlib.import_module(module), name)
+    return entry
 
 
 def zarr_behind(x):
@@ -131,7 +189,8 @@ def zarr_behind(x):
 
 def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=False,
               attributes=None, storage_options=None, temporary=None) -> MatrixSink:
-    """Where C goes: a new file under a temporary name, or a given array written in place.
+    """Where C goes: a new file under a temporary name, or a given array written in place; the
+    adapter registered for its kind (:data:`SINKS`).
 
     ``options`` is the layout of a new Zarr output (``zarr.create_array`` keywords, checked).
     ``in_place``: the output path is also C (beta != 0, c=None) and is replaced on commit.
@@ -139,44 +198,83 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
     """
     if out is None:
         return NumpySink(np.empty(shape, dtype=dtype), name="result array")
-    if is_path(out) and urls.is_url(urls.local(os.fspath(out))):
-        from .zarr_store import ZarrSink
-
-        url = os.fspath(out)
-        urls.check_sink(url, storage_options)
-        if urls.exists(url, storage_options) and not (overwrite or in_place):
-            raise OutputError(f"out: {url!r} exists; pass overwrite=True (--overwrite) to "
-                              f"replace it")
-        return ZarrSink(shape=shape, dtype=dtype, name=url, path=url, options=options,
-                        attributes=attributes, storage_options=storage_options)
     if is_path(out):
-        path = urls.local(os.fspath(out))
-        if os.path.exists(path) and not (overwrite or in_place):
-            raise OutputError(f"out: {path!r} exists; pass overwrite=True (--overwrite) to "
-                              f"replace it")
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise OutputError(f"out: the directory {parent!r} does not exist")
-        if kind_of_path(path) == "npy":
-            from .npy import NpySink
+        path = urls.local(os.fspath(out))  # file:// URLs are local paths
+        if urls.is_url(path):
+            kind, path = "url", os.fspath(out)
+        else:
+            kind = kind_of_path(path)
+            if os.path.exists(path) and not (overwrite or in_place):
+                raise OutputError(f"out: {path!r} exists; pass overwrite=True (--overwrite) "
+                                  f"to replace it")
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise OutputError(f"out: the directory {parent!r} does not exist")
+        out = path
+    else:
+        kind = "numpy" if isinstance(out, np.ndarray) else _module(out) + " array"
+    if kind not in SINKS:
+        raise OutputError(f"out: expected None, a path (.zarr or .npy) or a writable array, "
+                          f"got {type(out).__name__}")
+    return _adapter(SINKS, kind)(out, shape=shape, dtype=dtype, options=options,
+                                 overwrite=overwrite, in_place=in_place, attributes=attributes,
+                                 storage_options=storage_options, temporary=temporary)
 
-            return NpySink(path, shape, dtype, replace=overwrite or in_place,
-                           temporary=temporary)
-        from .zarr_store import ZarrSink
 
-        return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, options=options,
-                        attributes=attributes, replace=overwrite or in_place,
-                        temporary=temporary)
-    module = _module(out)
-    if isinstance(out, np.ndarray):
-        return NumpySink(out, name="out (numpy array)")
-    if module == "zarr":
-        from .zarr_store import ZarrSink
+def _url_sink(url, *, shape, dtype, options, overwrite, in_place, attributes, storage_options,
+              temporary):
+    from .zarr_store import ZarrSink
 
-        if getattr(out, "read_only", False):
-            raise OutputError("out: the zarr array is open read-only")
-        return ZarrSink(shape=out.shape, dtype=out.dtype, name="out (zarr array)", array=out)
-    if module == "cupy":
-        return CupySink(out)
-    raise OutputError(f"out: expected None, a path (.zarr or .npy) or a writable array, got "
-                      f"{type(out).__name__}")
+    urls.check_sink(url, storage_options)
+    if urls.exists(url, storage_options) and not (overwrite or in_place):
+        raise OutputError(f"out: {url!r} exists; pass overwrite=True (--overwrite) to replace "
+                          f"it")
+    return ZarrSink(shape=shape, dtype=dtype, name=url, path=url, options=options,
+                    attributes=attributes, storage_options=storage_options)
+
+
+def _npy_sink(path, *, shape, dtype, overwrite, in_place, temporary, **_):
+    from .npy import NpySink
+
+    return NpySink(path, shape, dtype, replace=overwrite or in_place, temporary=temporary)
+
+
+def _zarr_sink(path, *, shape, dtype, options, overwrite, in_place, attributes, temporary,
+               **_):
+    from .zarr_store import ZarrSink
+
+    return ZarrSink(shape=shape, dtype=dtype, name=path, path=path, options=options,
+                    attributes=attributes, replace=overwrite or in_place, temporary=temporary)
+
+
+def _numpy_sink(out, **_):
+    return NumpySink(out, name="out (numpy array)")
+
+
+def _zarr_array_sink(out, **_):
+    from .zarr_store import ZarrSink
+
+    if getattr(out, "read_only", False):
+        raise OutputError("out: the zarr array is open read-only")
+    return ZarrSink(shape=out.shape, dtype=out.dtype, name="out (zarr array)", array=out)
+
+
+def _cupy_sink(out, **_):
+    return CupySink(out)
+
+
+#: The sink adapters by kind, as :data:`SOURCES`: ``opener(out, *, shape, dtype, options,
+#: overwrite, in_place, attributes, storage_options, temporary) -> MatrixSink`` (a path
+#: checked already: not there, or to be replaced; its directory exists).
+SINKS: dict[str, Callable | str] = {
+    "url": _url_sink, "npy": _npy_sink, "zarr": _zarr_sink, "numpy": _numpy_sink,
+    "zarr array": _zarr_array_sink, "cupy array": _cupy_sink,
+}
+
+
+def register_sink(kind: str, opener: Callable | str, *, suffix: str | None = None) -> None:
+    """Write paths with ``suffix``, or arrays of the top-level module ``m`` (``kind='m
+    array'``), with ``opener``: a callable or a 'module:function' name."""
+    SINKS[kind] = opener
+    if suffix is not None:
+        SUFFIXES[suffix.lower()] = kind
