@@ -77,11 +77,11 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
         kind = "url" if urls.is_url(path) else kind_of_path(path)
         obj = path
     else:
-        kind = "numpy" if isinstance(obj, np.ndarray) else _module(obj) + " array"
-    if kind not in SOURCES:
-        raise InputError(f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, "
-                         f"cupy, dask, xarray), got {type(obj).__name__}")
-    return _adapter(SOURCES, kind)(obj, role, storage_options, incomplete_ok)
+        kind = _array_kind(obj)
+    opener = _adapter(SOURCES, kind, InputError(
+        f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, dask, "
+        f"xarray), got {type(obj).__name__}"))
+    return opener(obj, role, storage_options, incomplete_ok)
 
 
 def _url_source(url, role, storage_options, incomplete_ok):
@@ -164,8 +164,16 @@ def register_source(kind: str, opener: Callable | str, *, suffix: str | None = N
         SUFFIXES[suffix.lower()] = kind
 
 
-def _adapter(table: dict, kind: str) -> Callable:
-    """The adapter registered as ``kind``, imported on first use where it is a name."""
+def _array_kind(obj) -> str:
+    """The kind of an array object: 'numpy', or its top-level module and ' array'."""
+    return "numpy" if isinstance(obj, np.ndarray) else _module(obj) + " array"
+
+
+def _adapter(table: dict, kind: str, unknown: Exception | None = None) -> Callable:
+    """The adapter registered as ``kind`` (imported on first use where it is a name); raises
+    ``unknown`` where there is none."""
+    if kind not in table and unknown is not None:
+        raise unknown
     entry = table[kind]
     if isinstance(entry, str):
         module, _, name = entry.partition(":")
@@ -212,13 +220,13 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
                 raise OutputError(f"out: the directory {parent!r} does not exist")
         out = path
     else:
-        kind = "numpy" if isinstance(out, np.ndarray) else _module(out) + " array"
-    if kind not in SINKS:
-        raise OutputError(f"out: expected None, a path (.zarr or .npy) or a writable array, "
-                          f"got {type(out).__name__}")
-    return _adapter(SINKS, kind)(out, shape=shape, dtype=dtype, options=options,
-                                 overwrite=overwrite, in_place=in_place, attributes=attributes,
-                                 storage_options=storage_options, temporary=temporary)
+        kind = _array_kind(out)
+    opener = _adapter(SINKS, kind, OutputError(
+        f"out: expected None, a path (.zarr or .npy) or a writable array, got "
+        f"{type(out).__name__}"))
+    return opener(out, shape=shape, dtype=dtype, options=options, overwrite=overwrite,
+                  in_place=in_place, attributes=attributes, storage_options=storage_options,
+                  temporary=temporary)
 
 
 def _url_sink(url, *, shape, dtype, options, overwrite, in_place, attributes, storage_options,
