@@ -28,6 +28,7 @@ from .errors import (
     OutputError,
     ShapeError,
 )
+from .options import Options
 from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .result import Result
 from .runtime.base import executor_class
@@ -167,17 +168,20 @@ STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "
            "min_stripes")
 
 
-def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel=None, out_options=None,
-             storage_options=None) -> _Prepared:
+def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
+              device=None) -> _Prepared:
+    """Operands opened and checked against each other and ``options`` (checked already), and
+    the plan for ``device`` (default: ``options.device``)."""
+    device = options.device if device is None else device
+    memory_limit, host_memory_limit = options.memory_limit, options.host_memory_limit
+    tile, kernel = options.tile, options.kernel
+    out_options, storage_options = options.out_options, options.storage_options
     alpha = scalar("alpha", alpha)
     beta = scalar("beta", beta)
     for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
         if not isinstance(flag, (bool, np.bool_)):
             raise OptionError(f"{name} must be True or False, got {flag!r}")
     dev = resolve_device(device)
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise OptionError(f"storage_options must be a dict, got {type(storage_options).__name__}")
     a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
     if is_path(out) and not urls.is_url(out) and os.path.islink(out):
         out = os.path.realpath(out)  # the output goes where the link points; the link stays
@@ -279,7 +283,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, device, memory_limi
                   **executor.staging(problem, model))
     staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
-        w, h, r = _parse_tile(tile)
+        w, h, r = tile
         tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
         plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
@@ -358,22 +362,6 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, name, src.chunks),
                                         kept=name in plan.cache, decoders=decoders)
     return wrapped
-
-
-def _parse_tile(tile) -> tuple[int, int, int]:
-    if isinstance(tile, str):
-        parts = tile.replace("x", ",").split(",")
-    else:
-        parts = list(tile) if isinstance(tile, (tuple, list)) else [tile]
-    try:
-        values = tuple(int(p) for p in parts)
-        ok = len(values) == 3 and all(float(p) == int(p) for p in parts)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or min(values) < 1:
-        raise OptionError(f"tile must be three positive integers (w, h, r), got {tile!r}")
-    w, h, r = values
-    return w, h, r
 
 
 def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
@@ -523,11 +511,11 @@ def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     if unknown:
         raise OptionError(f"plan() got unknown keyword arguments {sorted(unknown)}; it takes "
                           f"those of multiply()")
+    options = Options.of("plan()", device=device, memory_limit=memory_limit,
+                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
+                         out_options=out_options, storage_options=storage_options)
     prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                        device=_planned_for(device_names(device), device),
-                        memory_limit=memory_limit,
-                        host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
-                        out_options=out_options, storage_options=storage_options)
+                        options=options, device=_planned_for(device_names(device), device))
     return prepared.plan
 
 
@@ -633,12 +621,12 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         raise OptionError(f"verify must be True or False, got {verify!r}")
     if not isinstance(resume, (bool, np.bool_)):
         raise OptionError(f"resume must be True or False, got {resume!r}")
+    options = Options.of("multiply()", device=device, memory_limit=memory_limit,
+                         host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
+                         out_options=out_options, storage_options=storage_options)
     devices = device_names(device)
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                    device=_planned_for(devices, device),
-                    memory_limit=memory_limit, host_memory_limit=host_memory_limit,
-                    tile=tile, kernel=kernel, out_options=out_options,
-                    storage_options=storage_options)
+                    options=options, device=_planned_for(devices, device))
     plan_ = prep.plan
 
     prob = plan_.problem

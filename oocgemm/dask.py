@@ -92,11 +92,14 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
 
     from .api import plan as plan_product
     from .checks import scalar
+    from .options import Options
 
-    unknown = set(options) - {"device", "memory_limit", "host_memory_limit", "tile", "kernel",
-                              "trace_dir"}
-    if unknown:
-        raise OptionError(f"oocgemm.dask.matmul: unknown options {sorted(unknown)}")
+    trace_dir = options.pop("trace_dir", None)
+    checked = Options.of("oocgemm.dask.matmul", **options)  # here, not in every task
+    if checked.out_options is not None or checked.storage_options is not None:
+        raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
+                          "(the result is a dask array; inputs are read as given)")
+    options = checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     ops = {"A": _Operand.of(x, "x", trans_a), "B": _Operand.of(y, "y", trans_b)}
     (m, k), (k2, n) = ops["A"].shape, ops["B"].shape

@@ -1,0 +1,61 @@
+"""A product's options are checked in one place (oocgemm.options.Options), the same way for
+multiply, plan and oocgemm.dask.matmul, before any work."""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+from _helpers import rand
+
+import oocgemm
+import oocgemm.dask as odask
+from oocgemm.options import Options
+
+
+def test_options_are_normalised():
+    o = Options.of("here", tile="8x6x4", memory_limit="2MB", storage_options={"anon": True})
+    assert o.tile == (8, 6, 4) and o.memory_limit == "2MB"
+    assert o.keywords() == {"tile": (8, 6, 4), "memory_limit": "2MB",
+                            "storage_options": {"anon": True}}
+    assert Options.of("here", tile=[3, 2, 1]).tile == (3, 2, 1)
+    assert Options.of("here").keywords() == {}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"memory_limt": "1GB"}, r"here: unknown options \['memory_limt'\]"),
+    ({"tile": (8, 6)}, "tile must be three positive integers"),
+    ({"tile": "8,6,0"}, "tile must be three positive integers"),
+    ({"memory_limit": "16 parsecs"}, "unknown unit"),
+    ({"host_memory_limit": -1}, "host_memory_limit"),
+    ({"storage_options": "anon"}, "storage_options must be a dict"),
+    ({"out_options": ["chunks"]}, "out_options must be a dict"),
+    ({"kernel": 3}, "kernel must be a name"),
+])
+def test_bad_options_are_refused_by_name(bad, match):
+    with pytest.raises(oocgemm.OptionError, match=match):
+        Options.of("here", **bad)
+
+
+@pytest.mark.parametrize("bad", [{"tile": "8,6"}, {"memory_limit": "16 parsecs"}])
+def test_every_entry_point_refuses_them_before_any_work(rng, workdir, bad):
+    a = rand(rng, (20, 10))
+    with pytest.raises(oocgemm.OptionError):
+        oocgemm.plan(a, a.T, device="cpu", **bad)
+    with pytest.raises(oocgemm.OptionError):
+        oocgemm.multiply(a, a.T, "c.npy", device="cpu", **bad)
+    with pytest.raises(oocgemm.OptionError):  # when the graph is built, not in a task
+        odask.matmul(da.from_array(a, chunks=5), a.T, device="cpu", **bad)
+    with pytest.raises(oocgemm.OptionError, match="do not apply"):
+        odask.matmul(a, a.T, device="cpu", out_options={"chunks": (5, 5)})
+    assert not any(name.startswith("c.") for name in os.listdir("."))
+
+
+def test_the_dask_tasks_get_the_checked_options(rng):
+    a, b = rand(rng, (40, 30)), rand(rng, (30, 20))
+    z = odask.matmul(a, b, device="cpu", tile="10x10x10", groups=(20, 20))
+    np.testing.assert_allclose(z.compute(), a @ b, rtol=1e-12)
+    specs = [task for task in z.dask.layers[z.name + "-groups"].values()]
+    assert all(spec[7] == {"device": "cpu", "tile": (10, 10, 10)} for spec in specs)
