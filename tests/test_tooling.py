@@ -1,5 +1,6 @@
 """The tools CI holds the code to: ruff's rules and mypy on the public API (their settings are
-in pyproject.toml; .pre-commit-config.yaml runs the same before a commit)."""
+in pyproject.toml; .pre-commit-config.yaml runs the same before a commit), and an import graph
+without cycles."""
 
 from __future__ import annotations
 
@@ -28,3 +29,51 @@ def test_mypy_finds_nothing_in_the_public_api():
     pytest.importorskip("mypy", reason="mypy is not installed (the test extra has it)")
     done = _run(sys.executable, "-m", "mypy")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top or inside functions)."""
+    import ast
+
+    package = ROOT / "oocgemm"
+    names = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = (here.split(".")[:len(here.split(".")) - node.level + 1]
+                        if node.level else [])
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    deps.add(full if full in names else target)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[module] = {d for d in deps if d in names and d != module
+                         and not module.startswith(d + ".")}  # a package's own __init__
+    return graph
+
+
+def test_the_package_has_no_import_cycle():
+    graph = _imports()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module, path):
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
