@@ -67,21 +67,15 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     """
     if isinstance(obj, MatrixSource):  # opened already (a region, in a dask task)
         return obj
-    if is_path(obj):
-        path = urls.local(os.fspath(obj))
-        if PARTIAL in os.path.basename(path.rstrip("/\\")):
-            raise InputError(f"{role}: {path!r} is the temporary output of an oocgemm run that "
-                             f"did not finish; it is not a result (delete it)")
-        if not urls.is_url(path) and not os.path.exists(path):
-            raise InputError(f"{role}: no such file or directory: {path!r}")
-        kind = "url" if urls.is_url(path) else kind_of_path(path)
-        obj = path
-    else:
-        kind = _array_kind(obj)
-    opener = _adapter(SOURCES, kind, InputError(
+    kind, obj = _kind(obj)
+    if is_path(obj) and PARTIAL in os.path.basename(obj.rstrip("/\\")):
+        raise InputError(f"{role}: {obj!r} is the temporary output of an oocgemm run that did "
+                         f"not finish; it is not a result (delete it)")
+    if is_path(obj) and kind != "url" and not os.path.exists(obj):
+        raise InputError(f"{role}: no such file or directory: {obj!r}")
+    return _adapter(SOURCES, kind, InputError(
         f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, dask, "
-        f"xarray), got {type(obj).__name__}"))
-    return opener(obj, role, storage_options, incomplete_ok)
+        f"xarray), got {type(obj).__name__}"))(obj, role, storage_options, incomplete_ok)
 
 
 def _url_source(url, role, storage_options, incomplete_ok):
@@ -164,9 +158,14 @@ def register_source(kind: str, opener: Callable | str, *, suffix: str | None = N
         SUFFIXES[suffix.lower()] = kind
 
 
-def _array_kind(obj) -> str:
-    """The kind of an array object: 'numpy', or its top-level module and ' array'."""
-    return "numpy" if isinstance(obj, np.ndarray) else _module(obj) + " array"
+def _kind(target) -> tuple[str, object]:
+    """The adapter kind of ``target`` ('url', a local path's kind, 'numpy', or an array's
+    top-level module and ' array'), and ``target`` as its adapter takes it (a path as a str,
+    ``file://`` URLs made local paths)."""
+    if not is_path(target):
+        return ("numpy" if isinstance(target, np.ndarray) else _module(target) + " array"), target
+    path = urls.local(os.fspath(target))
+    return ("url", os.fspath(target)) if urls.is_url(path) else (kind_of_path(path), path)
 
 
 def _adapter(table: dict, kind: str, unknown: Exception | None = None) -> Callable:
@@ -206,27 +205,19 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
     """
     if out is None:
         return NumpySink(np.empty(shape, dtype=dtype), name="result array")
-    if is_path(out):
-        path = urls.local(os.fspath(out))  # file:// URLs are local paths
-        if urls.is_url(path):
-            kind, path = "url", os.fspath(out)
-        else:
-            kind = kind_of_path(path)
-            if os.path.exists(path) and not (overwrite or in_place):
-                raise OutputError(f"out: {path!r} exists; pass overwrite=True (--overwrite) "
-                                  f"to replace it")
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise OutputError(f"out: the directory {parent!r} does not exist")
-        out = path
-    else:
-        kind = _array_kind(out)
-    opener = _adapter(SINKS, kind, OutputError(
+    kind, out = _kind(out)
+    if is_path(out) and kind != "url":
+        if os.path.exists(out) and not (overwrite or in_place):
+            raise OutputError(f"out: {out!r} exists; pass overwrite=True (--overwrite) to "
+                              f"replace it")
+        parent = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(parent):
+            raise OutputError(f"out: the directory {parent!r} does not exist")
+    return _adapter(SINKS, kind, OutputError(
         f"out: expected None, a path (.zarr or .npy) or a writable array, got "
-        f"{type(out).__name__}"))
-    return opener(out, shape=shape, dtype=dtype, options=options, overwrite=overwrite,
-                  in_place=in_place, attributes=attributes, storage_options=storage_options,
-                  temporary=temporary)
+        f"{type(out).__name__}"))(out, shape=shape, dtype=dtype, options=options,
+                                  overwrite=overwrite, in_place=in_place, attributes=attributes,
+                                  storage_options=storage_options, temporary=temporary)
 
 
 def _url_sink(url, *, shape, dtype, options, overwrite, in_place, attributes, storage_options,
