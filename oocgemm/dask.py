@@ -27,6 +27,7 @@ group at a time per device.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
@@ -197,17 +198,17 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
 
 
 def _within(splits, lo: int, hi: int) -> list[int]:
-    """The bounds of ``splits`` inside ``lo:hi``, from ``lo`` (0) to ``hi``."""
-    inner = [int(v) - lo for v in splits if lo < v < hi]
-    return [0, *inner, hi - lo]
+    """The bounds of ``splits`` (sorted) inside ``lo:hi``, from ``lo`` (0) to ``hi``."""
+    inner = splits[bisect.bisect_right(splits, lo):bisect.bisect_left(splits, hi)]
+    return [0, *(int(v) - lo for v in inner), hi - lo]
 
 
 def _spanned(bounds: list[int], lo: int, hi: int) -> range:
     """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
     span)."""
-    first = max(0, int(np.searchsorted(bounds, lo, side="right")) - 1)
-    return range(min(first, len(bounds) - 2),
-                 max(first + 1, int(np.searchsorted(bounds, hi, side="left"))))
+    parts = len(bounds) - 1
+    first = min(max(0, bisect.bisect_right(bounds, lo) - 1), parts - 1)
+    return range(first, min(max(first + 1, bisect.bisect_left(bounds, hi)), parts))
 
 
 def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
@@ -248,9 +249,11 @@ def _cut(groups: list[int], grain: int | None, blocks: list[int]) -> list[int]:
         return groups
     least = max(MIN_CHUNK_SIDE, math.ceil(max(np.diff(blocks).tolist() or [0]) /
                                           MAX_CHUNKS_PER_SIDE))
-    sides = (_divisors(inner // grain) if inner else
-             range(1, math.ceil(largest / grain) + 1))
-    side = next((grain * f for f in sorted(sides) if grain * f >= least), None)
+    if inner:  # a multiple of the grain that divides every inner bound
+        side = next((grain * f for f in sorted(_divisors(inner // grain))
+                     if grain * f >= least), None)
+    else:  # one group: any multiple of the grain
+        side = grain * math.ceil(least / grain)
     if side is None or side >= largest:
         return groups
     return [*range(0, extent, side), extent]
@@ -284,14 +287,14 @@ def _row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
 
     rows = planned[0]
     blocks = len(rows) - 1
+    if blocks < 1:  # no rows: one empty group
+        return [0, 0]
     budget = GROUP_MEMORY if GROUP_MEMORY is not None else hostinfo.total_memory() // 4
     fits = budget // max(1, n * dtype.itemsize)
-    for count in range(min(max(1, 2 * _workers()), blocks), blocks + 1):
-        per = math.ceil(blocks / max(count, 1))
-        bounds = [*rows[:-1:per], rows[-1]]
-        if max(np.diff(bounds).tolist() or [0]) <= fits:
-            break
-    return bounds
+    per_band = max(1, fits // max(max(np.diff(rows).tolist()), 1))  # whole blocks that fit
+    count = min(max(2 * _workers(), math.ceil(blocks / per_band), 1), blocks)
+    per = math.ceil(blocks / count)  # as many bands, evened out
+    return [*rows[:-1:per], rows[-1]]
 
 
 def _workers() -> int:

@@ -270,6 +270,14 @@ def test_the_tasks_timelines_merge_into_one(rng, workdir):
     assert len(groups) == 2
 
 
+@pytest.mark.parametrize("m, k, n", [(0, 5, 4), (4, 0, 3), (4, 5, 0)])
+def test_empty_dimensions(rng, m, k, n):
+    a, b = rand(rng, (m, k)), rand(rng, (k, n))
+    z = odask.matmul(da.from_array(a), b, device="cpu")
+    assert_gemm(z.compute(), a, b)  # zeros where k = 0
+    assert_gemm(oocgemm.multiply(da.from_array(a), b, device="cpu").out, a, b)
+
+
 def test_bad_inputs_fail_when_the_graph_is_built(rng, workdir):
     a = da.from_array(rand(rng, (10, 8)), chunks=4)
     with pytest.raises(oocgemm.ShapeError, match="inner dimensions"):

@@ -66,7 +66,8 @@ class DaskSource(MatrixSource):
         self._array = array
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
-        self.chunks = (rows[0] if rows else 1, cols[0] if cols else 1)
+        # a 0-size dimension has a chunk of size 0: a grid of 1 still covers it
+        self.chunks = (max(rows[0], 1) if rows else 1, max(cols[0], 1) if cols else 1)
         self.on_disk = True  # not in memory: produced by its graph, read at its grain
 
     def read_chunk(self, index, out) -> None:
