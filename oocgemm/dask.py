@@ -206,9 +206,7 @@ def _within(splits, lo: int, hi: int) -> list[int]:
 def _spanned(bounds: list[int], lo: int, hi: int) -> range:
     """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
     span)."""
-    parts = len(bounds) - 1
-    first = min(max(0, bisect.bisect_right(bounds, lo) - 1), parts - 1)
-    return range(first, min(max(first + 1, bisect.bisect_left(bounds, hi)), parts))
+    return range(*_covering(bounds, (lo, hi)))
 
 
 def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
@@ -417,10 +415,9 @@ def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 
     product, and shares no decoded chunks with others."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph)
-    shared_cm = _shared_chunks(graph)
+    # the whole product in one run: the engine's own reads and cache, as multiply's
+    shared_cm = contextlib.nullcontext() if alone else _shared_chunks(graph)
     shared = shared_cm.__enter__()  # left when the run ends
-    if alone:  # the whole product in one run: the engine's own reads and cache, as multiply's
-        shared = None
     try:
         a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
         c_src = _resolve(c, shared, "C") if c is not None else None
