@@ -521,14 +521,14 @@ class _Run:
     def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
         """Until rows r0:r1, columns c0:c1 of the product are written, or the run is over."""
         with self._cond:
-            self._cond.wait_for(lambda: self._finished or self._covered(r0, r1, c0, c1))
+            self._cond.wait_for(lambda: self._ready(r0, r1, c0, c1))
 
     def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         """Rows r0:r1, columns c0:c1 of the product, when written; the last chunk, when the
         run is over (its events left, its sources closed), so that a graph is not done before
         its runs are."""
         with self._cond:
-            self._cond.wait_for(lambda: self._finished or self._covered(r0, r1, c0, c1))
+            self._cond.wait_for(lambda: self._ready(r0, r1, c0, c1))
             self._left -= 1
             if self._left <= 0:
                 self._cond.wait_for(lambda: self._finished)
@@ -536,14 +536,16 @@ class _Run:
                 raise self._error
         return self.out[r0:r1, c0:c1]
 
+    def _ready(self, r0, r1, c0, c1) -> bool:
+        """Rows r0:r1, columns c0:c1 written, or the run over (its error for every chunk)."""
+        return self._finished or self._covered(r0, r1, c0, c1)
+
     def _covered(self, r0, r1, c0, c1) -> bool:
         """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
         if r0 >= r1 or c0 >= c1:
             return True
-        rows = range(int(np.searchsorted(self._rows, r0, side="right")) - 1,
-                     int(np.searchsorted(self._rows, r1, side="left")))
-        cols = range(int(np.searchsorted(self._cols, c0, side="right")) - 1,
-                     int(np.searchsorted(self._cols, c1, side="left")))
+        rows = _spanned(self._rows, r0, r1)
+        cols = _spanned(self._cols, c0, c1)
         return all(self._written.get((i, j), 0) >= self._bytes(i, j) for i in rows for j in cols)
 
     def _bytes(self, i: int, j: int) -> int:
