@@ -203,7 +203,7 @@ def _within(splits, lo: int, hi: int) -> list[int]:
     return [0, *(int(v) - lo for v in inner), hi - lo]
 
 
-def _spanned(bounds: list[int], lo: int, hi: int) -> range:
+def _spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
     """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
     span)."""
     return range(*_covering(bounds, (lo, hi)))
