@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from .errors import OptionError
 from .units import parse_size
@@ -35,17 +35,15 @@ class Options:
     storage_options: dict | None = None
     """Options of the fsspec file system of URL inputs and outputs."""
 
-    NAMES: ClassVar[tuple[str, ...]] = ("device", "memory_limit", "host_memory_limit", "tile",
-                                        "kernel", "out_options", "storage_options")
-
     @classmethod
     def of(cls, where: str, **given: Any) -> Options:
         """The options ``given`` (by name), checked; OptionError for an unknown name or a
         value that cannot be one, naming ``where`` they were given."""
-        unknown = sorted(set(given) - set(cls.NAMES))
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(given) - set(names))
         if unknown:
             raise OptionError(f"{where}: unknown options {unknown}; it takes "
-                              f"{', '.join(cls.NAMES)}")
+                              f"{', '.join(names)}")
         for name in ("memory_limit", "host_memory_limit"):
             parse_size(given.get(name), 1 << 40, name=name)  # its spelling; the total later
         for name in ("out_options", "storage_options"):
