@@ -153,7 +153,11 @@ SOURCES: dict[str, Callable | str] = {
 def register_source(kind: str, opener: Callable | str, *, suffix: str | None = None) -> None:
     """Read paths with ``suffix`` (e.g. '.h5'), or arrays of the top-level module ``m``
     (``kind='m array'``), with ``opener``: a callable or a 'module:function' name."""
-    SOURCES[kind] = opener
+    _register(SOURCES, kind, opener, suffix)
+
+
+def _register(table: dict, kind: str, opener: Callable | str, suffix: str | None) -> None:
+    table[kind] = opener
     if suffix is not None:
         SUFFIXES[suffix.lower()] = kind
 
@@ -274,6 +278,4 @@ SINKS: dict[str, Callable | str] = {
 def register_sink(kind: str, opener: Callable | str, *, suffix: str | None = None) -> None:
     """Write paths with ``suffix``, or arrays of the top-level module ``m`` (``kind='m
     array'``), with ``opener``: a callable or a 'module:function' name."""
-    SINKS[kind] = opener
-    if suffix is not None:
-        SUFFIXES[suffix.lower()] = kind
+    _register(SINKS, kind, opener, suffix)
