@@ -20,6 +20,7 @@ Targets (issue 19): >= 5x dask's own, within 10% of ``oocgemm.multiply``.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -47,6 +48,11 @@ def _phases(trace_dir: str, zero: float) -> list[tuple[float, float]]:
             doc = json.load(f)
         spans.append((doc["started_at"] - zero, doc["started_at"] + doc["seconds"] - zero))
     return sorted(spans)
+
+
+def _decodes(chunks: dict) -> str:
+    """Chunks decoded per operand, from a result's ``chunks``."""
+    return ", ".join(f"{name} {doc['decodes']}" for name, doc in sorted(chunks.items())) or "-"
 
 
 def main(argv=None) -> int:
@@ -103,7 +109,9 @@ def main(argv=None) -> int:
                               progress=False)
     doc["multiply"] = time.perf_counter() - start
     doc["multiply_run"] = result.seconds
-    print(f"  its engine run: {result.seconds:.2f} s; {result.timeline}", flush=True)
+    print(f"  its engine run: {result.seconds:.2f} s, tile {result.plan.tile}, kept "
+          f"{result.plan.cache}, decodes {_decodes(result.chunks)}; {result.timeline}",
+          flush=True)
     print(f"oocgemm.multiply: {doc['multiply']:.2f} s, rel. error {check(c1, a, b):.1e}",
           flush=True)
 
@@ -131,6 +139,11 @@ def main(argv=None) -> int:
           f"rel. error {check(c2, a, b):.1e}", flush=True)
     print("  engine runs (start, end) s: "
           + ", ".join(f"({s:.2f}, {e:.2f})" for s, e in doc["blocks"]), flush=True)
+    for path in sorted(glob.glob(os.path.join(trace_dir, "task-*.json"))):
+        with open(path) as f:
+            task = json.load(f)
+        print(f"  an engine task: {task['seconds']:.2f} s, tile {tuple(task['tile'])}, kept "
+              f"{tuple(task['cache'])}, decodes {_decodes(task['chunks'])}", flush=True)
     print(odask.timeline(trace_dir), flush=True)
 
     if args.cluster:

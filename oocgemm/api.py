@@ -364,6 +364,24 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     return wrapped
 
 
+def chunk_writer(plan: Plan, sink):
+    """The sink written at its grain (:class:`~oocgemm.storage.chunked.ChunkWriter`) where
+    the plan writes C blocks in row stripes that cut the output's chunks: each chunk encoded
+    once, whole, instead of once per stripe. Else the sink itself."""
+    from .planning.chunks import assembly_bytes
+    from .storage.chunked import ChunkWriter
+
+    if not plan.staged or not sink.on_disk or not sink.chunks:
+        return sink
+    w, h, _ = plan.tile
+    block = (min(w, plan.problem.m), min(h, plan.problem.n))
+    budget = assembly_bytes(block, sink.chunks, plan.stripe_rows(*block),
+                            plan.problem.itemsize)
+    if not budget:
+        return sink
+    return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)
+
+
 def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
     """``out_options`` for a new Zarr output path, checked before any work (with the Zarr
     format of the group it goes into filled in); refused where the output is not created by
@@ -685,10 +703,12 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         while not devices:  # one device (when memory runs short: again, with smaller blocks)
             on_event, bar = _progress(progress, plan_)
             sources = chunk_readers(plan_, prep.sources)
-            executor = executor_class(prep.device.kind)(plan_, sources, sink, on_event=on_event,
-                                                        record=bool(events))
+            writer = chunk_writer(plan_, sink)
+            executor = executor_class(prep.device.kind)(plan_, sources, writer,
+                                                        on_event=on_event, record=bool(events))
             try:
                 log = executor.run()
+                writer.flush()
                 break
             except MemoryPressureError as exc:  # less memory than planned: smaller blocks
                 if bar is not None:
@@ -756,10 +776,11 @@ def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_e
     from .runtime.split import run_split
 
     running: set = set()
+    writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
 
     def run_group(device_plan, name):
         readers = chunk_readers(device_plan, prep.sources)
-        executor = executor_class(prep.device.kind)(device_plan, readers, sink,
+        executor = executor_class(prep.device.kind)(device_plan, readers, writer,
                                                     on_event=on_event, record=bool(events))
         running.add(executor)
         try:
@@ -773,7 +794,9 @@ def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_e
         for executor in list(running):
             executor._cancel.set()
 
-    return run_split(plan_, devices, run_group, stop)
+    log = run_split(plan_, devices, run_group, stop)
+    writer.flush()
+    return log
 
 
 #: Times a run plans again with smaller blocks after running out of memory.

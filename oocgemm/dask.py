@@ -608,6 +608,8 @@ def _leave_events(trace_dir: str, result) -> None:
     worker = f"{socket.gethostname()}:{os.getpid()}"
     doc = {"worker": worker, "device": result.plan.device, "started_at": result.started_at,
            "flops": result.flops, "seconds": result.seconds,
+           "tile": list(result.plan.tile), "cache": list(result.plan.cache),
+           "chunks": result.chunks,
            "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,
                        e.nbytes, e.flops] for e in result.events]}
     os.makedirs(trace_dir, exist_ok=True)

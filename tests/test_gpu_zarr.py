@@ -72,3 +72,20 @@ def test_in_place_update_of_sharded_compressed_zarr_on_the_gpu(rng, workdir):
     new = zarr.open_array("c.zarr", mode="r")
     assert_gemm(new[...], a, b, old, beta=-1.5)
     assert new.shards == (128, 128) and new.attrs["units"] == "kelvin"
+
+
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded"])
+def test_stripes_store_each_output_chunk_once_on_the_gpu(rng, workdir, layout):
+    """The CUDA executor writes C in row stripes thinner than the output's chunks: each
+    chunk (shard) is still stored once, whole, at the end of its rows."""
+    from test_chunk_writes import output
+
+    a, b = rand(rng, (1024, 384)), rand(rng, (384, 768))
+    store, array, _ = output("c.zarr", (1024, 768), (256, 192), layout)
+    r = oocgemm.multiply(a, b, array, device="cuda", tile=(512, 384, 128))
+    assert_gemm(array[:], a, b)
+    writes = [op for op in r.plan.schedule.ops if op.kind.value == "write"]
+    assert max(op.region[0][1] - op.region[0][0] for op in writes) < 256  # stripes cut chunks
+    unit = (512, 384) if layout == "v3-sharded" else (256, 192)
+    assert set(store.stores.values()) == {1}
+    assert len(store.stores) == n_chunks((1024, 768), unit)

@@ -165,6 +165,25 @@ def most_touched(extent: int, chunk: int) -> int:
     return -(-extent // chunk) + (0 if extent % chunk == 0 else 1)
 
 
+def assembly_bytes(block: tuple[int, int], chunks: tuple[int, int] | None, stripe: int,
+                   itemsize: int) -> int:
+    """Bytes a sink holds to write a staged output at its grain: a C block of ``block``
+    leaves the ring in row stripes of ``stripe`` rows, and where a stripe is not whole
+    chunk rows, the rows of each chunk row band (``cell``: the band within the block) wait in
+    host memory until the band is complete, then go out as whole chunks
+    (:class:`~oocgemm.storage.chunked.ChunkWriter`). At most two blocks are being written at
+    once (the ring holds the end of one and the start of the next), each with at most two
+    bands open (a stripe ends in one band and the next begins it). ``stripe`` 0: whole
+    blocks are written at once, nothing waits."""
+    if not chunks or stripe <= 0:
+        return 0
+    w, h = block
+    band = min(chunks[0], w)
+    if stripe % band == 0 and w % band == 0:
+        return 0
+    return 4 * band * h * itemsize
+
+
 def window_bytes(region_shape: tuple[int, int], chunks: tuple[int, int] | None,
                  itemsize: int) -> int:
     """Bytes of the decoded chunks that one load of a region of ``region_shape`` may hold:

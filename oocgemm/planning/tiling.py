@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import BudgetError, OptionError
 from ..units import format_seconds, format_size
-from .chunks import most_touched, window_bytes
+from .chunks import assembly_bytes, most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
 from .schedule import stripe_rows
@@ -167,12 +167,19 @@ class Plan:
     def host_bytes(self) -> int:
         buf = self.buffers
         staging = (self.n_stage + self.n_out) * buf.ring
-        return staging + self.decode_window + self.cache_bytes
+        return staging + self.decode_window + self.assembly_window + self.cache_bytes
 
     @property
     def decode_window(self) -> int:
         """Host memory the decoded chunks of streamed operands take at most."""
         return decode_window(self.problem, self.tile, kept=self.cache)
+
+    @property
+    def assembly_window(self) -> int:
+        """Host memory the output's chunks take at most while their rows arrive in stripes."""
+        w, h, _ = self.tile
+        return assembly_window(self.problem, self.tile,
+                               self.stripe_rows(w, h) if self.staged else 0)
 
     @property
     def cache_bytes(self) -> int:
@@ -365,6 +372,16 @@ def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ..
         shape = (min(shape[0], operand.shape[0]), min(shape[1], operand.shape[1]))
         total += 2 * window_bytes(shape, operand.chunks, prob.itemsize)
     return total
+
+
+def assembly_window(prob: Problem, tile: tuple[int, int, int], stripe: int) -> int:
+    """Bytes of output chunks assembled in host memory (:func:`.chunks.assembly_bytes`) when
+    C blocks of ``tile`` are written in stripes of ``stripe`` rows (0: whole blocks)."""
+    out = prob.out
+    if out is None or not out.on_disk or not out.chunks:
+        return 0
+    w, h, _ = tile
+    return assembly_bytes((min(w, prob.m), min(h, prob.n)), out.chunks, stripe, prob.itemsize)
 
 
 def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
@@ -589,7 +606,10 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     def fits(tile):
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0)
         dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
-        host = (n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
+        host = ((n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
+                + assembly_window(prob, tile, stripe_rows(
+                    tile[0], tile[1], plan_bufs.ring // prob.itemsize, min_stripes)
+                    if staged else 0))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):

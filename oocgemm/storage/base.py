@@ -83,6 +83,9 @@ class MatrixSink(abc.ABC):
     def commit(self):
         """Make the output complete and visible; returns what ``Result.out`` holds."""
 
+    def flush(self) -> None:
+        """Write out what the sink holds back (at the end of a run; most hold nothing)."""
+
     def abort(self) -> None:
         """Remove whatever a failed run wrote under a temporary name."""
 

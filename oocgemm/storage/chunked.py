@@ -19,14 +19,15 @@ wait for the executor.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..planning.chunks import Load, chunk_region, chunks_of
-from .base import ChunkedSource, MatrixSource
+from ..planning.chunks import Load, chunk_range, chunk_region, chunks_of
+from .base import ChunkedSource, MatrixSink, MatrixSource
 
 
 class _Entry:
@@ -217,3 +218,152 @@ class ChunkReader(MatrixSource):
                 entry.future = None
             self.resident_bytes = 0
         self.inner.close()
+
+
+class _Cell:
+    """The rows of one chunk row band inside one C block, gathered until all have come:
+    ``buffer`` (None once the cell is written straight through, see ``ChunkWriter``), the
+    pieces that came (to write a cell left incomplete), and how many elements they hold."""
+
+    __slots__ = ("region", "buffer", "pieces", "filled")
+
+    def __init__(self, region, buffer: np.ndarray | None):
+        self.region = region
+        self.buffer = buffer
+        self.pieces: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self.filled = 0
+
+
+class ChunkWriter(MatrixSink):
+    """Writes at the grain of the storage: whole chunks, each encoded once.
+
+    A staged schedule writes a C block in row stripes; a chunked store encodes whole chunks,
+    so a stripe that covers part of a chunk makes the store read, decode, update, encode and
+    write the whole chunk again, once per stripe (and under the sink's lock, since the other
+    stripes rewrite the same chunk). The writer sits between the two: the rows a stripe
+    brings to a chunk row band of its block (a *cell*) wait in a host buffer until the cell
+    is complete, and the cell goes out in one write of whole chunks. Parts of a stripe that
+    are whole cells go straight through.
+
+    A cell lies inside one C block, so when a block's last stripe is written, all of its
+    cells are too (a journal over this writer may record it). ``budget`` bounds the buffered
+    bytes (the plan's ``assembly_window``): a cell that would go over it is written straight
+    through, stripe by stripe, as without this writer. :meth:`flush` writes the pieces of
+    cells left incomplete (a run that did not write whole blocks).
+    """
+
+    def __init__(self, inner: MatrixSink, rows, cols, *, budget: int):
+        self.inner = inner
+        self.shape, self.dtype, self.name = inner.shape, inner.dtype, inner.name
+        self.on_disk, self.path = inner.on_disk, inner.path
+        assert inner.chunks is not None
+        self.chunks = inner.chunks
+        self._rows, self._cols = tuple(rows), tuple(cols)
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._cells: dict[tuple[int, int, int], _Cell] = {}
+        self._spare: list[np.ndarray] = []  # buffers of written cells, for the next ones
+        self.held_bytes = 0
+        """Bytes of the buffers held: those of open cells and the spare ones."""
+        self.peak_bytes = 0
+        """Most bytes of buffers held at once."""
+        self.cells_written = 0
+        """Cells gathered and written whole."""
+
+    def _block(self, rows, cols) -> tuple[int, int] | None:
+        """The C block that holds the region, or None when it spans several."""
+        i = bisect.bisect_right(self._rows, rows[0]) - 1
+        j = bisect.bisect_right(self._cols, cols[0]) - 1
+        inside = (0 <= i < len(self._rows) - 1 and 0 <= j < len(self._cols) - 1
+                  and rows[1] <= self._rows[i + 1] and cols[1] <= self._cols[j + 1])
+        return (i, j) if inside else None
+
+    def write(self, rows, cols, block) -> None:
+        key = self._block(rows, cols)
+        if key is None:  # not a piece of one C block: nothing to gather it with
+            self.inner.write(rows, cols, block)
+            return
+        i, j = key
+        top, bottom = self._rows[i], self._rows[i + 1]
+        left, right = self._cols[j], self._cols[j + 1]
+        band = self.chunks[0]
+        whole: list[int] = []  # bands whose cell this write covers whole
+        for b in chunk_range(rows[0], rows[1], band):
+            lo, hi = max(rows[0], b * band), min(rows[1], (b + 1) * band)
+            cell = (max(top, b * band), min(bottom, (b + 1) * band))
+            if (lo, hi) == cell and cols == (left, right):
+                whole.append(b)
+            else:
+                self._gather((i, j, b), (cell, (left, right)), (lo, hi), cols,
+                             block[lo - rows[0]:hi - rows[0]])
+        if whole:  # consecutive bands: one write of their rows
+            lo = max(rows[0], whole[0] * band)
+            hi = min(rows[1], (whole[-1] + 1) * band)
+            self.inner.write((lo, hi), cols, block[lo - rows[0]:hi - rows[0]])
+
+    def _gather(self, key, region, rows, cols, piece: np.ndarray) -> None:
+        (r0, r1), (c0, c1) = region
+        with self._lock:
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = _Cell(region, self._take((r1 - r0, c1 - c0)))
+        if cell.buffer is None:  # over the budget: this cell goes out stripe by stripe
+            self.inner.write(rows, cols, piece)
+        else:  # pieces of one cell are disjoint: copied outside the lock
+            cell.buffer[rows[0] - r0:rows[1] - r0, cols[0] - c0:cols[1] - c0] = piece
+        with self._lock:
+            cell.pieces.append((rows, cols))
+            cell.filled += piece.size
+            done = cell.filled == (r1 - r0) * (c1 - c0)
+            if done:
+                del self._cells[key]
+        if done and cell.buffer is not None:
+            self.inner.write(*region, cell.buffer)
+            with self._lock:
+                self.cells_written += 1
+                self._spare.append(cell.buffer)
+
+    def _take(self, shape) -> np.ndarray | None:
+        """A buffer of ``shape`` within the budget, or None (under the lock): a spare one of
+        that shape (its pages are mapped already), else a new one, in room that spares of
+        other shapes give up."""
+        for at, spare in enumerate(self._spare):
+            if spare.shape == shape:
+                return self._spare.pop(at)
+        nbytes = shape[0] * shape[1] * self.dtype.itemsize
+        while self._spare and self.held_bytes + nbytes > self.budget:
+            self.held_bytes -= self._spare.pop(0).nbytes
+        if self.held_bytes + nbytes > self.budget:
+            return None
+        self.held_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        return np.empty(shape, dtype=self.dtype)
+
+    def flush(self) -> None:
+        """Write what incomplete cells hold, piece by piece, and let go of the buffers."""
+        with self._lock:
+            cells, self._cells = list(self._cells.values()), {}
+            self._spare.clear()
+        for cell in cells:
+            if cell.buffer is None:
+                continue
+            (r0, _), (c0, _) = cell.region
+            for rows, cols in cell.pieces:
+                self.inner.write(rows, cols, cell.buffer[rows[0] - r0:rows[1] - r0,
+                                                         cols[0] - c0:cols[1] - c0])
+        with self._lock:
+            self.held_bytes = 0
+
+    def commit(self):
+        self.flush()
+        return self.inner.commit()
+
+    def abort(self) -> None:
+        with self._lock:
+            self._cells.clear()
+            self._spare.clear()
+            self.held_bytes = 0
+        self.inner.abort()
+
+    def array(self):
+        return self.inner.array()
