@@ -8,7 +8,7 @@ Each case writes an n x n float64 array (normal random numbers, as a product's o
 through ``ZarrSink.write`` from ``--threads`` threads, one cell at a time: a chunk row band of
 ``--band-width`` columns, whole chunks, as ``ChunkWriter`` hands them on. ``default`` creates
 the array under zarr's own settings (what the sink does today); ``oocgemm`` under
-``reader_config`` (the fused codec pipeline on zarr 3.4+, else zarrs where installed);
+``pipeline_config`` (the fused codec pipeline on zarr 3.4+, else zarrs where installed);
 ``zarrs`` under the zarrs pipeline. Every
 case runs in a fresh interpreter, so that zarr's event loop and pools start from its settings.
 The floor: the same bytes written as plain files from the same threads (no fsync).
@@ -32,11 +32,11 @@ def _case(n: int, chunk: int, width: int, threads: int, compressor: str, config:
           path: str) -> dict:
     import zarr
 
-    from oocgemm.storage.zarr_store import ZarrSink, reader_config
+    from oocgemm.storage.zarr_store import ZarrSink, pipeline_config
     from oocgemm.storage.zarr_store import compressor as make_compressor
 
     if config == "oocgemm":
-        zarr.config.set(reader_config(threads))
+        zarr.config.set(pipeline_config(threads))
     elif config == "zarrs":
         zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
                          "codec_pipeline.strict": False})

@@ -37,12 +37,13 @@ def open_zarr_array(path: str, role: str):
     return node
 
 
-def reader_config(threads: int) -> dict:
-    """zarr settings under which oocgemm opens the arrays it reads, chosen by measurement
-    (docs/performance.md: whole 4096² zstd chunks from 16 threads, warm, on the H100 machine):
-    zarr's fused codec pipeline where zarr has one (3.30 GB/s, 3.4+), else the ``zarrs``
-    pipeline where it is installed (2.83), else zarr's own with more concurrency (2.17
-    against 1.75 with its defaults)."""
+def pipeline_config(threads: int) -> dict:
+    """zarr settings under which oocgemm opens the arrays it reads and those it creates,
+    chosen by measurement (docs/performance.md, the H100 machine, warm): zarr's fused codec
+    pipeline where zarr has one (3.4+; whole 4096² zstd chunks decoded from 16 threads at
+    3.30 GB/s, 4096² chunks stored uncompressed from 8 threads at 10.0 GB/s against 2.50 with
+    zarr's defaults), else the ``zarrs`` pipeline where it is installed (2.83 and 7.96), else
+    zarr's own with more concurrency (decoding at 2.17 against 1.75 with its defaults)."""
     from zarr.core import codec_pipeline
 
     config = {"async.concurrency": 4 * threads, "threading.max_workers": threads}
@@ -56,11 +57,11 @@ def reader_config(threads: int) -> dict:
 
 
 def fast_reader(array: zarr.Array, threads: int = 0) -> zarr.Array:
-    """``array`` opened again, read-only, under :func:`reader_config` (the codec pipeline is
+    """``array`` opened again, read-only, under :func:`pipeline_config` (the codec pipeline is
     fixed when an array is opened); the array itself where that fails."""
     threads = threads or hostinfo.cores()
     try:
-        with zarr.config.set(reader_config(threads)):
+        with zarr.config.set(pipeline_config(threads)):
             return zarr.open_array(store=array.store_path, mode="r")
     except Exception:
         return array
@@ -340,7 +341,8 @@ class ZarrSink(MatrixSink):
         if temporary is not None:  # an interrupted run's output, continued (resume)
             self.path = os.path.abspath(path)
             self._temporary = temporary
-            self._array = zarr.open_array(temporary, mode="r+")
+            with zarr.config.set(pipeline_config(hostinfo.cores())):
+                self._array = zarr.open_array(temporary, mode="r+")
             if tuple(self._array.shape) != self.shape or self._array.dtype != self.dtype:
                 raise OutputError(f"{temporary!r} is not the output this run writes")
         elif array is None:
@@ -360,10 +362,11 @@ class ZarrSink(MatrixSink):
             kept = options.pop("attributes", None) or {}  # an update in place: the user's
             extra = {"storage_options": storage_options} if self._url else {}
             try:
-                self._array = zarr.create_array(
-                    store=self._temporary, shape=self.shape, dtype=self.dtype,
-                    attributes={**kept, "oocgemm": {"complete": False}}, **options,
-                    **extra)
+                with zarr.config.set(pipeline_config(hostinfo.cores())):
+                    self._array = zarr.create_array(
+                        store=self._temporary, shape=self.shape, dtype=self.dtype,
+                        attributes={**kept, "oocgemm": {"complete": False}}, **options,
+                        **extra)
             except BaseException:  # an interrupt too: what was begun goes
                 self.abort()
                 raise
