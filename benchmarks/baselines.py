@@ -101,16 +101,17 @@ def _libcublas() -> ctypes.CDLL:
 
 
 def cublasxt_dgemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, block_dim: int,
-                   device: int = 0, pin_memory: bool = False) -> float:
-    """``c = a @ b`` with cuBLASXt on one GPU; returns wall seconds. Row-major operands: in
-    column-major terms this is C^T = B^T A^T, so B goes first."""
+                   device: int | list[int] = 0, pin_memory: bool = False) -> float:
+    """``c = a @ b`` with cuBLASXt on one GPU (or the GPUs of a list); returns wall seconds.
+    Row-major operands: in column-major terms this is C^T = B^T A^T, so B goes first."""
     lib = _libcublas()
     handle = ctypes.c_void_p()
     check = _checker("cublasXt")
     check(lib.cublasXtCreate(ctypes.byref(handle)))
     try:
-        devices = (ctypes.c_int * 1)(device)
-        check(lib.cublasXtDeviceSelect(handle, 1, devices))
+        chosen = [device] if isinstance(device, int) else list(device)
+        devices = (ctypes.c_int * len(chosen))(*chosen)
+        check(lib.cublasXtDeviceSelect(handle, len(chosen), devices))
         check(lib.cublasXtSetBlockDim(handle, ctypes.c_int(block_dim)))
         if pin_memory:  # CUBLASXT_PINNING_ENABLED: let cuBLASXt pin pageable operands itself
             check(lib.cublasXtSetPinningMemMode(handle, 1))
@@ -125,10 +126,27 @@ def cublasxt_dgemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, block_dim: int,
         start = time.perf_counter()
         check(lib.cublasXtDgemm(handle, 0, 0, n, m, k, ctypes.byref(alpha), b.ctypes.data, n,
                                 a.ctypes.data, k, ctypes.byref(beta), c.ctypes.data, n))
-        cupy.cuda.runtime.deviceSynchronize()
+        for index in chosen:
+            with cupy.cuda.Device(index):
+                cupy.cuda.runtime.deviceSynchronize()
         return time.perf_counter() - start
     finally:
         lib.cublasXtDestroy(handle)
+
+
+@contextlib.contextmanager
+def pinned_in_place(*arrays: np.ndarray):
+    """The arrays page-locked where they are (``cudaHostRegister``, portable to every GPU) for
+    the block: no second copy of operands of tens of GB."""
+    registered = []
+    try:
+        for x in arrays:
+            cupy.cuda.runtime.hostRegister(x.ctypes.data, x.nbytes, 1)  # cudaHostRegisterPortable
+            registered.append(x)
+        yield
+    finally:
+        for x in registered:
+            cupy.cuda.runtime.hostUnregister(x.ctypes.data)
 
 
 def _checker(what: str):

@@ -6,7 +6,8 @@
     python -m benchmarks power                      # their SM clock, board power, energy per flop
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
-    python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode
+    python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
+                                                    # zarr_write, scaling
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -322,6 +323,8 @@ _OWN_MAINS = {
     "zarr-product": ("zarr_product", "oocgemm on Zarr stores against dask on the same."),
     "dask-matmul": ("dask_matmul", "oocgemm.dask.matmul against oocgemm.multiply and dask's own."),
     "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
+    "zarr-write": ("zarr_write", "Zarr writes: the sink's whole-chunk rate under each pipeline."),
+    "scaling": ("scaling", "One product on 1, 2, ... GPUs, beside cuBLASXt on the same."),
 }
 
 
