@@ -110,3 +110,34 @@ def test_a_failure_on_one_device_stops_them_all(rng, workdir, monkeypatch):
     with pytest.raises(oocgemm.ExecutionError, match="device on fire"):
         oocgemm.multiply(a, b, "c.zarr", device=THREE, tile=(20, 30, 25))
     assert leftovers(".") == [] and not __import__("os").path.exists("c.zarr")
+
+
+@pytest.mark.parametrize("grid,devices,shape", [
+    ((8, 3), 2, "rows"), ((3, 8), 2, "columns"), ((2, 2), 2, "runs"), ((3, 3), 2, "runs"),
+    ((1, 1), 4, "runs"), ((5, 1), 2, "rows")])
+def test_groups_share_panels(grid, devices, shape):
+    """Rows of blocks (sharing A panels) where there are two rows per device, else columns
+    (sharing B), else one run of neighbouring blocks per device; every block once, in the
+    plan's order, the blocks already done left out."""
+    import types
+
+    from oocgemm.planning.schedule import serpentine
+    from oocgemm.runtime.split import groups
+
+    p, q = grid
+    done = ((0, 0),) if p * q > 1 else ()
+    plan = types.SimpleNamespace(grid=(p, q, 4), done=done)
+    got = groups(plan, devices)
+    order = [x for x in serpentine(p, q) if x not in done]
+    assert sorted(x for g in got for x in g) == sorted(order)
+    for g in got:  # each group in the plan's order
+        assert g == sorted(g, key=order.index)
+    if shape == "rows":
+        assert all(len({i for i, _ in g}) == 1 for g in got)
+        assert len(got) == len({i for i, _ in order})
+    elif shape == "columns":
+        assert all(len({j for _, j in g}) == 1 for g in got)
+        assert len(got) == len({j for _, j in order})
+    else:
+        assert len(got) == min(devices, len(order))
+        assert all(order.index(g[-1]) - order.index(g[0]) == len(g) - 1 for g in got)

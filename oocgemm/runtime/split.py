@@ -25,16 +25,26 @@ from ..planning.schedule import LEVELS, serpentine
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
     """The C block groups, in the plan's serpentine order: rows of blocks where there are at
-    least two rows per device, else single blocks."""
+    least two rows per device (a row shares its A panels), else columns where there are two
+    columns per device (a column shares its B panels), else one run of neighbouring blocks
+    per device.
+
+    Each group is one executor run, which fills its pipeline at its start and drains it at
+    its end, and loads again the panels its blocks share with other groups' blocks. Groups
+    of single blocks made two H200s take 7.1 s on the 2 x 2 blocks of n = 65536 where one
+    took 11.4 (80% efficiency; docs/performance.md, "Several GPUs"): every block loaded its
+    panels afresh, in a burst at its start, while the other GPU did the same."""
     p, q, _ = plan.grid
     done = set(plan.done)
     order = [block for block in serpentine(p, q) if block not in done]
-    if p >= 2 * devices:
-        rows: dict[int, list] = {}
+    if p >= 2 * devices or q >= 2 * devices:
+        axis = 0 if p >= 2 * devices else 1
+        lines: dict[int, list] = {}
         for block in order:
-            rows.setdefault(block[0], []).append(block)
-        return list(rows.values())
-    return [[block] for block in order]
+            lines.setdefault(block[axis], []).append(block)
+        return list(lines.values())
+    size = max(1, -(-len(order) // devices))
+    return [order[at:at + size] for at in range(0, len(order), size)]
 
 
 class MergedLog:
