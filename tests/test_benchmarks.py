@@ -135,3 +135,20 @@ def test_kernels_folder_holds_the_gemm_sources_only():
         included |= set(catalog._INCLUDE.findall((folder / spec.source).read_text()))
     assert {p.name for p in folder.glob("*.cuh")} <= included
     assert {p.suffix for p in folder.iterdir()} <= {".cu", ".cuh", ".md"}
+
+
+def test_scaling_runs_its_cases_on_cpu_executors(tmp_path):
+    """The scaling benchmark's host and Zarr cases, on CPU executors standing for GPUs: every
+    product checked, the efficiency against the one-device case, the storage floor beside."""
+    from benchmarks import scaling
+
+    out = tmp_path / "scaling.json"
+    assert scaling.main(["--cpu", "--n", "384", "--gpus", "1,2", "--repeat", "1", "--zarr",
+                         str(tmp_path / "z"), "--chunk", "128", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    cases = {(c["case"], c["gpus"]): c for c in doc["cases"]}
+    assert set(cases) == {("multiply", 1), ("multiply", 2), ("zarr", 1), ("zarr", 2)}
+    assert all(c["error"] < 1e-13 for c in cases.values())
+    assert "efficiency" in cases[("zarr", 2)] and "efficiency" not in cases[("zarr", 1)]
+    assert doc["floor"]["stored_bytes"] > 0 and cases[("zarr", 1)]["floor"] > 0
+    assert not (tmp_path / "z" / "a.zarr").exists()  # the stores it made are gone
