@@ -5,6 +5,7 @@
 """
 
 from .api import multiply, plan
+from .engine import Engine
 from .errors import (
                      BudgetError,
                      DependencyError,
@@ -24,7 +25,8 @@ from .result import Result
 
 __version__ = "0.1.0"
 
-__all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "ExecutionError",
+__all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engine",
+           "ExecutionError",
            "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError",
            "Plan", "Result",
            "ShapeError", "VerifyReport", "multiply", "plan", "verify", "__version__"]

@@ -10,7 +10,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -38,6 +38,12 @@ from .units import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnostics.events import Event
+
+class EngineLike(Protocol):
+    """What a run takes from an :class:`oocgemm.Engine` (which imports this module)."""
+
+    def resources(self, kind: str) -> Any: ...
+
 
 #: A matrix that :func:`multiply` reads or writes: a path or URL (``str``, ``os.PathLike``), or
 #: an array (numpy array or memmap, CuPy, ``zarr.Array``, dask, xarray ``DataArray``; their
@@ -538,7 +544,7 @@ def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
 
 
 #: Keywords of multiply() that only change how it runs; plan() accepts and ignores them.
-RUN_ONLY = frozenset({"overwrite", "progress", "events", "verify", "resume"})
+RUN_ONLY = frozenset({"overwrite", "progress", "events", "verify", "resume", "engine"})
 
 
 def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
@@ -549,7 +555,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
              overwrite: bool = False, progress: bool | Callable[[Event], object] | None = None,
              events: bool = True, out_options: Mapping[str, Any] | None = None,
              storage_options: Mapping[str, Any] | None = None, verify: bool = False,
-             resume: bool = False) -> Result:
+             resume: bool = False, engine: EngineLike | None = None) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -614,6 +620,10 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         so the result is bitwise what an uninterrupted run gives. Refused (``OutputError``)
         when the inputs or the options changed; a fresh run when there is nothing to resume.
         Needs an output path and inputs stored as local files.
+    engine
+        The :class:`oocgemm.Engine` whose pinned memory, cuBLAS handles and compiled kernels
+        the run uses (``engine.multiply`` passes itself); None: the process's, kept until
+        it exits.
     events
         True (the default) to record one timed event per block operation (``result.events``,
         ``result.timeline``); False records none, to measure what recording costs
@@ -639,6 +649,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         raise OptionError(f"verify must be True or False, got {verify!r}")
     if not isinstance(resume, (bool, np.bool_)):
         raise OptionError(f"resume must be True or False, got {resume!r}")
+    if engine is not None and not hasattr(engine, "resources"):
+        raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")
     options = Options.of("multiply()", device=device, memory_limit=memory_limit,
                          host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                          out_options=out_options, storage_options=storage_options)
@@ -646,6 +658,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                     options=options, device=_planned_for(devices, device))
     plan_ = prep.plan
+    resources = engine.resources(prep.device.kind) if engine is not None else None
 
     prob = plan_.problem
     attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
@@ -698,14 +711,15 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         start = time.perf_counter()
         if devices:  # several devices: block groups handed out as each device is free
             on_event, bar = _progress(progress, plan_)
-            log = _run_on_devices(plan_, prep, devices, sink, on_event, events)
+            log = _run_on_devices(plan_, prep, devices, sink, on_event, events, resources)
             shares = log.share
         while not devices:  # one device (when memory runs short: again, with smaller blocks)
             on_event, bar = _progress(progress, plan_)
             sources = chunk_readers(plan_, prep.sources)
             writer = chunk_writer(plan_, sink)
             executor = executor_class(prep.device.kind)(plan_, sources, writer,
-                                                        on_event=on_event, record=bool(events))
+                                                        on_event=on_event, record=bool(events),
+                                                        resources=resources)
             try:
                 log = executor.run()
                 writer.flush()
@@ -771,7 +785,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
 
 
-def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events):
+def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events,
+                    resources):
     """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
     from .runtime.split import run_split
 
@@ -781,7 +796,8 @@ def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_e
     def run_group(device_plan, name):
         readers = chunk_readers(device_plan, prep.sources)
         executor = executor_class(prep.device.kind)(device_plan, readers, writer,
-                                                    on_event=on_event, record=bool(events))
+                                                    on_event=on_event, record=bool(events),
+                                                    resources=resources)
         running.add(executor)
         try:
             return executor.run()

@@ -65,8 +65,6 @@ class PinnedPool:
                 runtime.freeHost(ptr)
 
 
-PINNED = PinnedPool()
-
 
 class HandlePool:
     """cuBLAS handles per GPU, kept for reuse between runs (creating and destroying one cost
@@ -91,15 +89,48 @@ class HandlePool:
         with self._lock:
             self._idle.setdefault(index, []).append(handle)
 
+    def release(self) -> None:
+        """Destroy the idle handles."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for index, handles in idle.items():
+            with cupy.cuda.Device(index):
+                for handle in handles:
+                    cublas.destroy(handle)
 
-HANDLES = HandlePool()
+
+class Resources:
+    """What CUDA runs keep for the next: pinned host buffers, cuBLAS handles, and the
+    compiled kernels of ``kernels/``. An :class:`oocgemm.Engine` owns one and frees it on
+    close; runs without an engine share the process's (:data:`PROCESS`), kept until exit."""
+
+    def __init__(self):
+        self.pinned = PinnedPool()
+        self.handles = HandlePool()
+        self.kernels: dict = {}
+
+    def in_use(self) -> int:
+        """Pinned bytes that runs hold now."""
+        return self.pinned.in_use()
+
+    def close(self) -> None:
+        """Free what no run holds: the idle pinned buffers and handles, the kernels."""
+        self.pinned.release()
+        self.handles.release()
+        self.kernels.clear()
+
+
+PROCESS = Resources()
+"""The resources of runs without an engine."""
 
 
 class GpuContext:
     """Streams (h2d, compute, c for C in/out), a cuBLAS handle, and the buffers of one run."""
 
-    def __init__(self, index: int, dtype, kernel: str = "cublas"):
+    def __init__(self, index: int, dtype, kernel: str = "cublas",
+                 resources: Resources | None = None):
         self.index = index
+        self.resources = resources or PROCESS
         self.dtype = np.dtype(dtype)
         self.kernel = kernel
         """'cublas' or the name of a kernel of ``kernels/`` for :meth:`gemm`."""
@@ -115,7 +146,7 @@ class GpuContext:
         try:
             self.streams = {name: cupy.cuda.Stream(non_blocking=True)
                             for name in ("h2d", "compute", "c")}
-            self._handle = HANDLES.acquire(self.index)
+            self._handle = self.resources.handles.acquire(self.index)
             cublas.setStream(self._handle, self.streams["compute"].ptr)
         except BaseException:
             self.device.__exit__(None, None, None)
@@ -129,11 +160,11 @@ class GpuContext:
         finally:
             self._device_buffers.clear()
             for ptr, _ in self._pinned.values():
-                PINNED.give_back(ptr)
+                self.resources.pinned.give_back(ptr)
             self._pinned.clear()
             if self._handle is not None:
                 cublas.setStream(self._handle, 0)  # not a stream about to be destroyed
-                HANDLES.give_back(self.index, self._handle)
+                self.resources.handles.give_back(self.index, self._handle)
                 self._handle = None
             self.streams = {}
             cupy.get_default_memory_pool().free_all_blocks()
@@ -149,7 +180,7 @@ class GpuContext:
 
     def pinned_buffer(self, name: str, elements: int) -> None:
         nbytes = max(elements, 1) * self.dtype.itemsize
-        ptr, raw = PINNED.acquire(nbytes)
+        ptr, raw = self.resources.pinned.acquire(nbytes)
         self._pinned[name] = (ptr, raw.view(self.dtype))
 
     def host_view(self, name: str, shape) -> np.ndarray:
@@ -207,7 +238,7 @@ class GpuContext:
             kernels.gemm(self.kernel, rows, h, r, alpha, a_ptr, w if trans_a else r,
                          self.device_ptr(b_slot), r if trans_b else h, beta, c_ptr, h,
                          dtype=self.dtype, trans_a=trans_a, trans_b=trans_b,
-                         stream=self.streams["compute"])
+                         stream=self.streams["compute"], cache=self.resources.kernels)
             return
         scalars = np.array([alpha, beta], dtype=self.dtype)
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
@@ -229,7 +260,7 @@ class GpuContext:
                 view *= beta
 
 
-def memory_in_use(index: int) -> tuple[int, int]:
+def memory_in_use(index: int, resources: Resources | None = None) -> tuple[int, int]:
     """(device bytes CuPy's pool hands out, pinned bytes runs hold) now: for leak checks."""
     with cupy.cuda.Device(index):
-        return cupy.get_default_memory_pool().used_bytes(), PINNED.in_use()
+        return cupy.get_default_memory_pool().used_bytes(), (resources or PROCESS).in_use()

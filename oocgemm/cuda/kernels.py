@@ -25,11 +25,13 @@ def capability(device: int) -> int:
 
 
 def function(name: str, dtype, trans_a: bool, trans_b: bool, vec: bool,
-             device: int | None = None, defines: tuple = ()) -> cupy.RawKernel:
+             device: int | None = None, defines: tuple = (), cache: dict | None = None
+             ) -> cupy.RawKernel:
     """The compiled instance of kernel ``name`` for the current (or given) device.
 
     ``defines``: (macro, value) pairs passed to NVRTC as ``-Dmacro=value`` (the measuring
-    builds that ``benchmarks/`` times; a product never needs them).
+    builds that ``benchmarks/`` times; a product never needs them). ``cache``: where the
+    compiled instances are kept (an engine's; else the process's).
 
     Raises
     ------
@@ -42,10 +44,11 @@ def function(name: str, dtype, trans_a: bool, trans_b: bool, vec: bool,
     expr = spec.expression(np.dtype(dtype).name, trans_a, trans_b, vec)
     defines = tuple(defines)
     key = (dev, expr, str(kernels_dir()), defines)  # a different source folder compiles anew
+    cache = _compiled if cache is None else cache
     with _lock:
-        fn = _compiled.get(key)
+        fn = cache.get(key)
         if fn is None:
-            fn = _compiled[key] = _compile(spec, expr, dev, defines)
+            fn = cache[key] = _compile(spec, expr, dev, defines)
     return fn
 
 
@@ -82,7 +85,7 @@ def _aligned(ptr: int, ld: int, itemsize: int) -> bool:
 
 def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: int, ldb: int,
          beta, c_ptr: int, ldc: int, *, dtype, trans_a: bool = False, trans_b: bool = False,
-         stream=None, defines: tuple = ()) -> None:
+         stream=None, defines: tuple = (), cache: dict | None = None) -> None:
     """Row-major ``C = alpha * op(A) @ op(B) + beta * C`` with kernel ``name`` on ``stream``.
 
     ``op(A)`` is m x k (``trans_a``: A is stored k x m), ``op(B)`` k x n (``trans_b``: stored
@@ -96,7 +99,7 @@ def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: 
     spec = KERNELS[name]
     vec = all(_aligned(p, ld, dtype.itemsize) for p, ld in ((a_ptr, lda), (b_ptr, ldb), (c_ptr,
     ldc)))
-    fn = function(name, dtype, trans_a, trans_b, vec, defines=defines)
+    fn = function(name, dtype, trans_a, trans_b, vec, defines=defines, cache=cache)
     rows, cols = spec.tile
     grid = ((n + cols - 1) // cols, (m + rows - 1) // rows, 1)
     block = (*spec.threads, 1)

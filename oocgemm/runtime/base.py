@@ -48,10 +48,14 @@ class Executor:
     """What every executor holds: the plan and its schedule, the sources (``{'A': ..., 'B':
     ..., 'C': ...}``, C only when beta != 0), the sink, the event log, and a flag that tells
     every lane to stop. ``run()`` replays the schedule and returns the log. ``record=False``
-    keeps no events (the bytes moved are still counted), to measure what recording costs."""
+    keeps no events (the bytes moved are still counted), to measure what recording costs.
+    ``resources``: what the device's runs keep between them (an engine's; None: the
+    process's), where the executor has any."""
 
-    def __init__(self, plan, sources, sink, *, on_event=None, record: bool = True):
+    def __init__(self, plan, sources, sink, *, on_event=None, record: bool = True,
+                 resources=None):
         self.plan = plan
+        self.resources = resources
         self.schedule = plan.schedule
         self.sources = sources
         self.sink = sink

@@ -55,8 +55,9 @@ class CpuExecutor(Executor):
         return {"readers": 4}
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
-                 record: bool = True):
-        super().__init__(plan, sources, sink, on_event=on_event, record=record)
+                 record: bool = True, resources=None):
+        super().__init__(plan, sources, sink, on_event=on_event, record=record,
+                         resources=resources)  # keeps nothing between runs
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)

@@ -115,10 +115,11 @@ class CudaExecutor(Executor):
                                      problem.b_chunks_kn()[0] or 1))
 
     def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,
-                 writers: int | None = None, record: bool = True):
+                 writers: int | None = None, record: bool = True, resources=None):
         if not plan.staged:
             raise ValueError("the CUDA executor replays staged plans only")
-        super().__init__(plan, sources, sink, on_event=on_event, record=record)
+        super().__init__(plan, sources, sink, on_event=on_event, record=record,
+                         resources=resources)
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
@@ -129,7 +130,8 @@ class CudaExecutor(Executor):
             prob = plan.problem
             for vec in (True, False):
                 kernels.function(plan.kernel, prob.dtype, prob.trans_a, prob.trans_b, vec,
-                                 device=self.index)
+                                 device=self.index,
+                                 cache=resources.kernels if resources is not None else None)
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
@@ -210,7 +212,8 @@ class CudaExecutor(Executor):
         # time; reported: on_event hears of it (GEMMs and FILLs, for the progress bars).
         timed: queue.SimpleQueue = queue.SimpleQueue()
         clock = feeder = None
-        with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel) as gpu:
+        with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel,
+                        self.resources) as gpu:
             try:
                 for name, elements in self.schedule.slots.items():
                     if name.startswith("s"):
