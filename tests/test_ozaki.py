@@ -25,14 +25,72 @@ def _error(c, a, b) -> float:
     return float(np.max(np.abs(c - ref) / np.where(scale > 0, scale, 1)))
 
 
-def test_the_moduli_are_pairwise_coprime_and_their_residues_fit_int8():
+def _balanced_digits(x: int, moduli) -> list[int]:
+    """The balanced mixed-radix digits of the integer ``x`` (Python's exact arithmetic)."""
+    out = []
+    for m in moduli:
+        v = (x + m // 2) % m - m // 2
+        out.append(v)
+        x = (x - v) // m
+    assert x == 0  # x was in the window [-M/2, M/2)
+    return out
+
+
+def _oracle(a, b, how) -> np.ndarray:
+    """The emulated product through Python's exact integers, rounded once (``float`` of an int
+    rounds to nearest even): the reconstruction ozaki.py had before its integer kernels, as
+    the reference they must equal bit for bit."""
+    sa, sb = ozaki.shifts(a, how.bits_a, 1), ozaki.shifts(b, how.bits_b, 0)
+    ia = [[int(v) for v in row] for row in np.rint(np.ldexp(a, sa))]
+    ib = [[int(v) for v in col] for col in np.rint(np.ldexp(b, sb)).T]
+    return np.array([[math.ldexp(float(sum(x * y for x, y in zip(row, col))), -int(ea + eb))
+                      for col, eb in zip(ib, sb[0])] for row, ea in zip(ia, sa[:, 0])])
+
+
+def test_the_moduli_are_pairwise_coprime_and_their_residues_fit_int8(rng):
     assert all(math.gcd(x, y) == 1 for i, x in enumerate(ozaki.MODULI)
                for y in ozaki.MODULI[i + 1:])
     assert max(ozaki.MODULI) == 256 and len(ozaki.MODULI) >= 30
-    x = np.arange(-5000.0, 5000.0)
-    for m in ozaki.MODULI:
-        r = ozaki._residues(x, m)
-        assert r.dtype == np.int8 and np.all(np.fmod(x - r, m) == 0)
+    # small integers, and integers of up to 113 bits (53 significant, then zeros)
+    x = np.concatenate([np.arange(-5000.0, 5000.0),
+                        np.ldexp(rng.integers(-2**53 + 1, 2**53, 2000).astype(float),
+                                 rng.integers(0, 61, 2000))])
+    r = ozaki.residues(x[None], np.zeros((1, 1), np.int32), ozaki.MODULI)
+    assert r.dtype == np.int8 and r.shape == (len(ozaki.MODULI), 1, x.size)
+    for m, rm in zip(ozaki.MODULI, r[:, 0]):
+        assert all((int(v) - int(u)) % m == 0 for v, u in zip(x, rm))
+        assert rm.min() >= -(m // 2) and rm.max() < (m + 1) // 2
+
+
+def test_garner_digits_are_those_of_the_integer_sign_included(rng):
+    moduli = ozaki.MODULI[:12]
+    half = math.prod(moduli) // 2
+    xs = [0, 1, -1, half - 1, -half, 2**31, -2**40]
+    xs += [int(v) * 2**40 + int(u) for v, u in zip(rng.integers(-2**40, 2**40, 200),
+                                                   rng.integers(0, 2**40, 200))]
+    # each product an int32 of the residue's class, as the int8 GEMMs give them
+    c = [np.array([x % m - m * int(rng.integers(0, 2**20)) for x in xs], dtype=np.int32)
+         for m in moduli]
+    digits = np.empty((len(moduli), len(xs)), dtype=np.int8)
+    for k in range(len(moduli)):
+        digits[k] = ozaki.digit(k, c[k], digits, moduli)
+    for n, x in enumerate(xs):
+        assert [int(v) for v in digits[:, n]] == _balanced_digits(x, moduli)
+
+
+def test_rounding_from_the_digits_is_correct_ties_included(rng):
+    moduli = ozaki.MODULI[:22]
+    xs = []
+    for _ in range(100):
+        mantissa, k = int(rng.integers(2**52, 2**53)), int(rng.integers(1, 100))
+        tie = (2 * mantissa + 1) << k  # halfway between two doubles
+        xs += [tie, -tie, tie + 1, tie - 1, tie + (1 << (k - 1)), mantissa << k]
+    xs += [0, 1, -7, 2**53 + 1, math.prod(moduli) // 2 - 1, -(math.prod(moduli) // 2)]
+    digits = np.array([_balanced_digits(x, moduli) for x in xs], dtype=np.int8).T
+    exps = rng.integers(-300, 300, len(xs))
+    got = ozaki.rounded(digits, moduli, exps)
+    want = np.array([math.ldexp(float(x), int(e)) for x, e in zip(xs, exps)])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (7, 13, 5), (33, 64, 17)])
@@ -58,6 +116,40 @@ def test_never_less_accurate_than_native(rng, bits, shape):
     c, how = ozaki.gemm(a, b)
     assert not how.native and len(how.moduli) <= 32
     assert _error(c, a, b) <= max(_error(a @ b, a, b), 2.0**-53)
+
+
+@pytest.mark.parametrize("bits", [0, 8, 30, 55])
+def test_the_result_is_the_exact_integer_product_rounded_once(rng, bits):
+    for _ in range(6):
+        w, r, h = rng.integers(1, 30, 3)
+        a, b = _spread(rng, (w, r), bits), _spread(rng, (r, h), bits)
+        c, how = ozaki.gemm(a, b)
+        assert not how.native
+        np.testing.assert_array_equal(c, _oracle(a, b, how))
+
+
+def test_exact_ties_round_to_even(rng):
+    # rows x + 1/2 with x an integer of 53 bits: halfway between two doubles, rounded to even
+    x = rng.integers(2**52, 2**53, 40).astype(float)
+    a = np.stack([x, np.full_like(x, 0.5)], axis=1)
+    c, how = ozaki.gemm(a, np.ones((2, 3)))
+    assert not how.native and how.bits_a == 53 + 53
+    want = [float(Fraction(int(v)) + Fraction(1, 2)) for v in x]
+    np.testing.assert_array_equal(c, np.repeat(np.array(want)[:, None], 3, axis=1))
+
+
+def test_deep_blocks_run_in_slices_with_the_same_result(rng, monkeypatch):
+    a, b = _spread(rng, (9, 50), 8), _spread(rng, (50, 7), 8)
+    whole, _ = ozaki.gemm(a, b)
+    monkeypatch.setattr(ozaki, "MAX_DEPTH", 7)  # 8 slices, the last of 1
+    np.testing.assert_array_equal(ozaki.gemm(a, b)[0], whole)
+    np.testing.assert_array_equal(whole, _oracle(a, b, ozaki.plan_block(a, b)))
+    monkeypatch.undo()
+    # the deepest int32 sums: each slice's near 2^31, so the sum so far must be reduced first
+    r = ozaki.MAX_DEPTH + 10
+    for m in (256, 255):
+        c = ozaki._product(np.full((1, r), -128, np.int8), np.full((r, 1), -128, np.int8), m)
+        assert c.dtype == np.int32 and (int(c[0, 0]) - r * 2**14) % m == 0
 
 
 def test_the_moduli_follow_the_exponent_range():
