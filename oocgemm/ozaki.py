@@ -3,7 +3,7 @@
 int8 tensor-core GEMMs and match it bit for bit.
 
 For ``C = A @ B`` (A: w x r, B: r x h, float64), in steps that are each one elementwise pass
-(each to be one GPU kernel) but for the GEMMs, all exact but the last:
+(one kernel of ``kernels/ozaki.cu``) but for the GEMMs, all exact but the last:
 
 1. **Scale to integers** (:func:`shifts`, :func:`residues`). Row i of A is scaled by
    ``2^(p_a - E_i)``, where ``2^E_i`` bounds the row's magnitudes (``frexp`` of its largest),
