@@ -2,26 +2,29 @@
 (issue 21). This is the CPU reference of the arithmetic; the GPU is to run the same steps with
 int8 tensor-core GEMMs and match it bit for bit.
 
-For ``C = A @ B`` (A: w x r, B: r x h, float64):
+For ``C = A @ B`` (A: w x r, B: r x h, float64), in steps that are each one elementwise pass
+(one kernel of ``kernels/ozaki.cu``) but for the GEMMs, all exact but the last:
 
-1. **Scale to integers.** Row i of A is scaled by ``2^(p_a - E_i)``, where ``2^E_i`` bounds
-   the row's magnitudes (``frexp`` of its largest), and rounded to the nearest integer:
-   ``A'_ik = rint(A_ik 2^(p_a - E_i))``, so ``|A'| <= 2^p_a``. Column j of B likewise with
-   ``p_b``. Scaling by a power of two is exact and ``rint`` is exact, so A' and B' are float64
-   integers; the only error of the method is this rounding, ``2^(E_i - p_a - 1)`` at most per
-   element of A (the final rounding aside).
-2. **Residues.** For moduli ``m_1..m_N`` (pairwise coprime, at most 256), the residues
-   ``A'_l = A' mod m_l`` in the symmetric range ``[-m_l/2, m_l/2)`` fit int8. ``fmod`` of
-   float64 integers is exact (IEEE), on the CPU and the GPU alike.
-3. **Exact products.** ``C_l = A'_l @ B'_l``: sums of ``r`` products of at most ``2^14``, exact
-   in int32 for ``r <= 2^17`` (int8 tensor cores); on the CPU, exact in float64 BLAS as well
-   (every partial sum is an integer below ``2^53``, whatever the order).
-4. **Reconstruction.** The Chinese remainder theorem gives ``A'B' mod M`` (``M = prod m_l``)
-   from the ``C_l mod m_l``; moduli with ``M > 2 r 2^(p_a + p_b)`` make it ``A'B'`` itself, in
-   the symmetric range. Here in exact integers (Python's); on the GPU in multi-word integers.
-5. **Back to float64.** ``C_ij = A'B'_ij 2^(E_i - p_a + F_j - p_b)``, rounded once to nearest
-   (``float`` of an integer is correctly rounded; the power of two is exact unless the result
-   is subnormal).
+1. **Scale to integers** (:func:`shifts`, :func:`residues`). Row i of A is scaled by
+   ``2^(p_a - E_i)``, where ``2^E_i`` bounds the row's magnitudes (``frexp`` of its largest),
+   and rounded to the nearest integer: ``A'_ik = rint(A_ik 2^(p_a - E_i))``, so
+   ``|A'| <= 2^p_a``. Column j of B likewise with ``p_b``. Scaling by a power of two is exact
+   and ``rint`` is exact, so A' and B' are float64 integers; the only error of the method is
+   this rounding, ``2^(E_i - p_a - 1)`` at most per element of A (the final rounding aside).
+2. **Residues** (:func:`residues`). For moduli ``m_0..m_(N-1)`` (pairwise coprime, at most
+   256, ``m_0 = 256``), ``A' mod m`` in ``[-(m//2), (m+1)//2)`` fits int8; int64 arithmetic
+   on ``A' = s 2^e`` computes it.
+3. **Exact products** (:func:`_product`). ``C_l = A'_l @ B'_l``: sums of ``r`` products of at
+   most ``2^14``, exact in int32 for ``r <= MAX_DEPTH`` (int8 tensor cores; float64 BLAS
+   here, exact as well).
+4. **Garner's digits** (:func:`digit`). The balanced mixed-radix digits ``v_k`` of
+   ``A'B' = sum v_k P_k`` (``P_k = m_0 ... m_(k-1)``), one modulus at a time, in int32 and
+   int64; moduli with ``M = prod m_l > 2 r 2^(p_a + p_b)`` make them the digits of ``A'B'``
+   itself, sign included.
+5. **One rounding** (:func:`rounded`). ``|A'B'|`` in 26-bit limbs by Horner's rule over the
+   digits, its top 104 bits and a sticky bit, one float64 addition (the rounding to nearest,
+   ties to even), and ``ldexp`` by ``E_i - p_a + F_j - p_b`` (exact unless the result is
+   subnormal).
 
 So the result is the exactly rounded product of the scaled, rounded operands: its error is
 that of representing each row of A (column of B) on ``p_a`` (``p_b``) bits below its largest
@@ -31,6 +34,7 @@ elements (capped), keeps every element's own 53 bits; the moduli follow from the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -56,6 +60,10 @@ MODULI: tuple[int, ...] = _coprime_moduli()
 
 #: The most bits an operand is given (beyond: its block falls back to native DGEMM).
 MAX_BITS = 53 + 60
+
+#: The deepest block whose int8 x int8 products sum exactly in int32 (|residue| <= 128, so
+#: r 2^14 < 2^31); deeper ones run in slices of this depth.
+MAX_DEPTH = 2**17 - 1
 
 
 @dataclass(frozen=True)
@@ -130,21 +138,146 @@ def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emula
     return Emulation(bits_a, bits_b, moduli_for(bits_a, bits_b, r))
 
 
-def _scaled(x: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` scaled per row (axis 1) or column (axis 0) to integers of at most ``bits`` bits,
-    and the shift of each row (column): x ~ scaled * 2^-shift."""
-    largest = np.abs(x).max(axis=axis, keepdims=True) if x.size else np.zeros((1, 1))
-    _, exps = np.frexp(largest)  # |x| < 2^exps along the row (column); 0 for a zero row
-    shift = (bits - exps).astype(np.int64)
-    return np.rint(np.ldexp(x, shift)), shift
+def shifts(x: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """The shift of each row (axis 1) or column (axis 0) of ``x`` (int32, kept as a dimension):
+    ``2^shift`` brings the row's largest magnitude into ``[2^(bits-1), 2^bits)`` (a zero row:
+    ``bits``). A maximum and ``frexp`` are exact, so any reduction order gives the same shifts."""
+    _, exps = np.frexp(np.abs(x).max(axis=axis, keepdims=True, initial=0.0))
+    return (bits - exps).astype(np.int32)
 
 
-def _residues(x: np.ndarray, m: int) -> np.ndarray:
-    """``x mod m`` in ``[-m/2, m/2)`` (exact: ``fmod`` of float64 integers), as int8."""
-    r = np.fmod(x, m)  # in (-m, m), the sign of x
-    r = np.where(r >= m / 2, r - m, r)
-    r = np.where(r < -m / 2, r + m, r)
-    return r.astype(np.int8)
+def _balanced_mod(x: np.ndarray, m: int) -> np.ndarray:
+    """``x mod m`` in ``[-(m//2), (m+1)//2)``, as int8 (int64 ``x``, ``m <= 256``): the floor
+    modulo of ``x + m//2``, less ``m//2``. numpy divides by a constant with a multiply
+    (libdivide) but computes ``%`` with a division: ``y - (y // m) m`` is four times faster
+    than ``y % m``."""
+    y = x + m // 2
+    return (y - (y // m) * m - m // 2).astype(np.int8)
+
+
+def residues(x: np.ndarray, shift: np.ndarray, moduli: tuple[int, ...]) -> np.ndarray:
+    """``x' = rint(x 2^shift)`` modulo each modulus, in ``[-(m//2), (m+1)//2)``, as int8
+    (moduli x rows x columns). All exact, in integers: ``x'`` (a float64 integer of up to
+    ``bits`` bits) is ``s 2^e`` with ``|s| < 2^53`` an int64 and ``e >= 0``, and
+    ``x' mod m = s (2^e mod m) mod m``, a product below ``2^61``. (``fmod`` of the float64 is
+    exact too, but thirty times slower in numpy; any exact method gives these residues.)"""
+    scaled = np.rint(np.ldexp(x, shift))
+    _, top = np.frexp(scaled)
+    e = np.maximum(top - 53, 0)
+    s = np.ldexp(scaled, -e).astype(np.int64)
+    out = np.empty((len(moduli), *x.shape), dtype=np.int8)
+    powers = range(int(e.max(initial=0)) + 1)
+    for n, m in enumerate(moduli):
+        out[n] = _balanced_mod(s * np.take([pow(2, p, m) for p in powers], e), m)
+    return out
+
+
+def _product(ra: np.ndarray, rb: np.ndarray, m: int) -> np.ndarray:
+    """``ra @ rb`` for int8 residues modulo ``m``, exact, as int32: the int32 that int8 tensor
+    cores give. float64 BLAS runs it (numpy's integer matmul has no BLAS and is 170 times
+    slower); every partial sum is an integer of at most ``MAX_DEPTH 2^14 < 2^31``, so exact
+    in float64 whatever the order, and the int32 is the same number. Deeper blocks run in
+    slices of ``MAX_DEPTH``, the sum so far reduced modulo ``m`` before each slice is added:
+    the result is then another int32 of the same class modulo ``m``, which is all that
+    :func:`digit` reads."""
+    c = None
+    for k in range(0, max(ra.shape[1], 1), MAX_DEPTH):
+        part = (ra[:, k:k + MAX_DEPTH].astype(np.float64)
+                @ rb[k:k + MAX_DEPTH].astype(np.float64)).astype(np.int32)
+        c = part if c is None else c % m + part
+    return c
+
+
+@functools.lru_cache
+def _garner(moduli: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """Garner's constants: ``weights[k][j] = P_j mod m_k`` for ``j < k`` and
+    ``inverses[k] = P_k^-1 mod m_k``, where ``P_k = m_0 ... m_(k-1)``."""
+    weights = tuple(tuple(math.prod(moduli[:j]) % m for j in range(k))
+                    for k, m in enumerate(moduli))
+    inverses = tuple(pow(math.prod(moduli[:k]) % m, -1, m) for k, m in enumerate(moduli))
+    return weights, inverses
+
+
+def digit(k: int, c: np.ndarray, digits: np.ndarray, moduli: tuple[int, ...]) -> np.ndarray:
+    """Garner's ``k``-th mixed-radix digit of the product, ``v_k`` in ``[-(m_k//2),
+    (m_k+1)//2)`` (int8), from ``c = A'B' mod m_k`` (any int32 of the class) and the digits
+    before it (``digits[:k]``): ``A'B' = sum v_k P_k``. With balanced digits this sum ranges
+    over ``[-M/2, M/2)`` (only ``m_0 = 256`` is even), which holds ``A'B'`` by the choice of
+    moduli, so the digits are those of the product itself, sign included. Exact in integers:
+    ``t = sum_j v_j (P_j mod m_k)`` is below ``2^21`` (int32), and ``(c - t) P_k^-1`` below
+    ``2^40`` (int64), reduced by one floor modulo."""
+    m = moduli[k]
+    weights, inverses = _garner(moduli)
+    t = np.zeros(c.shape, dtype=np.int32)
+    for j in range(k):
+        t += digits[j] * np.int32(weights[k][j])
+    return _balanced_mod((c.astype(np.int64) - t) * inverses[k], m)
+
+
+#: Bits of a limb of :func:`rounded`'s exact integers: a limb times a radix below ``2^24``
+#: plus a carry stays below ``2^51`` in int64, and two limbs make an integer exact in float64.
+LIMB = 26
+
+#: Elements of C that :func:`gemm` rounds at a time, which bounds the memory of the limbs (up
+#: to 13 int64 an element) and keeps them in cache.
+ROUNDED_ELEMENTS = 2**16
+
+
+def _groups(digits: np.ndarray, moduli: tuple[int, ...]) -> list[tuple[np.ndarray, int]]:
+    """The digits three at a time, low first: ``(D_g, R_g)`` with
+    ``D_g = v_3g + m_3g (v_3g+1 + m_3g+1 v_3g+2)`` (int64, ``|D_g| < R_g / 2``) and
+    ``R_g = m_3g m_3g+1 m_3g+2 < 2^24``, so that ``A'B' = D_0 + R_0 (D_1 + R_1 (...))``."""
+    out = []
+    for g in range(0, len(moduli), 3):
+        value = np.zeros(digits.shape[1:], dtype=np.int64)
+        for k in reversed(range(g, min(g + 3, len(moduli)))):
+            value = value * moduli[k] + digits[k]
+        out.append((value, math.prod(moduli[g:g + 3])))
+    return out
+
+
+def rounded(digits: np.ndarray, moduli: tuple[int, ...], exps: np.ndarray) -> np.ndarray:
+    """``(sum_k v_k P_k) 2^exps`` correctly rounded to float64 (ties to even; rounded twice where
+    subnormal), from Garner's digits. Integers throughout but for one float64 addition and
+    ``ldexp``, so the GPU gets the same bits whatever its order of integer operations:
+
+    1. The sign is that of the top nonzero group (balanced digits: it outweighs all below).
+    2. ``|A'B'|`` by Horner's rule over the groups, from the top, in limbs of ``LIMB`` bits
+       (int64, low limb first; the arithmetic shift carries borrows of negative groups).
+    3. The top nonzero limb ``t`` and the three below it (zeros below limb 0) make
+       ``a = L_t 2^26 + L_t-1`` and ``b = L_t-2 2^26 + L_t-3`` (exact, below ``2^52``); any
+       nonzero limb further down sets the last bit of ``b`` (a sticky bit: ``b``'s exact bits
+       reach at least 2 below the 53 kept, so this decides ties as the discarded limbs would).
+    4. ``fl(a 2^52 + b)``, the one rounding, times the sign, then
+       ``ldexp(., LIMB (t - 3) + exps)``.
+    """
+    groups = _groups(digits, moduli)
+    sign = np.zeros(digits.shape[1:], dtype=np.int64)
+    for value, _ in groups:
+        sign = np.where(value != 0, np.sign(value), sign)
+    limbs = np.zeros((math.prod(moduli).bit_length() // LIMB + 1, *digits.shape[1:]),
+                     dtype=np.int64)
+    bound = 1
+    for value, radix in reversed(groups):
+        bound *= radix  # |the suffix so far| < bound: the limbs above stay zero
+        carry = sign * value
+        for i in range(bound.bit_length() // LIMB + 1):
+            x = limbs[i] * radix + carry
+            limbs[i] = x & ((1 << LIMB) - 1)
+            carry = x >> LIMB
+    nonzero = limbs != 0
+    top = len(limbs) - 1 - np.argmax(nonzero[::-1], axis=0)  # 0 where all limbs are
+    padded = np.concatenate([np.zeros((3, *limbs.shape[1:]), dtype=np.int64), limbs])
+    below = np.concatenate([np.zeros((4, *limbs.shape[1:]), dtype=bool),
+                            np.logical_or.accumulate(nonzero, axis=0)])
+
+    def at(index: np.ndarray, array: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(array, index[None], axis=0)[0]
+
+    a = at(top + 3, padded) << LIMB | at(top + 2, padded)
+    b = at(top + 1, padded) << LIMB | at(top, padded) | at(top, below)
+    value = a.astype(np.float64) * 2.0**(2 * LIMB) + b.astype(np.float64)
+    return np.ldexp(sign * value, LIMB * (top - 3) + exps)
 
 
 def gemm(a: np.ndarray, b: np.ndarray, moduli: int | None = None
@@ -156,26 +289,15 @@ def gemm(a: np.ndarray, b: np.ndarray, moduli: int | None = None
     how = plan_block(a, b, moduli)
     if how.native:
         return a @ b, how
-    ia, shift_a = _scaled(a, how.bits_a, 1)
-    ib, shift_b = _scaled(b, how.bits_b, 0)
-    m_all = math.prod(how.moduli)
-    total = np.zeros(a.shape[0] * b.shape[1], dtype=object)
-    for m in how.moduli:
-        # exact: integers below 2^53 whatever the summation order
-        c = (_residues(ia, m).astype(np.float64) @ _residues(ib, m).astype(np.float64))
-        c = np.fmod(c, m).astype(np.int64).ravel()
-        rest = m_all // m
-        weight = rest * pow(rest, -1, m)  # 1 mod m, 0 mod the other moduli
-        total += c.astype(object) * weight
-    out = np.empty(total.shape, dtype=np.float64)
-    half = m_all // 2
-    exps = (-(shift_a + shift_b)).ravel()  # the scale of each element of C
-    for n, value in enumerate(total):
-        v = int(value) % m_all
-        if v >= half:
-            v -= m_all
-        try:
-            out[n] = math.ldexp(float(v), int(exps[n]))
-        except OverflowError:  # beyond float64, as native DGEMM overflows
-            out[n] = math.copysign(math.inf, v)
-    return out.reshape(a.shape[0], b.shape[1]), how
+    shift_a, shift_b = shifts(a, how.bits_a, 1), shifts(b, how.bits_b, 0)
+    ra, rb = residues(a, shift_a, how.moduli), residues(b, shift_b, how.moduli)
+    digits = np.empty((len(how.moduli), a.shape[0], b.shape[1]), dtype=np.int8)
+    for k, m in enumerate(how.moduli):
+        digits[k] = digit(k, _product(ra[k], rb[k], m), digits, how.moduli)
+    exps = -(shift_a + shift_b)
+    out = np.empty(digits.shape[1:])
+    rows = max(1, ROUNDED_ELEMENTS // max(b.shape[1], 1))
+    with np.errstate(over="ignore"):  # beyond float64: infinity, as native DGEMM overflows
+        for i in range(0, a.shape[0], rows):
+            out[i:i + rows] = rounded(digits[:, i:i + rows], how.moduli, exps[i:i + rows])
+    return out, how

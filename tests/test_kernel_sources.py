@@ -98,6 +98,23 @@ def test_throughput_kernels_compile(arch, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ozaki_kernels_compile(arch, tmp_path):
+    """kernels/ozaki.cu (the elementwise steps of Ozaki scheme II, not a kernel= choice of the
+    catalog) compiles with its five kernels, everything in registers. tests/test_ozaki.py runs
+    its element functions on the CPU."""
+    src = Path(__file__).resolve().parents[1] / "kernels" / "ozaki.cu"
+    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "ozaki.cubin"), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    report = _report(proc.stderr)
+    assert set(report) == {"ozaki_shifts", "ozaki_residues", "ozaki_fold", "ozaki_digit",
+                           "ozaki_round"}, report
+    assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
+
+
+@needs_nvcc
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
 def test_measuring_builds_compile(name, tag, tmp_path):

@@ -3,8 +3,12 @@ products modulo small moduli, against exact and higher-precision references."""
 
 from __future__ import annotations
 
+import ctypes
 import math
+import shutil
+import subprocess
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +29,77 @@ def _error(c, a, b) -> float:
     return float(np.max(np.abs(c - ref) / np.where(scale > 0, scale, 1)))
 
 
-def test_the_moduli_are_pairwise_coprime_and_their_residues_fit_int8():
+def _balanced_digits(x: int, moduli) -> list[int]:
+    """The balanced mixed-radix digits of the integer ``x`` (Python's exact arithmetic)."""
+    out = []
+    for m in moduli:
+        v = (x + m // 2) % m - m // 2
+        out.append(v)
+        x = (x - v) // m
+    assert x == 0  # x was in the window [-M/2, M/2)
+    return out
+
+
+def _oracle(a, b, how) -> np.ndarray:
+    """The emulated product through Python's exact integers, rounded once (``float`` of an int
+    rounds to nearest even): the reconstruction ozaki.py had before its integer kernels, as
+    the reference they must equal bit for bit."""
+    sa, sb = ozaki.shifts(a, how.bits_a, 1), ozaki.shifts(b, how.bits_b, 0)
+    ia = [[int(v) for v in row] for row in np.rint(np.ldexp(a, sa))]
+    ib = [[int(v) for v in col] for col in np.rint(np.ldexp(b, sb)).T]
+    return np.array([[math.ldexp(float(sum(x * y for x, y in zip(row, col))), -int(ea + eb))
+                      for col, eb in zip(ib, sb[0])] for row, ea in zip(ia, sa[:, 0])])
+
+
+def test_the_moduli_are_pairwise_coprime_and_their_residues_fit_int8(rng):
     assert all(math.gcd(x, y) == 1 for i, x in enumerate(ozaki.MODULI)
                for y in ozaki.MODULI[i + 1:])
     assert max(ozaki.MODULI) == 256 and len(ozaki.MODULI) >= 30
-    x = np.arange(-5000.0, 5000.0)
-    for m in ozaki.MODULI:
-        r = ozaki._residues(x, m)
-        assert r.dtype == np.int8 and np.all(np.fmod(x - r, m) == 0)
+    # small integers, and integers of up to 113 bits (53 significant, then zeros)
+    x = np.concatenate([np.arange(-5000.0, 5000.0),
+                        np.ldexp(rng.integers(-2**53 + 1, 2**53, 2000).astype(float),
+                                 rng.integers(0, 61, 2000))])
+    r = ozaki.residues(x[None], np.zeros((1, 1), np.int32), ozaki.MODULI)
+    assert r.dtype == np.int8 and r.shape == (len(ozaki.MODULI), 1, x.size)
+    for m, rm in zip(ozaki.MODULI, r[:, 0]):
+        assert all((int(v) - int(u)) % m == 0 for v, u in zip(x, rm))
+        assert rm.min() >= -(m // 2) and rm.max() < (m + 1) // 2
+
+
+def test_garner_digits_are_those_of_the_integer_sign_included(rng):
+    moduli = ozaki.MODULI[:12]
+    half = math.prod(moduli) // 2
+    xs = [0, 1, -1, half - 1, -half, 2**31, -2**40]
+    xs += [int(v) * 2**40 + int(u) for v, u in zip(rng.integers(-2**40, 2**40, 200),
+                                                   rng.integers(0, 2**40, 200))]
+    # each product an int32 of the residue's class, as the int8 GEMMs give them
+    c = [np.array([x % m - m * int(rng.integers(0, 2**20)) for x in xs], dtype=np.int32)
+         for m in moduli]
+    digits = np.empty((len(moduli), len(xs)), dtype=np.int8)
+    for k in range(len(moduli)):
+        digits[k] = ozaki.digit(k, c[k], digits, moduli)
+    for n, x in enumerate(xs):
+        assert [int(v) for v in digits[:, n]] == _balanced_digits(x, moduli)
+
+
+def _hard_roundings(rng, moduli) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Integers halfway between two doubles, just off halfway (by 1 far below: the sticky bit),
+    exact, tiny and the window's ends, as Garner's digits; exponents; the rounded values."""
+    xs = []
+    for _ in range(100):
+        mantissa, k = int(rng.integers(2**52, 2**53)), int(rng.integers(1, 100))
+        tie = (2 * mantissa + 1) << k
+        xs += [tie, -tie, tie + 1, tie - 1, tie + (1 << (k - 1)), mantissa << k]
+    xs += [0, 1, -7, 2**53 + 1, math.prod(moduli) // 2 - 1, -(math.prod(moduli) // 2)]
+    digits = np.array([_balanced_digits(x, moduli) for x in xs], dtype=np.int8).T
+    exps = rng.integers(-300, 300, len(xs))
+    return digits, exps, np.array([math.ldexp(float(x), int(e)) for x, e in zip(xs, exps)])
+
+
+def test_rounding_from_the_digits_is_correct_ties_included(rng):
+    moduli = ozaki.MODULI[:22]
+    digits, exps, want = _hard_roundings(rng, moduli)
+    np.testing.assert_array_equal(ozaki.rounded(digits, moduli, exps), want)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (7, 13, 5), (33, 64, 17)])
@@ -58,6 +125,40 @@ def test_never_less_accurate_than_native(rng, bits, shape):
     c, how = ozaki.gemm(a, b)
     assert not how.native and len(how.moduli) <= 32
     assert _error(c, a, b) <= max(_error(a @ b, a, b), 2.0**-53)
+
+
+@pytest.mark.parametrize("bits", [0, 8, 30, 55])
+def test_the_result_is_the_exact_integer_product_rounded_once(rng, bits):
+    for _ in range(6):
+        w, r, h = rng.integers(1, 30, 3)
+        a, b = _spread(rng, (w, r), bits), _spread(rng, (r, h), bits)
+        c, how = ozaki.gemm(a, b)
+        assert not how.native
+        np.testing.assert_array_equal(c, _oracle(a, b, how))
+
+
+def test_exact_ties_round_to_even(rng):
+    # rows x + 1/2 with x an integer of 53 bits: halfway between two doubles, rounded to even
+    x = rng.integers(2**52, 2**53, 40).astype(float)
+    a = np.stack([x, np.full_like(x, 0.5)], axis=1)
+    c, how = ozaki.gemm(a, np.ones((2, 3)))
+    assert not how.native and how.bits_a == 53 + 53
+    want = [float(Fraction(int(v)) + Fraction(1, 2)) for v in x]
+    np.testing.assert_array_equal(c, np.repeat(np.array(want)[:, None], 3, axis=1))
+
+
+def test_deep_blocks_run_in_slices_with_the_same_result(rng, monkeypatch):
+    a, b = _spread(rng, (9, 50), 8), _spread(rng, (50, 7), 8)
+    whole, _ = ozaki.gemm(a, b)
+    monkeypatch.setattr(ozaki, "MAX_DEPTH", 7)  # 8 slices, the last of 1
+    np.testing.assert_array_equal(ozaki.gemm(a, b)[0], whole)
+    np.testing.assert_array_equal(whole, _oracle(a, b, ozaki.plan_block(a, b)))
+    monkeypatch.undo()
+    # the deepest int32 sums: each slice's near 2^31, so the sum so far must be reduced first
+    r = ozaki.MAX_DEPTH + 10
+    for m in (256, 255):
+        c = ozaki._product(np.full((1, r), -128, np.int8), np.full((r, 1), -128, np.int8), m)
+        assert c.dtype == np.int32 and (int(c[0, 0]) - r * 2**14) % m == 0
 
 
 def test_the_moduli_follow_the_exponent_range():
@@ -100,3 +201,118 @@ def test_infinities_nan_and_huge_ranges_fall_back_to_native_and_say_so(rng):
     a[0, 0] = 2.0**300
     c, how = ozaki.gemm(a, rng.standard_normal((6, 3)))
     assert how.native and "exponent range" in how.reason
+
+
+# kernels/ozaki.cu's element functions, compiled for the CPU as plain C++, each run over its
+# elements as its kernel's grid-stride loop runs them
+_DRIVER = r"""
+#include <math.h>
+#include "ozaki.cu"
+extern "C" {
+void shifts(int count, int length, const double* x, long long step, long long stride, int bits,
+            int* shift)
+{ for (long long t = 0; t < count; ++t) ozaki_shift_at(t, length, x, step, stride, bits, shift); }
+void residues(int rows, int cols, const double* x, long long ld, const int* shift, int per_row,
+              int n, const int* moduli, signed char* out)
+{ for (long long i = 0; i < (long long)rows * cols; ++i)
+      ozaki_residues_at(i, rows, cols, x, ld, shift, per_row, n, moduli, out); }
+void fold(long long count, int* c, const int* part, int m)
+{ for (long long i = 0; i < count; ++i) ozaki_fold_at(i, c, part, m); }
+void digit(long long count, const int* c, const signed char* digits, int k, const int* weights,
+           int inverse, int m, signed char* out)
+{ for (long long i = 0; i < count; ++i)
+      ozaki_digit_at(i, c, digits, count, k, weights, inverse, m, out); }
+void round_(int rows, int cols, const signed char* digits, int n, const int* moduli,
+            const int* shift_a, const int* shift_b, double* out, long long ldc)
+{ for (long long i = 0; i < (long long)rows * cols; ++i)
+      ozaki_round_at(i, rows, cols, digits, n, moduli, shift_a, shift_b, out, ldc); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel_code(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on the PATH")
+    folder = tmp_path_factory.mktemp("ozaki_cu")
+    (folder / "driver.cpp").write_text(_DRIVER)
+    kernels = Path(__file__).resolve().parents[1] / "kernels"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{kernels}", "-o",
+                    str(folder / "ozaki.so"), str(folder / "driver.cpp")], check=True)
+    lib = ctypes.CDLL(str(folder / "ozaki.so"))
+    i32, i64, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+    lib.shifts.argtypes = [i32, i32, ptr, i64, i64, i32, ptr]
+    lib.residues.argtypes = [i32, i32, ptr, i64, ptr, i32, i32, ptr, ptr]
+    lib.fold.argtypes = [i64, ptr, ptr, i32]
+    lib.digit.argtypes = [i64, ptr, ptr, i32, ptr, i32, i32, ptr]
+    lib.round_.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, ptr, i64]
+    return lib
+
+
+def _ints(values) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int32)
+
+
+@pytest.mark.parametrize("bits", [0, 30, 55])
+def test_the_cuda_source_gives_the_cpu_reference_bits(kernel_code, rng, bits):
+    """Every step of kernels/ozaki.cu (compiled for the CPU) against its numpy twin, bit for
+    bit, on operands with leading dimensions wider than their rows and a zero row."""
+    w, r, h = 23, 41, 17
+    a_store, b_store = _spread(rng, (w, r + 3), bits), _spread(rng, (r, h + 5), bits)
+    a, b = a_store[:, :r], b_store[:, :h]
+    a[4] = 0
+    how = ozaki.plan_block(a, b)
+    assert not how.native
+    moduli = _ints(how.moduli)
+    shift_a, shift_b = ozaki.shifts(a, how.bits_a, 1), ozaki.shifts(b, how.bits_b, 0)
+    ra, rb = ozaki.residues(a, shift_a, how.moduli), ozaki.residues(b, shift_b, how.moduli)
+
+    sa, sb = np.empty(w, np.int32), np.empty(h, np.int32)
+    kernel_code.shifts(w, r, a_store.ctypes.data, r + 3, 1, how.bits_a, sa.ctypes.data)
+    kernel_code.shifts(h, r, b_store.ctypes.data, 1, h + 5, how.bits_b, sb.ctypes.data)
+    np.testing.assert_array_equal(sa, shift_a[:, 0])
+    np.testing.assert_array_equal(sb, shift_b[0])
+    for x, store, shift, per_row, want in ((a, a_store, sa, 1, ra), (b, b_store, sb, 0, rb)):
+        got = np.empty(want.shape, np.int8)
+        kernel_code.residues(*x.shape, store.ctypes.data, store.shape[1], shift.ctypes.data,
+                             per_row, len(moduli), moduli.ctypes.data, got.ctypes.data)
+        np.testing.assert_array_equal(got, want)
+
+    c = _ints(rng.integers(-2**31, 2**31, 500))
+    part = _ints(rng.integers(-ozaki.MAX_DEPTH * 2**14, ozaki.MAX_DEPTH * 2**14, 500))
+    for m in how.moduli[:3]:
+        got = c.copy()
+        kernel_code.fold(c.size, got.ctypes.data, part.ctypes.data, m)
+        np.testing.assert_array_equal(got, c % m + part)
+
+    weights, inverses = ozaki._garner(how.moduli)
+    digits = np.empty((len(moduli), w, h), np.int8)
+    for k, m in enumerate(how.moduli):
+        product = ozaki._product(ra[k], rb[k], m)
+        digits[k] = ozaki.digit(k, product, digits, how.moduli)
+        got, row = np.empty((w, h), np.int8), _ints(weights[k] or [0])
+        kernel_code.digit(w * h, product.ctypes.data, digits.ctypes.data, k, row.ctypes.data,
+                          inverses[k], m, got.ctypes.data)
+        np.testing.assert_array_equal(got, digits[k])
+
+    out = np.full((w, h + 2), np.nan)
+    kernel_code.round_(w, h, digits.ctypes.data, len(moduli), moduli.ctypes.data,
+                       sa.ctypes.data, sb.ctypes.data, out.ctypes.data, h + 2)
+    want, _ = ozaki.gemm(a, b)
+    np.testing.assert_array_equal(out[:, :h].view(np.int64), want.view(np.int64))
+    assert np.isnan(out[:, h:]).all()
+
+
+@pytest.mark.parametrize("count", [22, 40])
+def test_the_cuda_rounding_is_correct_ties_included(kernel_code, rng, count):
+    moduli = ozaki.MODULI[:count]
+    digits, exps, want = _hard_roundings(rng, moduli)
+    # arrays held in names: a pointer alone does not keep its array alive
+    digits, mods, shift_a, shift_b = (np.ascontiguousarray(digits), _ints(moduli), _ints(-exps),
+                                      _ints([0]))
+    out = np.empty(len(exps))
+    kernel_code.round_(len(exps), 1, digits.ctypes.data, count, mods.ctypes.data,
+                       shift_a.ctypes.data, shift_b.ctypes.data, out.ctypes.data, 1)
+    np.testing.assert_array_equal(out, want)
+

@@ -74,6 +74,10 @@ KERNELS: dict[str, KernelSpec] = {
 #: Every name ``kernel=`` accepts.
 CHOICES = (DEFAULT, *KERNELS)
 
+#: Sources of ``kernels/`` that are steps of a product's arithmetic rather than GEMM kernels
+#: of :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``).
+STEPS = ("ozaki.cu",)
+
 
 def kernels_dir() -> Traversable:
     """Where the .cu sources are, first found of:
