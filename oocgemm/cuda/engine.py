@@ -65,7 +65,6 @@ class PinnedPool:
                 runtime.freeHost(ptr)
 
 
-
 class HandlePool:
     """cuBLAS handles per GPU, kept for reuse between runs (creating and destroying one cost
     milliseconds a run); a run holds its own, so that concurrent runs never share a stream

@@ -120,6 +120,10 @@ class CudaExecutor(Executor):
             raise ValueError("the CUDA executor replays staged plans only")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
+        if self.resources is None:  # a run without an engine: the process's
+            from ..cuda.engine import PROCESS
+
+            self.resources = PROCESS
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
@@ -130,8 +134,7 @@ class CudaExecutor(Executor):
             prob = plan.problem
             for vec in (True, False):
                 kernels.function(plan.kernel, prob.dtype, prob.trans_a, prob.trans_b, vec,
-                                 device=self.index,
-                                 cache=resources.kernels if resources is not None else None)
+                                 device=self.index, cache=self.resources.kernels)
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
