@@ -17,7 +17,7 @@ import numpy as np
 from . import hostinfo
 from .checks import check_dtype, check_matrix, scalar
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
-from .cuda.catalog import check_kernel
+from .cuda.catalog import OZAKI, check_kernel
 from .errors import (
     BudgetError,
     DeviceError,
@@ -246,7 +246,11 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
                          f"got {dtype}")
 
     kernel = check_kernel(kernel, dtype)
-    if kernel != DEFAULT_KERNEL and dev.kind != "cuda":
+    if kernel == OZAKI:
+        if dev.kind != "cpu":
+            raise OptionError(f"kernel='ozaki' runs on the CPU executor so far (device='cpu'); "
+                              f"its GPU kernels are not wired in yet, and the device is {dev}")
+    elif kernel != DEFAULT_KERNEL and dev.kind != "cuda":
         raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
                           "leave kernel unset on the CPU")
 
@@ -781,7 +785,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                   bytes=log.traffic(), events=log.events(), started_at=log.started_at,
                   chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
-                  devices=shares,
+                  devices=shares, emulation=dict(log.notes),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
 
 

@@ -44,6 +44,10 @@ class Result:
     verified: Any = None
     """The :class:`~oocgemm.freivalds.VerifyReport` of ``multiply(verify=True)`` (None
     otherwise)."""
+    emulation: dict = field(default_factory=dict)
+    """With ``kernel='ozaki'``: how many block GEMMs ran emulated, per number of moduli
+    ('ozaki, 22 moduli'), and how many fell back to native DGEMM, per reason ('native:
+    infinities or NaN ...'). Empty otherwise."""
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 

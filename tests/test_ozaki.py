@@ -316,3 +316,69 @@ def test_the_cuda_rounding_is_correct_ties_included(kernel_code, rng, count):
                        shift_a.ctypes.data, shift_b.ctypes.data, out.ctypes.data, 1)
     np.testing.assert_array_equal(out, want)
 
+
+
+# -- kernel='ozaki' in the out-of-core schedule (the CPU executor) -------------------------------
+
+def _panels(a, b, splits) -> np.ndarray:
+    """What the schedule computes with one K panel a block: the correctly rounded product of
+    each panel, summed in float64 in panel order."""
+    total = None
+    for k0, k1 in zip(splits, splits[1:]):
+        part = ozaki.gemm(a[:, k0:k1], b[k0:k1])[0]
+        total = part if total is None else total + part
+    return total
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
+def test_the_kernel_runs_every_block_emulated(rng, workdir, trans_a, trans_b):
+    """Ragged blocks, transposed operands, a Zarr output: one K panel, so every element is
+    the correctly rounded product, bitwise; the result counts the emulated GEMMs."""
+    import zarr
+
+    a, b = _spread(rng, (45, 70), 8), _spread(rng, (70, 38), 8)
+    x = np.ascontiguousarray(a.T) if trans_a else a
+    y = np.ascontiguousarray(b.T) if trans_b else b
+    r = oocgemm.multiply(x, y, "c.zarr", trans_a=trans_a, trans_b=trans_b, device="cpu",
+                         kernel="ozaki", tile=(16, 16, 70))
+    got = zarr.open_array("c.zarr", mode="r")[...]
+    np.testing.assert_array_equal(got, ozaki.gemm(a, b)[0])
+    p, q, _ = r.plan.grid
+    assert sum(r.emulation.values()) == p * q
+    assert all(key.startswith("ozaki, ") for key in r.emulation)
+    assert _error(got, a, b) <= _error(a @ b, a, b)
+
+
+def test_the_kernel_keeps_blas_semantics_panel_by_panel(rng):
+    """Several K panels, alpha and beta: each panel's product correctly rounded, scaled and
+    added as the native path does; beta == 0 never reads a poisoned C."""
+    a, b, c = _spread(rng, (40, 90), 8), _spread(rng, (90, 30), 8), rng.standard_normal((40, 30))
+    r = oocgemm.multiply(a, b, c=c, alpha=-1.5, beta=0.25, device="cpu", kernel="ozaki",
+                         tile=(40, 30, 30))
+    assert r.plan.k_splits == (0, 30, 60, 90)
+    want = 0.25 * c  # the first panel: C scaled, then alpha times its product added
+    for k0, k1 in zip(r.plan.k_splits, r.plan.k_splits[1:]):
+        want = want + -1.5 * ozaki.gemm(a[:, k0:k1], b[k0:k1])[0]
+    np.testing.assert_array_equal(r.out, want)
+    poisoned = np.full((40, 30), np.nan)
+    oocgemm.multiply(a, b, poisoned, device="cpu", kernel="ozaki", tile=(40, 30, 30))
+    np.testing.assert_array_equal(poisoned, _panels(a, b, r.plan.k_splits))
+
+
+def test_the_kernel_says_which_blocks_ran_native(rng):
+    a, b = rng.standard_normal((32, 20)), rng.standard_normal((20, 24))
+    a[3, 4] = np.inf
+    r = oocgemm.multiply(a, b, device="cpu", kernel="ozaki", tile=(16, 24, 20))
+    native = {k: n for k, n in r.emulation.items() if k.startswith("native")}
+    assert sum(native.values()) == 1 and "infinities" in next(iter(native))
+    np.testing.assert_array_equal(np.isinf(r.out), np.isinf(a @ b))
+
+
+def test_the_kernel_is_checked(rng):
+    a = rng.standard_normal((8, 8))
+    with pytest.raises(oocgemm.OptionError, match="float64"):
+        oocgemm.multiply(a.astype(np.float32), a.astype(np.float32), device="cpu",
+                         kernel="ozaki")
+    if not oocgemm.cuda.device_count():
+        with pytest.raises(oocgemm.OOCGemmError):
+            oocgemm.multiply(a, a, device="cuda", kernel="ozaki")

@@ -71,8 +71,12 @@ KERNELS: dict[str, KernelSpec] = {
     )
 }
 
+#: float64 products emulated by Ozaki scheme II (``oocgemm/ozaki.py``): correctly rounded
+#: block products; on the CPU executor so far (its GPU kernels are not wired yet).
+OZAKI = "ozaki"
+
 #: Every name ``kernel=`` accepts.
-CHOICES = (DEFAULT, *KERNELS)
+CHOICES = (DEFAULT, *KERNELS, OZAKI)
 
 #: Sources of ``kernels/`` that are steps of a product's arithmetic rather than GEMM kernels
 #: of :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``).
@@ -131,7 +135,9 @@ def check_kernel(kernel, dtype) -> str:
     if not isinstance(name, str) or name.strip().lower() not in CHOICES:
         raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)}")
     name = name.strip().lower()
-    if name != DEFAULT:
+    if name == OZAKI and str(dtype) != "float64":
+        raise OptionError(f"kernel 'ozaki' emulates float64 products, not {dtype}")
+    if name not in (DEFAULT, OZAKI):
         spec = KERNELS[name]
         if str(dtype) not in spec.dtypes:
             raise OptionError(f"kernel {name!r} multiplies {' and '.join(spec.dtypes)}, not "

@@ -86,6 +86,12 @@ class EventLog:
         self._events: list[Event] = []
         self._moved: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.notes: dict[str, int] = {}
+        """What the run counted beside its events (how its GEMMs ran: ``kernel='ozaki'``)."""
+
+    def note(self, what: str) -> None:
+        with self._lock:
+            self.notes[what] = self.notes.get(what, 0) + 1
 
     def now(self) -> float:
         return time.perf_counter() - self.origin

@@ -23,6 +23,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError, Thread
 
 import numpy as np
 
+from ..cuda.catalog import OZAKI
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..planning.schedule import OpKind
@@ -161,18 +162,36 @@ class CpuExecutor(Executor):
             b = b.T
         a = a[x0:x1]
         c = self.view(op.dst, (w, h))[x0:x1]
-        if op.beta == 0:  # BLAS: C is not read, whatever it holds
+        if self.plan.kernel == OZAKI:  # the same steps, the product emulated
+            product = self._emulated(a, b)
+        elif op.beta == 0:  # BLAS: C is not read, whatever it holds
             np.matmul(a, b, out=c)
             if op.alpha != 1:
                 c *= op.alpha
             return
-        acc = self.view("accumulator", c.shape)
-        np.matmul(a, b, out=acc)
+        else:
+            product = self.view("accumulator", c.shape)
+            np.matmul(a, b, out=product)
+        if op.beta == 0:  # C is not read
+            np.copyto(c, product)
+            if op.alpha != 1:
+                c *= op.alpha
+            return
         if op.beta != 1:
             c *= op.beta
         if op.alpha != 1:
-            acc *= op.alpha
-        c += acc
+            product *= op.alpha
+        c += product
+
+    def _emulated(self, a, b) -> np.ndarray:
+        """``a @ b`` by Ozaki scheme II (correctly rounded), or native where its inputs need
+        more than the scheme gives; the log notes which."""
+        from .. import ozaki
+
+        product, how = ozaki.gemm(a, b)
+        self.log.note(f"native: {how.reason}" if how.native
+                      else f"ozaki, {len(how.moduli)} moduli")
+        return product
 
     # -- replay ------------------------------------------------------------------------------
     def _timed(self, op, lane: str, pooled: bool = False) -> None:

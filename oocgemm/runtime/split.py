@@ -60,6 +60,8 @@ class MergedLog:
         self._lock = threading.Lock()
         self.share: dict[str, dict] = {}
         """Per device: groups and blocks it ran, its busy seconds, its flops."""
+        self.notes: dict[str, int] = {}
+        """The runs' notes, summed."""
 
     def add(self, device: str, log, blocks: int, seconds: float) -> None:
         shift = log.origin - self.origin
@@ -75,6 +77,8 @@ class MergedLog:
             share["blocks"] += blocks
             share["seconds"] += seconds
             share["flops"] += sum(e.flops for e in events)
+            for what, count in log.notes.items():
+                self.notes[what] = self.notes.get(what, 0) + count
 
     def events(self) -> list[Event]:
         with self._lock:
