@@ -202,7 +202,8 @@ def _product_options(func):
                      help="Override the planner: C blocks of WxH, K panels of depth R."),
         click.option("--kernel", metavar="NAME", default=None,
                      help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, "
-                          "regblock or dmma (kernels/)."),
+                          "regblock or dmma (kernels/); ozaki: float64 emulated in exact "
+                          "integers, rounded once (CPU so far)."),
         click.option("--out-chunks", type=CHUNKS, default=None,
                      help="Chunk shape of a new .zarr OUT (default: at most 64 MiB, tiling "
                           "the C blocks)."),
