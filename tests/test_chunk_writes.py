@@ -206,3 +206,28 @@ def test_plans_budget_the_assembly(rng, workdir):
     assert flat.assembly_window == 0
     assert plan.host_bytes - plan.assembly_window == (plan.n_stage + plan.n_out) \
         * plan.buffers.ring + plan.decode_window + plan.cache_bytes
+
+
+def test_a_journal_records_a_block_only_when_its_chunks_are_stored(rng, workdir):
+    """The writer's cells lie inside blocks: when a block's last stripe has passed, its
+    chunks are stored and the journal over the sink records it, with checksums that the
+    stored chunks match; a block cut short is neither recorded nor half stored."""
+    from oocgemm.storage.journal import Journal, JournaledSink, _verified
+
+    shape, rows, cols = (64, 40), (0, 32, 64), (0, 40)
+    c = rng.standard_normal(shape)
+    sink = ZarrSink(shape=shape, dtype="float64", name="c", path="c.zarr",
+                    options={"chunks": (16, 20), "compressors": None})
+    journal = Journal(sink.temporary_path, {"fingerprint": "test"})
+    writer = ChunkWriter(JournaledSink(sink, journal, rows, cols), rows, cols,
+                         budget=1 << 20)
+    for lo in range(0, 32, 6):  # block (0, 0) whole, in stripes of 6 rows
+        writer.write((lo, min(lo + 6, 32)), (0, 40), c[lo:min(lo + 6, 32)])
+    writer.write((32, 38), (0, 40), c[32:38])  # block (1, 0) cut short
+    assert set(journal.blocks) == {(0, 0)}
+    stored = ZarrSource(zarr.open_array(sink.temporary_path, mode="r"), "c",
+                        incomplete_ok=True)
+    assert _verified(journal, stored) == {(0, 0)}
+    np.testing.assert_array_equal(stored.array()[:32], c[:32])
+    assert (stored.array()[32:] == 0).all()  # nothing of the cut block reached storage
+    writer.abort()
