@@ -7,7 +7,7 @@
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
-                                                    # zarr_write, scaling
+                                                    # zarr_write, scaling, ozaki_moduli
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -325,6 +325,7 @@ _OWN_MAINS = {
     "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
     "zarr-write": ("zarr_write", "Zarr writes: the sink's whole-chunk rate under each pipeline."),
     "scaling": ("scaling", "One product on 1, 2, ... GPUs, beside cuBLASXt on the same."),
+    "ozaki-moduli": ("ozaki_moduli", "Ozaki scheme II: the error per number of moduli."),
 }
 
 
