@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from oocgemm import cuda
 from oocgemm.errors import OptionError
 from oocgemm.testing import check_dtype, tolerance
 
-__all__ = ["check_dtype", "check_room", "gib", "max_relative_error", "tolerance"]
+__all__ = ["check_dtype", "check_room", "gib", "max_relative_error", "tolerance", "write_json"]
 
 
 def max_relative_error(result, reference) -> float:
@@ -34,3 +36,10 @@ def gib(nbytes: float) -> str:
         if nbytes >= 1 << shift:
             return f"{nbytes / (1 << shift):.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def write_json(path: str | None, doc: dict) -> None:
+    """``doc`` as JSON at ``path`` (nothing when None); values JSON lacks as their ``str``."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, default=str)

@@ -27,6 +27,7 @@ import shutil
 import sys
 import time
 
+from benchmarks.common import write_json
 from benchmarks.zarr_io import make_store, read_files
 from benchmarks.zarr_product import _chunk_files, check, run_dask
 
@@ -175,9 +176,7 @@ def main(argv=None) -> int:
               + ("" if own["wall"] else " (at least)"), flush=True)
     print(f"oocgemm.dask.matmul: {doc['dask_matmul'] / doc['multiply']:.2f} x the time of "
           f"oocgemm.multiply", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.json, doc)
     for p in (a, b):
         shutil.rmtree(p, ignore_errors=True)
     return 0

@@ -28,7 +28,6 @@ Every product is checked on sampled rows against a float64 reference on the host
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -37,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.common import max_relative_error
+from benchmarks.common import max_relative_error, write_json
 
 
 def operands(n: int, seed: int = 0, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -257,9 +256,7 @@ def main(argv=None) -> int:
     if args.zarr:
         doc["floor"] = from_zarr(args, table, counts)
     doc["cases"] = table.cases
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.json, doc)
     return 0
 
 

@@ -57,6 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import write_json
+
 GB = 1e9
 """Bytes in the GB of every rate printed (GB/s)."""
 
@@ -1261,9 +1263,8 @@ def _parse_size(text: str) -> int:
 
 
 def _write_json(path: str | None, doc: dict) -> None:
+    write_json(path, doc)
     if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
         print(f"wrote {path}")
 
 

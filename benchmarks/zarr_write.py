@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from benchmarks.common import write_json
+
 
 def _case(n: int, chunk: int, width: int, threads: int, compressor: str, config: str,
           path: str) -> dict:
@@ -120,9 +122,7 @@ def main(argv=None) -> int:
             doc["cases"].append(case)
             print(f"{compressor:8} {config:8} {case['pipeline']:28} {case['seconds']:7.2f} s "
                   f"{case['gbps']:6.2f} GB/s  stored {case['stored'] / 1e9:.2f} GB", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.json, doc)
     return 0
 
 

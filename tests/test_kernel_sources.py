@@ -49,6 +49,15 @@ def _compile(spec, arch: str, tmp_path: Path, defines=()) -> tuple[Path, str]:
     return cubin, proc.stderr
 
 
+def _cubin(src: Path, arch: str, folder: Path) -> dict[str, dict]:
+    """``src`` built alone for ``arch``: its ptxas figures per function (:func:`_report`)."""
+    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                           "-o", str(folder / (src.stem + ".cubin")), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return _report(proc.stderr)
+
+
 def _report(ptxas: str) -> dict[str, dict]:
     """ptxas -v figures per mangled function name."""
     out: dict[str, dict] = {}
@@ -86,12 +95,8 @@ def test_throughput_kernels_compile(arch, tmp_path):
     """benchmarks/kernels/fma_peak.cu (the FMA peak and fma_outer, in both precisions)
     compiles, keeps everything in registers, and holds each kernel that benchmarks.fma
     launches (it imports CuPy, so the path is spelled out here)."""
-    src = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels" / "fma_peak.cu"
-    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "fma_peak.cubin"), str(src)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    report = _report(proc.stderr)
+    report = _cubin(Path(__file__).resolve().parents[1] / "benchmarks" / "kernels" /
+                    "fma_peak.cu", arch, tmp_path)
     assert set(report) == {"fma_peak_f64", "fma_peak_f32", "fma_peak_chains", "fma_outer_f64",
                            "fma_outer_f32", "fma_outer_shape"}, report
     assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
@@ -103,12 +108,8 @@ def test_ozaki_kernels_compile(arch, tmp_path):
     """kernels/ozaki.cu (the elementwise steps of Ozaki scheme II, not a kernel= choice of the
     catalog) compiles with its five kernels, everything in registers. tests/test_ozaki.py runs
     its element functions on the CPU."""
-    src = Path(__file__).resolve().parents[1] / "kernels" / "ozaki.cu"
-    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "ozaki.cubin"), str(src)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    report = _report(proc.stderr)
+    report = _cubin(Path(__file__).resolve().parents[1] / "kernels" / "ozaki.cu", arch,
+                    tmp_path)
     assert set(report) == {"ozaki_shifts", "ozaki_residues", "ozaki_fold", "ozaki_digit",
                            "ozaki_round"}, report
     assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
