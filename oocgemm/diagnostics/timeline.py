@@ -174,7 +174,7 @@ class Timeline:
         if wall > 0 and compute_busy >= COMPUTE_BOUND * wall:
             bound = "compute"
         elif events:
-            bound = max(resources, key=resources.get)
+            bound = max(resources, key=resources.__getitem__)
         else:
             bound = "none"
         return cls(events=events, start=start, end=end, lanes=tuple(lanes), links=tuple(links),

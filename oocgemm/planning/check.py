@@ -27,8 +27,10 @@ Two passes over the operation list:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..intervals import union
-from .schedule import ORDERED_LANES, OpKind, Schedule, op_span, ordered_lane
+from .schedule import ORDERED_LANES, Op, OpKind, Schedule, op_span, ordered_lane
 
 
 class ScheduleError(AssertionError):
@@ -121,14 +123,14 @@ def _outside(entries, lo: int, hi: int) -> list[tuple[int, int, int]]:
 class _Chains:
     """Happens-before as vector clocks over a chain cover (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.clocks: list[list[int]] = []  # per op: chain -> latest op before it (or itself)
         self.chain_of: list[int] = []
         self.last: list[int] = [-1] * len(ORDERED_LANES)  # chain -> its last op
         self.lane_chain = {lane: c for c, lane in enumerate(ORDERED_LANES)}
         self.pool_chain: dict[tuple, int] = {}  # (kind, slot) -> chain
 
-    def add(self, op):
+    def add(self, op: Op) -> Callable[[int], bool]:
         """Add ``op`` (its deps are earlier ops); return ``before(x)``: does op #x happen
         before ``op`` (or is it ``op``)?"""
         lane = ordered_lane(op)
@@ -212,13 +214,14 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
             if op.operand == "C" and not prob.reads_c:
                 raise ScheduleError(f"{op}: reads C although beta == 0")
             lo, hi, total = expect_stripe(op, op.operand, op.key)
-            if hi - lo > schedule.slots[op.dst]:
-                raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {op.dst}")
+            dst = _dst(op)
+            if hi - lo > schedule.slots[dst]:
+                raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {dst}")
             # (operand, key, state, covered ranges); a host stage holds one stripe
-            content[op.dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
-            if op.operand == "C" and not op.dst.startswith("s"):
-                cstate[op.dst] = (op.key, _Ranges())
-                cstate[op.dst][1].set(lo, hi, "input")
+            content[dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
+            if op.operand == "C" and not dst.startswith("s"):
+                cstate[dst] = (op.key, _Ranges())
+                cstate[dst][1].set(lo, hi, "input")
         elif op.kind is OpKind.UPLOAD:
             tag = content.get(op.src[0])
             lo, hi, total = expect_stripe(op, op.operand, op.key)
@@ -227,19 +230,20 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                                     f"{op.operand}{op.key}")
             if op.offset != lo:
                 raise ScheduleError(f"{op}: stripe {lo}:{hi} uploaded at offset {op.offset}")
-            previous = content.get(op.dst)
+            dst = _dst(op)
+            previous = content.get(dst)
             covered = set()
             if previous is not None and previous[:3] == (op.operand, op.key, "input"):
                 covered = set(previous[3])
             covered.add((lo, hi))
-            content[op.dst] = (op.operand, op.key, "input", _merge(covered))
+            content[dst] = (op.operand, op.key, "input", _merge(covered))
             if op.operand == "C":
-                if cstate.get(op.dst, (None,))[0] != op.key:
-                    cstate[op.dst] = (op.key, _Ranges())
-                cstate[op.dst][1].set(lo, hi, "input")
+                if cstate.get(dst, (None,))[0] != op.key:
+                    cstate[dst] = (op.key, _Ranges())
+                cstate[dst][1].set(lo, hi, "input")
         elif op.kind in (OpKind.GEMM, OpKind.FILL):
             i, j = op.key
-            c_slot = op.dst
+            c_slot = _dst(op)
             lo, hi, total = expect_stripe(op, "C", op.key)
             if op.offset != lo:
                 raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
@@ -296,7 +300,7 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
             if state is None:
                 raise ScheduleError(f"{op}: downloads rows {lo}:{hi} of C{op.key} before every "
                                     f"panel {sorted(want_panels)} is in them")
-            content[op.dst] = ("C", op.key, want_panels, frozenset({(lo, hi)}))
+            content[_dst(op)] = ("C", op.key, want_panels, frozenset({(lo, hi)}))
         elif op.kind is OpKind.WRITE:
             lo, hi, total = expect_stripe(op, "C", op.key)
             if op.src[0] in cstate:  # unstaged: straight from the C slot
@@ -338,6 +342,13 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                                 f"{len(expected_blocks) * nk}")
 
 
+def _dst(op: Op) -> str:
+    """The slot ``op`` writes: every kind but WRITE (to storage) writes one."""
+    if op.dst is None:
+        raise ScheduleError(f"{op}: writes no slot")
+    return op.dst
+
+
 def _check_tiling(what: str, splits: tuple[int, ...], extent: int) -> None:
     tiles = splits[0] == 0 and splits[-1] == extent and all(
         b > a for a, b in zip(splits, splits[1:]))
@@ -368,12 +379,13 @@ def _tiles(parts, total: int) -> bool:
 class _Ranges:
     """Disjoint [lo, hi) ranges of a slot, each with a state."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parts: list[list] = []  # [lo, hi, state], sorted
 
     def get(self, lo: int, hi: int) -> list:
         """The states over [lo, hi), None for what no range covers."""
-        states, at = [], lo
+        states: list = []
+        at = lo
         for a, b, state in self.parts:
             if b <= lo or a >= hi:
                 continue

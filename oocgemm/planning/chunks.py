@@ -17,9 +17,10 @@ Pure functions of regions and chunk shapes; nothing here touches storage.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .schedule import OpKind
+from .schedule import Op, OpKind
 
 Region = tuple[tuple[int, int], tuple[int, int]]
 
@@ -57,28 +58,28 @@ class Load:
     uses: tuple[int, ...]
 
 
-def loads(ops, operand: str, chunks: tuple[int, int]) -> list[Load]:
+def loads(ops: Iterable[Op], operand: str, chunks: tuple[int, int]) -> list[Load]:
     """The loads of ``operand`` in schedule order: consecutive READs of one block key are
     one load (a staged load reads its region in row stripes)."""
     out: list[Load] = []
-    key = region = None
+    current: tuple[tuple[int, int], Region] | None = None  # the open load: key, region so far
     reads = 0
     uses: dict[tuple[int, int], int] = {}
     for op in ops:
         if op.kind is not OpKind.READ or op.operand != operand:
             continue
-        if op.key != key:
-            if key is not None:
-                out.append(Load(region, reads, tuple(uses), tuple(uses.values())))
-            key, region, reads, uses = op.key, op.region, 0, {}
-        (r0, r1), (c0, c1) = region
+        if current is None or op.key != current[0]:
+            if current is not None:
+                out.append(Load(current[1], reads, tuple(uses), tuple(uses.values())))
+            current, reads, uses = (op.key, op.region), 0, {}
+        key, ((r0, r1), (c0, c1)) = current
         (s0, s1), (d0, d1) = op.region
-        region = ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1)))
+        current = (key, ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1))))
         reads += 1
         for index in chunks_of(op.region, chunks):
             uses[index] = uses.get(index, 0) + 1
-    if key is not None:
-        out.append(Load(region, reads, tuple(uses), tuple(uses.values())))
+    if current is not None:
+        out.append(Load(current[1], reads, tuple(uses), tuple(uses.values())))
     return out
 
 

@@ -262,7 +262,7 @@ class _SlotState:
 
 
 class _Builder:
-    def __init__(self, plan):
+    def __init__(self, plan) -> None:
         self.plan = plan
         prob = plan.problem
         self.prob = prob
@@ -405,12 +405,16 @@ class _Builder:
         held = self.holding.get(content)
         if held is not None:
             return held.name
-        victim = None
+        victim: _SlotState | None = None
         for st in self.panel_slots[operand]:
             if st.name not in pinned and (victim is None or st.last_use < victim.last_use):
                 victim = st
+        # The walk never asks for a new panel with every slot pinned (it pins the tail panels
+        # one by one, at most as many as the operand has slots).
+        assert victim is not None, f"every {operand} slot is pinned"
         self.load(operand, key, victim.name)
-        self.holding.pop(victim.content, None)
+        if victim.content is not None:
+            self.holding.pop(victim.content, None)
         victim.content = content
         self.holding[content] = victim
         return victim.name
@@ -529,7 +533,7 @@ class _Counter(_Builder):
     and per store (a load's stripes counted, not listed), and keeps only what the walk's
     choices depend on (which panel each slot holds, and when it was last used)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan) -> None:
         super().__init__(plan)
         self.counted = dict.fromkeys(OpKind, 0)
         self.moved = dict.fromkeys(LEVELS.values(), 0)

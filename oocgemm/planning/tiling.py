@@ -321,7 +321,8 @@ class Prediction:
 
     @property
     def bound(self) -> str:
-        return max(self._resources(), key=self._resources().get)
+        resources = self._resources()
+        return max(resources, key=resources.__getitem__)
 
     def _resources(self) -> dict[str, float]:
         return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,

@@ -251,12 +251,12 @@ class CpuExecutor(Executor):
             for fut in futures:  # pending work, pool or compute, ends with CancelledError
                 if fut is not None:
                     fut.cancel()
-            for pool in pools.values():
-                pool.shutdown(wait=True, cancel_futures=True)
+            for workers in pools.values():
+                workers.shutdown(wait=True, cancel_futures=True)
             raise _translate(exc, futures) from None
         finally:
-            for pool in pools.values():
-                pool.shutdown(wait=True)
+            for workers in pools.values():
+                workers.shutdown(wait=True)
             self._buffers.clear()
             self._bound.clear()
         return self.log

@@ -50,7 +50,7 @@ def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
 class MergedLog:
     """The event logs of several runs, on the clock of the first one to start."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.started_at = time.time()
         """The wall-clock time of the events' zero (to put runs of several processes on one

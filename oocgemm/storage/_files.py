@@ -11,6 +11,7 @@ import shutil
 import signal
 import threading
 import uuid
+from collections.abc import Iterator
 
 from ..errors import OutputError
 
@@ -18,7 +19,7 @@ PARTIAL = ".oocgemm-partial-"
 
 
 @contextlib.contextmanager
-def signals_deferred():
+def signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back while an output is created or committed: zarr writes its
     metadata from its own event loop thread, so an interrupt raised in the caller meanwhile
     could remove the temporary output while that thread writes into it again. The signal
@@ -32,7 +33,7 @@ def signals_deferred():
         yield
         return
     arrived: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
+    held: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)  # the handler gets an int
     previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
                 for signum in held}
     try:

@@ -64,6 +64,15 @@ class ChunkedSource(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class PartialSink(Protocol):
+    """A sink whose temporary output an interrupted run can leave behind for a later
+    ``resume=True`` (the .npy and Zarr file sinks)."""
+
+    def close_partial(self) -> None:
+        """Leave the temporary output where it is (flushed), for a later resume."""
+
+
 class MatrixSink(abc.ABC):
     """Where C blocks go. Nothing looks complete until :meth:`commit`."""
 

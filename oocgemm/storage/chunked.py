@@ -58,6 +58,8 @@ class ChunkReader(MatrixSource):
         Decoder threads.
     """
 
+    chunks: tuple[int, int]
+
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
                  decoders: int = 4):
         self.inner = inner
@@ -266,6 +268,8 @@ class ChunkWriter(MatrixSink):
     through, stripe by stripe, as without this writer. :meth:`flush` writes the pieces of
     cells left incomplete (a run that did not write whole blocks).
     """
+
+    chunks: tuple[int, int]
 
     def __init__(self, inner: MatrixSink, rows, cols, *, budget: int):
         self.inner = inner

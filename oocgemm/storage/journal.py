@@ -25,12 +25,13 @@ import json
 import os
 import threading
 import zlib
+from typing import TextIO
 
 import numpy as np
 
 from ..errors import OutputError
 from . import _files
-from .base import MatrixSink
+from .base import MatrixSink, MatrixSource, PartialSink
 
 #: The journal's name inside a temporary Zarr output; beside a temporary .npy, its name + this.
 NAME = "oocgemm-journal.jsonl"
@@ -93,7 +94,10 @@ class Journal:
         except BaseException:
             os.close(fd)
             raise
-        self._file = os.fdopen(fd, "r+", encoding="utf-8")
+        self._file: TextIO | None = os.fdopen(fd, "r+", encoding="utf-8")  # None once closed
+        self.header: dict
+        self.blocks: dict[tuple[int, int], list[tuple]]
+        """C block -> its pieces: (r0, r1, c0, c1, crc32) of what was written."""
         if header is not None:  # a new journal
             self._file.truncate(0)
             self._append({"oocgemm_journal": FORMAT, **header})
@@ -104,6 +108,7 @@ class Journal:
         """Blocks recorded by this run."""
 
     def _read(self) -> tuple[dict, dict]:
+        assert self._file is not None
         lines = self._file.read().splitlines()
         try:
             header = json.loads(lines[0])
@@ -112,7 +117,7 @@ class Journal:
         except (IndexError, ValueError, KeyError, AttributeError):
             raise OutputError(f"{self.path}: not a journal this version of oocgemm reads; "
                               f"remove {self.temporary!r} and run again") from None
-        blocks = {}
+        blocks: dict[tuple[int, int], list[tuple]] = {}
         for line in lines[1:]:
             try:  # a line cut short by a crash is a block not recorded
                 entry = json.loads(line)
@@ -122,6 +127,7 @@ class Journal:
         return header, blocks
 
     def _append(self, entry: dict) -> None:
+        assert self._file is not None, f"{self.path}: written after close"
         self._file.seek(0, os.SEEK_END)
         self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
         self._file.flush()
@@ -146,13 +152,14 @@ class Journal:
 
 def crc(data: np.ndarray) -> int:
     """CRC-32 of an array's bytes in C order (zlib releases the GIL on large buffers)."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(data)).cast("B"))
+    return zlib.crc32(np.ascontiguousarray(data).data.cast("B"))
 
 
 def verified(journal: Journal) -> set[tuple[int, int]]:
     """The journaled blocks whose every piece, read back from the temporary output, still
     has its checksum."""
     temporary = journal.temporary
+    source: MatrixSource
     if os.path.isdir(temporary):
         import zarr
 
@@ -239,6 +246,8 @@ class JournaledSink(MatrixSink):
         if not self.journal.blocks:
             self.abort()
             return False
-        self.inner.close_partial()
+        inner = self.inner
+        assert isinstance(inner, PartialSink), "only a file output is journaled"
+        inner.close_partial()
         self.journal.close()
         return True

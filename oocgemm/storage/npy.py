@@ -56,6 +56,9 @@ class NpySink(MatrixSink):
         self.on_disk = True
         self._final = path
         self._replace = replace
+        # None once committed, aborted or left for a resume (and where creating them failed)
+        self._temporary: str | None
+        self._array: np.memmap | None
         if temporary is not None:  # an interrupted run's output, continued (resume)
             self._temporary = temporary
             self._array = npy_format.open_memmap(temporary, mode="r+")
@@ -97,10 +100,11 @@ class NpySink(MatrixSink):
         """Where the output is written until its commit (None: written in place)."""
         return self._temporary
 
-    def close_partial(self):
+    def close_partial(self) -> None:
         """Leave the temporary output where it is (for a later resume), flushed."""
-        if getattr(self, "_array", None) is not None:
-            self._array.flush()
+        array = getattr(self, "_array", None)
+        if array is not None:
+            array.flush()
         self._array = None
         self._temporary = None
 

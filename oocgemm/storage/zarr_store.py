@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import warnings
+from typing import Any, cast
 
 import numpy as np
 import zarr
@@ -46,7 +47,8 @@ def pipeline_config(threads: int) -> dict:
     zarr's own with more concurrency (decoding at 2.17 against 1.75 with its defaults)."""
     from zarr.core import codec_pipeline
 
-    config = {"async.concurrency": 4 * threads, "threading.max_workers": threads}
+    config: dict[str, object] = {"async.concurrency": 4 * threads,
+                                 "threading.max_workers": threads}
     if hasattr(codec_pipeline, "FusedCodecPipeline"):
         config.update({"codec_pipeline.path": "zarr.core.codec_pipeline.FusedCodecPipeline",
                        "codec_pipeline.max_workers": threads})
@@ -77,7 +79,8 @@ class ZarrSource(MatrixSource):
         self._given = array
         self._array = fast_reader(array)
         self._hinted: set[str] = set()
-        self.shape = tuple(array.shape)
+        # Of any rank until checks.check_matrix refuses all but 2 (as for every source).
+        self.shape = cast(tuple[int, int], tuple(array.shape))
         self.dtype = np.dtype(array.dtype)
         # The unit decoded at once: the shard of a sharded array. zarr's pipelines decode a
         # whole shard at 3.2-3.5 GB/s against 1.0-2.3 for its inner chunks one call each
@@ -88,7 +91,7 @@ class ZarrSource(MatrixSource):
         self.name = name
         self.path = path
 
-    lock = None
+    lock: threading.Lock | None = None
     """A lock every read takes: the sink's, when the run writes this very array in place
     (a read must not meet a rewrite of the chunk it decodes)."""
 
@@ -135,8 +138,10 @@ class ZarrSource(MatrixSource):
         root = getattr(store, "root", None)
         if root is None:
             return None
-        outer = getattr(self._array, "shards", None) or self.chunks
-        coords = tuple(i * c // o for i, c, o in zip(index, self.chunks, outer))
+        chunks = self.chunks
+        assert chunks is not None, "asked for a chunk of an array that is not a matrix"
+        outer = getattr(self._array, "shards", None) or chunks
+        coords = tuple(i * c // o for i, c, o in zip(index, chunks, outer))
         key = self._array.metadata.encode_chunk_key(coords)
         return os.path.join(os.fspath(root), self._array.store_path.path, key)
 
@@ -239,7 +244,7 @@ def check_out_options(options, shape, dtype, path: str | None) -> dict:
         if options.get(name) is not None:
             value = options[name]
             ok = (isinstance(value, (tuple, list)) and len(value) == 2
-                  and all(isinstance(x, numbers.Integral) and x >= 1 for x in value))
+                  and all(isinstance(x, numbers.Integral) and int(x) >= 1 for x in value))
             if not ok:
                 raise OptionError(f"out_options[{name!r}] must be two positive integers, got "
                                   f"{value!r}")
@@ -322,6 +327,8 @@ class ZarrSink(MatrixSink):
     is written where it goes, flagged incomplete until commit and removed on abort; an
     existing one is replaced on commit from a temporary sibling."""
 
+    chunks: tuple[int, int]
+
     def __init__(self, *, shape, dtype, name: str, path: str | None = None,
                  options: dict | None = None, array: zarr.Array | None = None,
                  attributes: dict | None = None, storage_options: dict | None = None,
@@ -339,6 +346,7 @@ class ZarrSink(MatrixSink):
         self._url = path is not None and urls.is_url(path)
         self._direct = False  # a new URL output, written where it goes
         if temporary is not None:  # an interrupted run's output, continued (resume)
+            assert path is not None, "a resumed output has a path"
             self.path = os.path.abspath(path)
             self._temporary = temporary
             with zarr.config.set(pipeline_config(hostinfo.cores())):
@@ -346,6 +354,7 @@ class ZarrSink(MatrixSink):
             if tuple(self._array.shape) != self.shape or self._array.dtype != self.dtype:
                 raise OutputError(f"{temporary!r} is not the output this run writes")
         elif array is None:
+            assert path is not None, "a new output needs a path (or an array to write in)"
             if self._url:
                 self.path = urls.normal(path)
                 self._direct = not urls.exists(path, storage_options)
@@ -360,7 +369,7 @@ class ZarrSink(MatrixSink):
             options.setdefault("zarr_format", 3)
             options.setdefault("fill_value", 0)
             kept = options.pop("attributes", None) or {}  # an update in place: the user's
-            extra = {"storage_options": storage_options} if self._url else {}
+            extra: dict[str, Any] = {"storage_options": storage_options} if self._url else {}
             try:
                 with zarr.config.set(pipeline_config(hostinfo.cores())):
                     self._array = zarr.create_array(
@@ -403,7 +412,7 @@ class ZarrSink(MatrixSink):
         """Where the output is written until its commit (None: written in place)."""
         return self._temporary
 
-    def close_partial(self):
+    def close_partial(self) -> None:
         """Leave the temporary output where it is, for a later resume."""
         self._temporary = None
 
