@@ -84,6 +84,7 @@ class Result:
             "resumed_blocks": self.resumed,
             "replanned": list(self.replanned),
             "devices": dict(self.devices),
+            "emulation": dict(self.emulation),
             "verified": None if self.verified is None else {
                 "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
                 "worst_row": self.verified.worst_row},

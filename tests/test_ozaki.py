@@ -382,3 +382,11 @@ def test_the_kernel_is_checked(rng):
     if not oocgemm.cuda.device_count():
         with pytest.raises(oocgemm.OOCGemmError):
             oocgemm.multiply(a, a, device="cuda", kernel="ozaki")
+
+
+def test_the_kernel_is_in_the_json_of_plan_and_result(rng):
+    a = rng.standard_normal((20, 20))
+    r = oocgemm.multiply(a, a, device="cpu", kernel="ozaki")
+    summary = r.summary()
+    assert summary["kernel"] == "ozaki" and sum(summary["emulation"].values()) == 1
+    assert oocgemm.multiply(a, a, device="cpu").summary()["emulation"] == {}

@@ -254,7 +254,9 @@ class Plan:
             "device": self.device,
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
-            "kernel": self.kernel if self.device.startswith("cuda") else None,
+            # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
+            "kernel": self.kernel if self.device.startswith("cuda") or
+            self.kernel == "ozaki" else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,
