@@ -17,7 +17,7 @@ import numpy as np
 from . import hostinfo
 from .checks import check_dtype, check_matrix, scalar
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
-from .cuda.catalog import OZAKI, check_kernel
+from .cuda.catalog import check_kernel, is_ozaki
 from .errors import (
     BudgetError,
     DeviceError,
@@ -246,9 +246,9 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
                          f"got {dtype}")
 
     kernel = check_kernel(kernel, dtype)
-    if kernel == OZAKI:
+    if is_ozaki(kernel):
         if dev.kind != "cpu":
-            raise OptionError(f"kernel='ozaki' runs on the CPU executor so far (device='cpu'); "
+            raise OptionError(f"kernel={kernel!r} runs on the CPU executor so far (device='cpu'); "
                               f"its GPU kernels are not wired in yet, and the device is {dev}")
     elif kernel != DEFAULT_KERNEL and dev.kind != "cuda":
         raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "

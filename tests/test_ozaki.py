@@ -390,3 +390,18 @@ def test_the_kernel_is_in_the_json_of_plan_and_result(rng):
     summary = r.summary()
     assert summary["kernel"] == "ozaki" and sum(summary["emulation"].values()) == 1
     assert oocgemm.multiply(a, a, device="cpu").summary()["emulation"] == {}
+
+
+def test_fewer_moduli_by_name(rng):
+    """'ozaki:N' runs every block with N moduli: 16 stay within 4x of native DGEMM's error on
+    these inputs (benchmarks/ozaki_moduli.py), 12 do not; the name is checked."""
+    a, b = _spread(rng, (32, 2048), 8), _spread(rng, (2048, 24), 8)
+    native = _error(a @ b, a, b)
+    r16 = oocgemm.multiply(a, b, device="cpu", kernel="ozaki:16", tile=(32, 24, 2048))
+    r12 = oocgemm.multiply(a, b, device="cpu", kernel="ozaki:12", tile=(32, 24, 2048))
+    assert r16.emulation == {"ozaki, 16 moduli": 1} and r16.plan.kernel == "ozaki:16"
+    assert _error(r16.out, a, b) <= 4 * native < _error(r12.out, a, b)
+    np.testing.assert_array_equal(r16.out, ozaki.gemm(a, b, moduli=16)[0])
+    for bad in ("ozaki:0", "ozaki:x", "ozaki:99"):
+        with pytest.raises(oocgemm.OptionError, match="ozaki:N"):
+            oocgemm.multiply(a, b, device="cpu", kernel=bad)

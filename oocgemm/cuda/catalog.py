@@ -72,8 +72,19 @@ KERNELS: dict[str, KernelSpec] = {
 }
 
 #: float64 products emulated by Ozaki scheme II (``oocgemm/ozaki.py``): correctly rounded
-#: block products; on the CPU executor so far (its GPU kernels are not wired yet).
+#: block products ('ozaki'), or with N moduli ('ozaki:N': operands rounded to the bits N
+#: moduli hold); on the CPU executor so far (its GPU kernels are not wired yet).
 OZAKI = "ozaki"
+
+
+def is_ozaki(kernel: str | None) -> bool:
+    return kernel is not None and kernel.partition(":")[0] == OZAKI
+
+
+def ozaki_moduli(kernel: str) -> int | None:
+    """The moduli 'ozaki:N' asks for (None for 'ozaki': the exact rule's, per block)."""
+    count = kernel.partition(":")[2]
+    return int(count) if count else None
 
 #: Every name ``kernel=`` accepts.
 CHOICES = (DEFAULT, *KERNELS, OZAKI)
@@ -132,14 +143,28 @@ def check_kernel(kernel, dtype) -> str:
         An unknown name, or a kernel that does not handle ``dtype``.
     """
     name = DEFAULT if kernel is None else kernel
+    if isinstance(name, str) and is_ozaki(name.strip().lower()):
+        return _check_ozaki(name.strip().lower(), dtype)
     if not isinstance(name, str) or name.strip().lower() not in CHOICES:
-        raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)}")
+        raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)} "
+                          f"(or ozaki:N, N moduli)")
     name = name.strip().lower()
-    if name == OZAKI and str(dtype) != "float64":
-        raise OptionError(f"kernel 'ozaki' emulates float64 products, not {dtype}")
-    if name not in (DEFAULT, OZAKI):
+    if name != DEFAULT:
         spec = KERNELS[name]
         if str(dtype) not in spec.dtypes:
             raise OptionError(f"kernel {name!r} multiplies {' and '.join(spec.dtypes)}, not "
                               f"{dtype}; use kernel='cublas' for {dtype}")
+    return name
+
+
+def _check_ozaki(name: str, dtype) -> str:
+    if str(dtype) != "float64":
+        raise OptionError(f"kernel {name!r} emulates float64 products, not {dtype}")
+    count = name.partition(":")[2]
+    if count:
+        from ..ozaki import MODULI
+
+        if not count.isdigit() or not 1 <= int(count) <= len(MODULI):
+            raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {len(MODULI)} "
+                              f"moduli")
     return name

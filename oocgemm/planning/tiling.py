@@ -256,7 +256,7 @@ class Plan:
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
             "kernel": self.kernel if self.device.startswith("cuda") or
-            self.kernel == "ozaki" else None,
+            self.kernel.startswith("ozaki") else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,

@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError, Thread
 
 import numpy as np
 
-from ..cuda.catalog import OZAKI
+from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..planning.schedule import OpKind
@@ -162,7 +162,7 @@ class CpuExecutor(Executor):
             b = b.T
         a = a[x0:x1]
         c = self.view(op.dst, (w, h))[x0:x1]
-        if self.plan.kernel == OZAKI:  # the same steps, the product emulated
+        if is_ozaki(self.plan.kernel):  # the same steps, the product emulated
             product = self._emulated(a, b)
         elif op.beta == 0:  # BLAS: C is not read, whatever it holds
             np.matmul(a, b, out=c)
@@ -188,7 +188,7 @@ class CpuExecutor(Executor):
         more than the scheme gives; the log notes which."""
         from .. import ozaki
 
-        product, how = ozaki.gemm(a, b)
+        product, how = ozaki.gemm(a, b, ozaki_moduli(self.plan.kernel))
         self.log.note(f"native: {how.reason}" if how.native
                       else f"ozaki, {len(how.moduli)} moduli")
         return product
