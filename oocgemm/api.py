@@ -378,15 +378,13 @@ def chunk_writer(plan: Plan, sink):
     """The sink written at its grain (:class:`~oocgemm.storage.chunked.ChunkWriter`) where
     the plan writes C blocks in row stripes that cut the output's chunks: each chunk encoded
     once, whole, instead of once per stripe. Else the sink itself."""
-    from .planning.chunks import assembly_bytes
+    from .planning.tiling import assembly_window
     from .storage.chunked import ChunkWriter
 
     if not plan.staged or not sink.on_disk or not sink.chunks:
         return sink
-    w, h, _ = plan.tile
-    block = (min(w, plan.problem.m), min(h, plan.problem.n))
-    budget = assembly_bytes(block, sink.chunks, plan.stripe_rows(*block),
-                            plan.problem.itemsize)
+    budget = assembly_window(plan.problem, plan.tile, plan.buffers.ring // plan.problem.itemsize,
+                             plan.min_stripes, sink.chunks)
     if not budget:
         return sink
     return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)

@@ -231,3 +231,10 @@ def test_a_journal_records_a_block_only_when_its_chunks_are_stored(rng, workdir)
     np.testing.assert_array_equal(stored.array()[:32], c[:32])
     assert (stored.array()[32:] == 0).all()  # nothing of the cut block reached storage
     writer.abort()
+
+
+def test_an_empty_product_assembles_nothing(rng, workdir):
+    a, b = np.empty((0, 32)), rand(rng, (32, 48))
+    plan = oocgemm.plan(a, b, device="cpu", out="c.zarr", out_options={"chunks": (16, 48)})
+    staged = dataclasses.replace(plan, staged=True, stripe=4 * 48, n_stage=3, n_out=2)
+    assert staged.assembly_window == 0 and staged.host_bytes >= 0

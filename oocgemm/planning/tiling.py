@@ -11,6 +11,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from ..cuda.catalog import is_ozaki
 from ..errors import BudgetError, OptionError
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, most_touched, window_bytes
@@ -177,9 +178,9 @@ class Plan:
     @property
     def assembly_window(self) -> int:
         """Host memory the output's chunks take at most while their rows arrive in stripes."""
-        w, h, _ = self.tile
         return assembly_window(self.problem, self.tile,
-                               self.stripe_rows(w, h) if self.staged else 0)
+                               self.buffers.ring // self.problem.itemsize if self.staged else 0,
+                               self.min_stripes)
 
     @property
     def cache_bytes(self) -> int:
@@ -255,8 +256,8 @@ class Plan:
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
-            "kernel": self.kernel if self.device.startswith("cuda") or
-            self.kernel.startswith("ozaki") else None,
+            "kernel": self.kernel if self.device.startswith("cuda") or is_ozaki(self.kernel)
+            else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,
@@ -377,14 +378,18 @@ def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ..
     return total
 
 
-def assembly_window(prob: Problem, tile: tuple[int, int, int], stripe: int) -> int:
+def assembly_window(prob: Problem, tile: tuple[int, int, int], ring: int, min_stripes: int,
+                    chunks: tuple[int, int] | None = None) -> int:
     """Bytes of output chunks assembled in host memory (:func:`.chunks.assembly_bytes`) when
-    C blocks of ``tile`` are written in stripes of ``stripe`` rows (0: whole blocks)."""
-    out = prob.out
-    if out is None or not out.on_disk or not out.chunks:
+    C blocks of ``tile`` leave a staged ring of ``ring`` elements (0: not staged, whole blocks
+    are written) in stripes; ``chunks``: the output's (default: the problem's output
+    operand's, where it is on disk)."""
+    if chunks is None and prob.out is not None and prob.out.on_disk:
+        chunks = prob.out.chunks
+    block = (min(tile[0], prob.m), min(tile[1], prob.n))
+    if not ring or not chunks or min(block) == 0:  # an empty product writes nothing
         return 0
-    w, h, _ = tile
-    return assembly_bytes((min(w, prob.m), min(h, prob.n)), out.chunks, stripe, prob.itemsize)
+    return assembly_bytes(block, chunks, stripe_rows(*block, ring, min_stripes), prob.itemsize)
 
 
 def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
@@ -610,9 +615,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0)
         dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
         host = ((n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
-                + assembly_window(prob, tile, stripe_rows(
-                    tile[0], tile[1], plan_bufs.ring // prob.itemsize, min_stripes)
-                    if staged else 0))
+                + assembly_window(prob, tile, plan_bufs.ring // prob.itemsize, min_stripes))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):
