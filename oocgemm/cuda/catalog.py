@@ -143,12 +143,12 @@ def check_kernel(kernel, dtype) -> str:
         An unknown name, or a kernel that does not handle ``dtype``.
     """
     name = DEFAULT if kernel is None else kernel
-    if isinstance(name, str) and is_ozaki(name.strip().lower()):
-        return _check_ozaki(name.strip().lower(), dtype)
-    if not isinstance(name, str) or name.strip().lower() not in CHOICES:
+    name = name.strip().lower() if isinstance(name, str) else None
+    if name is not None and is_ozaki(name):
+        return _check_ozaki(name, dtype)
+    if name not in CHOICES:
         raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)} "
                           f"(or ozaki:N, N moduli)")
-    name = name.strip().lower()
     if name != DEFAULT:
         spec = KERNELS[name]
         if str(dtype) not in spec.dtypes:
