@@ -630,15 +630,49 @@ def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
     assert [serpentine_index(i, j, q) for i, j in serpentine(p, q)] == list(range(p * q))
 
     def gemms(plan, block):
-        return [(op.q, op.region) for op in plan.schedule.ops
-                if op.kind is OpKind.GEMM and op.key == block]
+        """Each row stripe's panels in the order they add to it: what sets its bits."""
+        stripes: dict = {}
+        for op in plan.schedule.ops:
+            if op.kind is OpKind.GEMM and op.key == block:
+                stripes.setdefault(op.region, []).append(op.q)
+        return stripes
 
-    picked = ((3, 1), (0, 4), (4, 4))  # the last block of the order among them
-    group = replace(whole, blocks=picked)
-    assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == set(picked)
-    for block in picked:
-        assert gemms(group, block) == gemms(whole, block)
-    check_schedule(group.schedule, group)
+    for picked in (((3, 1), (0, 4), (4, 4)),  # the last block of the order among them
+                   ((3, 1), (1, 2), (0, 4))):  # the group ends before the whole does
+        group = replace(whole, blocks=picked)
+        assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == set(picked)
+        for block in picked:
+            assert gemms(group, block) == gemms(whole, block)
+        check_schedule(group.schedule, group)
+
+
+@pytest.mark.parametrize("n_c", [1, 2])
+def test_only_a_runs_last_block_takes_its_tail_stripe_by_stripe(n_c):
+    """In the last block of a run (or of every block with one C slot) each row stripe goes
+    through all the tail panels before the next stripe starts, so that C leaves a stripe at a
+    time; elsewhere the stripes go panel by panel, each GEMM waiting for one panel only."""
+    plan = make_plan(40, 36, 60, (10, 12, 6), staged=True, split_last=4, tail_panels=3,
+                     n_a=4, n_b=4, stripe=40, n_stage=3, n_out=2, n_c=n_c)
+    p, q, nk = plan.grid
+    for run in (plan, replace(plan, blocks=((1, 1), (2, 2)))):
+        gemms = [op for op in run.schedule.ops if op.kind is OpKind.GEMM]
+        last = gemms[-1].key
+        for block in dict.fromkeys(op.key for op in gemms):
+            full = max(op.region[0][1] - op.region[0][0] for op in gemms if op.key == block)
+            tail = [(op.region[0], op.q) for op in gemms
+                    if op.key == block and op.region[0][1] - op.region[0][0] < full]
+            assert len({q for _, q in tail}) == 3 and len({rows for rows, _ in tail}) >= 4
+
+            def runs(xs):
+                return 1 + sum(x != y for x, y in zip(xs, xs[1:]))
+
+            stripe_major = runs([rows for rows, _ in tail]) == len({rows for rows, _ in tail})
+            panel_major = runs([q for _, q in tail]) == 3
+            if block == last or n_c == 1:
+                assert stripe_major and not panel_major, block
+            else:
+                assert panel_major and not stripe_major, block
+        check_schedule(run.schedule, run)
 
 
 def test_a_resumed_plan_checks_out():

@@ -458,10 +458,15 @@ class _Builder:
                     # on full panels (the tail below is what hides the drain).
                     panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
                     panels = list(dict.fromkeys(panels))
-                # The last `tail` panels run stripe by stripe (each row stripe through all of
-                # them), so that C's rows become final one stripe at a time over several
-                # panels and travel back while the rest computes: the drain of the run is one
-                # stripe, not one block. Their panels stay resident meanwhile.
+                # The last `tail` panels run in row stripes. In the run's last block (or
+                # with one C slot) each stripe goes through all of them in turn, so that C's
+                # rows become final one stripe at a time over several panels and travel back
+                # while the rest computes: the drain of the run is one stripe, not one block.
+                # Elsewhere the block's drain hides behind the next block's compute, and the
+                # stripes go panel by panel, so that a GEMM waits for one panel, not for the
+                # whole tail (the first block of a run, its panels arriving from cold, waited
+                # 0.8 s for them on each of two H200s). The same GEMMs either way, each
+                # stripe's panels in the same order: the same bits.
                 tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
                 head, rest = panels[:nk - tail], panels[nk - tail:]
                 for q in head:
@@ -471,11 +476,14 @@ class _Builder:
                 for q in rest:  # load the tail panels, each into a slot of its own
                     pinned.add(self.ensure("A", (i, q), pinned=pinned))
                     pinned.add(self.ensure("B", (q, j), pinned=pinned))
-                last_block = t == p * q_blocks - 1
-                for x0, x1 in _row_parts(w, plan.split_last, taper=last_block):
-                    for q in rest:
-                        self.gemm(i, j, q, first=q == panels[0], rows=(x0, x1),
-                                  c_slot=c_slot, c_region=c_region, h=h, pinned=pinned)
+                parts = _row_parts(w, plan.split_last, taper=t == p * q_blocks - 1)
+                if t == order[-1][0] or plan.n_c < 2:
+                    sweep = [(rows, q) for rows in parts for q in rest]
+                else:
+                    sweep = [(rows, q) for q in rest for rows in parts]
+                for rows, q in sweep:
+                    self.gemm(i, j, q, first=q == panels[0], rows=rows, c_slot=c_slot,
+                              c_region=c_region, h=h, pinned=pinned)
             self.store(c_key, c_slot, c_region)
 
     def fill(self, c_key, c_slot, c_region) -> None:

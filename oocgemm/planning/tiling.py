@@ -85,9 +85,10 @@ class Plan:
     """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
     way back while the rest of the block computes (1: not cut)."""
     tail_panels: int = 1
-    """The last K panels of each block that run row stripe by row stripe (``split_last``
-    stripes), so that C's rows become final over several panels; needs that many A and B
-    slots (one more lets the next block's first panels arrive meanwhile)."""
+    """The last K panels of each block, run in row stripes (``split_last`` stripes): in a
+    run's last block stripe by stripe, so that C's rows become final over several panels,
+    elsewhere panel by panel; needs that many A and B slots (one more lets the next block's
+    first panels arrive meanwhile)."""
     ramp: int = 0
     """Halvings of the first K panel: with 3 it runs as r/8, r/8, r/4, r/2, so that the first
     GEMM starts after an eighth of a panel has arrived (pieces stay multiples of
