@@ -7,7 +7,8 @@
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
-                                                    # zarr_write, scaling, ozaki_moduli
+                                                    # zarr_write, scaling, ozaki_moduli,
+                                                    # ozaki_gpu
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -326,6 +327,7 @@ _OWN_MAINS = {
     "zarr-write": ("zarr_write", "Zarr writes: the sink's whole-chunk rate under each pipeline."),
     "scaling": ("scaling", "One product on 1, 2, ... GPUs, beside cuBLASXt on the same."),
     "ozaki-moduli": ("ozaki_moduli", "Ozaki scheme II: the error per number of moduli."),
+    "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
 }
 
 

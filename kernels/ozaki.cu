@@ -1,31 +1,42 @@
-// ozaki: the elementwise steps of Ozaki scheme II (issue 21), float64 GEMM from int8 GEMMs.
-// Each kernel is one function of oocgemm/ozaki.py, step for step, so that the GPU gives the
-// CPU reference's bits (docs/design.md, "Ozaki scheme II"). The int8 x int8 -> int32 GEMMs
-// between them are cuBLAS's (or a kernel's); nothing here is wired into the CUDA executor yet.
+// ozaki: the steps of Ozaki scheme II on the GPU (issue 21), float64 products from int8 GEMMs.
+// Each kernel runs functions of oocgemm/ozaki.py step for step, so that the GPU gives the CPU
+// reference's bits (docs/design.md, "Ozaki scheme II"); cuBLAS's int8 x int8 -> int32 GEMM runs
+// between them (oocgemm/cuda/ozaki.py drives the lot).
 //
-//   ozaki_shifts     ozaki.shifts     the shift of each row of A or column of B
-//   ozaki_residues   ozaki.residues   rint(x 2^shift) mod each modulus, balanced, int8
-//   ozaki_fold       ozaki._product   a deep block's int32 sum so far reduced mod m, plus the
-//                                     next slice's (between slices of MAX_DEPTH)
-//   ozaki_digit      ozaki.digit      Garner's k-th balanced digit of the product, int8
-//   ozaki_round      ozaki.rounded    the digits to float64: limbs, one rounding, ldexp
+//   ozaki_stats_rows   ozaki.analyse    a panel's rows (K contiguous: a warp a row), or columns
+//   ozaki_stats_cols                    (K strided: a thread a column): each one's largest
+//                                       exponent; over the panel, the largest exponent spread
+//                                       of a row and whether it holds infinities or NaN
+//   ozaki_residues     ozaki.residues   rint(x 2^(bits - emax)) mod each modulus, balanced,
+//                                       int8, K contiguous and padded with zeros to depth_pad
+//   ozaki_finishN      ozaki.digit,     per element of C: Garner's digits from the N int32
+//                      ozaki.rounded    products, the one rounding, then alpha and beta as the
+//                                       CPU executor applies them (N: 16, 24, 32 or 40, the
+//                                       most moduli the instance takes; its registers grow
+//                                       with it)
 //
-// launch: block = (256, 1, 1) threads; grid = (ceil(count / 256), 1, 1) or fewer blocks: every
-// kernel runs a grid-stride loop over its `count` elements (rows or columns for ozaki_shifts);
-// dynamic shared memory = 0 bytes.
+// Launch: ozaki_residues with block (32, 8) and grid (ceil(depth_pad / 32), ceil(outer / 32));
+// the others with 256 threads a block and any grid: each runs a grid-stride loop over its
+// elements (rows or columns for the stats, a warp each for ozaki_stats_rows). No dynamic
+// shared memory.
 //
-// Exactness: all but ozaki_round's last two operations are integer arithmetic or exact
-// floating-point operations (max, frexp, ldexp by a power of two without underflow, rint, a
+// Exactness: every step but ozaki_finishN's last operations is integer arithmetic or an exact
+// floating-point operation (max, frexp, ldexp by a power of two without underflow, rint, a
 // float64 integer to int64), so any correct order gives the same numbers. The rounding is one
-// float64 multiply by 2^52 (exact) and one add, as __dmul_rn / __dadd_rn (never contracted into
-// an FMA), then ldexp, correctly rounded in CUDA and C alike.
+// float64 multiply by 2^52 (exact) and one add, as __dmul_rn / __dadd_rn (never contracted
+// into an FMA), then ldexp; alpha and beta are applied by __dmul_rn / __dadd_rn as numpy applies
+// them: C = beta C + alpha P with each operation rounded, C unread when beta == 0.
 //
-// Layouts are row-major and dense, as numpy's: residues (moduli x rows x cols), products and
-// digits (moduli x rows x cols of C); x and the output have leading dimensions.
+// Layouts are row-major. A panel is read as `outer` rows (rows of A, columns of B) of `depth`
+// elements: element (o, k) at x[o * so + k * sk]. Its residues are moduli planes of outer x
+// depth_pad int8. The int32 products are planes of rows x cols (leading dimension ldp); C has
+// leading dimension ldc.
 //
-// The element functions (ozaki_*_at) are host-device, and plain C++ where __CUDACC__ is not
-// defined: tests/test_ozaki.py compiles them for the CPU and compares them with numpy bit for
-// bit. Self-contained (NVRTC has no headers); the C++ compile includes <math.h> first.
+// The moduli and Garner's constants are computed at compile time (ozaki_make_tables, the
+// greedy choice of ozaki._coprime_moduli) into constant memory. The element functions
+// (ozaki_*) are host-device, and plain C++ where __CUDACC__ is not defined: tests/test_ozaki.py
+// compiles them for the CPU and compares them with numpy bit for bit. Self-contained (NVRTC
+// has no headers); the C++ compile includes <math.h> first.
 
 #ifdef __CUDACC__
 #define OZAKI_HD __host__ __device__ __forceinline__
@@ -33,10 +44,68 @@
 #define OZAKI_HD inline
 #endif
 
-constexpr int OZAKI_MAX_MODULI = 40;                                  // len(ozaki.MODULI)
-constexpr int OZAKI_LIMB = 26;                                        // ozaki.LIMB
-constexpr int OZAKI_MAX_GROUPS = (OZAKI_MAX_MODULI + 2) / 3;          // digits three at a time
-constexpr int OZAKI_MAX_LIMBS = 24 * OZAKI_MAX_GROUPS / OZAKI_LIMB + 1;  // each radix < 2^24
+constexpr int OZAKI_MAX_MODULI = 40;  // len(ozaki.MODULI)
+constexpr int OZAKI_LIMB = 26;        // ozaki.LIMB
+
+struct OzakiTables {
+    int moduli[OZAKI_MAX_MODULI];                     // ozaki.MODULI
+    int weights[OZAKI_MAX_MODULI][OZAKI_MAX_MODULI];  // [k][j] = P_j mod m_k, j < k
+    int inverses[OZAKI_MAX_MODULI];                   // P_k^-1 mod m_k
+};
+
+constexpr int ozaki_gcd(int a, int b)
+{
+    while (b != 0) {
+        const int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// The moduli (pairwise coprime, from 256 down) and Garner's constants for them, where
+// P_k = m_0 ... m_(k-1): ozaki._coprime_moduli and ozaki._garner.
+constexpr OzakiTables ozaki_make_tables()
+{
+    OzakiTables t{};
+    int count = 0;
+    for (int m = 256; count < OZAKI_MAX_MODULI && m > 1; --m) {
+        bool coprime = true;
+        for (int i = 0; i < count; ++i) coprime = coprime && ozaki_gcd(m, t.moduli[i]) == 1;
+        if (coprime) t.moduli[count++] = m;
+    }
+    for (int k = 0; k < OZAKI_MAX_MODULI; ++k) {
+        const int m = t.moduli[k];
+        int p = 1 % m;  // P_j mod m, j = 0 .. k
+        for (int j = 0; j < k; ++j) {
+            t.weights[k][j] = p;
+            p = p * (t.moduli[j] % m) % m;
+        }
+        for (int x = 1; x <= m; ++x) {
+            if (p * x % m == 1 % m) {
+                t.inverses[k] = x % m;
+                break;
+            }
+        }
+    }
+    return t;
+}
+
+#ifdef __CUDACC__
+__constant__ OzakiTables ozaki_device_tables = ozaki_make_tables();
+#endif
+#ifndef __CUDA_ARCH__
+constexpr OzakiTables ozaki_host_tables = ozaki_make_tables();
+#endif
+
+OZAKI_HD const OzakiTables& ozaki_tables()
+{
+#ifdef __CUDA_ARCH__
+    return ozaki_device_tables;
+#else
+    return ozaki_host_tables;
+#endif
+}
 
 OZAKI_HD double ozaki_mul(double a, double b)
 {
@@ -65,6 +134,14 @@ OZAKI_HD long long ozaki_balanced_mod(long long x, int m)
     return r - m / 2;
 }
 
+OZAKI_HD int ozaki_balanced_mod32(int x, int m)
+{
+    const int y = x + m / 2;
+    int r = y % m;
+    if (r < 0) r += m;
+    return r - m / 2;
+}
+
 // 2^e mod m by squaring (numpy looks it up in a table of the same numbers).
 OZAKI_HD int ozaki_pow2_mod(int e, int m)
 {
@@ -76,77 +153,118 @@ OZAKI_HD int ozaki_pow2_mod(int e, int m)
     return result;
 }
 
-// shift[t] = bits - frexp exponent of max_k |x[t * step + k * stride]| (0 for a zero row).
-OZAKI_HD void ozaki_shift_at(long long t, int length, const double* x, long long step,
-                             long long stride, int bits, int* shift)
+// -- 1. stats: ozaki.analyse --------------------------------------------------------------------
+
+// What a row (or column) holds: its largest and smallest nonzero magnitudes (0: none), and
+// whether it holds an infinity or NaN. max and min are exact: any order gives the same.
+struct OzakiStats {
+    double largest = 0.0, smallest = 0.0;
+    bool nonfinite = false;
+};
+
+OZAKI_HD void ozaki_stats_add(OzakiStats& s, double x)
 {
-    double largest = 0.0;
-    for (int k = 0; k < length; ++k) largest = fmax(largest, fabs(x[t * step + k * stride]));
-    int e;
-    frexp(largest, &e);
-    shift[t] = bits - e;
+    const double a = fabs(x);
+    if (!(a <= 0x1.fffffffffffffp+1023)) {  // an infinity, or NaN (no comparison holds)
+        s.nonfinite = true;
+    } else if (a > 0) {
+        s.largest = fmax(s.largest, a);
+        s.smallest = s.smallest == 0 ? a : fmin(s.smallest, a);
+    }
 }
 
-// The residues of element idx of x (rows x cols, leading dimension ld), scaled by the shift of
-// its row (per_row: A) or column (B): rint(x 2^shift) = s 2^e with |s| < 2^53, e >= 0, and
-// s (2^e mod m) < 2^61 reduced.
-OZAKI_HD void ozaki_residues_at(long long idx, int rows, int cols, const double* x, long long ld,
-                                const int* shift, int per_row, int n_moduli, const int* moduli,
-                                signed char* out)
+OZAKI_HD void ozaki_stats_merge(OzakiStats& s, const OzakiStats& o)
 {
-    const long long i = idx / cols, j = idx % cols, count = (long long)rows * cols;
-    const double y = rint(ldexp(x[i * ld + j], shift[per_row ? i : j]));
+    s.largest = fmax(s.largest, o.largest);
+    if (o.smallest != 0) s.smallest = s.smallest == 0 ? o.smallest : fmin(s.smallest, o.smallest);
+    s.nonfinite = s.nonfinite || o.nonfinite;
+}
+
+// The row's largest exponent (frexp; 0 for a zero row) into *emax, and its spread (largest
+// less smallest nonzero exponent) and non-finiteness folded into summary[0], summary[1].
+OZAKI_HD void ozaki_stats_store(const OzakiStats& s, int* emax, int* summary)
+{
+    int hi = 0, lo = 0;
+    frexp(s.largest, &hi);
+    *emax = hi;
+    const int spread = s.smallest > 0 ? (frexp(s.smallest, &lo), hi - lo) : 0;
+#ifdef __CUDA_ARCH__
+    if (spread > 0) atomicMax(&summary[0], spread);
+    if (s.nonfinite) atomicMax(&summary[1], 1);
+#else
+    if (spread > summary[0]) summary[0] = spread;
+    if (s.nonfinite) summary[1] = 1;
+#endif
+}
+
+// -- 2. residues: ozaki.residues ----------------------------------------------------------------
+
+// The residues of x 2^shift rounded to an integer, modulo moduli[first .. first + n), into
+// at[l * plane] for each such l; zeros where the element is padding (!inside). rint(x 2^shift)
+// = s 2^e with |s| < 2^53 and e >= 0, and s (2^e mod m) < 2^61 is reduced.
+OZAKI_HD void ozaki_residues_at(double x, bool inside, int shift, int first, int n,
+                                signed char* at, long long plane)
+{
+    const OzakiTables& t = ozaki_tables();
+    if (!inside) {
+        for (int l = first; l < first + n; ++l) at[l * plane] = 0;
+        return;
+    }
+    const double y = rint(ldexp(x, shift));
     int top;
     frexp(y, &top);
     const int e = top > 53 ? top - 53 : 0;
     const long long s = (long long)ldexp(y, -e);
-    for (int l = 0; l < n_moduli; ++l) {
-        const int m = moduli[l];
-        out[l * count + idx] = (signed char)ozaki_balanced_mod(s * ozaki_pow2_mod(e, m), m);
+    for (int l = first; l < first + n; ++l) {
+        const int m = t.moduli[l];
+        at[l * plane] = (signed char)ozaki_balanced_mod(s * ozaki_pow2_mod(e, m), m);
     }
 }
 
-// c = (c mod m, floor) + part: stays an int32 when |part| <= MAX_DEPTH 2^14.
-OZAKI_HD void ozaki_fold_at(long long idx, int* c, const int* part, int m)
+// -- 3. the digits and the rounding: ozaki.digit, ozaki.rounded ---------------------------------
+
+// Garner's balanced digits v_0 .. v_(n-1) of the product from its int32 residues c[k * plane]
+// (any int32 of each class): t = sum_j v_j (P_j mod m_k) is below 2^21 and c reduced mod m_k
+// below 2^8, so (c - t) P_k^-1 fits an int32; the digit is its balanced class.
+template <int MAXN>
+OZAKI_HD void ozaki_digits(const int* c, long long plane, int n, int (&v)[MAXN])
 {
-    int r = c[idx] % m;
-    if (r < 0) r += m;
-    c[idx] = r + part[idx];
+    const OzakiTables& t = ozaki_tables();
+#pragma unroll
+    for (int k = 0; k < MAXN; ++k) {
+        v[k] = 0;
+        if (k < n) {
+            const int m = t.moduli[k];
+            int sum = 0;
+#pragma unroll
+            for (int j = 0; j < k; ++j) sum += v[j] * t.weights[k][j];
+            v[k] = ozaki_balanced_mod32((c[k * plane] % m - sum) * t.inverses[k], m);
+        }
+    }
 }
 
-// Garner's digit k: t = sum_j v_j (P_j mod m_k) (|t| < 2^21), then (c - t) P_k^-1 (< 2^40)
-// reduced. weights[j] = P_j mod m_k for j < k; digits holds v_0 .. v_(k-1), count apart.
-OZAKI_HD void ozaki_digit_at(long long idx, const int* c, const signed char* digits,
-                             long long count, int k, const int* weights, int inverse, int m,
-                             signed char* out)
-{
-    int t = 0;
-    for (int j = 0; j < k; ++j) t += digits[j * count + idx] * weights[j];
-    out[idx] = (signed char)ozaki_balanced_mod(((long long)c[idx] - t) * inverse, m);
-}
-
-// The product sum_k v_k P_k at element idx of C (rows x cols) times 2^-(shift_a[i] +
-// shift_b[j]), correctly rounded, into out (leading dimension ldc). Loops run to the compile-time
+// (sum_k v_k P_k) 2^exp correctly rounded (ozaki.rounded). Loops run to the compile-time
 // maxima (guarded), so the groups and limbs stay in registers.
-OZAKI_HD void ozaki_round_at(long long idx, int rows, int cols, const signed char* digits,
-                             int n_moduli, const int* moduli, const int* shift_a,
-                             const int* shift_b, double* out, long long ldc)
+template <int MAXN>
+OZAKI_HD double ozaki_round_digits(const int (&v)[MAXN], int n, int exp)
 {
-    const long long i = idx / cols, j = idx % cols, count = (long long)rows * cols;
-    const int n_groups = (n_moduli + 2) / 3;
+    constexpr int GROUPS = (MAXN + 2) / 3;             // digits three at a time
+    constexpr int LIMBS = 24 * GROUPS / OZAKI_LIMB + 1;  // each radix < 2^24
+    const OzakiTables& t = ozaki_tables();
+    const int n_groups = (n + 2) / 3;
 
     // 1. The digits three at a time (D_g, R_g), and the sign of the top nonzero group.
-    long long group[OZAKI_MAX_GROUPS], radix[OZAKI_MAX_GROUPS];
+    long long group[GROUPS], radix[GROUPS];
     int sign = 0;
 #pragma unroll
-    for (int g = 0; g < OZAKI_MAX_GROUPS; ++g) {
+    for (int g = 0; g < GROUPS; ++g) {
         long long value = 0, r = 1;
 #pragma unroll
         for (int d = 2; d >= 0; --d) {
             const int k = 3 * g + d;
-            if (k < n_moduli) {
-                value = value * moduli[k] + digits[k * count + idx];
-                r *= moduli[k];
+            if (k < n) {
+                value = value * t.moduli[k] + v[k];
+                r *= t.moduli[k];
             }
         }
         group[g] = value;
@@ -157,17 +275,17 @@ OZAKI_HD void ozaki_round_at(long long idx, int rows, int cols, const signed cha
     // 2. |A'B'| by Horner's rule from the top group, in limbs of 26 bits, low first. After a
     // group the value is below 2^bits, so limbs past bits / 26 stay zero and are skipped (numpy
     // bounds them by the exact product of the radices; the limbs it skips beyond are zero too).
-    long long limb[OZAKI_MAX_LIMBS];
+    long long limb[LIMBS];
 #pragma unroll
-    for (int l = 0; l < OZAKI_MAX_LIMBS; ++l) limb[l] = 0;
+    for (int l = 0; l < LIMBS; ++l) limb[l] = 0;
     int bits = 0;
 #pragma unroll
-    for (int g = OZAKI_MAX_GROUPS - 1; g >= 0; --g) {
+    for (int g = GROUPS - 1; g >= 0; --g) {
         if (g >= n_groups) continue;
         bits += 24;
         long long carry = sign * group[g];
 #pragma unroll
-        for (int l = 0; l < OZAKI_MAX_LIMBS; ++l) {
+        for (int l = 0; l < LIMBS; ++l) {
             if (l <= bits / OZAKI_LIMB) {
                 const long long x = limb[l] * radix[g] + carry;
                 limb[l] = x & ((1LL << OZAKI_LIMB) - 1);
@@ -182,13 +300,13 @@ OZAKI_HD void ozaki_round_at(long long idx, int rows, int cols, const signed cha
     int taken = 0, top = 0;
     bool sticky = false;
 #pragma unroll
-    for (int l = OZAKI_MAX_LIMBS - 1; l >= -3; --l) {
-        const long long v = l >= 0 ? limb[l] : 0;
-        if (taken == 0 && v != 0) top = l;
-        if (taken > 0 || v != 0) {
-            if (taken < 2) a = a << OZAKI_LIMB | v;
-            else if (taken < 4) b = b << OZAKI_LIMB | v;
-            else sticky = sticky || v != 0;
+    for (int l = LIMBS - 1; l >= -3; --l) {
+        const long long x = l >= 0 ? limb[l] : 0;
+        if (taken == 0 && x != 0) top = l;
+        if (taken > 0 || x != 0) {
+            if (taken < 2) a = a << OZAKI_LIMB | x;
+            else if (taken < 4) b = b << OZAKI_LIMB | x;
+            else sticky = sticky || x != 0;
             ++taken;
         }
     }
@@ -196,54 +314,105 @@ OZAKI_HD void ozaki_round_at(long long idx, int rows, int cols, const signed cha
 
     // 4. The one rounding, the sign, and the scale.
     const double value = ozaki_add(ozaki_mul((double)a, 0x1p52), (double)b);
-    out[i * ldc + j] = ldexp(sign * value, OZAKI_LIMB * (top - 3) - (shift_a[i] + shift_b[j]));
+    return ldexp(sign * value, OZAKI_LIMB * (top - 3) + exp);
+}
+
+// One element of C: the product from its int32 residues (c[k * plane]), scaled by 2^exp, then
+// beta * C + alpha * P with each operation rounded (alpha * P alone, C unread, when beta == 0).
+template <int MAXN>
+OZAKI_HD double ozaki_finish_at(const int* c, long long plane, int n, int exp, double alpha,
+                                double beta, const double* out)
+{
+    int v[MAXN];
+    ozaki_digits<MAXN>(c, plane, n, v);
+    const double p = ozaki_round_digits<MAXN>(v, n, exp);
+    return beta == 0 ? ozaki_mul(p, alpha) : ozaki_add(ozaki_mul(*out, beta), ozaki_mul(p, alpha));
 }
 
 #ifdef __CUDACC__
+
+extern "C" __global__ void ozaki_stats_rows(int outer, int depth, const double* __restrict__ x,
+                                            long long so, int* __restrict__ emax,
+                                            int* __restrict__ summary)
+{
+    const int lane = threadIdx.x % 32;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long o = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; o < outer;
+         o += warps) {
+        OzakiStats s;
+        for (int k = lane; k < depth; k += 32) ozaki_stats_add(s, x[o * so + k]);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) {
+            OzakiStats other;
+            other.largest = __shfl_xor_sync(0xffffffffu, s.largest, offset);
+            other.smallest = __shfl_xor_sync(0xffffffffu, s.smallest, offset);
+            other.nonfinite = __shfl_xor_sync(0xffffffffu, (int)s.nonfinite, offset) != 0;
+            ozaki_stats_merge(s, other);
+        }
+        if (lane == 0) ozaki_stats_store(s, &emax[o], summary);
+    }
+}
 
 #define OZAKI_ELEMENTS(count)                                                                    \
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < (count);     \
          idx += (long long)gridDim.x * blockDim.x)
 
-extern "C" __global__ void ozaki_shifts(int count, int length, const double* __restrict__ x,
-                                        long long step, long long stride, int bits,
-                                        int* __restrict__ shift)
+extern "C" __global__ void ozaki_stats_cols(int outer, int depth, const double* __restrict__ x,
+                                            long long sk, int* __restrict__ emax,
+                                            int* __restrict__ summary)
 {
-    OZAKI_ELEMENTS(count) ozaki_shift_at(idx, length, x, step, stride, bits, shift);
+    OZAKI_ELEMENTS(outer) {
+        OzakiStats s;
+        for (int k = 0; k < depth; ++k) ozaki_stats_add(s, x[idx + k * sk]);
+        ozaki_stats_store(s, &emax[idx], summary);
+    }
 }
 
-extern "C" __global__ void ozaki_residues(int rows, int cols, const double* __restrict__ x,
-                                          long long ld, const int* __restrict__ shift,
-                                          int per_row, int n_moduli,
-                                          const int* __restrict__ moduli,
-                                          signed char* __restrict__ out)
+// A 32 x 32 tile of (o, k) a block: read along whichever index x holds contiguous, written
+// K contiguous, through shared memory.
+extern "C" __global__ void ozaki_residues(int outer, int depth, int depth_pad,
+                                          const double* __restrict__ x, long long so,
+                                          long long sk, const int* __restrict__ emax, int bits,
+                                          int first, int n, signed char* __restrict__ out)
 {
-    OZAKI_ELEMENTS((long long)rows * cols)
-        ozaki_residues_at(idx, rows, cols, x, ld, shift, per_row, n_moduli, moduli, out);
+    __shared__ double tile[32][33];
+    const int o0 = blockIdx.y * 32, k0 = blockIdx.x * 32, tx = threadIdx.x;
+    for (int p = threadIdx.y; p < 32; p += blockDim.y) {
+        const bool k_contiguous = sk == 1;
+        const int o = o0 + (k_contiguous ? p : tx), k = k0 + (k_contiguous ? tx : p);
+        const double value = o < outer && k < depth ? x[o * so + k * sk] : 0.0;
+        if (k_contiguous) tile[p][tx] = value;
+        else tile[tx][p] = value;
+    }
+    __syncthreads();
+    const long long plane = (long long)outer * depth_pad;
+    for (int p = threadIdx.y; p < 32; p += blockDim.y) {
+        const int o = o0 + p, k = k0 + tx;
+        if (o < outer && k < depth_pad)
+            ozaki_residues_at(tile[p][tx], k < depth, bits - emax[o], first, n,
+                              out + (long long)o * depth_pad + k, plane);
+    }
 }
 
-extern "C" __global__ void ozaki_fold(long long count, int* __restrict__ c,
-                                      const int* __restrict__ part, int m)
-{
-    OZAKI_ELEMENTS(count) ozaki_fold_at(idx, c, part, m);
-}
+// exp of element (i, j): (emax_a[i] - bits_a) + (emax_b[j] - bits_b) = -(shift_a + shift_b).
+#define OZAKI_FINISH(N)                                                                          \
+    extern "C" __global__ void ozaki_finish##N(                                                  \
+        int rows, int cols, const int* __restrict__ prod, long long ldp, long long plane, int n, \
+        const int* __restrict__ emax_a, int bits_a, const int* __restrict__ emax_b, int bits_b,  \
+        double alpha, double beta, double* __restrict__ c, long long ldc)                        \
+    {                                                                                            \
+        OZAKI_ELEMENTS((long long)rows * cols) {                                                 \
+            const long long i = idx / cols, j = idx % cols;                                      \
+            double* out = c + i * ldc + j;                                                       \
+            *out = ozaki_finish_at<N>(prod + i * ldp + j, plane, n,                              \
+                                      emax_a[i] - bits_a + emax_b[j] - bits_b, alpha, beta,    \
+                                      out);                                                      \
+        }                                                                                        \
+    }
 
-extern "C" __global__ void ozaki_digit(long long count, const int* __restrict__ c,
-                                       const signed char* __restrict__ digits, int k,
-                                       const int* __restrict__ weights, int inverse, int m,
-                                       signed char* __restrict__ out)
-{
-    OZAKI_ELEMENTS(count) ozaki_digit_at(idx, c, digits, count, k, weights, inverse, m, out);
-}
-
-extern "C" __global__ void ozaki_round(int rows, int cols, const signed char* __restrict__ digits,
-                                       int n_moduli, const int* __restrict__ moduli,
-                                       const int* __restrict__ shift_a,
-                                       const int* __restrict__ shift_b, double* __restrict__ out,
-                                       long long ldc)
-{
-    OZAKI_ELEMENTS((long long)rows * cols)
-        ozaki_round_at(idx, rows, cols, digits, n_moduli, moduli, shift_a, shift_b, out, ldc);
-}
+OZAKI_FINISH(16)
+OZAKI_FINISH(24)
+OZAKI_FINISH(32)
+OZAKI_FINISH(40)
 
 #endif

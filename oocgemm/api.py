@@ -246,11 +246,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
                          f"got {dtype}")
 
     kernel = check_kernel(kernel, dtype)
-    if is_ozaki(kernel):
-        if dev.kind != "cpu":
-            raise OptionError(f"kernel={kernel!r} runs on the CPU executor so far (device='cpu'); "
-                              f"its GPU kernels are not wired in yet, and the device is {dev}")
-    elif kernel != DEFAULT_KERNEL and dev.kind != "cuda":
+    if kernel != DEFAULT_KERNEL and not is_ozaki(kernel) and dev.kind != "cuda":
         raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
                           "leave kernel unset on the CPU")
 
@@ -290,7 +286,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     executor = executor_class(dev.kind)  # it owns its staging policy
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
                   host_memory_limit=host, staged=executor.STAGED, kernel=kernel,
-                  **executor.staging(problem, model))
+                  **executor.staging(problem, model, kernel))
     staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
         w, h, r = tile
@@ -298,7 +294,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         plan = Plan(tile=tile, chosen_by="tile", **kwargs)
     else:
         try:
-            tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, **staging)
+            tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,
+                               **staging)
         except BudgetError as exc:
             raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
                                                     host_memory_limit=host_memory_limit)) from None
@@ -784,6 +781,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                   chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
                   devices=shares, emulation=dict(log.notes),
+                  emulation_seconds=dict(log.timed),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
 
 
@@ -837,7 +835,8 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
         mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
     staging = {k: getattr(plan, k) for k in STAGING}
     try:
-        tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged, **staging)
+        tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged,
+                           kernel=plan.kernel, **staging)
         return _finished(dataclasses.replace(plan, tile=tile, memory_limit=mem,
                                              host_memory_limit=host, done=(),
                                              chosen_by="planner, again after running out "

@@ -100,28 +100,91 @@ def moduli_for(bits_a: int, bits_b: int, r: int) -> tuple[int, ...]:
     return tuple(chosen)
 
 
-def _spread(x: np.ndarray, axis: int) -> int:
-    """The largest exponent range among the nonzero elements of a row (axis 1) or column
-    (axis 0) of ``x``."""
+def reserved_moduli(moduli: int | None, r: int) -> int:
+    """The most moduli a block of depth ``r`` may use: ``moduli`` where given ('ozaki:N'), else
+    what the widest exponent range the exact rule emulates needs (beyond it, native DGEMM).
+    What the GPU keeps room for."""
+    return moduli if moduli is not None else len(moduli_for(MAX_BITS, MAX_BITS, r))
+
+
+#: The GPU's converted panels pad K to this many elements (zeros), and the int32 products
+#: C's columns to a multiple of ``N_ALIGN``: 16-byte rows, what the int8 tensor-core kernels
+#: of cuBLAS want.
+K_ALIGN, N_ALIGN = 16, 4
+
+#: Rows of C whose int32 products (one plane a modulus) the GPU holds at a time: large
+#: enough for the int8 GEMMs' full rate (1014 TOPS at 2048 x 16384 x 8192 on the H100,
+#: 796 at 1024 x 16384 x 4096).
+CHUNK_ROWS = 2048
+
+
+def padded(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """GPU memory that emulated products keep beside a plan's slots (bytes)."""
+
+    a: int
+    """Each A slot's converted panel: its residues and its rows' exponents."""
+    b: int
+    """Each B slot's converted panel."""
+    scratch: int
+    """The int32 products of one chunk of C's rows, a plane a modulus."""
+    rows: int
+    """Rows of C in a chunk."""
+
+    def total(self, n_a: int, n_b: int) -> int:
+        return n_a * self.a + n_b * self.b + self.scratch
+
+
+def footprint(w: int, h: int, r: int, moduli: int | None) -> Footprint:
+    """What an emulated plan with tile (w, h, r) keeps on the GPU, with room for
+    :func:`reserved_moduli` moduli."""
+    n = reserved_moduli(moduli, r)
+    depth = padded(r, K_ALIGN)
+    rows = min(w, CHUNK_ROWS)
+    return Footprint(a=n * w * depth + 4 * w, b=n * h * depth + 4 * h,
+                     scratch=4 * n * rows * padded(h, N_ALIGN), rows=rows)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """What the emulation reads off an operand panel before converting it (the GPU's
+    ``ozaki_stats_*`` kernels compute the same)."""
+
+    emax: np.ndarray | None
+    """The exponent (``frexp``) of each row's (axis 1) or column's (axis 0) largest magnitude,
+    int32, kept as a dimension; 0 for a zero row. (None where it stays on the GPU.)"""
+    spread: int
+    """The largest exponent range among the nonzero elements of a row (column)."""
+    finite: bool
+    """No infinity or NaN anywhere."""
+
+
+def analyse(x: np.ndarray, axis: int) -> Panel:
+    """:class:`Panel` of the rows (``axis=1``) or columns (``axis=0``) of ``x``. A maximum,
+    a minimum and ``frexp`` are exact, so any reduction order gives the same numbers."""
     mags = np.abs(x)
+    finite = bool(np.isfinite(mags).all())
+    mags = np.where(np.isfinite(mags), mags, 0.0) if not finite else mags
+    emax = _largest_exponent(mags, axis)
     nonzero = mags > 0
-    if not nonzero.any():
-        return 0
-    _, exps = np.frexp(np.where(nonzero, mags, 1.0))
-    hi = np.where(nonzero, exps, np.iinfo(np.int32).min).max(axis=axis)
-    lo = np.where(nonzero, exps, np.iinfo(np.int32).max).min(axis=axis)
-    valid = hi >= lo
-    return int((hi - lo)[valid].max()) if valid.any() else 0
+    _, lows = np.frexp(np.where(nonzero, mags, np.inf).min(axis=axis, keepdims=True,
+                                                            initial=np.inf))
+    spreads = np.where(nonzero.any(axis=axis, keepdims=True), emax - lows, 0)
+    return Panel(emax, int(spreads.max(initial=0)), finite)
 
 
-def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emulation:
-    """How to emulate ``a @ b``: the bits that keep each element's 53 bits below its row's
+def plan_pair(a: Panel, b: Panel, r: int, moduli: int | None = None) -> Emulation:
+    """How to emulate the product of an A panel (``r`` columns) and a B panel, from what
+    :func:`analyse` read off them: the bits that keep each element's 53 bits below its row's
     (column's) largest, and the moduli for them; or native DGEMM, with the reason, where the
     operands are not finite or need more bits than ``MAX_BITS``. ``moduli``: use that many
     moduli instead, the bits split evenly between A and B."""
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+    if not (a.finite and b.finite):
         return Emulation(0, 0, (), "infinities or NaN (native DGEMM propagates them)")
-    r = a.shape[1]
     if moduli is not None:
         if not 1 <= moduli <= len(MODULI):
             raise OptionError(f"moduli must be 1 to {len(MODULI)}, got {moduli}")
@@ -130,7 +193,7 @@ def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emula
         if bits < 1:
             raise OptionError(f"{moduli} moduli leave no bits for {r} terms")
         return Emulation(bits, bits, MODULI[:moduli])
-    bits_a, bits_b = 53 + _spread(a, 1), 53 + _spread(b, 0)
+    bits_a, bits_b = 53 + a.spread, 53 + b.spread
     if max(bits_a, bits_b) > MAX_BITS:
         return Emulation(bits_a, bits_b, (),
                          f"an exponent range of {max(bits_a, bits_b) - 53} bits in a row or "
@@ -138,12 +201,24 @@ def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emula
     return Emulation(bits_a, bits_b, moduli_for(bits_a, bits_b, r))
 
 
+def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emulation:
+    """:func:`plan_pair` for the block ``a @ b``."""
+    return plan_pair(analyse(a, 1), analyse(b, 0), a.shape[1], moduli)
+
+
 def shifts(x: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """The shift of each row (axis 1) or column (axis 0) of ``x`` (int32, kept as a dimension):
     ``2^shift`` brings the row's largest magnitude into ``[2^(bits-1), 2^bits)`` (a zero row:
-    ``bits``). A maximum and ``frexp`` are exact, so any reduction order gives the same shifts."""
-    _, exps = np.frexp(np.abs(x).max(axis=axis, keepdims=True, initial=0.0))
-    return (bits - exps).astype(np.int32)
+    ``bits``)."""
+    return bits - _largest_exponent(np.abs(x), axis)
+
+
+def _largest_exponent(mags: np.ndarray, axis: int) -> np.ndarray:
+    """The ``frexp`` exponent of the largest of ``mags`` along ``axis`` (int32, kept as a
+    dimension; 0 where all are zero). A maximum and ``frexp`` are exact, so any reduction
+    order gives the same numbers."""
+    _, exps = np.frexp(mags.max(axis=axis, keepdims=True, initial=0.0))
+    return exps.astype(np.int32)
 
 
 def _balanced_mod(x: np.ndarray, m: int) -> np.ndarray:
@@ -280,13 +355,16 @@ def rounded(digits: np.ndarray, moduli: tuple[int, ...], exps: np.ndarray) -> np
     return np.ldexp(sign * value, LIMB * (top - 3) + exps)
 
 
-def gemm(a: np.ndarray, b: np.ndarray, moduli: int | None = None
-         ) -> tuple[np.ndarray, Emulation]:
+def gemm(a: np.ndarray, b: np.ndarray, moduli: int | None = None, *,
+         how: Emulation | None = None) -> tuple[np.ndarray, Emulation]:
     """``a @ b`` (float64) by Ozaki scheme II, and how it was done; native where
-    :func:`plan_block` says so."""
+    :func:`plan_block` says so. ``how``: emulate as that says instead (decided on the whole
+    panels a row stripe ``a`` of a block comes from: the shifts are per row, so the stripe's
+    rows get those of the whole panel)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    how = plan_block(a, b, moduli)
+    if how is None:
+        how = plan_block(a, b, moduli)
     if how.native:
         return a @ b, how
     shift_a, shift_b = shifts(a, how.bits_a, 1), shifts(b, how.bits_b, 0)

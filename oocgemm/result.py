@@ -48,6 +48,11 @@ class Result:
     """With ``kernel='ozaki'``: how many block GEMMs ran emulated, per number of moduli
     ('ozaki, 22 moduli'), and how many fell back to native DGEMM, per reason ('native:
     infinities or NaN ...'). Empty otherwise."""
+    emulation_seconds: dict = field(default_factory=dict)
+    """With ``kernel='ozaki'`` on a GPU, and events recorded: GPU seconds of each phase of the
+    emulated GEMMs, summed over them: ``convert`` (the panels' stats and residues, on a
+    stream of their own beside the GEMMs), ``int8 gemm``, ``finish`` (digits, rounding,
+    alpha and beta)."""
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 
@@ -85,6 +90,7 @@ class Result:
             "replanned": list(self.replanned),
             "devices": dict(self.devices),
             "emulation": dict(self.emulation),
+            "emulation_seconds": dict(self.emulation_seconds),
             "verified": None if self.verified is None else {
                 "ok": self.verified.ok, "worst_ratio": self.verified.worst_ratio,
                 "worst_row": self.verified.worst_row},

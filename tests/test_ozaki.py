@@ -204,28 +204,50 @@ def test_infinities_nan_and_huge_ranges_fall_back_to_native_and_say_so(rng):
 
 
 # kernels/ozaki.cu's element functions, compiled for the CPU as plain C++, each run over its
-# elements as its kernel's grid-stride loop runs them
+# elements as its kernel runs them
 _DRIVER = r"""
 #include <math.h>
 #include "ozaki.cu"
 extern "C" {
-void shifts(int count, int length, const double* x, long long step, long long stride, int bits,
-            int* shift)
-{ for (long long t = 0; t < count; ++t) ozaki_shift_at(t, length, x, step, stride, bits, shift); }
-void residues(int rows, int cols, const double* x, long long ld, const int* shift, int per_row,
-              int n, const int* moduli, signed char* out)
-{ for (long long i = 0; i < (long long)rows * cols; ++i)
-      ozaki_residues_at(i, rows, cols, x, ld, shift, per_row, n, moduli, out); }
-void fold(long long count, int* c, const int* part, int m)
-{ for (long long i = 0; i < count; ++i) ozaki_fold_at(i, c, part, m); }
-void digit(long long count, const int* c, const signed char* digits, int k, const int* weights,
-           int inverse, int m, signed char* out)
-{ for (long long i = 0; i < count; ++i)
-      ozaki_digit_at(i, c, digits, count, k, weights, inverse, m, out); }
-void round_(int rows, int cols, const signed char* digits, int n, const int* moduli,
-            const int* shift_a, const int* shift_b, double* out, long long ldc)
-{ for (long long i = 0; i < (long long)rows * cols; ++i)
-      ozaki_round_at(i, rows, cols, digits, n, moduli, shift_a, shift_b, out, ldc); }
+void tables(int* moduli, int* weights, int* inverses)
+{
+    const OzakiTables& t = ozaki_tables();
+    for (int k = 0; k < OZAKI_MAX_MODULI; ++k) {
+        moduli[k] = t.moduli[k];
+        inverses[k] = t.inverses[k];
+        for (int j = 0; j < k; ++j) weights[k * OZAKI_MAX_MODULI + j] = t.weights[k][j];
+    }
+}
+void stats(int outer, int depth, const double* x, long long so, long long sk, int* emax,
+           int* summary)
+{
+    for (long long o = 0; o < outer; ++o) {
+        OzakiStats s;
+        for (long long k = 0; k < depth; ++k) ozaki_stats_add(s, x[o * so + k * sk]);
+        ozaki_stats_store(s, &emax[o], summary);
+    }
+}
+void residues(int outer, int depth, int depth_pad, const double* x, long long so, long long sk,
+              const int* emax, int bits, int first, int n, signed char* out)
+{
+    for (long long o = 0; o < outer; ++o)
+        for (long long k = 0; k < depth_pad; ++k)
+            ozaki_residues_at(k < depth ? x[o * so + k * sk] : 0.0, k < depth, bits - emax[o],
+                              first, n, out + o * depth_pad + k, (long long)outer * depth_pad);
+}
+#define FINISH(N)                                                                              \
+void finish##N(int rows, int cols, const int* prod, long long ldp, long long plane, int n,     \
+               const int* emax_a, int bits_a, const int* emax_b, int bits_b, double alpha,     \
+               double beta, double* c, long long ldc)                                          \
+{                                                                                              \
+    for (long long i = 0; i < rows; ++i)                                                       \
+        for (long long j = 0; j < cols; ++j)                                                   \
+            c[i * ldc + j] = ozaki_finish_at<N>(prod + i * ldp + j, plane, n,                  \
+                                                emax_a[i] - bits_a + emax_b[j] - bits_b,       \
+                                                alpha, beta, c + i * ldc + j);                 \
+}
+FINISH(16)
+FINISH(40)
 }
 """
 
@@ -241,12 +263,12 @@ def kernel_code(tmp_path_factory):
     subprocess.run([cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{kernels}", "-o",
                     str(folder / "ozaki.so"), str(folder / "driver.cpp")], check=True)
     lib = ctypes.CDLL(str(folder / "ozaki.so"))
-    i32, i64, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
-    lib.shifts.argtypes = [i32, i32, ptr, i64, i64, i32, ptr]
-    lib.residues.argtypes = [i32, i32, ptr, i64, ptr, i32, i32, ptr, ptr]
-    lib.fold.argtypes = [i64, ptr, ptr, i32]
-    lib.digit.argtypes = [i64, ptr, ptr, i32, ptr, i32, i32, ptr]
-    lib.round_.argtypes = [i32, i32, ptr, i32, ptr, ptr, ptr, ptr, i64]
+    i32, i64, ptr, f64 = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_double
+    lib.tables.argtypes = [ptr, ptr, ptr]
+    lib.stats.argtypes = [i32, i32, ptr, i64, i64, ptr, ptr]
+    lib.residues.argtypes = [i32, i32, i32, ptr, i64, i64, ptr, i32, i32, i32, ptr]
+    for finish in (lib.finish16, lib.finish40):
+        finish.argtypes = [i32, i32, ptr, i64, i64, i32, ptr, i32, ptr, i32, f64, f64, ptr, i64]
     return lib
 
 
@@ -254,68 +276,115 @@ def _ints(values) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.int32)
 
 
-@pytest.mark.parametrize("bits", [0, 30, 55])
-def test_the_cuda_source_gives_the_cpu_reference_bits(kernel_code, rng, bits):
-    """Every step of kernels/ozaki.cu (compiled for the CPU) against its numpy twin, bit for
-    bit, on operands with leading dimensions wider than their rows and a zero row."""
+def test_the_cuda_tables_are_the_moduli_and_garners_constants(kernel_code):
+    count = len(ozaki.MODULI)
+    moduli, inverses = np.zeros(count, np.int32), np.zeros(count, np.int32)
+    weights = np.zeros((count, count), np.int32)
+    kernel_code.tables(moduli.ctypes.data, weights.ctypes.data, inverses.ctypes.data)
+    assert tuple(moduli) == ozaki.MODULI
+    garner_weights, garner_inverses = ozaki._garner(ozaki.MODULI)
+    assert tuple(inverses) == garner_inverses
+    assert all(tuple(weights[k, :k]) == garner_weights[k] for k in range(count))
+
+
+def _stats(kernel_code, x, axis) -> tuple[np.ndarray, np.ndarray]:
+    """The C++ stats of the rows (axis 1) or columns (axis 0) of ``x`` (a view into a wider
+    buffer), read through strides as the kernels read a panel."""
+    so, sk = (x.strides[0] // 8, 1) if axis == 1 else (1, x.strides[0] // 8)
+    outer, depth = (x.shape[0], x.shape[1]) if axis == 1 else (x.shape[1], x.shape[0])
+    emax, summary = np.zeros(outer, np.int32), np.zeros(2, np.int32)
+    kernel_code.stats(outer, depth, x.ctypes.data, so, sk, emax.ctypes.data,
+                      summary.ctypes.data)
+    return emax, summary
+
+
+@pytest.mark.parametrize("bits", [0, 30, 48])
+def test_the_cuda_stats_and_residues_give_the_cpu_reference_bits(kernel_code, rng, bits):
+    """Stats and residues of kernels/ozaki.cu (compiled for the CPU) against numpy, bit for
+    bit: operands with leading dimensions wider than their rows, a zero row, K padded, the
+    residues computed in two calls (the moduli a later block adds to a converted panel)."""
     w, r, h = 23, 41, 17
     a_store, b_store = _spread(rng, (w, r + 3), bits), _spread(rng, (r, h + 5), bits)
     a, b = a_store[:, :r], b_store[:, :h]
     a[4] = 0
     how = ozaki.plan_block(a, b)
     assert not how.native
-    moduli = _ints(how.moduli)
-    shift_a, shift_b = ozaki.shifts(a, how.bits_a, 1), ozaki.shifts(b, how.bits_b, 0)
-    ra, rb = ozaki.residues(a, shift_a, how.moduli), ozaki.residues(b, shift_b, how.moduli)
+    panels = {"A": (a, 1, how.bits_a), "B": (b, 0, how.bits_b)}
+    pad = r + 7
+    for x, axis, bits_x in panels.values():
+        emax, summary = _stats(kernel_code, x, axis)
+        want = ozaki.analyse(x, axis)
+        np.testing.assert_array_equal(emax, want.emax.ravel())
+        assert summary.tolist() == [want.spread, 0]
+        outer = x.shape[0] if axis == 1 else x.shape[1]
+        got = np.full((len(how.moduli), outer, pad), 99, np.int8)
+        so, sk = (x.strides[0] // 8, 1) if axis == 1 else (1, x.strides[0] // 8)
+        for first, n in ((0, 5), (5, len(how.moduli) - 5)):
+            kernel_code.residues(outer, r, pad, x.ctypes.data, so, sk, emax.ctypes.data, bits_x,
+                                 first, n, got.ctypes.data)
+        shift = bits_x - want.emax
+        residues = ozaki.residues(x, shift, how.moduli)
+        np.testing.assert_array_equal(got[:, :, :r],
+                                      residues if axis == 1 else residues.transpose(0, 2, 1))
+        assert not got[:, :, r:].any()
 
-    sa, sb = np.empty(w, np.int32), np.empty(h, np.int32)
-    kernel_code.shifts(w, r, a_store.ctypes.data, r + 3, 1, how.bits_a, sa.ctypes.data)
-    kernel_code.shifts(h, r, b_store.ctypes.data, 1, h + 5, how.bits_b, sb.ctypes.data)
-    np.testing.assert_array_equal(sa, shift_a[:, 0])
-    np.testing.assert_array_equal(sb, shift_b[0])
-    for x, store, shift, per_row, want in ((a, a_store, sa, 1, ra), (b, b_store, sb, 0, rb)):
-        got = np.empty(want.shape, np.int8)
-        kernel_code.residues(*x.shape, store.ctypes.data, store.shape[1], shift.ctypes.data,
-                             per_row, len(moduli), moduli.ctypes.data, got.ctypes.data)
-        np.testing.assert_array_equal(got, want)
 
-    c = _ints(rng.integers(-2**31, 2**31, 500))
-    part = _ints(rng.integers(-ozaki.MAX_DEPTH * 2**14, ozaki.MAX_DEPTH * 2**14, 500))
-    for m in how.moduli[:3]:
-        got = c.copy()
-        kernel_code.fold(c.size, got.ctypes.data, part.ctypes.data, m)
-        np.testing.assert_array_equal(got, c % m + part)
+def test_the_cuda_stats_see_infinities_and_nan(kernel_code, rng):
+    x = rng.standard_normal((6, 9))
+    x[2, 3], x[4, 0] = np.inf, np.nan
+    for axis in (0, 1):
+        _, summary = _stats(kernel_code, x, axis)
+        assert summary[1] == 1 and not ozaki.analyse(x, axis).finite
 
-    weights, inverses = ozaki._garner(how.moduli)
-    digits = np.empty((len(moduli), w, h), np.int8)
-    for k, m in enumerate(how.moduli):
-        product = ozaki._product(ra[k], rb[k], m)
-        digits[k] = ozaki.digit(k, product, digits, how.moduli)
-        got, row = np.empty((w, h), np.int8), _ints(weights[k] or [0])
-        kernel_code.digit(w * h, product.ctypes.data, digits.ctypes.data, k, row.ctypes.data,
-                          inverses[k], m, got.ctypes.data)
-        np.testing.assert_array_equal(got, digits[k])
 
-    out = np.full((w, h + 2), np.nan)
-    kernel_code.round_(w, h, digits.ctypes.data, len(moduli), moduli.ctypes.data,
-                       sa.ctypes.data, sb.ctypes.data, out.ctypes.data, h + 2)
-    want, _ = ozaki.gemm(a, b)
-    np.testing.assert_array_equal(out[:, :h].view(np.int64), want.view(np.int64))
-    assert np.isnan(out[:, h:]).all()
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (-1.5, 0.25), (1.0, 1.0)])
+@pytest.mark.parametrize("bits", [0, 30])
+def test_the_cuda_finish_gives_the_cpu_executors_bits(kernel_code, rng, bits, alpha, beta):
+    """The fused finish (Garner's digits from the int32 products, the rounding, then alpha and
+    beta) against ozaki.gemm and the CPU executor's arithmetic, bit for bit; beta == 0 never
+    reads a poisoned C. The 40-moduli instance gives the same as the 16 one."""
+    w, r, h = 19, 300, 13
+    a, b = _spread(rng, (w, r), bits), _spread(rng, (r, h), bits)
+    for moduli in (None, 16):
+        how = ozaki.plan_block(a, b, moduli)
+        n = len(how.moduli)
+        pa, pb = ozaki.analyse(a, 1), ozaki.analyse(b, 0)
+        ra = ozaki.residues(a, how.bits_a - pa.emax, how.moduli)
+        rb = ozaki.residues(b, how.bits_b - pb.emax, how.moduli)
+        ldp = h + 3
+        products = np.zeros((n, w, ldp), np.int32)
+        for k, m in enumerate(how.moduli):
+            products[k, :, :h] = ozaki._product(ra[k], rb[k], m)
+        c = rng.standard_normal((w, h + 2))
+        if beta == 0:
+            c[:] = np.nan
+        p, _ = ozaki.gemm(a, b, how=how)
+        want = alpha * p if beta == 0 else beta * c[:, :h] + alpha * p
+        for finish in (kernel_code.finish40,) + ((kernel_code.finish16,) if n <= 16 else ()):
+            got = c.copy()
+            finish(w, h, products.ctypes.data, ldp, w * ldp, n, _ints(pa.emax.ravel()).ctypes.data,
+                   how.bits_a, _ints(pb.emax.ravel()).ctypes.data, how.bits_b, alpha, beta,
+                   got.ctypes.data, h + 2)
+            np.testing.assert_array_equal(got[:, :h].view(np.int64), want.view(np.int64))
+            np.testing.assert_array_equal(got[:, h:], c[:, h:])
 
 
 @pytest.mark.parametrize("count", [22, 40])
 def test_the_cuda_rounding_is_correct_ties_included(kernel_code, rng, count):
+    """Products whose digits are those of hard roundings (ties, sticky bits), through the
+    fused finish: the correctly rounded values."""
     moduli = ozaki.MODULI[:count]
     digits, exps, want = _hard_roundings(rng, moduli)
-    # arrays held in names: a pointer alone does not keep its array alive
-    digits, mods, shift_a, shift_b = (np.ascontiguousarray(digits), _ints(moduli), _ints(-exps),
-                                      _ints([0]))
-    out = np.empty(len(exps))
-    kernel_code.round_(len(exps), 1, digits.ctypes.data, count, mods.ctypes.data,
-                       shift_a.ctypes.data, shift_b.ctypes.data, out.ctypes.data, 1)
+    values = [sum(int(v) * math.prod(moduli[:k]) for k, v in enumerate(column))
+              for column in digits.T]
+    # each product an int32 of its class, as the int8 GEMMs give them
+    products = _ints([[x % m - m * int(rng.integers(0, 2**20)) for x in values] for m in moduli])
+    emax_a, emax_b = _ints(exps), _ints([0])
+    out = np.empty(len(values))
+    kernel_code.finish40(len(values), 1, products.ctypes.data, 1, len(values), count,
+                         emax_a.ctypes.data, 0, emax_b.ctypes.data, 0, 1.0, 0.0,
+                         out.ctypes.data, 1)
     np.testing.assert_array_equal(out, want)
-
 
 
 # -- kernel='ozaki' in the out-of-core schedule (the CPU executor) -------------------------------

@@ -73,7 +73,8 @@ KERNELS: dict[str, KernelSpec] = {
 
 #: float64 products emulated by Ozaki scheme II (``oocgemm/ozaki.py``): correctly rounded
 #: block products ('ozaki'), or with N moduli ('ozaki:N': operands rounded to the bits N
-#: moduli hold); on the CPU executor so far (its GPU kernels are not wired yet).
+#: moduli hold); on a GPU by int8 tensor-core GEMMs (``oocgemm/cuda/ozaki.py``), on the CPU
+#: by numpy, with the same bits.
 OZAKI = "ozaki"
 
 

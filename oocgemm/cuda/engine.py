@@ -132,7 +132,10 @@ class GpuContext:
         self.resources = resources or PROCESS
         self.dtype = np.dtype(dtype)
         self.kernel = kernel
-        """'cublas' or the name of a kernel of ``kernels/`` for :meth:`gemm`."""
+        """'cublas', the name of a kernel of ``kernels/``, or 'ozaki[:N]' (with
+        :meth:`emulate`) for :meth:`gemm`."""
+        self.emulator = None
+        """The :class:`oocgemm.cuda.ozaki.Emulator` of an emulating run."""
         self.device = cupy.cuda.Device(index)
         self._device_buffers: dict[str, cupy.ndarray] = {}
         self._pinned: dict[str, tuple] = {}
@@ -156,7 +159,10 @@ class GpuContext:
         try:
             for stream in self.streams.values():
                 stream.synchronize()  # nothing in flight may touch memory freed below
+            if self.emulator is not None:
+                self.emulator.close()
         finally:
+            self.emulator = None
             self._device_buffers.clear()
             for ptr, _ in self._pinned.values():
                 self.resources.pinned.give_back(ptr)
@@ -168,6 +174,23 @@ class GpuContext:
             self.streams = {}
             cupy.get_default_memory_pool().free_all_blocks()
             self.device.__exit__(None, None, None)
+
+    @property
+    def handle(self) -> int:
+        """The run's cuBLAS handle, on the compute stream."""
+        return self._handle
+
+    def emulate(self, plan, timing: bool = False) -> None:
+        """Emulate the GEMMs of ``plan`` (``kernel='ozaki[:N]'``) by Ozaki scheme II; call
+        once the slots are allocated."""
+        from .ozaki import Emulator
+
+        prob = plan.problem
+        tile = tuple(min(x, max(extent, 1)) for x, extent in
+                     zip(plan.tile, (prob.m, prob.n, prob.k)))
+        slots = [name for name in plan.schedule.slots
+                 if name[0] in "AB" and name[1:].isdigit()]
+        self.emulator = Emulator(self, plan.kernel, tile, slots, timing=timing)
 
     def on_device(self):
         """Make this GPU current in the calling thread (CuPy's current device is per thread)."""
@@ -215,8 +238,8 @@ class GpuContext:
 
     # -- arithmetic ----------------------------------------------------------------------------
     def gemm(self, a_slot: str, b_slot: str, c_slot: str, w: int, h: int, r: int,
-             trans_a: bool, trans_b: bool, alpha, beta, row0: int = 0, rows: int | None = None
-             ) -> None:
+             trans_a: bool, trans_b: bool, alpha, beta, row0: int = 0, rows: int | None = None,
+             *, panels=None, waits=()) -> str | None:
         """Row-major ``C[row0:row0+rows, :h] = alpha * op(A)[row0:...] @ op(B) + beta * C[...]``
         on the compute stream, for a C block of ``w`` rows.
 
@@ -226,19 +249,31 @@ class GpuContext:
         op(B) itself there, so it takes CUBLAS_OP_T with leading dimension r. Likewise for A,
         whose row stripe starts ``row0`` rows in (``row0`` columns in when stored transposed).
         The kernels of ``kernels/`` take the row-major operands as they are.
+
+        An emulating run (:meth:`emulate`) emulates the product (``panels``: the keys of the
+        panels the slots hold; ``waits``: the events of what it waits for on other streams),
+        or falls back to cuBLAS where its panels need native DGEMM; it returns the note for
+        the run's log.
         """
         rows = w - row0 if rows is None else rows
         size = self.dtype.itemsize
+        note = None
+        if self.emulator is not None:
+            emulated, note = self.emulator.gemm(
+                panels, a_slot, b_slot, self.device_ptr(c_slot), w, h, r, trans_a, trans_b, alpha,
+                beta, row0, rows, waits)
+            if emulated:
+                return note
         a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
         c_ptr = self.device_ptr(c_slot) + row0 * h * size
-        if self.kernel != "cublas":
+        if self.emulator is None and self.kernel != "cublas":
             from . import kernels
 
             kernels.gemm(self.kernel, rows, h, r, alpha, a_ptr, w if trans_a else r,
                          self.device_ptr(b_slot), r if trans_b else h, beta, c_ptr, h,
                          dtype=self.dtype, trans_a=trans_a, trans_b=trans_b,
                          stream=self.streams["compute"], cache=self.resources.kernels)
-            return
+            return None
         scalars = np.array([alpha, beta], dtype=self.dtype)
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
         op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N
@@ -248,6 +283,7 @@ class GpuContext:
                 scalars[0:1].ctypes.data, self.device_ptr(b_slot), r if trans_b else h,
                 a_ptr, w if trans_a else r,
                 scalars[1:2].ctypes.data, c_ptr, h)
+        return note
 
     def scale(self, c_slot: str, elements: int, beta) -> None:
         """C = beta * C (or zero, C unread, for beta == 0) on the compute stream."""

@@ -24,21 +24,14 @@ from __future__ import annotations
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
+from ..ozaki import K_ALIGN, N_ALIGN, padded
+
 #: cudaDataType and cublasComputeType_t values of the int8 GEMM.
 CUDA_R_8I, CUDA_R_32I = 3, 10
 COMPUTE_32I = 72
 GEMM_DEFAULT = -1
 
-#: K of the residues is padded to this many elements (zeros), and C's columns in the int32
-#: products to a multiple of 4: 16-byte rows, what cuBLAS's int8 tensor-core kernels want.
-K_ALIGN = 16
-N_ALIGN = 4
-
 _ONE, _ZERO = np.ones(1, np.int32), np.zeros(1, np.int32)
-
-
-def padded(n: int, align: int) -> int:
-    return -(-n // align) * align
 
 
 def int8_gemm(handle: int, a_ptr: int, b_ptr: int, c_ptr: int, rows: int, cols: int, depth: int,
@@ -56,3 +49,310 @@ def int8_gemm(handle: int, a_ptr: int, b_ptr: int, c_ptr: int, rows: int, cols: 
         _ONE.ctypes.data, b_ptr, CUDA_R_8I, ldb, stride_b,
         a_ptr, CUDA_R_8I, lda, stride_a,
         _ZERO.ctypes.data, c_ptr, CUDA_R_32I, ldc, stride_c, batch, COMPUTE_32I, GEMM_DEFAULT)
+
+
+# -- the kernels -------------------------------------------------------------------------------
+
+#: Instances of ``ozaki_finishN``: the most moduli each takes (its registers grow with it).
+FINISH = (16, 24, 32, 40)
+
+_THREADS = 256
+
+
+def module(device: int, cache: dict):
+    """``kernels/ozaki.cu`` compiled for GPU ``device`` (kept in ``cache``: an engine's or the
+    process's compiled kernels)."""
+    import cupy
+
+    from ..errors import KernelError
+    from .catalog import kernels_dir
+
+    folder = kernels_dir()
+    key = ("ozaki", device, str(folder))
+    mod = cache.get(key)
+    if mod is None:
+        try:
+            source = (folder / "ozaki.cu").read_text()
+        except OSError as exc:
+            raise KernelError(f"cannot read {folder / 'ozaki.cu'} ({exc}); set OOCGEMM_KERNELS "
+                              "to the folder holding the .cu files") from exc
+        with cupy.cuda.Device(device):
+            mod = cupy.RawModule(code=source, options=("-std=c++17",))
+            try:
+                mod.compile()
+            except cupy.cuda.compiler.CompileException as exc:
+                raise KernelError(f"kernels/ozaki.cu failed to compile:\n{exc}") from exc
+        cache[key] = mod
+    return mod
+
+
+def _grid(count: int, per_block: int = _THREADS) -> tuple[int, int, int]:
+    """Blocks for a grid-stride loop over ``count`` items, ``per_block`` a block."""
+    return (max(1, min(-(-count // per_block), 65535)), 1, 1)
+
+
+# -- converted panels --------------------------------------------------------------------------
+
+class _Converted:
+    """An A or B panel in a device slot, read as ``outer`` rows (A's rows, B's columns) of
+    ``depth``: its stats (read back), and its residues for the first ``done`` moduli."""
+
+    def __init__(self, key, source: tuple[int, int, int], outer: int, depth: int, residues,
+                 emax, summary, host):
+        self.key = key
+        self.source = source  # (the slot's address, so, sk): element (o, k) at o*so + k*sk
+        self.outer, self.depth = outer, depth
+        self.depth_pad = padded(depth, K_ALIGN)
+        self.residues, self.emax, self.summary, self.host = residues, emax, summary, host
+        self.read_back = None  # the event after the stats' copy to the host
+        self.range = None  # (spread, finite) once read back
+        self.bits: int | None = None
+        self.done = 0
+        self.ready = None  # the event after the last residues
+
+    def stats(self) -> tuple[int, bool]:
+        """(spread, finite), waiting for the read-back the first time."""
+        if self.range is None:
+            self.read_back.synchronize()
+            self.range = (int(self.host[0]), not self.host[1])
+        return self.range
+
+
+class Emulator:
+    """The emulated block products of one run on one GPU: Ozaki scheme II as
+    :class:`oocgemm.runtime.cpu.CpuExecutor` runs it, with the CPU reference's bits.
+
+    Each A and B slot of the schedule keeps its panel's conversion (stats, residues) while it
+    holds that panel, so that a panel is converted once for every GEMM that reads it. Panels
+    are converted on a stream of their own, after the uploads the GEMM waits for, so that
+    they convert while the previous GEMMs compute; the host reads each new panel's stats back
+    (a few bytes) to choose the moduli or native DGEMM. The int8 GEMMs and the finish run on
+    the compute stream, a chunk of C's rows at a time.
+
+    ``gpu``: what the run's :class:`~oocgemm.cuda.engine.GpuContext` gives (``index``,
+    ``resources``, ``device_ptr(slot)``, ``streams['compute']``, ``handle``); ``kernel``:
+    'ozaki' or 'ozaki:N'; ``tile``: the largest (w, h, r) of the blocks; ``slots``: the names
+    of the A and B slots. ``timing``: time the phases with CUDA events (:meth:`seconds`).
+    """
+
+    def __init__(self, gpu, kernel: str, tile: tuple[int, int, int], slots, *,
+                 timing: bool = False):
+        import cupy
+
+        from .. import ozaki
+        from .catalog import ozaki_moduli
+
+        self.gpu = gpu
+        self.moduli = ozaki_moduli(kernel)
+        w, h, r = tile
+        self.capacity = ozaki.reserved_moduli(self.moduli, r)
+        self.sizes = ozaki.footprint(w, h, r, self.moduli)
+        self.module = module(gpu.index, gpu.resources.kernels)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.kernels = {name: self.module.get_function(name) for name in
+                        ("ozaki_stats_rows", "ozaki_stats_cols", "ozaki_residues")}
+        self.finish = {n: self.module.get_function(f"ozaki_finish{n}") for n in FINISH}
+        # Per slot: residues (capacity planes of the largest panel), the rows' exponents,
+        # the stats on the device and their pinned copy on the host.
+        self.buffers: dict[str, tuple] = {}
+        for name in slots:
+            outer = w if name[0] == "A" else h
+            pinned = cupy.cuda.alloc_pinned_memory(8)
+            self.buffers[name] = (
+                cupy.empty(self.capacity * outer * padded(r, K_ALIGN), dtype=np.int8),
+                cupy.empty(outer, dtype=np.int32), cupy.empty(2, dtype=np.int32),
+                np.frombuffer(pinned, dtype=np.int32, count=2), pinned)
+        self.scratch = cupy.empty(self.capacity * self.sizes.rows * padded(h, N_ALIGN),
+                                  dtype=np.int32)
+        self.panels: dict[str, _Converted] = {}
+        self.timing = timing
+        self._timed: dict[str, list] = {"convert": [], "int8 gemm": [], "finish": []}
+
+    # -- timing ----------------------------------------------------------------------------
+    def _start(self, stream):
+        if not self.timing:
+            return None
+        import cupy
+
+        ev = cupy.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def _stop(self, phase: str, start, stream) -> None:
+        if start is not None:
+            import cupy
+
+            end = cupy.cuda.Event()
+            end.record(stream)
+            self._timed[phase].append((start, end))
+
+    def seconds(self) -> dict[str, float]:
+        """GPU seconds each phase took (with ``timing``; the streams must be idle)."""
+        import cupy
+
+        return {phase: sum(cupy.cuda.get_elapsed_time(a, b) for a, b in pairs) / 1e3
+                for phase, pairs in self._timed.items() if pairs}
+
+    # -- panels ----------------------------------------------------------------------------
+    def _panel(self, slot: str, key, outer: int, depth: int, so: int, sk: int, waits
+               ) -> _Converted:
+        """The conversion of the panel (``key``) that ``slot`` holds: kept, or started now
+        (its stats, read back asynchronously) after ``waits``, the events of what the GEMM
+        waits for on other streams (the uploads of its panels among them)."""
+        panel = self.panels.get(slot)
+        if panel is not None and panel.key == key and (panel.outer, panel.depth) == (outer,
+                                                                                     depth):
+            return panel
+        residues, emax, summary, host, _ = self.buffers[slot]
+        x = self.gpu.device_ptr(slot)
+        panel = self.panels[slot] = _Converted(key, (x, so, sk), outer, depth, residues, emax,
+                                               summary, host)
+        stream = self.stream
+        for event in waits:
+            stream.wait_event(event)
+        start = self._start(stream)
+        summary.data.memset_async(0, 8, stream)
+        args_tail = (emax, summary)
+        with stream:
+            if sk == 1:  # K contiguous: a warp a row
+                self.kernels["ozaki_stats_rows"](
+                    _grid(outer, _THREADS // 32), (_THREADS, 1, 1),
+                    (np.int32(outer), np.int32(depth), np.uint64(x), np.int64(so), *args_tail))
+            else:  # the rows contiguous: a thread a row
+                self.kernels["ozaki_stats_cols"](
+                    _grid(outer), (_THREADS, 1, 1),
+                    (np.int32(outer), np.int32(depth), np.uint64(x), np.int64(sk), *args_tail))
+        import cupy
+
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, summary.data.ptr, 8, 2, stream.ptr)
+        panel.read_back = cupy.cuda.Event(block=False, disable_timing=True)
+        panel.read_back.record(stream)
+        self._stop("convert", start, stream)
+        return panel
+
+    def _convert(self, panel: _Converted, bits: int, n: int) -> None:
+        """Residues of ``panel`` for the first ``n`` moduli with ``bits`` (those it lacks)."""
+        if panel.bits != bits:
+            panel.bits, panel.done = bits, 0
+        if panel.done >= n:
+            return
+        import cupy
+
+        stream = self.stream
+        start = self._start(stream)
+        x, so, sk = panel.source
+        grid = (-(-panel.depth_pad // 32), -(-panel.outer // 32), 1)
+        with stream:
+            self.kernels["ozaki_residues"](
+                grid, (32, 8, 1),
+                (np.int32(panel.outer), np.int32(panel.depth), np.int32(panel.depth_pad),
+                 np.uint64(x), np.int64(so), np.int64(sk), panel.emax, np.int32(bits),
+                 np.int32(panel.done), np.int32(n - panel.done), panel.residues))
+        panel.done = n
+        panel.ready = cupy.cuda.Event(block=False, disable_timing=True)
+        panel.ready.record(stream)
+        self._stop("convert", start, stream)
+
+    # -- the product -----------------------------------------------------------------------
+    def gemm(self, panels, a_slot: str, b_slot: str, c_ptr: int, w: int, h: int, r: int,
+             trans_a: bool, trans_b: bool, alpha: float, beta: float, row0: int, rows: int,
+             waits=()) -> tuple[bool, str]:
+        """Rows ``row0 .. row0 + rows`` of the C block at ``c_ptr`` (its first row; w x h,
+        row-major) ``= alpha * A @ B + beta * C`` emulated, on the compute stream; or nothing,
+        where the panels need native DGEMM. Returns (emulated, the note for the run's log).
+        ``panels``: what the slots hold (keys: the same key, the same panel).
+        """
+        from .. import ozaki
+
+        # A as w rows of r (stored w x r, or r x w transposed); B as h columns of r.
+        pa = self._panel(a_slot, panels[0], w, r, *((1, w) if trans_a else (r, 1)), waits)
+        pb = self._panel(b_slot, panels[1], h, r, *((r, 1) if trans_b else (1, h)), waits)
+        how = ozaki.plan_pair(ozaki.Panel(None, *pa.stats()), ozaki.Panel(None, *pb.stats()), r,
+                              self.moduli)
+        if how.native:
+            return False, f"native: {how.reason}"
+        n = len(how.moduli)
+        assert n <= self.capacity, (n, self.capacity)
+        self._convert(pa, how.bits_a, n)
+        self._convert(pb, how.bits_b, n)
+        compute = self.gpu.streams["compute"]
+        for panel in (pa, pb):
+            compute.wait_event(panel.ready)
+        finish = self.finish[next(f for f in FINISH if f >= n)]
+        h_pad, depth = padded(h, N_ALIGN), pa.depth_pad
+        for x0 in range(row0, row0 + rows, self.sizes.rows):
+            x1 = min(x0 + self.sizes.rows, row0 + rows)
+            start = self._start(compute)
+            with compute:  # CuPy's cuBLAS calls put the handle on the current stream
+                int8_gemm(self.gpu.handle, pa.residues.data.ptr + x0 * depth,
+                          pb.residues.data.ptr, self.scratch.data.ptr, x1 - x0, h, depth,
+                          lda=depth, ldb=depth, ldc=h_pad, stride_a=w * depth,
+                          stride_b=h * depth, stride_c=(x1 - x0) * h_pad, batch=n)
+            self._stop("int8 gemm", start, compute)
+            start = self._start(compute)
+            count = (x1 - x0) * h
+            with compute:
+                finish(_grid(count), (_THREADS, 1, 1),
+                       (np.int32(x1 - x0), np.int32(h), self.scratch, np.int64(h_pad),
+                        np.int64((x1 - x0) * h_pad), np.int32(n),
+                        np.uint64(pa.emax.data.ptr + 4 * x0), np.int32(how.bits_a), pb.emax,
+                        np.int32(how.bits_b), np.float64(alpha), np.float64(beta),
+                        np.uint64(c_ptr + 8 * x0 * h), np.int64(h)))
+            self._stop("finish", start, compute)
+        return True, f"ozaki, {n} moduli"
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.buffers.clear()
+        self.panels.clear()
+        self.scratch = None
+
+
+
+class InCore:
+    """Emulated products ``out = a @ b`` of C-contiguous float64 CuPy matrices already on the
+    current GPU (a: m x k, b: k x n), the whole K one panel (``k <= MAX_DEPTH``), on the
+    current stream: what the benchmarks time against cuBLAS DGEMM in core. Each call converts
+    its operands afresh. Returns the note of how the product ran; where the operands need
+    native DGEMM, cuBLAS runs it. ``resources``: whose compiled kernels to use (an
+    :class:`~oocgemm.cuda.engine.Resources`; default: its own)."""
+
+    def __init__(self, m: int, n: int, k: int, kernel: str = "ozaki", *, timing: bool = False,
+                 resources=None):
+        import types
+
+        import cupy
+
+        from ..ozaki import MAX_DEPTH
+
+        if k > MAX_DEPTH:
+            raise ValueError(f"k={k}: in core, the whole K is one panel of at most {MAX_DEPTH}")
+        self.shape = (m, n, k)
+        self.index = cupy.cuda.Device().id
+        self.resources = resources or types.SimpleNamespace(kernels={})
+        self.streams = {"compute": cupy.cuda.get_current_stream()}
+        self.handle = cupy.cuda.device.get_cublas_handle()
+        self._arrays: dict = {}
+        self._calls = 0
+        self.emulator = Emulator(self, kernel, (m, n, k), ("A0", "B0"), timing=timing)
+
+    def device_ptr(self, name: str) -> int:
+        return self._arrays[name].data.ptr
+
+    def __call__(self, a, b, out) -> str:
+        import cupy
+
+        m, n, k = self.shape
+        if a.shape != (m, k) or b.shape != (k, n) or out.shape != (m, n):
+            raise ValueError(f"shapes {a.shape} @ {b.shape} -> {out.shape}, planned for "
+                             f"{(m, k)} @ {(k, n)}")
+        self._arrays = {"A0": a, "B0": b}
+        self._calls += 1
+        ready = cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record(self.streams["compute"])
+        keys = (("A", self._calls), ("B", self._calls))
+        emulated, note = self.emulator.gemm(keys, "A0", "B0", out.data.ptr, m, n, k, False,
+                                            False, 1.0, 0.0, 0, m, waits=(ready,))
+        if not emulated:
+            cupy.matmul(a, b, out=out)
+        return note

@@ -88,10 +88,16 @@ class EventLog:
         self._lock = threading.Lock()
         self.notes: dict[str, int] = {}
         """What the run counted beside its events (how its GEMMs ran: ``kernel='ozaki'``)."""
+        self.timed: dict[str, float] = {}
+        """Seconds the run timed beside its events (the phases of emulated GEMMs on a GPU)."""
 
     def note(self, what: str) -> None:
         with self._lock:
             self.notes[what] = self.notes.get(what, 0) + 1
+
+    def add_time(self, what: str, seconds: float) -> None:
+        with self._lock:
+            self.timed[what] = self.timed.get(what, 0.0) + seconds
 
     def now(self) -> float:
         return time.perf_counter() - self.origin

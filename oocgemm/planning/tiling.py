@@ -11,8 +11,9 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from ..cuda.catalog import is_ozaki
+from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..errors import BudgetError, OptionError
+from ..ozaki import MAX_DEPTH
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, most_touched, window_bytes
 from .model import DeviceModel
@@ -43,6 +44,13 @@ class Buffers:
     ring: int
     """Each pinned ring buffer on the host (0 when the plan is not staged): a stripe of whole
     rows, at least one row of the widest region."""
+    a_converted: int = 0
+    """Beside each A buffer, its panel converted for emulated products (``kernel='ozaki'``
+    on a GPU): residues and the rows' exponents."""
+    b_converted: int = 0
+    """Beside each B buffer, its converted panel."""
+    emulation: int = 0
+    """The emulation's int32 products of a chunk of C's rows, device side."""
 
 
 @dataclass(frozen=True)
@@ -158,12 +166,12 @@ class Plan:
     # ---- memory ---------------------------------------------------------------------------
     @property
     def buffers(self) -> Buffers:
-        return _buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0)
+        return _buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
+                        self.kernel)
 
     @property
     def device_bytes(self) -> int:
-        buf = self.buffers
-        return self.n_c * buf.c + self.n_a * buf.a + self.n_b * buf.b + buf.accumulator
+        return _device_bytes(self.buffers, self.n_c, self.n_a, self.n_b)
 
     @property
     def host_bytes(self) -> int:
@@ -216,7 +224,7 @@ class Plan:
     @property
     def prediction(self) -> Prediction:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
-                       split_last=self.split_last, ramp=self.ramp,
+                       split_last=self.split_last, ramp=self.ramp, kernel=self.kernel,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes)
@@ -226,6 +234,9 @@ class Plan:
         w, h, r = self.tile
         if min(w, h, r) < 1:
             raise OptionError(f"tile must be positive integers, got {self.tile}")
+        if self.staged and is_ozaki(self.kernel) and r > MAX_DEPTH:
+            raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
+                              f"at most {MAX_DEPTH} (its int32 products stay exact up to there)")
         if self.device_bytes > self.memory_limit:
             raise BudgetError(
                 f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
@@ -243,6 +254,10 @@ class Plan:
                  f"B {self.n_b}x{format_size(buf.b)}"]
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
+        if buf.emulation:
+            parts.append(f"converted A {self.n_a}x{format_size(buf.a_converted)}, converted B "
+                         f"{self.n_b}x{format_size(buf.b_converted)}, int32 products "
+                         f"{format_size(buf.emulation)}")
         return ", ".join(parts)
 
     def summary(self) -> dict:
@@ -348,8 +363,10 @@ def _splits(extent: int, step: int) -> tuple[int, ...]:
     return tuple(range(0, extent, step)) + (extent,)
 
 
-def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int) -> Buffers:
-    """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged)."""
+def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
+             kernel: str = "cublas") -> Buffers:
+    """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
+    that emulates (``kernel='ozaki'``, staged) keeps each panel's conversion beside it."""
     w, h, r = tile
     s = prob.itemsize
     product = prob.computes_product
@@ -358,7 +375,21 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
     b = r * h * s if product else 0
     acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
     ring = max(stripe, w, h, r) * s if stripe else 0
-    return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring)
+    if not (stripe and product and is_ozaki(kernel)):
+        return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring)
+    from ..ozaki import footprint
+
+    # the emulator sizes its buffers for the tile clipped to the product, as here
+    conv = footprint(min(w, max(prob.m, 1)), min(h, max(prob.n, 1)), min(r, max(prob.k, 1)),
+                     ozaki_moduli(kernel))
+    return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, a_converted=conv.a,
+                   b_converted=conv.b, emulation=conv.scratch)
+
+
+def _device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
+    """Device-side bytes of a plan's buffers with ``n_c``, ``n_a`` and ``n_b`` slots."""
+    return (n_c * buf.c + n_a * (buf.a + buf.a_converted) + n_b * (buf.b + buf.b_converted)
+            + buf.accumulator + buf.emulation)
 
 
 def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
@@ -402,14 +433,15 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
-            decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1
-            ) -> Prediction:
+            decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
+            kernel: str = "cublas") -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
     operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
     ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
-    cut into, which set how many operations each load takes."""
+    cut into, which set how many operations each load takes. ``kernel='ozaki[:N]'`` on a GPU
+    (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -424,6 +456,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
         b_loads = k * n * s * p
         compute = prob.flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
             1 + model.half_size / w + model.half_size / h + model.half_size / r)
+        if is_ozaki(kernel) and staged and model.int8_ops:
+            compute = _emulation_seconds(prob, (w, h, r), model, kernel, a_loads + b_loads)
         if model.accumulate_pass:
             passes = blocks * (nk - 1 + (1 if prob.reads_c else 0))
             compute += passes * 3 * w * h * s / model.memory_copy
@@ -502,6 +536,28 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
                       overhead=n_ops * OP_OVERHEAD, decode=decode)
+
+
+def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceModel,
+                       kernel: str, loaded: int) -> float:
+    """The GPU's time for an emulated product with ``tile``, ``loaded`` bytes of A and B
+    panels loaded: one int8 GEMM per modulus (:func:`oocgemm.ozaki.reserved_moduli`: for the
+    exact rule, the most it may take); per C block and K panel, the finish reads each
+    element's int32 products and C and writes C; each panel loaded is read twice (stats,
+    residues) and its residues written. The elementwise passes are what favours deep K
+    panels: one finish per K panel."""
+    from ..ozaki import reserved_moduli
+
+    w, h, r = tile
+    n = reserved_moduli(ozaki_moduli(kernel), r)
+    gemms = n * prob.flops / model.int8_ops * (
+        1 + model.half_size / w + model.half_size / h + model.half_size / r)
+    if not model.device_bandwidth:
+        return gemms
+    nk = math.ceil(prob.k / r)
+    finish = prob.m * prob.n * nk * (4 * n + 16) / model.device_bandwidth
+    convert = loaded / prob.itemsize * (2 * prob.itemsize + n) / model.device_bandwidth
+    return gemms + finish + convert
 
 
 def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: bool, stripe: int,
@@ -591,9 +647,10 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
-                split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1
-                ) -> tuple[int, int, int]:
-    """The (w, h, r) with the lowest predicted time that fits both budgets.
+                split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1,
+                kernel: str = "cublas") -> tuple[int, int, int]:
+    """The (w, h, r) with the lowest predicted time that fits both budgets (with ``kernel``:
+    its memory and its time, where a GPU emulates).
 
     Raises
     ------
@@ -611,17 +668,20 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     ws = _candidates(m, align_m, floor)
     hs = _candidates(n, align_n, floor)
     rs = _candidates(k, align_k, floor) if prob.computes_product else [1]
+    if staged and is_ozaki(kernel):
+        rs = [r for r in rs if r <= MAX_DEPTH] or [MAX_DEPTH]
 
     def fits(tile):
-        plan_bufs = _buffers(prob, tile, model, stripe if staged else 0)
-        dev = n_c * plan_bufs.c + n_a * plan_bufs.a + n_b * plan_bufs.b + plan_bufs.accumulator
+        plan_bufs = _buffers(prob, tile, model, stripe if staged else 0, kernel)
+        dev = _device_bytes(plan_bufs, n_c, n_a, n_b)
         host = ((n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
                 + assembly_window(prob, tile, plan_bufs.ring // prob.itemsize, min_stripes))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):
         pred = predict(prob, tile, model, staged=staged, split_last=split_last, ramp=ramp,
-                       tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes)
+                       tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes,
+                       kernel=kernel)
         return pred if full else pred.total
 
     def search(ws, hs, rs):

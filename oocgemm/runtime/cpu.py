@@ -51,7 +51,7 @@ class CpuExecutor(Executor):
     STAGED = False
 
     @staticmethod
-    def staging(problem, model) -> dict:
+    def staging(problem, model, kernel: str = "cublas") -> dict:
         """The plan's staging settings for this executor: 4 reader threads."""
         return {"readers": 4}
 
@@ -64,6 +64,7 @@ class CpuExecutor(Executor):
         self.dtype = np.dtype(plan.problem.dtype)
         self._buffers: dict[str, np.ndarray] = {}
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
+        self._analysed: dict[str, tuple] = {}  # 'A'/'B' -> (panel key, ozaki.Panel) last used
         self._alloc_lock = threading.Lock()
 
     # -- buffers ---------------------------------------------------------------------------
@@ -154,16 +155,16 @@ class CpuExecutor(Executor):
         a_shape, b_shape, (w, h) = panel_shapes(self.plan, op)
         x0 = op.offset // h  # a GEMM may cover a row stripe of its block
         x1 = x0 + op.shape[0]
-        a = self.view(op.src[0], a_shape)
+        panel = self.view(op.src[0], a_shape)
         b = self.view(op.src[1], b_shape)
         if self.schedule.transposed["A"]:
-            a = a.T
+            panel = panel.T
         if self.schedule.transposed["B"]:
             b = b.T
-        a = a[x0:x1]
+        a = panel[x0:x1]
         c = self.view(op.dst, (w, h))[x0:x1]
         if is_ozaki(self.plan.kernel):  # the same steps, the product emulated
-            product = self._emulated(a, b)
+            product = self._emulated(op, panel, a, b)
         elif op.beta == 0:  # BLAS: C is not read, whatever it holds
             np.matmul(a, b, out=c)
             if op.alpha != 1:
@@ -183,12 +184,20 @@ class CpuExecutor(Executor):
             product *= op.alpha
         c += product
 
-    def _emulated(self, a, b) -> np.ndarray:
-        """``a @ b`` by Ozaki scheme II (correctly rounded), or native where its inputs need
-        more than the scheme gives; the log notes which."""
+    def _emulated(self, op, panel, a, b) -> np.ndarray:
+        """``a @ b`` (``a``: a row stripe of A's ``panel``) by Ozaki scheme II, or native
+        where the panels need more than the scheme gives; the log notes which. How is decided
+        on the whole panels, as the GPU decides it once per panel it converts."""
         from .. import ozaki
 
-        product, how = ozaki.gemm(a, b, ozaki_moduli(self.plan.kernel))
+        i, j = op.key
+        analysed = self._analysed
+        for name, key, x, axis in (("A", (i, op.q), panel, 1), ("B", (op.q, j), b, 0)):
+            if analysed.get(name, (None,))[0] != key:
+                analysed[name] = (key, ozaki.analyse(x, axis))
+        how = ozaki.plan_pair(analysed["A"][1], analysed["B"][1], b.shape[0],
+                              ozaki_moduli(self.plan.kernel))
+        product, _ = ozaki.gemm(a, b, how=how)
         self.log.note(f"native: {how.reason}" if how.native
                       else f"ozaki, {len(how.moduli)} moduli")
         return product

@@ -29,6 +29,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, panel_shapes, thread_lane
@@ -94,7 +95,7 @@ class CudaExecutor(Executor):
     STAGED = True
 
     @staticmethod
-    def staging(problem, model) -> dict:
+    def staging(problem, model, kernel: str = "cublas") -> dict:
         """The plan's staging settings for this executor (they size the buffers that
         ``choose_tile`` must fit).
 
@@ -105,14 +106,21 @@ class CudaExecutor(Executor):
         last 4 panels of a block run row stripe by row stripe, 8 stripes (16 drained faster
         but ran the GEMMs slower: 1.5% slower end to end), with 5 slots each for A and B (4
         resident + 1 for the next block's first panel), so that C's rows become final over 4
-        panels' time and leave while the rest computes."""
+        panels' time and leave while the rest computes.
+
+        Emulated products (``kernel='ozaki'``) keep each slot's converted panel beside it, and
+        finish every K panel's product in an elementwise pass over C: two slots each for A
+        and B, no ramp (small first panels would each take that pass), one tail panel."""
         from .. import hostinfo
 
         readers = max(4, min(10, hostinfo.cores() - 4))
-        return dict(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
-                    min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
-                    ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
-                                     problem.b_chunks_kn()[0] or 1))
+        settings = dict(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
+                        min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
+                        ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
+                                         problem.b_chunks_kn()[0] or 1))
+        if is_ozaki(kernel):
+            settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
+        return settings
 
     def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,
                  writers: int | None = None, record: bool = True, resources=None):
@@ -127,8 +135,12 @@ class CudaExecutor(Executor):
         self.readers = readers or max(2, plan.readers)
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
-        if plan.kernel != "cublas":
-            # Compile before the run is timed, and fail before any byte is read.
+        # Compile before the run is timed, and fail before any byte is read.
+        if is_ozaki(plan.kernel):
+            from ..cuda import ozaki
+
+            ozaki.module(self.index, self.resources.kernels)
+        elif plan.kernel != "cublas":
             from ..cuda import kernels
 
             prob = plan.problem
@@ -180,7 +192,9 @@ class CudaExecutor(Executor):
         return run
 
     # -- device lanes -------------------------------------------------------------------------
-    def _enqueue(self, gpu, op) -> None:
+    def _enqueue(self, gpu, op, waits=()) -> None:
+        """Enqueue ``op`` on its stream (``waits``: the events of what it waits for on other
+        streams, which an emulated GEMM's panel conversion waits for too)."""
         stream = _stream_of(op)
         trans = self.schedule.transposed
         if op.kind is OpKind.UPLOAD:
@@ -190,8 +204,12 @@ class CudaExecutor(Executor):
         elif op.kind is OpKind.GEMM:
             _, _, (w, h) = panel_shapes(self.plan, op)
             r = self.plan.k_splits[op.q + 1] - self.plan.k_splits[op.q]
-            gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
-                     op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0])
+            i, j = op.key
+            note = gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
+                            op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0],
+                            panels=(("A", i, op.q), ("B", op.q, j)), waits=waits)
+            if note is not None:
+                self.log.note(note)
         elif op.kind is OpKind.FILL:
             gpu.scale(op.dst, op.elements, op.beta)
         else:  # pragma: no cover
@@ -223,6 +241,8 @@ class CudaExecutor(Executor):
                         gpu.pinned_buffer(name, elements)
                     else:
                         gpu.device_buffer(name, elements)
+                if is_ozaki(self.plan.kernel):
+                    gpu.emulate(self.plan, timing=self.log.record)
                 # Host tasks are handed to their pools by a feeder thread, in schedule order,
                 # while the dispatchers already run: thousands of submissions would otherwise
                 # stand before the first GEMM.
@@ -265,6 +285,10 @@ class CudaExecutor(Executor):
                         host_futures[op.index].result()
                 for stream in gpu.streams.values():
                     stream.synchronize()
+                if gpu.emulator is not None and gpu.emulator.timing:
+                    gpu.emulator.stream.synchronize()
+                    for phase, seconds in gpu.emulator.seconds().items():
+                        self.log.add_time(phase, seconds)
             except BaseException as exc:
                 self._stop(device_futures, host_futures)
                 for pool in pools.values():
@@ -322,14 +346,18 @@ class CudaExecutor(Executor):
         # order, so a dependency at or before it needs no second wait. (Same-stream ones
         # need none at all; the schedule names at most one per other stream.)
         waited: dict[str, int] = {}
+        emulating = gpu.emulator is not None
         for op in lane_ops:
             if self._cancel.is_set():
                 raise Cancelled()
+            waits = []
             for d in op.deps:
                 if _on_host(ops[d]):
                     host_futures[d].result()
                     continue
                 other = _stream_of(ops[d])
+                if emulating and other != stream:
+                    waits.append(device_futures[d].result()[1])
                 if other != stream and d > waited.get(other, -1):
                     gpu.wait(stream, device_futures[d].result()[1])
                     waited[other] = d
@@ -338,7 +366,7 @@ class CudaExecutor(Executor):
                 # The start event times the operation (the events, progress bars); the end
                 # event is what later operations wait for.
                 start = gpu.event(stream) if timing else None
-                self._enqueue(gpu, op)
+                self._enqueue(gpu, op, waits)
                 end = gpu.event(stream)
             finally:
                 self._nvtx.pop()

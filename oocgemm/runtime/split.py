@@ -62,6 +62,8 @@ class MergedLog:
         """Per device: groups and blocks it ran, its busy seconds, its flops."""
         self.notes: dict[str, int] = {}
         """The runs' notes, summed."""
+        self.timed: dict[str, float] = {}
+        """The runs' timed phases, summed."""
 
     def add(self, device: str, log, blocks: int, seconds: float) -> None:
         shift = log.origin - self.origin
@@ -79,6 +81,8 @@ class MergedLog:
             share["flops"] += sum(e.flops for e in events)
             for what, count in log.notes.items():
                 self.notes[what] = self.notes.get(what, 0) + count
+            for what, seconds in log.timed.items():
+                self.timed[what] = self.timed.get(what, 0.0) + seconds
 
     def events(self) -> list[Event]:
         with self._lock:
