@@ -139,8 +139,8 @@ def ceilings(seconds: float) -> dict:
     cases = {"dgemm_16384": lambda: dgemm(16384),
              "int8_2048x16384x8192x16": lambda: int8(2048, 16384, 8192, 16),
              "int8_2048x16384x16384x16": lambda: int8(2048, 16384, 16384, 16),
-             "int8_2048x8192x8192x16": lambda: int8(2048, 8192, 8192, 16),
-             "int8_1024x16384x4096x16": lambda: int8(1024, 16384, 4096, 16)}
+             "int8_1024x16384x8192x16": lambda: int8(1024, 16384, 8192, 16),
+             "int8_2048x16384x4096x16": lambda: int8(2048, 16384, 4096, 16)}
     out = {}
     for name, case in cases.items():
         out[name] = case()
@@ -148,58 +148,53 @@ def ceilings(seconds: float) -> dict:
     return out
 
 
-def in_core(n: int, kernel: str, spreads, seconds: float, seed: int = 0) -> dict:
-    """cuBLAS DGEMM against the emulation on n³, operands on the GPU."""
+def in_core(n: int, kernels, spreads, seconds: float, seed: int = 0) -> dict:
+    """cuBLAS DGEMM against the emulation with each of ``kernels`` on n³, operands on the
+    GPU: the rates, alternated and sustained (each emulated product converts its operands
+    afresh); one product's phases; the accuracy per spread."""
     import cupy
 
     from oocgemm.cuda.ozaki import InCore
 
-    out: dict = {"n": n, "kernel": kernel}
-    c_native, c_emulated = cupy.empty((n, n)), cupy.empty((n, n))
-    emulate = InCore(n, n, n, kernel)
-    out.update(_in_core_rates(n, emulate, c_native, c_emulated, seconds, seed))
-    timed = InCore(n, n, n, kernel, timing=True)
+    out: dict = {"n": n, "kernels": {}}
+    c = cupy.empty((n, n))
+    emulators = {kernel: InCore(n, n, n, kernel) for kernel in kernels}
     a, b = device_spread((n, n), 0, seed), device_spread((n, n), 0, seed + 1)
-    cupy.cuda.Device().synchronize()
-    start = time.perf_counter()
-    timed(a, b, c_emulated)
-    cupy.cuda.Device().synchronize()
-    out["phases"] = {"wall": time.perf_counter() - start, **timed.emulator.seconds()}
-    out["accuracy"] = {}
+    fns = {"dgemm": lambda: cupy.matmul(a, b, out=c)}
+    for kernel, emulate in emulators.items():
+        fns[kernel] = lambda emulate=emulate: emulate(a, b, c)
+    out["rates"] = alternated(fns, 2.0 * n ** 3, seconds)
+    for kernel in kernels:
+        timed = InCore(n, n, n, kernel, timing=True)
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        timed(a, b, c)
+        cupy.cuda.Device().synchronize()
+        out["kernels"][kernel] = {"phases": {"wall": time.perf_counter() - start,
+                                             **timed.emulator.seconds()}, "accuracy": {}}
     rows, cols = sample(n, n, seed + 2)
     for bits in spreads:
-        a, b = device_spread((n, n), bits, seed + 10 + bits), device_spread((n, n), bits,
+        x, y = device_spread((n, n), bits, seed + 10 + bits), device_spread((n, n), bits,
                                                                             seed + 11 + bits)
-        note = emulate(a, b, c_emulated)
-        cupy.matmul(a, b, out=c_native)
-        a_rows, b_cols = a[rows].get(), b[:, cols].get()
-        native = sampled_error(c_native[rows][:, cols].get(), a_rows, b_cols)
-        emulated = sampled_error(c_emulated[rows][:, cols].get(), a_rows, b_cols)
-        out["accuracy"][bits] = {"native": native, "emulated": emulated,
-                                 "ratio": emulated / native if native else None, "note": note}
+        x_rows, y_cols = x[rows].get(), y[:, cols].get()
+        cupy.matmul(x, y, out=c)
+        native = sampled_error(c[rows][:, cols].get(), x_rows, y_cols)
+        for kernel, emulate in emulators.items():
+            note = emulate(x, y, c)
+            error = sampled_error(c[rows][:, cols].get(), x_rows, y_cols)
+            out["kernels"][kernel]["accuracy"][bits] = {
+                "native": native, "emulated": error, "ratio": error / native, "note": note}
     return out
 
 
-def _in_core_rates(n: int, emulate, c_native, c_emulated, seconds: float, seed: int) -> dict:
-    """The sustained rates of cuBLAS DGEMM and of ``emulate``, alternated, on normal
-    operands; each emulated product converts its operands afresh."""
-    import cupy
-
-    a, b = device_spread((n, n), 0, seed), device_spread((n, n), 0, seed + 1)
-    notes = set()
-    rates = alternated({"dgemm": lambda: cupy.matmul(a, b, out=c_native),
-                        "emulated": lambda: notes.add(emulate(a, b, c_emulated))},
-                       2.0 * n ** 3, seconds)
-    return {**rates, "ratio": rates["emulated"]["rate"] / rates["dgemm"]["rate"],
-            "notes": sorted(notes)}
-
-
-def out_of_core(n: int, kernel: str, memory_limit: str, spreads, repeat: int = 2,
+def out_of_core(n: int, kernels, memory_limits, spreads, repeat: int = 2,
                 seed: int = 0) -> dict:
-    """``oocgemm.multiply`` n³ from host memory with cuBLAS and with the emulation."""
+    """``oocgemm.multiply`` n³ from host memory with cuBLAS and with each of ``kernels``,
+    under each GPU memory limit (timed on the first spread, best of ``repeat`` after a
+    warm-up; the other spreads for accuracy only, under the first limit)."""
     import oocgemm
 
-    result: dict = {"n": n, "kernel": kernel, "memory_limit": memory_limit, "runs": {}}
+    result: dict = {"n": n, "limits": {}}
     c = np.empty((n, n))
     c.fill(0)  # pages touched once, outside every timing
     rows, cols = sample(n, n, seed + 2)
@@ -207,77 +202,112 @@ def out_of_core(n: int, kernel: str, memory_limit: str, spreads, repeat: int = 2
         a, b = host_spread(n, bits, seed + 20 + bits), host_spread(n, bits, seed + 21 + bits)
         a_rows, b_cols = a[rows], b[:, cols]
         timed = bits == spreads[0]
-        for name, which in (("dgemm", None), ("emulated", kernel)):
-            best = None
-            for _ in range(repeat + 1 if timed else 1):  # the first warms up
-                c.fill(np.nan)
-                run = oocgemm.multiply(a, b, c, device="cuda", memory_limit=memory_limit,
-                                       kernel=which, progress=False)
-                best = run if best is None or run.seconds < best.seconds else best
-            entry = result["runs"].setdefault(name, {"accuracy": {}})
-            entry["accuracy"][bits] = sampled_error(c[rows][:, cols], a_rows, b_cols)
-            if timed:
-                entry.update(seconds=best.seconds, tflops=best.tflops,
-                             tile=list(best.plan.tile), emulation=dict(best.emulation),
-                             emulation_seconds=dict(best.emulation_seconds),
-                             predicted=best.plan.prediction.total)
-    runs = result["runs"]
-    result["ratio"] = runs["emulated"]["tflops"] / runs["dgemm"]["tflops"]
+        for limit in memory_limits if timed else memory_limits[:1]:
+            runs = result["limits"].setdefault(limit, {})
+            for name, which in (("dgemm", None), *((k, k) for k in kernels)):
+                best = None
+                for _ in range(repeat + 1 if timed else 1):
+                    c.fill(np.nan)
+                    run = oocgemm.multiply(a, b, c, device="cuda", memory_limit=limit,
+                                           kernel=which, progress=False)
+                    best = run if best is None or run.seconds < best.seconds else best
+                entry = runs.setdefault(name, {"accuracy": {}})
+                entry["accuracy"][bits] = sampled_error(c[rows][:, cols], a_rows, b_cols)
+                if timed:
+                    pred = best.plan.prediction
+                    entry.update(seconds=best.seconds, tflops=best.tflops,
+                                 tile=list(best.plan.tile), emulation=dict(best.emulation),
+                                 emulation_seconds=dict(best.emulation_seconds),
+                                 predicted=pred.total, bound=pred.bound,
+                                 compute_busy=_compute_busy(best))
     return result
 
 
-def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernel: str = "ozaki:16",
-              memory_limit: str = "16GB", spreads=(0, 8, 30), seconds: float = 4.0,
+def _compute_busy(run) -> float:
+    """The share of the run's wall time the compute lane was busy."""
+    busy = sum(e.end - e.start for e in run.events if e.lane == "compute")
+    return busy / run.seconds if run.seconds else 0.0
+
+
+def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernels=("ozaki:16",),
+              memory_limits=("16GB",), spreads=(0, 8, 30), seconds: float = 4.0,
               ceilings_only: bool = False) -> dict:
-    """Every case in one process; the ratios against the in-core DGEMM sustained here."""
+    """Every case in one process."""
+    import cupy
+
     from oocgemm.sysinfo import gpu_info
 
     out: dict = {"benchmark": "ozaki-gpu", "gpu": gpu_info(), "date": time.strftime("%Y-%m-%d"),
-                 "kernel": kernel, "ceilings": ceilings(seconds)}
+                 "kernels": list(kernels), "ceilings": ceilings(seconds)}
     if ceilings_only:
         return out
-    import cupy
-
     out["in_core"] = []
     for size in sizes:
-        out["in_core"].append(in_core(size, kernel, spreads, seconds))
+        out["in_core"].append(in_core(size, kernels, spreads, seconds))
         cupy.get_default_memory_pool().free_all_blocks()
     if n:
-        out["out_of_core"] = out_of_core(n, kernel, memory_limit, spreads)
-        dgemm = out["ceilings"]["dgemm_16384"]["rate"]
-        out["out_of_core"]["vs_incore_dgemm"] = out["out_of_core"]["runs"]["emulated"][
-            "tflops"] * 1e12 / dgemm
+        out["out_of_core"] = out_of_core(n, kernels, memory_limits, spreads)
     return out
 
 
+def profile_once(n: int, kernel: str) -> int:
+    """One warm-up and one emulated product of n³ in core (for a profiler)."""
+    import cupy
+
+    from oocgemm.cuda.ozaki import InCore
+
+    a, b, c = device_spread((n, n), 0, 1), device_spread((n, n), 0, 2), cupy.empty((n, n))
+    emulate = InCore(n, n, n, kernel)
+    for _ in range(2):
+        emulate(a, b, c)
+    cupy.cuda.Device().synchronize()
+    return 0
+
+
 def report(res: dict) -> str:
-    lines = [f"ozaki-gpu on {res['gpu'].get('name', '?')}, {res['date']}, kernel {res['kernel']}"]
+    """The results as text; rates in TFLOP/s (T/s for the int8 ceilings), ratios against
+    DGEMM measured alongside (in core: sustained, alternated with it; out of core: its own
+    run, and the in-core DGEMM ceiling of 16384³ measured first)."""
+    lines = [f"ozaki-gpu on {res['gpu'].get('name', '?')}, {res['date']}"]
     for name, entry in res["ceilings"].items():
         extra = f", exact {entry['exact']}" if "exact" in entry else ""
         lines.append(f"  ceiling {name:28s} {entry['rate'] / 1e12:7.1f} T/s "
                      f"({entry['repeats']} repeats{extra})")
+    dgemm_ceiling = res["ceilings"]["dgemm_16384"]["rate"]
     for entry in res.get("in_core", []):
-        phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in entry["phases"].items())
-        lines.append(f"  in core {entry['n']}^3: dgemm {entry['dgemm']['rate'] / 1e12:.1f}, "
-                     f"emulated {entry['emulated']['rate'] / 1e12:.1f} TFLOP/s "
-                     f"({entry['ratio']:.3f}x; {', '.join(entry['notes'])}); one product: "
-                     f"{phases}")
-        for bits, acc in entry["accuracy"].items():
-            lines.append(f"    spread 2^{bits}: native {acc['native']:.2e}, emulated "
-                         f"{acc['emulated']:.2e} ({acc['ratio']:.2f}x; {acc['note']})")
+        rates = entry["rates"]
+        native = rates["dgemm"]["rate"]
+        lines.append(f"  in core {entry['n']}^3: dgemm {native / 1e12:.1f} TFLOP/s; "
+                     + "; ".join(f"{k} {v['rate'] / 1e12:.1f} ({v['rate'] / native:.3f}x)"
+                                 for k, v in rates.items() if k != "dgemm"))
+        for kernel, got in entry["kernels"].items():
+            phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in got["phases"].items())
+            lines.append(f"    {kernel}, one product: {phases}")
+            for bits, acc in got["accuracy"].items():
+                lines.append(f"    {kernel}, spread 2^{bits}: native {acc['native']:.2e}, "
+                             f"emulated {acc['emulated']:.2e} ({acc['ratio']:.2f}x; "
+                             f"{acc['note']})")
     ooc = res.get("out_of_core")
-    if ooc:
-        d, e = ooc["runs"]["dgemm"], ooc["runs"]["emulated"]
-        lines.append(f"  out of core {ooc['n']}^3, {ooc['memory_limit']}: dgemm {d['seconds']:.2f}"
-                     f" s ({d['tflops']:.1f} TFLOP/s, tile {d['tile']}), emulated "
-                     f"{e['seconds']:.2f} s ({e['tflops']:.1f} TFLOP/s, tile {e['tile']}): "
-                     f"{ooc['ratio']:.3f}x; {ooc['vs_incore_dgemm']:.3f}x the in-core DGEMM "
-                     f"ceiling; {e['emulation']}; phases "
-                     + ", ".join(f"{k} {v:.2f} s" for k, v in e["emulation_seconds"].items()))
-        for bits in d["accuracy"]:
-            nat, emu = d["accuracy"][bits], e["accuracy"][bits]
-            lines.append(f"    spread 2^{bits}: native {nat:.2e}, emulated {emu:.2e} "
-                         f"({emu / nat:.2f}x)")
+    for limit, runs in (ooc or {}).get("limits", {}).items():
+        d = runs["dgemm"]
+        lines.append(f"  out of core {ooc['n']}^3, {limit}: dgemm {d['seconds']:.2f} s "
+                     f"({d['tflops']:.1f} TFLOP/s, tile {d['tile']}, compute busy "
+                     f"{d['compute_busy']:.0%})")
+        for kernel, e in runs.items():
+            if kernel == "dgemm":
+                continue
+            if "seconds" in e:
+                lines.append(
+                    f"    {kernel}: {e['seconds']:.2f} s ({e['tflops']:.1f} TFLOP/s, "
+                    f"{e['tflops'] / d['tflops']:.3f}x dgemm's run, "
+                    f"{e['tflops'] * 1e12 / dgemm_ceiling:.3f}x the in-core DGEMM ceiling; tile "
+                    f"{e['tile']}, compute busy {e['compute_busy']:.0%}, predicted "
+                    f"{e['predicted']:.2f} s, {e['bound']}; {e['emulation']}; GPU phases "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in e["emulation_seconds"].items())
+                    + ")")
+            for bits, err in e["accuracy"].items():
+                lines.append(f"    {kernel}, spread 2^{bits}: native {d['accuracy'][bits]:.2e}, "
+                             f"emulated {err:.2e} ({err / d['accuracy'][bits]:.2f}x)")
     return "\n".join(lines)
 
 
@@ -290,17 +320,26 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="8192,16384", help="in-core n, comma-separated")
     parser.add_argument("--n", type=int, default=32768, help="out-of-core n (0: none)")
-    parser.add_argument("--memory-limit", default="16GB")
-    parser.add_argument("--kernel", default="ozaki:16")
+    parser.add_argument("--memory-limit", default="16GB",
+                        help="GPU memory limits of the out-of-core runs, comma-separated")
+    parser.add_argument("--kernel", default="ozaki:16",
+                        help="kernels to emulate with, comma-separated")
     parser.add_argument("--spreads", default="0,8,30")
     parser.add_argument("--seconds", type=float, default=4.0,
                         help="seconds each sustained rate runs")
     parser.add_argument("--ceilings-only", action="store_true")
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="only one emulated product of N^3 in core after a warm-up, for "
+                             "a profiler (ncu -k regex:ozaki ...)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.profile:
+        return profile_once(args.profile, args.kernel.split(",")[0])
     sizes = tuple(int(x) for x in args.sizes.split(",") if x)
     spreads = tuple(int(x) for x in args.spreads.split(",") if x)
-    res = benchmark(sizes, args.n, kernel=args.kernel, memory_limit=args.memory_limit,
+    limits = tuple(x for x in args.memory_limit.split(",") if x)
+    kernels = tuple(x for x in args.kernel.split(",") if x)
+    res = benchmark(sizes, args.n, kernels=kernels, memory_limits=limits,
                     spreads=spreads, seconds=args.seconds, ceilings_only=args.ceilings_only)
     write_json(args.json, res)
     print(report(res))

@@ -11,14 +11,14 @@
 //                                       int8, K contiguous and padded with zeros to depth_pad
 //   ozaki_finishN      ozaki.digit,     per element of C: Garner's digits from the N int32
 //                      ozaki.rounded    products, the one rounding, then alpha and beta as the
-//                                       CPU executor applies them (N: 16, 24, 32 or 40, the
+//                                       CPU executor applies them (N: 16, 24, 32 or 36, the
 //                                       most moduli the instance takes; its registers grow
 //                                       with it)
 //
 // Launch: ozaki_residues with block (32, 8) and grid (ceil(depth_pad / 32), ceil(outer / 32));
-// the others with 256 threads a block and any grid: each runs a grid-stride loop over its
-// elements (rows or columns for the stats, a warp each for ozaki_stats_rows). No dynamic
-// shared memory.
+// ozaki_stats_cols with block (32, 8) and any grid (a grid-stride loop over 32 columns a
+// block); the others with 256 threads a block and any grid: a grid-stride loop over their
+// elements (rows a warp each for ozaki_stats_rows). No dynamic shared memory.
 //
 // Exactness: every step but ozaki_finishN's last operations is integer arithmetic or an exact
 // floating-point operation (max, frexp, ldexp by a power of two without underflow, rint, a
@@ -47,10 +47,15 @@
 constexpr int OZAKI_MAX_MODULI = 40;  // len(ozaki.MODULI)
 constexpr int OZAKI_LIMB = 26;        // ozaki.LIMB
 
+constexpr int OZAKI_MAX_SHIFT = 64;   // 2^e mod m for e < this (e <= ozaki.MAX_BITS - 53)
+
 struct OzakiTables {
     int moduli[OZAKI_MAX_MODULI];                     // ozaki.MODULI
     int weights[OZAKI_MAX_MODULI][OZAKI_MAX_MODULI];  // [k][j] = P_j mod m_k, j < k
     int inverses[OZAKI_MAX_MODULI];                   // P_k^-1 mod m_k
+    int pow2[OZAKI_MAX_MODULI][OZAKI_MAX_SHIFT];      // [k][e] = 2^e mod m_k
+    double reciprocals[OZAKI_MAX_MODULI];             // 1 / m_k, rounded
+    unsigned long long fastmod[OZAKI_MAX_MODULI];     // 2^64 / m_k rounded up (ozaki_mod32)
 };
 
 constexpr int ozaki_gcd(int a, int b)
@@ -87,6 +92,13 @@ constexpr OzakiTables ozaki_make_tables()
                 break;
             }
         }
+        int power = 1 % m;
+        for (int e = 0; e < OZAKI_MAX_SHIFT; ++e) {
+            t.pow2[k][e] = power;
+            power = power * 2 % m;
+        }
+        t.reciprocals[k] = 1.0 / m;
+        t.fastmod[k] = ~0ULL / m + 1;
     }
     return t;
 }
@@ -125,32 +137,47 @@ OZAKI_HD double ozaki_add(double a, double b)
 #endif
 }
 
-// x mod m in [-(m/2), (m+1)/2): the floor modulo of x + m/2, less m/2 (ozaki._balanced_mod).
-OZAKI_HD long long ozaki_balanced_mod(long long x, int m)
+// x mod m_k in [-(m/2), (m+1)/2) for an integer-valued float64 x with |x| <= 2^53, in floating
+// point: x * (1/m) errs from x/m by under |x/m| 2^-52 <= 2^-5 (every modulus is at least 64),
+// so q = rint of it is the nearest integer to x/m or next to it, and x - q m, an integer
+// within 0.6 m, is exact through one FMA; then at most one step of m into the range. Any exact
+// method gives the same residue (ozaki._balanced_mod).
+OZAKI_HD int ozaki_balanced_mod_f64(double x, int k)
 {
-    const long long y = x + m / 2;
-    long long r = y % m;  // the sign of y
-    if (r < 0) r += m;
-    return r - m / 2;
+    const OzakiTables& t = ozaki_tables();
+    const int m = t.moduli[k];
+    const double q = rint(ozaki_mul(x, t.reciprocals[k]));
+    int r = (int)fma(-q, (double)m, x);
+    if (r < -(m / 2)) r += m;
+    else if (r >= (m + 1) / 2) r -= m;
+    return r;
 }
 
-OZAKI_HD int ozaki_balanced_mod32(int x, int m)
+OZAKI_HD unsigned long long ozaki_mulhi64(unsigned long long a, unsigned long long b)
 {
-    const int y = x + m / 2;
-    int r = y % m;
-    if (r < 0) r += m;
-    return r - m / 2;
+#ifdef __CUDA_ARCH__
+    return __umul64hi(a, b);
+#else
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+#endif
 }
 
-// 2^e mod m by squaring (numpy looks it up in a table of the same numbers).
-OZAKI_HD int ozaki_pow2_mod(int e, int m)
+// u mod m_k for any 32-bit u, in integers (Lemire's fastmod: the low 64 bits of M u, times
+// m, high half; M = 2^64 / m rounded up; exact for every 32-bit u and m).
+OZAKI_HD int ozaki_mod32(unsigned int u, int k)
 {
-    int result = 1 % m, base = 2 % m;
-    for (; e > 0; e >>= 1) {
-        if (e & 1) result = result * base % m;
-        base = base * base % m;
-    }
-    return result;
+    const OzakiTables& t = ozaki_tables();
+    return (int)ozaki_mulhi64(t.fastmod[k] * u, (unsigned long long)t.moduli[k]);
+}
+
+// x mod m_k in [-(m/2), (m+1)/2) for |x| < 2^31 - 2^9: x plus a multiple of m of at least
+// 2^31 is a nonnegative 32-bit integer of x's class (ozaki._balanced_mod).
+OZAKI_HD int ozaki_balanced_mod32(int x, int k)
+{
+    const int m = ozaki_tables().moduli[k];
+    const unsigned int offset = (unsigned int)m * ((0x80000000u + m - 1) / m);
+    const int r = ozaki_mod32((unsigned int)x + offset, k);
+    return r >= (m + 1) / 2 ? r - m : r;
 }
 
 // -- 1. stats: ozaki.analyse --------------------------------------------------------------------
@@ -201,7 +228,8 @@ OZAKI_HD void ozaki_stats_store(const OzakiStats& s, int* emax, int* summary)
 
 // The residues of x 2^shift rounded to an integer, modulo moduli[first .. first + n), into
 // at[l * plane] for each such l; zeros where the element is padding (!inside). rint(x 2^shift)
-// = s 2^e with |s| < 2^53 and e >= 0, and s (2^e mod m) < 2^61 is reduced.
+// = s 2^e with s an integer below 2^53 and e >= 0 (y has 53 significant bits at most); where
+// e > 0, s mod m times 2^e mod m (below 2^15) is reduced again.
 OZAKI_HD void ozaki_residues_at(double x, bool inside, int shift, int first, int n,
                                 signed char* at, long long plane)
 {
@@ -214,18 +242,20 @@ OZAKI_HD void ozaki_residues_at(double x, bool inside, int shift, int first, int
     int top;
     frexp(y, &top);
     const int e = top > 53 ? top - 53 : 0;
-    const long long s = (long long)ldexp(y, -e);
+    const double s = ldexp(y, -e);  // exact: y's low e bits are zeros
     for (int l = first; l < first + n; ++l) {
-        const int m = t.moduli[l];
-        at[l * plane] = (signed char)ozaki_balanced_mod(s * ozaki_pow2_mod(e, m), m);
+        int r = ozaki_balanced_mod_f64(s, l);
+        if (e > 0) r = ozaki_balanced_mod_f64((double)(r * t.pow2[l][e]), l);
+        at[l * plane] = (signed char)r;
     }
 }
 
 // -- 3. the digits and the rounding: ozaki.digit, ozaki.rounded ---------------------------------
 
 // Garner's balanced digits v_0 .. v_(n-1) of the product from its int32 residues c[k * plane]
-// (any int32 of each class): t = sum_j v_j (P_j mod m_k) is below 2^21 and c reduced mod m_k
-// below 2^8, so (c - t) P_k^-1 fits an int32; the digit is its balanced class.
+// (any int32 of each class; |c| <= MAX_DEPTH 2^14 < 2^31 - 2^14): c reduced mod m_k, less
+// t = sum_j v_j (P_j mod m_k) (below 2^21), times P_k^-1 (below 2^8) stays below 2^29; the
+// digit is its balanced class. Integer arithmetic, full rate.
 template <int MAXN>
 OZAKI_HD void ozaki_digits(const int* c, long long plane, int n, int (&v)[MAXN])
 {
@@ -234,11 +264,11 @@ OZAKI_HD void ozaki_digits(const int* c, long long plane, int n, int (&v)[MAXN])
     for (int k = 0; k < MAXN; ++k) {
         v[k] = 0;
         if (k < n) {
-            const int m = t.moduli[k];
             int sum = 0;
 #pragma unroll
             for (int j = 0; j < k; ++j) sum += v[j] * t.weights[k][j];
-            v[k] = ozaki_balanced_mod32((c[k * plane] % m - sum) * t.inverses[k], m);
+            const int reduced = ozaki_balanced_mod32(c[k * plane], k);
+            v[k] = ozaki_balanced_mod32((reduced - sum) * t.inverses[k], k);
         }
     }
 }
@@ -357,14 +387,35 @@ extern "C" __global__ void ozaki_stats_rows(int outer, int depth, const double* 
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < (count);     \
          idx += (long long)gridDim.x * blockDim.x)
 
+// 32 columns a block (block (32, 8)): each of its 8 rows of threads reads every 8th K
+// (32 consecutive columns a warp), then the 8 partial stats of a column are merged.
 extern "C" __global__ void ozaki_stats_cols(int outer, int depth, const double* __restrict__ x,
                                             long long sk, int* __restrict__ emax,
                                             int* __restrict__ summary)
 {
-    OZAKI_ELEMENTS(outer) {
+    __shared__ double largest[8][32], smallest[8][32];
+    __shared__ bool nonfinite[8][32];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (long long o0 = 32LL * blockIdx.x; o0 < outer; o0 += 32LL * gridDim.x) {
+        const long long o = o0 + tx;
         OzakiStats s;
-        for (int k = 0; k < depth; ++k) ozaki_stats_add(s, x[idx + k * sk]);
-        ozaki_stats_store(s, &emax[idx], summary);
+        if (o < outer)
+            for (int k = ty; k < depth; k += blockDim.y) ozaki_stats_add(s, x[o + k * sk]);
+        largest[ty][tx] = s.largest;
+        smallest[ty][tx] = s.smallest;
+        nonfinite[ty][tx] = s.nonfinite;
+        __syncthreads();
+        if (ty == 0 && o < outer) {
+            for (int y = 1; y < blockDim.y; ++y) {
+                OzakiStats other;
+                other.largest = largest[y][tx];
+                other.smallest = smallest[y][tx];
+                other.nonfinite = nonfinite[y][tx];
+                ozaki_stats_merge(s, other);
+            }
+            ozaki_stats_store(s, &emax[o], summary);
+        }
+        __syncthreads();
     }
 }
 
@@ -413,6 +464,6 @@ extern "C" __global__ void ozaki_residues(int outer, int depth, int depth_pad,
 OZAKI_FINISH(16)
 OZAKI_FINISH(24)
 OZAKI_FINISH(32)
-OZAKI_FINISH(40)
+OZAKI_FINISH(36)
 
 #endif

@@ -61,6 +61,11 @@ MODULI: tuple[int, ...] = _coprime_moduli()
 #: The most bits an operand is given (beyond: its block falls back to native DGEMM).
 MAX_BITS = 53 + 60
 
+#: The most moduli a block uses: the exact rule needs at most 33 (``MAX_BITS`` on both sides
+#: of a block ``MAX_DEPTH`` deep), and 'ozaki:N' takes up to this many (the GPU's largest
+#: finishing kernel, ``ozaki_finish36``).
+MAX_MODULI = 36
+
 #: The deepest block whose int8 x int8 products sum exactly in int32 (|residue| <= 128, so
 #: r 2^14 < 2^31); deeper ones run in slices of this depth.
 MAX_DEPTH = 2**17 - 1
@@ -112,9 +117,10 @@ def reserved_moduli(moduli: int | None, r: int) -> int:
 #: of cuBLAS want.
 K_ALIGN, N_ALIGN = 16, 4
 
-#: Rows of C whose int32 products (one plane a modulus) the GPU holds at a time: large
-#: enough for the int8 GEMMs' full rate (1014 TOPS at 2048 x 16384 x 8192 on the H100,
-#: 796 at 1024 x 16384 x 4096).
+#: Rows of C whose int32 products (one plane a modulus) the GPU holds in each of its two
+#: buffers: one chunk's products are finished while the next chunk's int8 GEMMs run. The
+#: int8 GEMMs ran at 1000-1040 TOPS with 2048 rows and K 8192-16384 on the H100, 800 with
+#: 1024 rows and K 4096.
 CHUNK_ROWS = 2048
 
 
@@ -131,7 +137,7 @@ class Footprint:
     b: int
     """Each B slot's converted panel."""
     scratch: int
-    """The int32 products of one chunk of C's rows, a plane a modulus."""
+    """The int32 products of two chunks of C's rows, a plane a modulus each."""
     rows: int
     """Rows of C in a chunk."""
 
@@ -146,7 +152,7 @@ def footprint(w: int, h: int, r: int, moduli: int | None) -> Footprint:
     depth = padded(r, K_ALIGN)
     rows = min(w, CHUNK_ROWS)
     return Footprint(a=n * w * depth + 4 * w, b=n * h * depth + 4 * h,
-                     scratch=4 * n * rows * padded(h, N_ALIGN), rows=rows)
+                     scratch=2 * 4 * n * rows * padded(h, N_ALIGN), rows=rows)
 
 
 @dataclass(frozen=True)
@@ -186,8 +192,8 @@ def plan_pair(a: Panel, b: Panel, r: int, moduli: int | None = None) -> Emulatio
     if not (a.finite and b.finite):
         return Emulation(0, 0, (), "infinities or NaN (native DGEMM propagates them)")
     if moduli is not None:
-        if not 1 <= moduli <= len(MODULI):
-            raise OptionError(f"moduli must be 1 to {len(MODULI)}, got {moduli}")
+        if not 1 <= moduli <= MAX_MODULI:
+            raise OptionError(f"moduli must be 1 to {MAX_MODULI}, got {moduli}")
         product = math.prod(MODULI[:moduli])
         bits = (product.bit_length() - 3 - max(r, 1).bit_length()) // 2
         if bits < 1:

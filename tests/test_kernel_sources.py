@@ -111,7 +111,7 @@ def test_ozaki_kernels_compile(arch, tmp_path):
     from oocgemm.cuda.catalog import kernels_dir
 
     report = _cubin(Path(str(kernels_dir())) / "ozaki.cu", arch, tmp_path)
-    finish = {f"ozaki_finish{n}" for n in (16, 24, 32, 40)}  # oocgemm.cuda.ozaki.FINISH
+    finish = {f"ozaki_finish{n}" for n in (16, 24, 32, 36)}  # oocgemm.cuda.ozaki.FINISH
     assert set(report) == {"ozaki_stats_rows", "ozaki_stats_cols", "ozaki_residues"} | finish, \
         report
     assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report

@@ -247,7 +247,7 @@ void finish##N(int rows, int cols, const int* prod, long long ldp, long long pla
                                                 alpha, beta, c + i * ldc + j);                 \
 }
 FINISH(16)
-FINISH(40)
+FINISH(36)
 }
 """
 
@@ -267,7 +267,7 @@ def kernel_code(tmp_path_factory):
     lib.tables.argtypes = [ptr, ptr, ptr]
     lib.stats.argtypes = [i32, i32, ptr, i64, i64, ptr, ptr]
     lib.residues.argtypes = [i32, i32, i32, ptr, i64, i64, ptr, i32, i32, i32, ptr]
-    for finish in (lib.finish16, lib.finish40):
+    for finish in (lib.finish16, lib.finish36):
         finish.argtypes = [i32, i32, ptr, i64, i64, i32, ptr, i32, ptr, i32, f64, f64, ptr, i64]
     return lib
 
@@ -342,7 +342,7 @@ def test_the_cuda_stats_see_infinities_and_nan(kernel_code, rng):
 def test_the_cuda_finish_gives_the_cpu_executors_bits(kernel_code, rng, bits, alpha, beta):
     """The fused finish (Garner's digits from the int32 products, the rounding, then alpha and
     beta) against ozaki.gemm and the CPU executor's arithmetic, bit for bit; beta == 0 never
-    reads a poisoned C. The 40-moduli instance gives the same as the 16 one."""
+    reads a poisoned C. The 36-moduli instance gives the same as the 16 one."""
     w, r, h = 19, 300, 13
     a, b = _spread(rng, (w, r), bits), _spread(rng, (r, h), bits)
     for moduli in (None, 16):
@@ -360,7 +360,7 @@ def test_the_cuda_finish_gives_the_cpu_executors_bits(kernel_code, rng, bits, al
             c[:] = np.nan
         p, _ = ozaki.gemm(a, b, how=how)
         want = alpha * p if beta == 0 else beta * c[:, :h] + alpha * p
-        for finish in (kernel_code.finish40,) + ((kernel_code.finish16,) if n <= 16 else ()):
+        for finish in (kernel_code.finish36,) + ((kernel_code.finish16,) if n <= 16 else ()):
             got = c.copy()
             finish(w, h, products.ctypes.data, ldp, w * ldp, n, _ints(pa.emax.ravel()).ctypes.data,
                    how.bits_a, _ints(pb.emax.ravel()).ctypes.data, how.bits_b, alpha, beta,
@@ -369,7 +369,7 @@ def test_the_cuda_finish_gives_the_cpu_executors_bits(kernel_code, rng, bits, al
             np.testing.assert_array_equal(got[:, h:], c[:, h:])
 
 
-@pytest.mark.parametrize("count", [22, 40])
+@pytest.mark.parametrize("count", [22, 36])
 def test_the_cuda_rounding_is_correct_ties_included(kernel_code, rng, count):
     """Products whose digits are those of hard roundings (ties, sticky bits), through the
     fused finish: the correctly rounded values."""
@@ -381,7 +381,7 @@ def test_the_cuda_rounding_is_correct_ties_included(kernel_code, rng, count):
     products = _ints([[x % m - m * int(rng.integers(0, 2**20)) for x in values] for m in moduli])
     emax_a, emax_b = _ints(exps), _ints([0])
     out = np.empty(len(values))
-    kernel_code.finish40(len(values), 1, products.ctypes.data, 1, len(values), count,
+    kernel_code.finish36(len(values), 1, products.ctypes.data, 1, len(values), count,
                          emax_a.ctypes.data, 0, emax_b.ctypes.data, 0, 1.0, 0.0,
                          out.ctypes.data, 1)
     np.testing.assert_array_equal(out, want)
@@ -471,6 +471,6 @@ def test_fewer_moduli_by_name(rng):
     assert r16.emulation == {"ozaki, 16 moduli": 1} and r16.plan.kernel == "ozaki:16"
     assert _error(r16.out, a, b) <= 4 * native < _error(r12.out, a, b)
     np.testing.assert_array_equal(r16.out, ozaki.gemm(a, b, moduli=16)[0])
-    for bad in ("ozaki:0", "ozaki:x", "ozaki:99"):
+    for bad in ("ozaki:0", "ozaki:x", "ozaki:37", "ozaki:99"):
         with pytest.raises(oocgemm.OptionError, match="ozaki:N"):
             oocgemm.multiply(a, b, device="cpu", kernel=bad)

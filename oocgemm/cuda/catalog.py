@@ -163,9 +163,9 @@ def _check_ozaki(name: str, dtype) -> str:
         raise OptionError(f"kernel {name!r} emulates float64 products, not {dtype}")
     count = name.partition(":")[2]
     if count:
-        from ..ozaki import MODULI
+        from ..ozaki import MAX_MODULI
 
-        if not count.isdigit() or not 1 <= int(count) <= len(MODULI):
-            raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {len(MODULI)} "
+        if not count.isdigit() or not 1 <= int(count) <= MAX_MODULI:
+            raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {MAX_MODULI} "
                               f"moduli")
     return name

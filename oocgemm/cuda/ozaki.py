@@ -21,6 +21,7 @@ panel is converted once for every GEMM that reads it (:class:`Emulator`).
 
 from __future__ import annotations
 
+import cupy
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
@@ -54,7 +55,7 @@ def int8_gemm(handle: int, a_ptr: int, b_ptr: int, c_ptr: int, rows: int, cols: 
 # -- the kernels -------------------------------------------------------------------------------
 
 #: Instances of ``ozaki_finishN``: the most moduli each takes (its registers grow with it).
-FINISH = (16, 24, 32, 40)
+FINISH = (16, 24, 32, 36)  # the last: ozaki.MAX_MODULI
 
 _THREADS = 256
 
@@ -62,8 +63,6 @@ _THREADS = 256
 def module(device: int, cache: dict):
     """``kernels/ozaki.cu`` compiled for GPU ``device`` (kept in ``cache``: an engine's or the
     process's compiled kernels)."""
-    import cupy
-
     from ..errors import KernelError
     from .catalog import kernels_dir
 
@@ -89,6 +88,13 @@ def module(device: int, cache: dict):
 def _grid(count: int, per_block: int = _THREADS) -> tuple[int, int, int]:
     """Blocks for a grid-stride loop over ``count`` items, ``per_block`` a block."""
     return (max(1, min(-(-count // per_block), 65535)), 1, 1)
+
+
+def _recorded(stream):
+    """An event recorded on ``stream`` now (no timing)."""
+    event = cupy.cuda.Event(block=False, disable_timing=True)
+    event.record(stream)
+    return event
 
 
 # -- converted panels --------------------------------------------------------------------------
@@ -126,8 +132,10 @@ class Emulator:
     holds that panel, so that a panel is converted once for every GEMM that reads it. Panels
     are converted on a stream of their own, after the uploads the GEMM waits for, so that
     they convert while the previous GEMMs compute; the host reads each new panel's stats back
-    (a few bytes) to choose the moduli or native DGEMM. The int8 GEMMs and the finish run on
-    the compute stream, a chunk of C's rows at a time.
+    (a few bytes) to choose the moduli or native DGEMM. The int8 GEMMs run on the compute
+    stream, a chunk of C's rows at a time, into one of two buffers; each chunk's finish runs
+    on a stream of its own while the next chunk's GEMMs compute, and the compute stream waits
+    for a GEMM's last finish before the GEMM is done.
 
     ``gpu``: what the run's :class:`~oocgemm.cuda.engine.GpuContext` gives (``index``,
     ``resources``, ``device_ptr(slot)``, ``streams['compute']``, ``handle``); ``kernel``:
@@ -137,8 +145,6 @@ class Emulator:
 
     def __init__(self, gpu, kernel: str, tile: tuple[int, int, int], slots, *,
                  timing: bool = False):
-        import cupy
-
         from .. import ozaki
         from .catalog import ozaki_moduli
 
@@ -148,7 +154,8 @@ class Emulator:
         self.capacity = ozaki.reserved_moduli(self.moduli, r)
         self.sizes = ozaki.footprint(w, h, r, self.moduli)
         self.module = module(gpu.index, gpu.resources.kernels)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream = cupy.cuda.Stream(non_blocking=True)  # conversions
+        self.finishing = cupy.cuda.Stream(non_blocking=True)
         self.kernels = {name: self.module.get_function(name) for name in
                         ("ozaki_stats_rows", "ozaki_stats_cols", "ozaki_residues")}
         self.finish = {n: self.module.get_function(f"ozaki_finish{n}") for n in FINISH}
@@ -162,8 +169,11 @@ class Emulator:
                 cupy.empty(self.capacity * outer * padded(r, K_ALIGN), dtype=np.int8),
                 cupy.empty(outer, dtype=np.int32), cupy.empty(2, dtype=np.int32),
                 np.frombuffer(pinned, dtype=np.int32, count=2), pinned)
-        self.scratch = cupy.empty(self.capacity * self.sizes.rows * padded(h, N_ALIGN),
-                                  dtype=np.int32)
+        half = self.capacity * self.sizes.rows * padded(h, N_ALIGN)
+        scratch = cupy.empty(2 * half, dtype=np.int32)
+        self.scratch = (scratch[:half], scratch[half:])
+        self._free: list = [None, None]  # per buffer: the event after its last finish
+        self._turn = 0
         self.panels: dict[str, _Converted] = {}
         self.timing = timing
         self._timed: dict[str, list] = {"convert": [], "int8 gemm": [], "finish": []}
@@ -172,24 +182,20 @@ class Emulator:
     def _start(self, stream):
         if not self.timing:
             return None
-        import cupy
-
         ev = cupy.cuda.Event()
         ev.record(stream)
         return ev
 
     def _stop(self, phase: str, start, stream) -> None:
         if start is not None:
-            import cupy
-
             end = cupy.cuda.Event()
             end.record(stream)
             self._timed[phase].append((start, end))
 
     def seconds(self) -> dict[str, float]:
-        """GPU seconds each phase took (with ``timing``; the streams must be idle)."""
-        import cupy
-
+        """GPU seconds each phase took (with ``timing``), once what is in flight is done."""
+        self.stream.synchronize()
+        self.finishing.synchronize()
         return {phase: sum(cupy.cuda.get_elapsed_time(a, b) for a, b in pairs) / 1e3
                 for phase, pairs in self._timed.items() if pairs}
 
@@ -218,15 +224,12 @@ class Emulator:
                 self.kernels["ozaki_stats_rows"](
                     _grid(outer, _THREADS // 32), (_THREADS, 1, 1),
                     (np.int32(outer), np.int32(depth), np.uint64(x), np.int64(so), *args_tail))
-            else:  # the rows contiguous: a thread a row
+            else:  # the rows contiguous: 32 rows a block, read 8 K at a time
                 self.kernels["ozaki_stats_cols"](
-                    _grid(outer), (_THREADS, 1, 1),
+                    _grid(outer, 32), (32, 8, 1),
                     (np.int32(outer), np.int32(depth), np.uint64(x), np.int64(sk), *args_tail))
-        import cupy
-
         cupy.cuda.runtime.memcpyAsync(host.ctypes.data, summary.data.ptr, 8, 2, stream.ptr)
-        panel.read_back = cupy.cuda.Event(block=False, disable_timing=True)
-        panel.read_back.record(stream)
+        panel.read_back = _recorded(stream)
         self._stop("convert", start, stream)
         return panel
 
@@ -236,8 +239,6 @@ class Emulator:
             panel.bits, panel.done = bits, 0
         if panel.done >= n:
             return
-        import cupy
-
         stream = self.stream
         start = self._start(stream)
         x, so, sk = panel.source
@@ -249,8 +250,7 @@ class Emulator:
                  np.uint64(x), np.int64(so), np.int64(sk), panel.emax, np.int32(bits),
                  np.int32(panel.done), np.int32(n - panel.done), panel.residues))
         panel.done = n
-        panel.ready = cupy.cuda.Event(block=False, disable_timing=True)
-        panel.ready.record(stream)
+        panel.ready = _recorded(stream)
         self._stop("convert", start, stream)
 
     # -- the product -----------------------------------------------------------------------
@@ -280,32 +280,40 @@ class Emulator:
             compute.wait_event(panel.ready)
         finish = self.finish[next(f for f in FINISH if f >= n)]
         h_pad, depth = padded(h, N_ALIGN), pa.depth_pad
+        finishing = self.finishing
         for x0 in range(row0, row0 + rows, self.sizes.rows):
             x1 = min(x0 + self.sizes.rows, row0 + rows)
+            turn, self._turn = self._turn, 1 - self._turn
+            products = self.scratch[turn]
+            if self._free[turn] is not None:  # its last chunk finished
+                compute.wait_event(self._free[turn])
             start = self._start(compute)
             with compute:  # CuPy's cuBLAS calls put the handle on the current stream
                 int8_gemm(self.gpu.handle, pa.residues.data.ptr + x0 * depth,
-                          pb.residues.data.ptr, self.scratch.data.ptr, x1 - x0, h, depth,
+                          pb.residues.data.ptr, products.data.ptr, x1 - x0, h, depth,
                           lda=depth, ldb=depth, ldc=h_pad, stride_a=w * depth,
                           stride_b=h * depth, stride_c=(x1 - x0) * h_pad, batch=n)
             self._stop("int8 gemm", start, compute)
-            start = self._start(compute)
-            count = (x1 - x0) * h
-            with compute:
-                finish(_grid(count), (_THREADS, 1, 1),
-                       (np.int32(x1 - x0), np.int32(h), self.scratch, np.int64(h_pad),
+            finishing.wait_event(_recorded(compute))
+            start = self._start(finishing)
+            with finishing:
+                finish(_grid((x1 - x0) * h), (_THREADS, 1, 1),
+                       (np.int32(x1 - x0), np.int32(h), products, np.int64(h_pad),
                         np.int64((x1 - x0) * h_pad), np.int32(n),
                         np.uint64(pa.emax.data.ptr + 4 * x0), np.int32(how.bits_a), pb.emax,
                         np.int32(how.bits_b), np.float64(alpha), np.float64(beta),
                         np.uint64(c_ptr + 8 * x0 * h), np.int64(h)))
-            self._stop("finish", start, compute)
+            self._stop("finish", start, finishing)
+            self._free[turn] = _recorded(finishing)
+        compute.wait_event(self._free[1 - self._turn])  # the last finish: C is written
         return True, f"ozaki, {n} moduli"
 
     def close(self) -> None:
         self.stream.synchronize()
+        self.finishing.synchronize()
         self.buffers.clear()
         self.panels.clear()
-        self.scratch = None
+        self.scratch = ()
 
 
 
@@ -320,8 +328,6 @@ class InCore:
     def __init__(self, m: int, n: int, k: int, kernel: str = "ozaki", *, timing: bool = False,
                  resources=None):
         import types
-
-        import cupy
 
         from ..ozaki import MAX_DEPTH
 
@@ -340,8 +346,6 @@ class InCore:
         return self._arrays[name].data.ptr
 
     def __call__(self, a, b, out) -> str:
-        import cupy
-
         m, n, k = self.shape
         if a.shape != (m, k) or b.shape != (k, n) or out.shape != (m, n):
             raise ValueError(f"shapes {a.shape} @ {b.shape} -> {out.shape}, planned for "

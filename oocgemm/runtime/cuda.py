@@ -286,7 +286,6 @@ class CudaExecutor(Executor):
                 for stream in gpu.streams.values():
                     stream.synchronize()
                 if gpu.emulator is not None and gpu.emulator.timing:
-                    gpu.emulator.stream.synchronize()
                     for phase, seconds in gpu.emulator.seconds().items():
                         self.log.add_time(phase, seconds)
             except BaseException as exc:
