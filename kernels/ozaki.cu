@@ -56,6 +56,7 @@ struct OzakiTables {
     int pow2[OZAKI_MAX_MODULI][OZAKI_MAX_SHIFT];      // [k][e] = 2^e mod m_k
     double reciprocals[OZAKI_MAX_MODULI];             // 1 / m_k, rounded
     unsigned long long fastmod[OZAKI_MAX_MODULI];     // 2^64 / m_k rounded up (ozaki_mod32)
+    unsigned int offsets[OZAKI_MAX_MODULI];           // the least multiple of m_k >= 2^31
 };
 
 constexpr int ozaki_gcd(int a, int b)
@@ -99,6 +100,7 @@ constexpr OzakiTables ozaki_make_tables()
         }
         t.reciprocals[k] = 1.0 / m;
         t.fastmod[k] = ~0ULL / m + 1;
+        t.offsets[k] = (unsigned int)m * ((0x80000000u + m - 1) / m);
     }
     return t;
 }
@@ -137,17 +139,33 @@ OZAKI_HD double ozaki_add(double a, double b)
 #endif
 }
 
+// 1.5 2^52: added to a float64 of magnitude below 2^51, it rounds it to an integer, and the
+// low 32 bits of the sum are that integer (two's complement) where it is below 2^31.
+constexpr double OZAKI_MAGIC = 0x1.8p52;
+
+OZAKI_HD int ozaki_low_word(double x)
+{
+#ifdef __CUDA_ARCH__
+    return __double2loint(x);
+#else
+    long long bits;
+    __builtin_memcpy(&bits, &x, sizeof bits);
+    return (int)(unsigned int)bits;
+#endif
+}
+
 // x mod m_k in [-(m/2), (m+1)/2) for an integer-valued float64 x with |x| <= 2^53, in floating
 // point: x * (1/m) errs from x/m by under |x/m| 2^-52 <= 2^-5 (every modulus is at least 64),
-// so q = rint of it is the nearest integer to x/m or next to it, and x - q m, an integer
-// within 0.6 m, is exact through one FMA; then at most one step of m into the range. Any exact
-// method gives the same residue (ozaki._balanced_mod).
+// so q, it rounded to an integer, is the nearest integer to x/m or next to it, and x - q m, an
+// integer within 0.6 m, is exact through one FMA; then at most one step of m into the range.
+// Any exact method gives the same residue (ozaki._balanced_mod).
 OZAKI_HD int ozaki_balanced_mod_f64(double x, int k)
 {
     const OzakiTables& t = ozaki_tables();
     const int m = t.moduli[k];
-    const double q = rint(ozaki_mul(x, t.reciprocals[k]));
-    int r = (int)fma(-q, (double)m, x);
+    const double q = ozaki_add(ozaki_add(ozaki_mul(x, t.reciprocals[k]), OZAKI_MAGIC),
+                               -OZAKI_MAGIC);
+    int r = ozaki_low_word(ozaki_add(fma(-q, (double)m, x), OZAKI_MAGIC));
     if (r < -(m / 2)) r += m;
     else if (r >= (m + 1) / 2) r -= m;
     return r;
@@ -174,9 +192,9 @@ OZAKI_HD int ozaki_mod32(unsigned int u, int k)
 // 2^31 is a nonnegative 32-bit integer of x's class (ozaki._balanced_mod).
 OZAKI_HD int ozaki_balanced_mod32(int x, int k)
 {
-    const int m = ozaki_tables().moduli[k];
-    const unsigned int offset = (unsigned int)m * ((0x80000000u + m - 1) / m);
-    const int r = ozaki_mod32((unsigned int)x + offset, k);
+    const OzakiTables& t = ozaki_tables();
+    const int m = t.moduli[k];
+    const int r = ozaki_mod32((unsigned int)x + t.offsets[k], k);
     return r >= (m + 1) / 2 ? r - m : r;
 }
 
@@ -283,12 +301,13 @@ OZAKI_HD double ozaki_round_digits(const int (&v)[MAXN], int n, int exp)
     const OzakiTables& t = ozaki_tables();
     const int n_groups = (n + 2) / 3;
 
-    // 1. The digits three at a time (D_g, R_g), and the sign of the top nonzero group.
-    long long group[GROUPS], radix[GROUPS];
+    // 1. The digits three at a time (D_g, R_g: |D_g| < R_g / 2 < 2^23), and the sign of the
+    // top nonzero group.
+    int group[GROUPS], radix[GROUPS];
     int sign = 0;
 #pragma unroll
     for (int g = 0; g < GROUPS; ++g) {
-        long long value = 0, r = 1;
+        int value = 0, r = 1;
 #pragma unroll
         for (int d = 2; d >= 0; --d) {
             const int k = 3 * g + d;
@@ -305,7 +324,7 @@ OZAKI_HD double ozaki_round_digits(const int (&v)[MAXN], int n, int exp)
     // 2. |A'B'| by Horner's rule from the top group, in limbs of 26 bits, low first. After a
     // group the value is below 2^bits, so limbs past bits / 26 stay zero and are skipped (numpy
     // bounds them by the exact product of the radices; the limbs it skips beyond are zero too).
-    long long limb[LIMBS];
+    unsigned int limb[LIMBS];  // 26 bits each: a limb times a radix fits 50
 #pragma unroll
     for (int l = 0; l < LIMBS; ++l) limb[l] = 0;
     int bits = 0;
@@ -317,8 +336,8 @@ OZAKI_HD double ozaki_round_digits(const int (&v)[MAXN], int n, int exp)
 #pragma unroll
         for (int l = 0; l < LIMBS; ++l) {
             if (l <= bits / OZAKI_LIMB) {
-                const long long x = limb[l] * radix[g] + carry;
-                limb[l] = x & ((1LL << OZAKI_LIMB) - 1);
+                const long long x = (long long)limb[l] * radix[g] + carry;
+                limb[l] = (unsigned int)x & ((1u << OZAKI_LIMB) - 1);
                 carry = x >> OZAKI_LIMB;  // arithmetic: a borrow of a negative group
             }
         }
