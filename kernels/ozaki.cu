@@ -18,7 +18,9 @@
 // Launch: ozaki_residues with block (32, 8) and grid (ceil(depth_pad / 32), ceil(outer / 32));
 // ozaki_stats_cols with block (32, 8) and any grid (a grid-stride loop over 32 columns a
 // block); the others with 256 threads a block and any grid: a grid-stride loop over their
-// elements (rows a warp each for ozaki_stats_rows). No dynamic shared memory.
+// elements (rows a warp each for ozaki_stats_rows). No dynamic shared memory. ozaki_residues
+// converts `outer` rows of a panel whose moduli planes are `plane` elements apart (a chunk of
+// its rows: x, emax and out point at the chunk's first row).
 //
 // Exactness: every step but ozaki_finishN's last operations is integer arithmetic or an exact
 // floating-point operation (max, frexp, ldexp by a power of two without underflow, rint, a
@@ -443,7 +445,8 @@ extern "C" __global__ void ozaki_stats_cols(int outer, int depth, const double* 
 extern "C" __global__ void ozaki_residues(int outer, int depth, int depth_pad,
                                           const double* __restrict__ x, long long so,
                                           long long sk, const int* __restrict__ emax, int bits,
-                                          int first, int n, signed char* __restrict__ out)
+                                          int first, int n, signed char* __restrict__ out,
+                                          long long plane)
 {
     __shared__ double tile[32][33];
     const int o0 = blockIdx.y * 32, k0 = blockIdx.x * 32, tx = threadIdx.x;
@@ -455,7 +458,6 @@ extern "C" __global__ void ozaki_residues(int outer, int depth, int depth_pad,
         else tile[tx][p] = value;
     }
     __syncthreads();
-    const long long plane = (long long)outer * depth_pad;
     for (int p = threadIdx.y; p < 32; p += blockDim.y) {
         const int o = o0 + p, k = k0 + tx;
         if (o < outer && k < depth_pad)

@@ -92,10 +92,10 @@ def test_a_converted_panel_serves_every_gemm_that_reads_it(rng):
     converted = []
     original = gpu_ozaki.Emulator._convert
 
-    def counting(self, panel, bits, n):
+    def counting(self, panel, bits, n, chunk):
         if panel.done < n or panel.bits != bits:
             converted.append(panel.key)
-        return original(self, panel, bits, n)
+        return original(self, panel, bits, n, chunk)
 
     a, b = rng.standard_normal((64, 128)), rng.standard_normal((128, 256))
     try:

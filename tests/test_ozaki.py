@@ -474,3 +474,67 @@ def test_fewer_moduli_by_name(rng):
     for bad in ("ozaki:0", "ozaki:x", "ozaki:37", "ozaki:99"):
         with pytest.raises(oocgemm.OptionError, match="ozaki:N"):
             oocgemm.multiply(a, b, device="cpu", kernel=bad)
+
+
+# -- the GPU's plans (no GPU needed: the planner is pure) ----------------------------------------
+
+def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
+    from oocgemm.planning import Operand, Plan, Problem, cuda_model
+    from oocgemm.runtime.cuda import CudaExecutor
+
+    def operand(shape):
+        return Operand(shape, None, False, "x", zero_copy=True)
+
+    prob = Problem(m=5000, n=3000, k=k, itemsize=8, dtype="float64", a=operand((5000, k)),
+                   b=operand((k, 3000)), c=None, out=operand((5000, 3000)), alpha=1.0, beta=0.0,
+                   trans_a=False, trans_b=False)
+    model = cuda_model()
+    return Plan(problem=prob, device="cuda:0", model=model, tile=tile, memory_limit=limit,
+                host_memory_limit=limit, staged=True, kernel=kernel,
+                **CudaExecutor.staging(prob, model, kernel))
+
+
+def test_an_emulating_gpu_plan_counts_its_converted_panels():
+    """Each A and B slot keeps its panel's residues (a byte a modulus, K padded to 16) and
+    its rows' exponents beside it, and two chunks of int32 products are kept: all in the
+    plan's device bytes, and named when they do not fit."""
+    w, h, r = 1000, 700, 1234
+    native, emulated = _gpu_plan("cublas", (w, h, r)), _gpu_plan("ozaki:16", (w, h, r))
+    buf = emulated.buffers
+    assert (emulated.n_a, emulated.n_b, emulated.ramp) == (2, 2, 0)
+    assert buf.a_converted == 16 * w * 1248 + 4 * w and buf.b_converted == 16 * h * 1248 + 4 * h
+    assert buf.emulation == 2 * 4 * 16 * w * 700  # w < 2048 rows a chunk; h a multiple of 4
+    assert emulated.device_bytes == (2 * buf.c + 2 * (buf.a + buf.a_converted)
+                                     + 2 * (buf.b + buf.b_converted) + buf.emulation)
+    assert native.buffers.emulation == 0
+    exact = _gpu_plan("ozaki", (w, h, r)).buffers  # room for the most moduli the rule takes
+    assert exact.a_converted == ozaki.reserved_moduli(None, r) * w * 1248 + 4 * w
+    with pytest.raises(oocgemm.BudgetError, match="converted A 2x"):
+        _gpu_plan("ozaki:16", (w, h, r), limit=emulated.device_bytes - 1).validate()
+
+
+def test_an_emulating_gpu_plan_keeps_its_k_panels_exact_in_int32():
+    """K panels of at most MAX_DEPTH, so that the int8 products sum exactly in int32: the
+    planner picks no deeper one, and a deeper tile is refused."""
+    from oocgemm.planning import choose_tile
+
+    deep = ozaki.MAX_DEPTH + 1000
+    plan = _gpu_plan("ozaki:16", (64, 64, 64), k=deep)
+    staging = {key: getattr(plan, key) for key in ("n_stage", "n_out", "split_last", "ramp",
+                                                   "tail_panels", "n_a", "n_b", "min_stripes")}
+    tile = choose_tile(plan.problem, plan.model, 64 << 30, 64 << 30, staged=True,
+                       kernel="ozaki:16", **staging)
+    assert tile[2] <= ozaki.MAX_DEPTH
+    with pytest.raises(oocgemm.OptionError, match="at most 131071"):
+        _gpu_plan("ozaki:16", (64, 64, deep), k=deep).validate()
+    _gpu_plan("cublas", (64, 64, deep), k=deep).validate()
+
+
+def test_the_model_charges_the_finish_per_k_panel():
+    """Emulated plans gain from deep K panels, which native ones hardly do: the finish runs
+    once per K panel over the whole of C."""
+    def compute(kernel, r):
+        return _gpu_plan(kernel, (2500, 3000, r)).prediction.compute
+
+    assert compute("ozaki:16", 2000) / compute("ozaki:16", 20000) > 1.1
+    assert compute("cublas", 2000) / compute("cublas", 20000) < 1.1

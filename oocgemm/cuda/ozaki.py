@@ -114,7 +114,11 @@ class _Converted:
         self.range = None  # (spread, finite) once read back
         self.bits: int | None = None
         self.done = 0
-        self.ready = None  # the event after the last residues
+        self.ready: list = []  # (end row, the event after the residues of the rows before it)
+
+    def ready_for(self, row: int):
+        """The event after which the residues of rows ``[0, row)`` are there."""
+        return next(event for end, event in self.ready if end >= row)
 
     def stats(self) -> tuple[int, bool]:
         """(spread, finite), waiting for the read-back the first time."""
@@ -233,8 +237,10 @@ class Emulator:
         self._stop("convert", start, stream)
         return panel
 
-    def _convert(self, panel: _Converted, bits: int, n: int) -> None:
-        """Residues of ``panel`` for the first ``n`` moduli with ``bits`` (those it lacks)."""
+    def _convert(self, panel: _Converted, bits: int, n: int, chunk: int) -> None:
+        """Residues of ``panel`` for the first ``n`` moduli with ``bits`` (those it lacks),
+        ``chunk`` rows at a time, each chunk's event in ``panel.ready``: the GEMMs of a chunk
+        of C's rows wait for A's rows of that chunk only."""
         if panel.bits != bits:
             panel.bits, panel.done = bits, 0
         if panel.done >= n:
@@ -242,15 +248,21 @@ class Emulator:
         stream = self.stream
         start = self._start(stream)
         x, so, sk = panel.source
-        grid = (-(-panel.depth_pad // 32), -(-panel.outer // 32), 1)
-        with stream:
-            self.kernels["ozaki_residues"](
-                grid, (32, 8, 1),
-                (np.int32(panel.outer), np.int32(panel.depth), np.int32(panel.depth_pad),
-                 np.uint64(x), np.int64(so), np.int64(sk), panel.emax, np.int32(bits),
-                 np.int32(panel.done), np.int32(n - panel.done), panel.residues))
+        plane = panel.outer * panel.depth_pad
+        panel.ready = []
+        for o0 in range(0, panel.outer, chunk):
+            rows = min(chunk, panel.outer - o0)
+            with stream:
+                self.kernels["ozaki_residues"](
+                    (-(-panel.depth_pad // 32), -(-rows // 32), 1), (32, 8, 1),
+                    (np.int32(rows), np.int32(panel.depth), np.int32(panel.depth_pad),
+                     np.uint64(x + 8 * o0 * so), np.int64(so), np.int64(sk),
+                     np.uint64(panel.emax.data.ptr + 4 * o0), np.int32(bits),
+                     np.int32(panel.done), np.int32(n - panel.done),
+                     np.uint64(panel.residues.data.ptr + o0 * panel.depth_pad),
+                     np.int64(plane)))
+            panel.ready.append((o0 + rows, _recorded(stream)))
         panel.done = n
-        panel.ready = _recorded(stream)
         self._stop("convert", start, stream)
 
     # -- the product -----------------------------------------------------------------------
@@ -273,11 +285,10 @@ class Emulator:
             return False, f"native: {how.reason}"
         n = len(how.moduli)
         assert n <= self.capacity, (n, self.capacity)
-        self._convert(pa, how.bits_a, n)
-        self._convert(pb, how.bits_b, n)
+        self._convert(pb, how.bits_b, n, pb.outer)  # every chunk of C needs all of B
+        self._convert(pa, how.bits_a, n, self.sizes.rows)
         compute = self.gpu.streams["compute"]
-        for panel in (pa, pb):
-            compute.wait_event(panel.ready)
+        compute.wait_event(pb.ready_for(pb.outer))
         finish = self.finish[next(f for f in FINISH if f >= n)]
         h_pad, depth = padded(h, N_ALIGN), pa.depth_pad
         finishing = self.finishing
@@ -287,6 +298,7 @@ class Emulator:
             products = self.scratch[turn]
             if self._free[turn] is not None:  # its last chunk finished
                 compute.wait_event(self._free[turn])
+            compute.wait_event(pa.ready_for(x1))
             start = self._start(compute)
             with compute:  # CuPy's cuBLAS calls put the handle on the current stream
                 int8_gemm(self.gpu.handle, pa.residues.data.ptr + x0 * depth,

@@ -48,9 +48,13 @@ class DeviceModel:
     int8_ops: float = 0.0
     """Sustained int8 tensor-core GEMM rate, ops/s, for emulated float64 products
     (``kernel='ozaki'``; 0: the device emulates with its float64 rate, as numpy does)."""
-    device_bandwidth: float = 0.0
-    """Device memory bandwidth, bytes/s, for the emulation's elementwise passes (0: not
-    charged)."""
+    finish_digit: float = 0.0
+    """Seconds the emulation's finish adds per element of C, modulus and K panel, as it runs
+    beside the int8 GEMMs (digits, rounding, alpha and beta)."""
+    convert_digit: float = 0.0
+    """Seconds the conversion adds per element of a loaded A or B panel and modulus
+    (residues), beside ``convert_element`` per element (its stats)."""
+    convert_element: float = 0.0
 
     def gemm_seconds(self, w: int, h: int, r: int, itemsize: int, complex_: bool = False) -> float:
         flops = (8 if complex_ else 2) * w * h * r
@@ -65,12 +69,13 @@ def cuda_model() -> DeviceModel:
     # Host staging copies run on many threads; while C streams out beside A and B streaming
     # in, the host's copies together reached ~25 GB/s on the H100 machine (16 cores).
     # Whole zstd chunks decode at 1.7 GB/s with zarr-python, 16 threads (measured there).
-    # int8 GEMMs of the emulation: 1014 TOPS sustained (batched, 2048 x 16384 x 8192), 796
-    # at 1024 x 16384 x 4096; HBM3 about 3.35 TB/s nominal, taken as 2.8 for elementwise
-    # passes.
+    # The emulation (kernel='ozaki', H100, 2026-11-24): int8 GEMMs 1036-1050 TOPS sustained
+    # (batched, 2048 x 16384 x 8192-16384); the finish and the conversion as they added to
+    # the compute lane's time out of core at n = 32768 (16 moduli, tiles 16384^2 x 2560 and
+    # 16384 x 32768 x 8192: 2.38 s and 1.62 s against 2.39 s and 1.62 s modelled).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       half_size=128, granule=256, decode=1.7e9, int8_ops=1.0e15,
-                       device_bandwidth=2.8e12)
+                       half_size=128, granule=256, decode=1.7e9, int8_ops=1.04e15,
+                       finish_digit=4.5e-12, convert_digit=2.4e-12, convert_element=8e-12)
 
 
 def cpu_model() -> DeviceModel:

@@ -542,21 +542,17 @@ def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceM
                        kernel: str, loaded: int) -> float:
     """The GPU's time for an emulated product with ``tile``, ``loaded`` bytes of A and B
     panels loaded: one int8 GEMM per modulus (:func:`oocgemm.ozaki.reserved_moduli`: for the
-    exact rule, the most it may take); per C block and K panel, the finish reads each
-    element's int32 products and C and writes C; each panel loaded is read twice (stats,
-    residues) and its residues written. The elementwise passes are what favours deep K
-    panels: one finish per K panel."""
+    exact rule, the most it may take); per C block and K panel, the finish of every element
+    of C; per panel loaded, its conversion. The finish, once per K panel, is what favours
+    deep K panels."""
     from ..ozaki import reserved_moduli
 
     w, h, r = tile
     n = reserved_moduli(ozaki_moduli(kernel), r)
     gemms = n * prob.flops / model.int8_ops * (
         1 + model.half_size / w + model.half_size / h + model.half_size / r)
-    if not model.device_bandwidth:
-        return gemms
-    nk = math.ceil(prob.k / r)
-    finish = prob.m * prob.n * nk * (4 * n + 16) / model.device_bandwidth
-    convert = loaded / prob.itemsize * (2 * prob.itemsize + n) / model.device_bandwidth
+    finish = prob.m * prob.n * math.ceil(prob.k / r) * n * model.finish_digit
+    convert = loaded / prob.itemsize * (n * model.convert_digit + model.convert_element)
     return gemms + finish + convert
 
 
