@@ -219,7 +219,7 @@ def out_of_core(n: int, kernels, memory_limits, spreads, repeat: int = 2,
                                  tile=list(best.plan.tile), emulation=dict(best.emulation),
                                  emulation_seconds=dict(best.emulation_seconds),
                                  predicted=pred.total, bound=pred.bound,
-                                 compute_busy=_compute_busy(best))
+                                 compute_busy=_compute_busy(best), bytes=dict(best.bytes))
     return result
 
 
@@ -292,7 +292,7 @@ def report(res: dict) -> str:
         d = runs["dgemm"]
         lines.append(f"  out of core {ooc['n']}^3, {limit}: dgemm {d['seconds']:.2f} s "
                      f"({d['tflops']:.1f} TFLOP/s, tile {d['tile']}, compute busy "
-                     f"{d['compute_busy']:.0%})")
+                     f"{d['compute_busy']:.0%}, {d['bytes']['h2d'] / 1e9:.1f} GB up)")
         for kernel, e in runs.items():
             if kernel == "dgemm":
                 continue
@@ -301,7 +301,8 @@ def report(res: dict) -> str:
                     f"    {kernel}: {e['seconds']:.2f} s ({e['tflops']:.1f} TFLOP/s, "
                     f"{e['tflops'] / d['tflops']:.3f}x dgemm's run, "
                     f"{e['tflops'] * 1e12 / dgemm_ceiling:.3f}x the in-core DGEMM ceiling; tile "
-                    f"{e['tile']}, compute busy {e['compute_busy']:.0%}, predicted "
+                    f"{e['tile']}, compute busy {e['compute_busy']:.0%}, "
+                    f"{e['bytes']['h2d'] / 1e9:.1f} GB up, predicted "
                     f"{e['predicted']:.2f} s, {e['bound']}; {e['emulation']}; GPU phases "
                     + ", ".join(f"{k} {v:.2f} s" for k, v in e["emulation_seconds"].items())
                     + ")")
