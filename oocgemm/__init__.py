@@ -22,8 +22,7 @@ from .errors import (
 from .freivalds import VerifyReport, verify
 from .planning import Plan
 from .result import Result
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engine",
            "ExecutionError",

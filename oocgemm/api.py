@@ -554,7 +554,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
              overwrite: bool = False, progress: bool | Callable[[Event], object] | None = None,
              events: bool = True, out_options: Mapping[str, Any] | None = None,
              storage_options: Mapping[str, Any] | None = None, verify: bool = False,
-             resume: bool = False, engine: EngineLike | None = None) -> Result:
+             resume: bool = False, engine: EngineLike | None = None, **unknown: Any) -> Result:
     """Compute ``out = alpha * op(a) @ op(b) + beta * c`` block by block (BLAS xGEMM).
 
     Parameters
@@ -640,6 +640,9 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         (exists, aliases an input), BudgetError (no tile fits), OptionError, DeviceError,
         ExecutionError (the run failed; nothing was committed).
     """
+    if unknown:
+        raise OptionError(f"multiply() got unknown keyword arguments {sorted(unknown)}; "
+                          f"see help(oocgemm.multiply)")
     if not isinstance(overwrite, (bool, np.bool_)):
         raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
     if not isinstance(events, (bool, np.bool_)):

@@ -23,9 +23,9 @@ import threading
 
 import click
 
-from . import __version__
 from .errors import OOCGemmError, OutputError
 from .units import format_seconds, format_size
+from .version import __version__
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

@@ -14,7 +14,8 @@ import platform
 
 import numpy as np
 
-from . import __version__, cuda, hostinfo
+from . import cuda, hostinfo
+from .version import __version__
 
 
 def _version(module: str) -> str | None:

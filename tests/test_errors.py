@@ -346,7 +346,8 @@ def test_bad_scalars_and_flags(rng, kw):
 
 def test_plan_refuses_misspelled_keywords_and_takes_multiplys(rng):
     a = rand(rng, (6, 6))
-    with pytest.raises(oocgemm.OptionError, match="memory_limt"):
-        oocgemm.plan(a, a, memory_limt="1GB", device="cpu")
+    for call in (oocgemm.plan, oocgemm.multiply):  # an OOCGemmError, as any user error
+        with pytest.raises(oocgemm.OptionError, match="memory_limt"):
+            call(a, a, memory_limt="1GB", device="cpu")
     p = oocgemm.plan(a, a, device="cpu", overwrite=True, progress=False, verify=True)
     assert p.summary()["kernel"] is None  # no CUDA kernel on the CPU

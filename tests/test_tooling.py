@@ -54,8 +54,7 @@ def _imports() -> dict[str, set[str]]:
                     deps.add(full if full in names else target)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names)
-        graph[module] = {d for d in deps if d in names and d != module
-                         and not module.startswith(d + ".")}  # a package's own __init__
+        graph[module] = {d for d in deps if d in names and d != module}
     return graph
 
 

@@ -13,7 +13,8 @@ once on several threads count once):
 - **copies**: READ (source -> staging or working buffer), UPLOAD (H2D), DOWNLOAD (D2H) and
   WRITE (-> output). **Exposed copy** time is the time some copy runs while nothing computes;
   **overlap** is the share of copy time that ran under computation.
-- **links**: storage read (READ), h2d (UPLOAD), d2h (DOWNLOAD), storage write (WRITE); a link's
+- **links**: storage_read (READ), h2d (UPLOAD), d2h (DOWNLOAD), storage_write (WRITE), named as
+  ``result.bytes`` names them; a link's
   busy time is the union of its operations on every lane, its rates bytes / busy and
   bytes / wall.
 - **bound**: compute when it is busy at least 95% of the wall, else the resource (compute or a
@@ -34,7 +35,7 @@ from .lanes import lane_family, lane_order
 COMPUTE_BOUND = 0.95
 
 #: Links between the levels, and the operation kind that moves bytes over each.
-LINKS = {"storage read": "read", "h2d": "upload", "d2h": "download", "storage write": "write"}
+LINKS = {"storage_read": "read", "h2d": "upload", "d2h": "download", "storage_write": "write"}
 
 # -- the report ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class LinkStats:
     """What one link moved: storage read, h2d, d2h or storage write."""
 
     name: str
-    """'storage read', 'h2d', 'd2h' or 'storage write'."""
+    """'storage_read', 'h2d', 'd2h' or 'storage_write' (as ``result.bytes`` names them)."""
     operations: int
     """Operations that used it."""
     bytes: int
@@ -113,7 +114,7 @@ class Timeline:
     teardown included), seconds; None when not known."""
     predicted: dict = field(default_factory=dict)
     """The plan's prediction: 'seconds' (total), 'bound', and seconds per resource
-    ('compute', 'h2d', 'd2h', 'storage read', 'storage write', 'host copy', 'fill',
+    ('compute', 'h2d', 'd2h', 'storage_read', 'storage_write', 'host_copy', 'fill',
     'drain'); empty when not known."""
     meta: dict = field(default_factory=dict)
     """The product: 'shape' [m, n, k], 'dtype', 'device', 'tile' [w, h, r], 'operations'
@@ -232,10 +233,10 @@ class Timeline:
         raise KeyError(f"no lane {name!r}; lanes: {', '.join(x.name for x in self.lanes)}")
 
     def link(self, name: str) -> LinkStats:
-        """The figures of one link: 'storage read', 'h2d', 'd2h', 'storage write', or as the
-        keys of ``result.bytes`` spell them ('storage_read', ...)."""
+        """The figures of one link: 'storage_read', 'h2d', 'd2h', 'storage_write' (the keys
+        of ``result.bytes``; 'storage read' with a space is taken too)."""
         for link in self.links:
-            if link.name == name.replace("_", " "):
+            if link.name == name.replace(" ", "_"):
                 return link
         raise KeyError(f"no link {name!r} moved anything; links: "
                        f"{', '.join(x.name for x in self.links) or 'none'}")
@@ -438,8 +439,8 @@ def plan_figures(plan) -> tuple[dict, dict]:
     """(predicted, meta) of a :class:`~oocgemm.plan.Plan`, for :meth:`Timeline.from_events`."""
     pred = plan.prediction
     predicted = {"seconds": pred.total, "bound": pred.bound, "compute": pred.compute,
-                 "h2d": pred.h2d, "d2h": pred.d2h, "storage read": pred.storage_read,
-                 "storage write": pred.storage_write, "host copy": pred.host_copy,
+                 "h2d": pred.h2d, "d2h": pred.d2h, "storage_read": pred.storage_read,
+                 "storage_write": pred.storage_write, "host_copy": pred.host_copy,
                  "fill": pred.fill, "drain": pred.drain}
     prob = plan.problem
     meta = {"shape": [prob.m, prob.n, prob.k], "dtype": prob.dtype, "device": plan.device,

@@ -30,7 +30,7 @@ _PID = 1
 
 def chrome_trace(timeline) -> dict:
     """The trace of a :class:`~oocgemm.diagnostics.timeline.Timeline` as a JSON-able dict."""
-    from .. import __version__
+    from ..version import __version__
 
     meta = timeline.meta
     process = "oocgemm"

@@ -345,16 +345,16 @@ class Prediction:
 
     def _resources(self) -> dict[str, float]:
         return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
-                "storage read": self.storage_read, "decode": self.decode,
-                "storage write": self.storage_write, "host copy": self.host_copy}
+                "storage_read": self.storage_read, "decode": self.decode,
+                "storage_write": self.storage_write, "host_copy": self.host_copy}
 
     @property
     def total(self) -> float:
         return max(self._resources().values()) + self.fill + self.drain + self.overhead
 
     def describe(self) -> str:
-        return ", ".join(f"{name} {format_seconds(v)}" for name, v in self._resources().items()
-                         if v)
+        return ", ".join(f"{name.replace('_', ' ')} {format_seconds(v)}"
+                         for name, v in self._resources().items() if v)
 
 
 def _splits(extent: int, step: int) -> tuple[int, ...]:
