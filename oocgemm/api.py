@@ -10,7 +10,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .errors import (
     OutputError,
     ShapeError,
 )
+from .hints import DeviceLike, MatrixLike, Scalar, Size
 from .options import Options
 from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
 from .result import Result
@@ -44,17 +45,6 @@ class EngineLike(Protocol):
 
     def resources(self, kind: str) -> Any: ...
 
-
-#: A matrix that :func:`multiply` reads or writes: a path or URL (``str``, ``os.PathLike``), or
-#: an array (numpy array or memmap, CuPy, ``zarr.Array``, dask, xarray ``DataArray``; their
-#: types are not imported here, hence ``Any``).
-MatrixLike: TypeAlias = "str | os.PathLike[str] | np.ndarray | Any"
-#: alpha and beta: real or complex.
-Scalar: TypeAlias = "float | complex"
-#: A memory limit: bytes, or a string like ``'8GB'`` or ``'80%'``; None for the default.
-Size: TypeAlias = "int | str | None"
-#: A device (``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``, ``'cuda:all'``), or several.
-DeviceLike: TypeAlias = "str | Sequence[str]"
 
 
 

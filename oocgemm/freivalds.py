@@ -18,11 +18,14 @@ is about 300 |x_j| times over it, so two rounds miss it with probability under 1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .errors import OptionError, ShapeError
+from .hints import MatrixLike, Scalar
 from .storage import open_source
 
 #: Bytes of one band of stored rows read at a time (rounded to whole chunk rows).
@@ -132,8 +135,10 @@ def _wide(complex_: bool) -> np.dtype:
     return np.dtype(np.complex128 if complex_ else np.float64)
 
 
-def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=False,
-           rounds: int = 2, seed=None, storage_options=None, _c_in_side=None,
+def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
+           beta: Scalar = 0.0, c_in: MatrixLike | None = None, trans_a: bool = False,
+           trans_b: bool = False, rounds: int = 2, seed: int | None = None,
+           storage_options: Mapping[str, Any] | None = None, _c_in_side=None,
            _x=None, _checking: bool = False) -> VerifyReport:
     """Freivalds' check that ``c == alpha * op(a) @ op(b) + beta * c_in``.
 
@@ -151,8 +156,9 @@ def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=Fa
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     if beta != 0 and c_in is None and _c_in_side is None:
         raise OptionError("beta != 0: pass c_in=, the C the product was computed from")
-    srcs = {"a": open_source(a, "a", storage_options), "b": open_source(b, "b", storage_options),
-            "c": open_source(c, "c", storage_options, incomplete_ok=_checking)}
+    fs = None if storage_options is None else dict(storage_options)
+    srcs = {"a": open_source(a, "a", fs), "b": open_source(b, "b", fs),
+            "c": open_source(c, "c", fs, incomplete_ok=_checking)}
     try:
         for role, src in srcs.items():
             check_matrix(role, src)
@@ -177,7 +183,7 @@ def verify(a, b, c, *, alpha=1.0, beta=0.0, c_in=None, trans_a=False, trans_b=Fa
                         + (eps_c + np.sqrt(n + 2) * eps) * cx_abs)
         if beta != 0:
             side = _c_in_side if _c_in_side is not None else prepare_c_in(
-                c_in, x, storage_options=storage_options)
+                c_in, x, storage_options=fs)
             want = want + beta * side.value
             tol = tol + LAMBDA * 2 * eps_c * abs(beta) * side.value_abs
         tol = tol + np.finfo(np.float64).tiny

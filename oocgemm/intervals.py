@@ -1,4 +1,4 @@
-"""Unions of half-open intervals: the checker's element ranges (``plan/check.py``) and the
+"""Unions of half-open intervals: the checker's element ranges (``planning/check.py``) and the
 timeline's busy times (``diagnostics/timeline.py``) measure the same way."""
 
 from __future__ import annotations

@@ -261,11 +261,12 @@ def _product(ra: np.ndarray, rb: np.ndarray, m: int) -> np.ndarray:
     slices of ``MAX_DEPTH``, the sum so far reduced modulo ``m`` before each slice is added:
     the result is then another int32 of the same class modulo ``m``, which is all that
     :func:`digit` reads."""
-    c = None
-    for k in range(0, max(ra.shape[1], 1), MAX_DEPTH):
+    c = (ra[:, :MAX_DEPTH].astype(np.float64) @ rb[:MAX_DEPTH].astype(np.float64)
+         ).astype(np.int32)
+    for k in range(MAX_DEPTH, ra.shape[1], MAX_DEPTH):
         part = (ra[:, k:k + MAX_DEPTH].astype(np.float64)
                 @ rb[k:k + MAX_DEPTH].astype(np.float64)).astype(np.int32)
-        c = part if c is None else c % m + part
+        c = c % m + part
     return c
 
 

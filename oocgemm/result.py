@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .units import format_seconds, format_size
+
+if TYPE_CHECKING:
+    from .diagnostics.timeline import Timeline
 
 
 @dataclass
@@ -57,7 +60,7 @@ class Result:
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
 
     @functools.cached_property
-    def timeline(self):
+    def timeline(self) -> Timeline:
         """The overlap report of the run (:class:`~oocgemm.diagnostics.Timeline`): busy time
         per lane, compute idle (fill, drain, stalls), exposed copy time, rates per link, the
         bounding resource beside the plan's prediction. ``print(result.timeline)`` for a

@@ -15,8 +15,10 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from . import hostinfo
 from .errors import OptionError, OutputError
@@ -32,7 +34,7 @@ DEFAULT_CHUNK = 2048
 RANDOM_BLOCK_BYTES = 64 << 20
 
 
-def check_dtype(dtype) -> np.dtype:
+def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
     """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it."""
     try:
         dt = np.dtype(dtype)
@@ -44,15 +46,15 @@ def check_dtype(dtype) -> np.dtype:
 
 
 
-def tolerance(dtype, k: int) -> float:
+def tolerance(dtype: npt.DTypeLike, k: int) -> float:
     """Largest acceptable ``max|C - C_numpy| / max|C_numpy|`` for a product of depth ``k``:
     both results sum the same k products in different orders."""
     return 100 * float(np.finfo(np.dtype(dtype)).eps) * math.sqrt(max(k, 1))
 
 
 
-def random_matrix(shape, dtype="float64", seed: int = 0, threads: int | None = None
-                  ) -> np.ndarray:
+def random_matrix(shape: tuple[int, int], dtype: npt.DTypeLike = "float64", seed: int = 0,
+                  threads: int | None = None) -> np.ndarray:
     """A standard-normal matrix filled by several threads (one generator per row band): the
     GPU benchmark's operands are tens of GB, too many for one thread."""
     from concurrent.futures import ThreadPoolExecutor
@@ -97,7 +99,9 @@ class NormalStream:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise OptionError(f"seed must be a non-negative integer, got {seed!r}")
         sequence = np.random.SeedSequence(seed)
-        self.seed = int(sequence.entropy)
+        entropy = sequence.entropy
+        assert isinstance(entropy, int)  # a given seed, or the one SeedSequence drew
+        self.seed = entropy
         self._base = np.random.PCG64(sequence)
 
     def values(self, start: int, count: int) -> np.ndarray:
@@ -119,8 +123,8 @@ class NormalStream:
         offset = start - 2 * p0
         return z.reshape(-1)[offset:offset + count]
 
-    def block(self, n_cols: int, rows: tuple[int, int], cols: tuple[int, int], dtype
-              ) -> np.ndarray:
+    def block(self, n_cols: int, rows: tuple[int, int], cols: tuple[int, int],
+              dtype: npt.DTypeLike) -> np.ndarray:
         """Rows ``rows[0]:rows[1]``, columns ``cols[0]:cols[1]`` of the matrix with ``n_cols``
         columns, as ``dtype``."""
         dt = np.dtype(dtype)
@@ -138,7 +142,7 @@ class NormalStream:
         return flat.astype(dt, copy=False)
 
 
-def random_kind(path: str) -> str:
+def random_kind(path: str | os.PathLike[str]) -> str:
     """'zarr' or 'npy' from the name; anything else is an error."""
     lower = os.fspath(path).lower().rstrip("/\\")
     if lower.endswith(".zarr"):
@@ -166,7 +170,9 @@ def _write_blocks(m: int, n: int, itemsize: int, align: tuple[int, int], target:
             yield (r0, min(r0 + rows, m)), (c0, min(c0 + cols, n))
 
 
-def write_random(path, shape, dtype="float64", *, chunks=None, seed: int | None = None,
+def write_random(path: str | os.PathLike[str], shape: tuple[int, int] | str,
+                 dtype: npt.DTypeLike = "float64", *,
+                 chunks: tuple[int, int] | str | None = None, seed: int | None = None,
                  overwrite: bool = False, progress: bool | None = None,
                  block_bytes: int = RANDOM_BLOCK_BYTES) -> dict:
     """Write a standard-normal matrix (see :class:`NormalStream`) to a ``.zarr`` or ``.npy``.
@@ -201,12 +207,13 @@ def write_random(path, shape, dtype="float64", *, chunks=None, seed: int | None 
     kind = random_kind(path)
     shape = _positive_pair(shape, "shape")
     dt = check_dtype(dtype)
-    if chunks is not None:
-        if kind == "npy":
-            raise OptionError("chunks apply to .zarr outputs only (a .npy file has no chunks)")
-        chunks = _positive_pair(chunks, "chunks")
-    elif kind == "zarr":
-        chunks = (min(shape[0], DEFAULT_CHUNK), min(shape[1], DEFAULT_CHUNK))
+    if chunks is not None and kind == "npy":
+        raise OptionError("chunks apply to .zarr outputs only (a .npy file has no chunks)")
+    # the blocks written: whole Zarr chunks; any for a .npy
+    grid = (_positive_pair(chunks, "chunks") if chunks is not None
+            else (min(shape[0], DEFAULT_CHUNK), min(shape[1], DEFAULT_CHUNK)))
+    if kind == "npy":
+        grid = (1, 1)
     stream = NormalStream(seed)
     if os.path.lexists(path) and not overwrite:
         raise OutputError(f"{path!r} exists; pass --overwrite (overwrite=True) to replace it")
@@ -227,24 +234,22 @@ def write_random(path, shape, dtype="float64", *, chunks=None, seed: int | None 
         if kind == "zarr":
             import zarr
 
-            array = zarr.create_array(
-                store=temporary, shape=shape, dtype=dt, chunks=chunks, compressors=None,
+            array: Any = zarr.create_array(
+                store=temporary, shape=shape, dtype=dt, chunks=grid, compressors=None,
                 fill_value=0, zarr_format=3,
                 attributes={"random": {"distribution": "standard_normal", "seed": stream.seed,
                                        "generator": "oocgemm.testing.NormalStream"}})
-            align = chunks
         else:
             from numpy.lib import format as npy_format
 
             array = npy_format.open_memmap(temporary, mode="w+", dtype=dt, shape=shape)
-            align = (1, 1)
         if progress is None or progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=nbytes, unit="B", unit_scale=True, unit_divisor=1024,
                        desc=os.path.basename(path.rstrip("/\\")), leave=False,
                        disable=None if progress is None else False, file=sys.stderr)
-        for rows, cols in _write_blocks(m, n, dt.itemsize, align, block_bytes):
+        for rows, cols in _write_blocks(m, n, dt.itemsize, grid, block_bytes):
             block = stream.block(n, rows, cols, dt)
             array[rows[0]:rows[1], cols[0]:cols[1]] = block
             if bar is not None:
@@ -260,7 +265,8 @@ def write_random(path, shape, dtype="float64", *, chunks=None, seed: int | None 
         if bar is not None:
             bar.close()
     return {"path": path, "format": kind, "shape": list(shape), "dtype": dt.name,
-            "chunks": list(chunks) if chunks else None, "seed": stream.seed, "bytes": nbytes,
+            "chunks": list(grid) if kind == "zarr" else None, "seed": stream.seed,
+            "bytes": nbytes,
             "seconds": time.perf_counter() - start}
 
 
@@ -274,7 +280,7 @@ def _positive_pair(value, name: str) -> tuple[int, int]:
         ok = False
     if not ok:
         raise OptionError(f"{name} must be two positive integers, got {value!r}")
-    return pair
+    return pair[0], pair[1]
 
 
 def _gib(nbytes: float) -> str:
