@@ -241,11 +241,13 @@ class Emulator:
         """Residues of ``panel`` for the first ``n`` moduli with ``bits`` (those it lacks),
         ``chunk`` rows at a time, each chunk's event in ``panel.ready``: the GEMMs of a chunk
         of C's rows wait for A's rows of that chunk only."""
+        stream = self.stream
         if panel.bits != bits:
+            if panel.done:  # its residues may still be read: rewrite them after those GEMMs
+                stream.wait_event(_recorded(self.gpu.streams["compute"]))
             panel.bits, panel.done = bits, 0
         if panel.done >= n:
             return
-        stream = self.stream
         start = self._start(stream)
         x, so, sk = panel.source
         plane = panel.outer * panel.depth_pad
