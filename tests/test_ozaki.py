@@ -443,14 +443,14 @@ def test_the_kernel_says_which_blocks_ran_native(rng):
     np.testing.assert_array_equal(np.isinf(r.out), np.isinf(a @ b))
 
 
-def test_the_kernel_is_checked(rng):
-    a = rng.standard_normal((8, 8))
-    with pytest.raises(oocgemm.OptionError, match="float64"):
-        oocgemm.multiply(a.astype(np.float32), a.astype(np.float32), device="cpu",
-                         kernel="ozaki")
-    if not oocgemm.cuda.device_count():
-        with pytest.raises(oocgemm.OOCGemmError):
-            oocgemm.multiply(a, a, device="cuda", kernel="ozaki")
+def test_other_dtypes_stay_on_their_native_gemm(rng):
+    """The scheme emulates float64: float32 products stay on SGEMM (complex ones on their
+    own GEMM), emulating nothing."""
+    for dtype in (np.float32, np.complex128):
+        a = rng.standard_normal((8, 8)).astype(dtype)
+        r = oocgemm.multiply(a, a, device="cpu", kernel="ozaki:16")
+        assert r.plan.kernel == "cublas" and r.emulation == {}
+        np.testing.assert_allclose(r.out, a @ a, rtol=1e-5)
 
 
 def test_the_kernel_is_in_the_json_of_plan_and_result(rng):
