@@ -102,7 +102,8 @@ class Table:
         print(f"{name:13} {g} device(s): {seconds:7.2f} s, {case['tflops']:6.2f} TFLOP/s"
               + (f", efficiency {case['efficiency']:.1%}" if "efficiency" in case else "")
               + f", rel. error {error:.1e}"
-              + "".join(f", {k} {v}" for k, v in extra.items()), flush=True)
+              + "".join(f", {k} {v:.3g}" if isinstance(v, float) else f", {k} {v}"
+                        for k, v in extra.items()), flush=True)
         return case
 
 
@@ -192,7 +193,7 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
                                  memory_limit=args.memory_limit, out_options=out_options,
                                  progress=False)
             times.append(time.perf_counter() - start)
-        table.add("zarr", g, times, check(c, a, b), floor=round(floor["seconds"], 2),
+        table.add("zarr", g, times, check(c, a, b), floor=floor["seconds"],
                   shares=_shares(r))
         shutil.rmtree(c, ignore_errors=True)
         if g == max(counts):
