@@ -141,9 +141,6 @@ class Footprint:
     rows: int
     """Rows of C in a chunk."""
 
-    def total(self, n_a: int, n_b: int) -> int:
-        return n_a * self.a + n_b * self.b + self.scratch
-
 
 def footprint(w: int, h: int, r: int, moduli: int | None) -> Footprint:
     """What an emulated plan with tile (w, h, r) keeps on the GPU, with room for

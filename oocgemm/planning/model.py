@@ -53,8 +53,9 @@ class DeviceModel:
     beside the int8 GEMMs (digits, rounding, alpha and beta)."""
     convert_digit: float = 0.0
     """Seconds the conversion adds per element of a loaded A or B panel and modulus
-    (residues), beside ``convert_element`` per element (its stats)."""
+    (residues)."""
     convert_element: float = 0.0
+    """Seconds the conversion adds per element of a loaded A or B panel (its stats)."""
 
     def gemm_seconds(self, w: int, h: int, r: int, itemsize: int, complex_: bool = False) -> float:
         flops = (8 if complex_ else 2) * w * h * r
