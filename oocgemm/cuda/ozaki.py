@@ -343,10 +343,12 @@ class InCore:
                  resources=None):
         import types
 
+        from ..errors import OptionError
         from ..ozaki import MAX_DEPTH
 
         if k > MAX_DEPTH:
-            raise ValueError(f"k={k}: in core, the whole K is one panel of at most {MAX_DEPTH}")
+            raise OptionError(f"k={k}: in core, the whole K is one panel of at most "
+                              f"{MAX_DEPTH}")
         self.shape = (m, n, k)
         self.index = cupy.cuda.Device().id
         self.resources = resources or types.SimpleNamespace(kernels={})
@@ -360,17 +362,18 @@ class InCore:
         return self._arrays[name].data.ptr
 
     def __call__(self, a, b, out) -> str:
+        from ..errors import ShapeError
+
         m, n, k = self.shape
         if a.shape != (m, k) or b.shape != (k, n) or out.shape != (m, n):
-            raise ValueError(f"shapes {a.shape} @ {b.shape} -> {out.shape}, planned for "
+            raise ShapeError(f"shapes {a.shape} @ {b.shape} -> {out.shape}, planned for "
                              f"{(m, k)} @ {(k, n)}")
         self._arrays = {"A0": a, "B0": b}
         self._calls += 1
-        ready = cupy.cuda.Event(block=False, disable_timing=True)
-        ready.record(self.streams["compute"])
         keys = (("A", self._calls), ("B", self._calls))
         emulated, note = self.emulator.gemm(keys, "A0", "B0", out.data.ptr, m, n, k, False,
-                                            False, 1.0, 0.0, 0, m, waits=(ready,))
+                                            False, 1.0, 0.0, 0, m,
+                                            waits=(_recorded(self.streams["compute"]),))
         if not emulated:
             cupy.matmul(a, b, out=out)
         return note
