@@ -28,8 +28,15 @@ For ``C = A @ B`` (A: w x r, B: r x h, float64), in steps that are each one elem
 
 So the result is the exactly rounded product of the scaled, rounded operands: its error is
 that of representing each row of A (column of B) on ``p_a`` (``p_b``) bits below its largest
-element. ``p = 53 + spread`` bits, with ``spread`` the exponent range of the row's nonzero
-elements (capped), keeps every element's own 53 bits; the moduli follow from the bits.
+element, and the final rounding. How many bits (:func:`rule_bits`): every nonzero element of a
+row whose exponent range is ``spread`` is at least ``2^(E_i - spread - 1)``, so rounding it at
+``2^(E_i - p - 1)`` changes it by a relative ``2^(spread - p)`` at most. With
+``p = 53 + spread - d``, ``d = max(floor(log2 r) - 2, 0)``, that is ``eps = 2^d u <= r u / 4``
+(``u = 2^-53``), and the block's error is at most ``(u (1 + eps)^2 + 2 eps + eps^2) |A||B| <=
+gamma_r |A||B|`` (``gamma_r = r u / (1 - r u)``): native DGEMM's own error bound, element for
+element. (``d = 0`` keeps every element's 53 bits: the exact product, rounded once.) The moduli
+follow from the bits; a panel that needs more than :data:`RULE_MODULI` runs native DGEMM, as
+accurate and faster.
 """
 
 from __future__ import annotations
@@ -61,9 +68,12 @@ MODULI: tuple[int, ...] = _coprime_moduli()
 #: The most bits an operand is given (beyond: its block falls back to native DGEMM).
 MAX_BITS = 53 + 60
 
-#: The most moduli a block uses: the exact rule needs at most 33 (``MAX_BITS`` on both sides
-#: of a block ``MAX_DEPTH`` deep), and 'ozaki:N' takes up to this many (the GPU's largest
-#: finishing kernel, ``ozaki_finish36``).
+#: The most moduli the rule (``kernel="ozaki"``) takes; a panel that needs more runs native
+#: DGEMM. The H100's int8 tensor cores run 19.6 int8 GEMMs in the time of one DGEMM under its
+#: power cap (1039 TOPS against 53 TFLOP/s), so past 19 the emulation cannot keep up.
+RULE_MODULI = 19
+
+#: The most moduli 'ozaki:N' takes (the GPU's largest finishing kernel, ``ozaki_finish36``).
 MAX_MODULI = 36
 
 #: The deepest block whose int8 x int8 products sum exactly in int32 (|residue| <= 128, so
@@ -107,9 +117,16 @@ def moduli_for(bits_a: int, bits_b: int, r: int) -> tuple[int, ...]:
 
 def reserved_moduli(moduli: int | None, r: int) -> int:
     """The most moduli a block of depth ``r`` may use: ``moduli`` where given ('ozaki:N'), else
-    what the widest exponent range the exact rule emulates needs (beyond it, native DGEMM).
-    What the GPU keeps room for."""
-    return moduli if moduli is not None else len(moduli_for(MAX_BITS, MAX_BITS, r))
+    the most the rule takes. What the GPU keeps room for."""
+    return moduli if moduli is not None else RULE_MODULI
+
+
+def rule_bits(spread: int, r: int) -> int:
+    """The bits the rule gives the rows (columns) of an operand panel whose largest exponent
+    range in a row is ``spread``, in a block of depth ``r``: ``53 + spread - d`` with
+    ``d = max(floor(log2 r) - 2, 0)``, which keeps the block's error within native DGEMM's
+    bound ``gamma_r |A||B|`` (the module's docstring)."""
+    return 53 + spread - max(max(r, 1).bit_length() - 3, 0)
 
 
 #: The GPU's converted panels pad K to this many elements (zeros), and the int32 products
@@ -182,10 +199,11 @@ def analyse(x: np.ndarray, axis: int) -> Panel:
 
 def plan_pair(a: Panel, b: Panel, r: int, moduli: int | None = None) -> Emulation:
     """How to emulate the product of an A panel (``r`` columns) and a B panel, from what
-    :func:`analyse` read off them: the bits that keep each element's 53 bits below its row's
-    (column's) largest, and the moduli for them; or native DGEMM, with the reason, where the
-    operands are not finite or need more bits than ``MAX_BITS``. ``moduli``: use that many
-    moduli instead, the bits split evenly between A and B."""
+    :func:`analyse` read off them: the bits of :func:`rule_bits`, within native DGEMM's
+    error bound, and the moduli for them; or native DGEMM, with the reason, where the
+    operands are not finite, a row's (column's) exponent range passes ``MAX_BITS - 53`` or
+    the bits need more than ``RULE_MODULI`` moduli. ``moduli``: use that many moduli
+    instead, the bits split evenly between A and B (no bound: as accurate as the bits)."""
     if not (a.finite and b.finite):
         return Emulation(0, 0, (), "infinities or NaN (native DGEMM propagates them)")
     if moduli is not None:
@@ -196,12 +214,17 @@ def plan_pair(a: Panel, b: Panel, r: int, moduli: int | None = None) -> Emulatio
         if bits < 1:
             raise OptionError(f"{moduli} moduli leave no bits for {r} terms")
         return Emulation(bits, bits, MODULI[:moduli])
-    bits_a, bits_b = 53 + a.spread, 53 + b.spread
-    if max(bits_a, bits_b) > MAX_BITS:
+    bits_a, bits_b = rule_bits(a.spread, r), rule_bits(b.spread, r)
+    if max(a.spread, b.spread) > MAX_BITS - 53:
         return Emulation(bits_a, bits_b, (),
-                         f"an exponent range of {max(bits_a, bits_b) - 53} bits in a row or "
+                         f"an exponent range of {max(a.spread, b.spread)} bits in a row or "
                          f"column (at most {MAX_BITS - 53} emulated)")
-    return Emulation(bits_a, bits_b, moduli_for(bits_a, bits_b, r))
+    chosen = moduli_for(bits_a, bits_b, r)
+    if len(chosen) > RULE_MODULI:
+        return Emulation(bits_a, bits_b, (),
+                         f"{len(chosen)} moduli needed (past {RULE_MODULI}, native DGEMM is "
+                         f"faster)")
+    return Emulation(bits_a, bits_b, chosen)
 
 
 def plan_block(a: np.ndarray, b: np.ndarray, moduli: int | None = None) -> Emulation:

@@ -83,7 +83,7 @@ def is_ozaki(kernel: str | None) -> bool:
 
 
 def ozaki_moduli(kernel: str) -> int | None:
-    """The moduli 'ozaki:N' asks for (None for 'ozaki': the exact rule's, per block)."""
+    """The moduli 'ozaki:N' asks for (None for 'ozaki': the rule's, per block)."""
     count = kernel.partition(":")[2]
     return int(count) if count else None
 

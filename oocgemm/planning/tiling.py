@@ -542,7 +542,7 @@ def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceM
                        kernel: str, loaded: int) -> float:
     """The GPU's time for an emulated product with ``tile``, ``loaded`` bytes of A and B
     panels loaded: one int8 GEMM per modulus (:func:`oocgemm.ozaki.reserved_moduli`: for the
-    exact rule, the most it may take); per C block and K panel, the finish of every element
+    rule, the most it may take); per C block and K panel, the finish of every element
     of C; per panel loaded, its conversion. The finish, once per K panel, is what favours
     deep K panels."""
     from ..ozaki import reserved_moduli
