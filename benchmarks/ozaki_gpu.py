@@ -7,9 +7,12 @@
 1. **Ceilings**: DGEMM and the int8 GEMM each repeated back to back for some seconds (the
    clocks settle under the power cap within a few), the median rate of the second half. The
    emulation cannot beat the int8 rate divided by its number of moduli (one int8 GEMM each).
+   And :func:`overlap`: whether memory-bound work (as conversion and finish are) runs beside
+   the int8 GEMMs for free.
 2. **In core** (operands on the GPU): cuBLAS DGEMM and the emulated product
    (:class:`oocgemm.cuda.ozaki.InCore`, the whole K one panel) at each size, alternated, each
-   sustained; then one emulated product timed by phase (conversion, int8 GEMMs, finish).
+   sustained; then one emulated product timed by phase (conversion, int8 GEMMs, finish), as
+   pipelined and with the phases in turn on one stream (what each costs alone).
 3. **Out of core**, n³ from host memory under the GPU memory limit: ``oocgemm.multiply``
    with cuBLAS and with the emulation, best of two runs each after a warm-up.
 4. **Accuracy** per exponent spread (inputs normal times 2^u, u uniform in [-s/2, s/2]):
@@ -105,11 +108,34 @@ def sampled_error(c_entries, a_rows, b_cols) -> float:
 
 # -- the cases -----------------------------------------------------------------------------------
 
-def ceilings(seconds: float) -> dict:
-    """DGEMM and int8 rates sustained on this GPU: what bounds the emulation."""
+def _int8(rows: int, cols: int, depth: int, batch: int):
+    """A batched int8 x int8 -> int32 GEMM on uniform residues, in the emulation's layout:
+    (enqueue it on the current stream, its operations, whether it computed exactly)."""
     import cupy
 
     from oocgemm.cuda.ozaki import int8_gemm
+
+    rng = cupy.random.default_rng(2)
+    a = rng.integers(-128, 128, (batch, rows, depth)).astype(np.int8)
+    b = rng.integers(-128, 128, (batch, cols, depth)).astype(np.int8)
+    c = cupy.empty((batch, rows, cols), dtype=np.int32)
+
+    def run():
+        int8_gemm(cupy.cuda.device.get_cublas_handle(), a.data.ptr, b.data.ptr, c.data.ptr,
+                  rows, cols, depth, lda=depth, ldb=depth, ldc=cols, stride_a=rows * depth,
+                  stride_b=cols * depth, stride_c=rows * cols, batch=batch)
+
+    def exact() -> bool:
+        run()
+        want = a[0, :64].astype(np.float64) @ b[0, :64].astype(np.float64).T
+        return bool((c[0, :64, :64].astype(np.float64) == want).all())
+
+    return run, 2.0 * rows * cols * depth * batch, exact
+
+
+def ceilings(seconds: float) -> dict:
+    """DGEMM and int8 rates sustained on this GPU: what bounds the emulation."""
+    import cupy
 
     def dgemm(n):
         rng = cupy.random.default_rng(1)
@@ -117,24 +143,10 @@ def ceilings(seconds: float) -> dict:
         return sustained(lambda: cupy.matmul(a, b, out=c), 2.0 * n ** 3, seconds)
 
     def int8(rows, cols, depth, batch):
-        """Batched int8 x int8 -> int32 on uniform residues, in the emulation's layout."""
-        rng = cupy.random.default_rng(2)
-        a = rng.integers(-128, 128, (batch, rows, depth)).astype(np.int8)
-        b = rng.integers(-128, 128, (batch, cols, depth)).astype(np.int8)
-        c = cupy.empty((batch, rows, cols), dtype=np.int32)
-        handle = cupy.cuda.device.get_cublas_handle()
-
-        def run():
-            int8_gemm(handle, a.data.ptr, b.data.ptr, c.data.ptr, rows, cols, depth, lda=depth,
-                      ldb=depth, ldc=cols, stride_a=rows * depth, stride_b=cols * depth,
-                      stride_c=rows * cols, batch=batch)
-
-        run()
-        want = a[0, :64].astype(np.float64) @ b[0, :64].astype(np.float64).T
-        out = sustained(run, 2.0 * rows * cols * depth * batch, seconds)
-        out["exact"] = bool((c[0, :64, :64].astype(np.float64) == want).all())
-        out["shape"] = [rows, cols, depth, batch]
-        return out
+        run, ops, exact = _int8(rows, cols, depth, batch)
+        ok = exact()
+        return {**sustained(run, ops, seconds), "exact": ok,
+                "shape": [rows, cols, depth, batch]}
 
     cases = {"dgemm_16384": lambda: dgemm(16384),
              "int8_2048x16384x8192x16": lambda: int8(2048, 16384, 8192, 16),
@@ -145,7 +157,53 @@ def ceilings(seconds: float) -> dict:
     for name, case in cases.items():
         out[name] = case()
         cupy.get_default_memory_pool().free_all_blocks()
+    out["overlap"] = overlap(seconds)
+    cupy.get_default_memory_pool().free_all_blocks()
     return out
+
+
+def overlap(seconds: float, copy_bytes: int = 8 << 30) -> dict:
+    """Whether memory-bound work hides under the int8 GEMMs for free, as the emulation's
+    conversion and finish would need to: the int8 GEMM of a chunk (2048 x 16384 x 8192, 16
+    moduli) and a device-to-device copy of ``copy_bytes`` (HBM-bound, as those kernels are),
+    each alone, then each under the other on two streams (the other given 1.5 times the work
+    and enqueued first; ``covered``: it was still running when the measured one ended).
+    ``shared``: the two rates at once as fractions of their rates alone, summed: 2 where the
+    overlap is free, 1 where they take turns."""
+    import cupy
+
+    run, ops, _ = _int8(2048, 16384, 8192, 16)
+    src = cupy.ones(copy_bytes // 8)
+    dst = cupy.empty_like(src)
+
+    def copy():
+        cupy.copyto(dst, src)
+
+    work = {"int8": (run, ops), "copy": (copy, 2.0 * copy_bytes)}  # bytes read and written
+    alone = {name: sustained(fn, amount, seconds) for name, (fn, amount) in work.items()}
+    together = {}
+    for name, other in (("int8", "copy"), ("copy", "int8")):
+        counts = {k: max(2, int(seconds / alone[k]["seconds_each"])) for k in work}
+        counts[other] = counts[other] * 3 // 2
+        marks = {}
+        cupy.cuda.Device().synchronize()
+        for key in (other, name):  # a few hundred launches each: no queue fills
+            with cupy.cuda.Stream(non_blocking=True) as stream:
+                begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+                begin.record(stream)
+                for _ in range(counts[key]):
+                    work[key][0]()
+                end.record(stream)
+                marks[key] = (begin, end)
+        cupy.cuda.Device().synchronize()
+        elapsed = cupy.cuda.get_elapsed_time(*marks[name]) / 1e3
+        together[name] = {"rate": work[name][1] * counts[name] / elapsed, "seconds": elapsed,
+                          "covered": cupy.cuda.get_elapsed_time(marks[name][1],
+                                                                marks[other][1]) > 0}
+    fractions = {name: together[name]["rate"] / alone[name]["rate"] for name in work}
+    return {"alone": {k: v["rate"] for k, v in alone.items()},
+            "together": together, "fractions": fractions,
+            "shared": sum(fractions.values())}
 
 
 def in_core(n: int, kernels, spreads, seconds: float, seed: int = 0) -> dict:
@@ -165,13 +223,19 @@ def in_core(n: int, kernels, spreads, seconds: float, seed: int = 0) -> dict:
         fns[kernel] = lambda emulate=emulate: emulate(a, b, c)
     out["rates"] = alternated(fns, 2.0 * n ** 3, seconds)
     for kernel in kernels:
-        timed = InCore(n, n, n, kernel, timing=True)
-        cupy.cuda.Device().synchronize()
-        start = time.perf_counter()
-        timed(a, b, c)
-        cupy.cuda.Device().synchronize()
-        out["kernels"][kernel] = {"phases": {"wall": time.perf_counter() - start,
-                                             **timed.emulator.seconds()}, "accuracy": {}}
+        out["kernels"][kernel] = {"accuracy": {}}
+        for key, serial in (("phases", False), ("serial", True)):
+            timed = InCore(n, n, n, kernel, timing=True, serial=serial)
+            timed(a, b, c)  # a warm-up
+            cupy.cuda.Device().synchronize()
+            before = timed.emulator.seconds()
+            start = time.perf_counter()
+            timed(a, b, c)
+            cupy.cuda.Device().synchronize()
+            wall = time.perf_counter() - start
+            out["kernels"][kernel][key] = {"wall": wall, **{
+                phase: seconds - before.get(phase, 0.0)
+                for phase, seconds in timed.emulator.seconds().items()}}
     rows, cols = sample(n, n, seed + 2)
     for bits in spreads:
         x, y = device_spread((n, n), bits, seed + 10 + bits), device_spread((n, n), bits,
@@ -270,6 +334,14 @@ def report(res: dict) -> str:
     run, and the in-core DGEMM ceiling of 16384³ measured first)."""
     lines = [f"ozaki-gpu on {res['gpu'].get('name', '?')}, {res['date']}"]
     for name, entry in res["ceilings"].items():
+        if name == "overlap":
+            f, alone = entry["fractions"], entry["alone"]
+            covered = all(x["covered"] for x in entry["together"].values())
+            lines.append(f"  overlap: int8 {alone['int8'] / 1e12:.0f} T/s and copy "
+                         f"{alone['copy'] / 1e9:.0f} GB/s alone; at once {f['int8']:.2f} and "
+                         f"{f['copy']:.2f} of those (sum {entry['shared']:.2f}: 2 free, 1 "
+                         f"taking turns; covered {covered})")
+            continue
         extra = f", exact {entry['exact']}" if "exact" in entry else ""
         lines.append(f"  ceiling {name:28s} {entry['rate'] / 1e12:7.1f} T/s "
                      f"({entry['repeats']} repeats{extra})")
@@ -281,8 +353,9 @@ def report(res: dict) -> str:
                      + "; ".join(f"{k} {v['rate'] / 1e12:.1f} ({v['rate'] / native:.3f}x)"
                                  for k, v in rates.items() if k != "dgemm"))
         for kernel, got in entry["kernels"].items():
-            phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in got["phases"].items())
-            lines.append(f"    {kernel}, one product: {phases}")
+            for key, what in (("phases", "one product"), ("serial", "the phases in turn")):
+                phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in got[key].items())
+                lines.append(f"    {kernel}, {what}: {phases}")
             for bits, acc in got["accuracy"].items():
                 lines.append(f"    {kernel}, spread 2^{bits}: native {acc['native']:.2e}, "
                              f"emulated {acc['emulated']:.2e} ({acc['ratio']:.2f}x; "

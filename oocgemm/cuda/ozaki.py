@@ -145,10 +145,12 @@ class Emulator:
     ``resources``, ``device_ptr(slot)``, ``streams['compute']``, ``handle``); ``kernel``:
     'ozaki' or 'ozaki:N'; ``tile``: the largest (w, h, r) of the blocks; ``slots``: the names
     of the A and B slots. ``timing``: time the phases with CUDA events (:meth:`seconds`).
+    ``serial``: run every phase on the compute stream, one after another (timed, what each
+    costs on a GPU of its own).
     """
 
     def __init__(self, gpu, kernel: str, tile: tuple[int, int, int], slots, *,
-                 timing: bool = False):
+                 timing: bool = False, serial: bool = False):
         from .. import ozaki
         from .catalog import ozaki_moduli
 
@@ -158,8 +160,11 @@ class Emulator:
         self.capacity = ozaki.reserved_moduli(self.moduli, r)
         self.sizes = ozaki.footprint(w, h, r, self.moduli)
         self.module = module(gpu.index, gpu.resources.kernels)
-        self.stream = cupy.cuda.Stream(non_blocking=True)  # conversions
-        self.finishing = cupy.cuda.Stream(non_blocking=True)
+        if serial:
+            self.stream = self.finishing = gpu.streams["compute"]
+        else:
+            self.stream = cupy.cuda.Stream(non_blocking=True)  # conversions
+            self.finishing = cupy.cuda.Stream(non_blocking=True)
         self.kernels = {name: self.module.get_function(name) for name in
                         ("ozaki_stats_rows", "ozaki_stats_cols", "ozaki_residues")}
         self.finish = {n: self.module.get_function(f"ozaki_finish{n}") for n in FINISH}
@@ -336,11 +341,12 @@ class InCore:
     current GPU (a: m x k, b: k x n), the whole K one panel (``k <= MAX_DEPTH``), on the
     current stream: what the benchmarks time against cuBLAS DGEMM in core. Each call converts
     its operands afresh. Returns the note of how the product ran; where the operands need
-    native DGEMM, cuBLAS runs it. ``resources``: whose compiled kernels to use (an
-    :class:`~oocgemm.cuda.engine.Resources`; default: its own)."""
+    native DGEMM, cuBLAS runs it. ``timing``, ``serial``: as :class:`Emulator`'s.
+    ``resources``: whose compiled kernels to use (an :class:`~oocgemm.cuda.engine.Resources`;
+    default: its own)."""
 
     def __init__(self, m: int, n: int, k: int, kernel: str = "ozaki", *, timing: bool = False,
-                 resources=None):
+                 serial: bool = False, resources=None):
         import types
 
         from ..errors import OptionError
@@ -356,7 +362,8 @@ class InCore:
         self.handle = cupy.cuda.device.get_cublas_handle()
         self._arrays: dict = {}
         self._calls = 0
-        self.emulator = Emulator(self, kernel, (m, n, k), ("A0", "B0"), timing=timing)
+        self.emulator = Emulator(self, kernel, (m, n, k), ("A0", "B0"), timing=timing,
+                                 serial=serial)
 
     def device_ptr(self, name: str) -> int:
         return self._arrays[name].data.ptr
