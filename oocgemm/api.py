@@ -279,9 +279,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
                   **executor.staging(problem, model, kernel))
     staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
-        w, h, r = tile
-        tile = (min(w, max(m, 1)), min(h, max(n, 1)), min(r, max(k, 1)))
-        plan = Plan(tile=tile, chosen_by="tile", **kwargs)
+        plan = Plan(tile=problem.clipped(tile), chosen_by="tile", **kwargs)
     else:
         try:
             tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,

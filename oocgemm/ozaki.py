@@ -115,9 +115,9 @@ def moduli_for(bits_a: int, bits_b: int, r: int) -> tuple[int, ...]:
     return tuple(chosen)
 
 
-def reserved_moduli(moduli: int | None, r: int) -> int:
-    """The most moduli a block of depth ``r`` may use: ``moduli`` where given ('ozaki:N'), else
-    the most the rule takes. What the GPU keeps room for."""
+def reserved_moduli(moduli: int | None) -> int:
+    """The most moduli a block may use: ``moduli`` where given ('ozaki:N'), else the most the
+    rule takes. What the GPU keeps room for."""
     return moduli if moduli is not None else RULE_MODULI
 
 
@@ -162,7 +162,7 @@ class Footprint:
 def footprint(w: int, h: int, r: int, moduli: int | None) -> Footprint:
     """What an emulated plan with tile (w, h, r) keeps on the GPU, with room for
     :func:`reserved_moduli` moduli."""
-    n = reserved_moduli(moduli, r)
+    n = reserved_moduli(moduli)
     depth = padded(r, K_ALIGN)
     rows = min(w, CHUNK_ROWS)
     return Footprint(a=n * w * depth + 4 * w, b=n * h * depth + 4 * h,

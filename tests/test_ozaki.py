@@ -553,7 +553,7 @@ def test_an_emulating_gpu_plan_counts_its_converted_panels():
                                      + 2 * (buf.b + buf.b_converted) + buf.emulation)
     assert native.buffers.emulation == 0
     exact = _gpu_plan("ozaki", (w, h, r)).buffers  # room for the most moduli the rule takes
-    assert exact.a_converted == ozaki.reserved_moduli(None, r) * w * 1248 + 4 * w
+    assert exact.a_converted == ozaki.reserved_moduli(None) * w * 1248 + 4 * w
     with pytest.raises(oocgemm.BudgetError, match="converted A 2x"):
         _gpu_plan("ozaki:16", (w, h, r), limit=emulated.device_bytes - 1).validate()
 

@@ -185,12 +185,10 @@ class GpuContext:
         once the slots are allocated."""
         from .ozaki import Emulator
 
-        prob = plan.problem
-        tile = tuple(min(x, max(extent, 1)) for x, extent in
-                     zip(plan.tile, (prob.m, prob.n, prob.k)))
         slots = [name for name in plan.schedule.slots
                  if name[0] in "AB" and name[1:].isdigit()]
-        self.emulator = Emulator(self, plan.kernel, tile, slots, timing=timing)
+        self.emulator = Emulator(self, plan.kernel, plan.problem.clipped(plan.tile), slots,
+                                 timing=timing)
 
     def on_device(self):
         """Make this GPU current in the calling thread (CuPy's current device is per thread)."""

@@ -157,7 +157,7 @@ class Emulator:
         self.gpu = gpu
         self.moduli = ozaki_moduli(kernel)
         w, h, r = tile
-        self.capacity = ozaki.reserved_moduli(self.moduli, r)
+        self.capacity = ozaki.reserved_moduli(self.moduli)
         self.sizes = ozaki.footprint(w, h, r, self.moduli)
         self.module = module(gpu.index, gpu.resources.kernels)
         if serial:

@@ -57,6 +57,12 @@ class Problem:
         """BLAS semantics: beta == 0 means C is never read."""
         return self.beta != 0
 
+    def clipped(self, tile: tuple[int, int, int]) -> tuple[int, int, int]:
+        """``tile`` cut to the product's extents (at least 1 each): the largest blocks and
+        panels it makes."""
+        w, h, r = tile
+        return min(w, max(self.m, 1)), min(h, max(self.n, 1)), min(r, max(self.k, 1))
+
     @property
     def flops(self) -> int:
         """Real floating-point operations of the product (complex counts 4x)."""

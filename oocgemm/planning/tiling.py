@@ -380,8 +380,7 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
     from ..ozaki import footprint
 
     # the emulator sizes its buffers for the tile clipped to the product, as here
-    conv = footprint(min(w, max(prob.m, 1)), min(h, max(prob.n, 1)), min(r, max(prob.k, 1)),
-                     ozaki_moduli(kernel))
+    conv = footprint(*prob.clipped(tile), ozaki_moduli(kernel))
     return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, a_converted=conv.a,
                    b_converted=conv.b, emulation=conv.scratch)
 
@@ -443,7 +442,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     cut into, which set how many operations each load takes. ``kernel='ozaki[:N]'`` on a GPU
     (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
-    w, h, r = min(tile[0], max(m, 1)), min(tile[1], max(n, 1)), min(tile[2], max(k, 1))
+    w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
     blocks = p * q
@@ -548,7 +547,7 @@ def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceM
     from ..ozaki import reserved_moduli
 
     w, h, r = tile
-    n = reserved_moduli(ozaki_moduli(kernel), r)
+    n = reserved_moduli(ozaki_moduli(kernel))
     gemms = n * prob.flops / model.int8_ops * (
         1 + model.half_size / w + model.half_size / h + model.half_size / r)
     finish = prob.m * prob.n * math.ceil(prob.k / r) * n * model.finish_digit
