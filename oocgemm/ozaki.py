@@ -203,14 +203,16 @@ def plan_pair(a: Panel, b: Panel, r: int, moduli: int | None = None) -> Emulatio
     error bound, and the moduli for them; or native DGEMM, with the reason, where the
     operands are not finite, a row's (column's) exponent range passes ``MAX_BITS - 53`` or
     the bits need more than ``RULE_MODULI`` moduli. ``moduli``: use that many moduli
-    instead, the bits split evenly between A and B (no bound: as accurate as the bits)."""
+    instead, the bits split evenly between A and B, at most ``MAX_BITS`` each (no bound: as
+    accurate as the bits)."""
     if not (a.finite and b.finite):
         return Emulation(0, 0, (), "infinities or NaN (native DGEMM propagates them)")
     if moduli is not None:
         if not 1 <= moduli <= MAX_MODULI:
             raise OptionError(f"moduli must be 1 to {MAX_MODULI}, got {moduli}")
         product = math.prod(MODULI[:moduli])
-        bits = (product.bit_length() - 3 - max(r, 1).bit_length()) // 2
+        # at most MAX_BITS, like the rule: the GPU tables 2^e mod m for e up to MAX_BITS - 53
+        bits = min((product.bit_length() - 3 - max(r, 1).bit_length()) // 2, MAX_BITS)
         if bits < 1:
             raise OptionError(f"{moduli} moduli leave no bits for {r} terms")
         return Emulation(bits, bits, MODULI[:moduli])

@@ -346,12 +346,18 @@ def _stats(kernel_code, x, axis) -> tuple[np.ndarray, np.ndarray]:
 def test_the_cuda_stats_and_residues_give_the_cpu_reference_bits(kernel_code, rng, bits):
     """Stats and residues of kernels/ozaki.cu (compiled for the CPU) against numpy, bit for
     bit: operands with leading dimensions wider than their rows, a zero row, K padded, the
-    residues computed in two calls (the moduli a later block adds to a converted panel)."""
+    residues computed in two calls (the moduli a later block adds to a converted panel); the
+    bits of the exact product, and those of the most moduli 'ozaki:N' takes."""
     w, r, h = 23, 41, 17
     a_store, b_store = _spread(rng, (w, r + 3), bits), _spread(rng, (r, h + 5), bits)
     a, b = a_store[:, :r], b_store[:, :h]
     a[4] = 0
-    how = _exact(a, b)
+    for how in (_exact(a, b), ozaki.plan_block(a, b, ozaki.MAX_MODULI)):  # the most bits
+        _check_stats_and_residues(kernel_code, a, b, how)
+
+
+def _check_stats_and_residues(kernel_code, a, b, how) -> None:
+    r = a.shape[1]
     panels = {"A": (a, 1, how.bits_a), "B": (b, 0, how.bits_b)}
     pad = r + 7
     for x, axis, bits_x in panels.values():
