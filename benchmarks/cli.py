@@ -8,7 +8,7 @@
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # zarr_write, scaling, ozaki_moduli,
-                                                    # ozaki_gpu
+                                                    # ozaki_gpu, gram
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -328,6 +328,7 @@ _OWN_MAINS = {
     "scaling": ("scaling", "One product on 1, 2, ... GPUs, beside cuBLASXt on the same."),
     "ozaki-moduli": ("ozaki_moduli", "Ozaki scheme II: the error per number of moduli."),
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
+    "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),
 }
 
 

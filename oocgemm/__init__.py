@@ -4,7 +4,7 @@
     >>> oocgemm.multiply("a.zarr", "b.zarr", out="c.zarr")   # doctest: +SKIP
 """
 
-from .api import multiply, plan
+from .api import gram, multiply, plan
 from .engine import Engine
 from .errors import (
                      BudgetError,
@@ -28,4 +28,4 @@ __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engin
            "ExecutionError",
            "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError",
            "Plan", "Result",
-           "ShapeError", "VerifyReport", "multiply", "plan", "verify", "__version__"]
+           "ShapeError", "VerifyReport", "gram", "multiply", "plan", "verify", "__version__"]

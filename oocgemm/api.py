@@ -186,6 +186,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     src_b = open_source(b, "b", storage_options)
     check_matrix("a", src_a)
     check_matrix("b", src_b)
+    shared = _one_matrix(a, b, src_a, src_b)
+    if shared:  # one source for both roles: each chunk read and decoded once
+        src_b.close()
+        src_b = src_a
     m, k = src_a.shape[::-1] if trans_a else src_a.shape
     k2, n = src_b.shape[::-1] if trans_b else src_b.shape
     if k != k2:
@@ -272,18 +276,23 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
         a=operand(src_a), b=operand(src_b),
         c=operand(c_source) if (c_source is not None and beta != 0) else None,
-        out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b))
+        out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b),
+        shared=shared)
     executor = executor_class(dev.kind)  # it owns its staging policy
+    # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
+    # the user's that is not square computes the product in full, as they asked).
+    symmetric = problem.gram and kernel == DEFAULT_KERNEL and (
+        tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
                   host_memory_limit=host, staged=executor.STAGED, kernel=kernel,
-                  **executor.staging(problem, model, kernel))
+                  symmetric=symmetric, **executor.staging(problem, model, kernel))
     staging = {k: kwargs[k] for k in STAGING if k in kwargs}
     if tile is not None:
         plan = Plan(tile=problem.clipped(tile), chosen_by="tile", **kwargs)
     else:
         try:
             tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,
-                               **staging)
+                               symmetric=symmetric, **staging)
         except BudgetError as exc:
             raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
                                                     host_memory_limit=host_memory_limit)) from None
@@ -294,6 +303,15 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
                      out_options=out_options, storage_options=storage_options)
+
+
+def _one_matrix(a, b, src_a: MatrixSource, src_b: MatrixSource) -> bool:
+    """True when ``a`` and ``b`` are one stored matrix, found by what is behind them (the
+    same file through any path, link or URL; the same array, store, buffer or dask graph),
+    never by name (:mod:`oocgemm.storage.identity`): it is then read once for both roles."""
+    from .storage.identity import identity, same_matrix
+
+    return same_matrix(identity(a, src_a), identity(b, src_b))
 
 
 def _finished(plan: Plan) -> Plan:
@@ -333,7 +351,8 @@ def _with_cache(plan: Plan) -> Plan:
             priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
     chosen: tuple[str, ...] = ()
     for name in sorted(priority, key=lambda x: priority[x], reverse=True):
-        trial = dataclasses.replace(plan, cache=tuple(sorted(chosen + (name,))))
+        kept = ("A", "B") if plan.problem.shared else (name,)  # one matrix: kept for both
+        trial = dataclasses.replace(plan, cache=tuple(sorted(set(chosen + kept))))
         if trial.host_bytes <= plan.host_memory_limit:
             chosen = trial.cache
     if not chosen:
@@ -353,8 +372,11 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     decoders = max(plan.readers, hostinfo.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
     for name, src in sources.items():
-        if src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
-            wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, name, src.chunks),
+        if name == "B" and plan.problem.shared:
+            wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
+        elif src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
+            roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
+            wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders)
     return wrapped
 
@@ -767,13 +789,49 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
             bar.close()
         for src in sources.values():
             src.close()
-    return Result(out=result_out, plan=plan_, seconds=seconds, flops=prob.flops,
+    return Result(out=result_out, plan=plan_, seconds=seconds, flops=plan_.flops,
                   bytes=log.traffic(), events=log.events(), started_at=log.started_at,
                   chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
                   devices=shares, emulation=dict(log.notes),
                   emulation_seconds=dict(log.timed),
                   out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+
+
+def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
+         **options: Any) -> Result:
+    """The Gram matrix ``out = alpha * X^T X + beta * c`` (``outer=True``: ``X X^T``).
+
+    ``multiply(x, x, trans_a=True)`` (or ``trans_b=True``) under another name: ``x`` is read
+    and decoded once, only the C blocks on and above the diagonal are computed (half the
+    flops), each block above the diagonal is also written transposed across it, and the
+    result is exactly symmetric (``C == C.T`` bit for bit where ``c`` is symmetric or not
+    read; a complex ``x`` gives the plain transpose's product: symmetric, not Hermitian).
+
+    Parameters
+    ----------
+    x
+        Any matrix :func:`multiply` takes (a path, a URL, an array).
+    out
+        As for :func:`multiply`.
+    outer
+        False: ``X^T X`` (the columns' inner products: samples x features gives features x
+        features); True: ``X X^T``.
+    **options
+        Every keyword of :func:`multiply` but ``trans_a`` and ``trans_b``.
+
+    Returns
+    -------
+    Result
+        As :func:`multiply`; ``result.flops`` counts the flops done (about half of
+        ``2 M N K``).
+    """
+    given = sorted({"trans_a", "trans_b"} & set(options))
+    if given:
+        raise OptionError(f"gram() takes outer=True or False, not {', '.join(given)}")
+    if not isinstance(outer, (bool, np.bool_)):
+        raise OptionError(f"outer must be True or False, got {outer!r}")
+    return multiply(x, x, out, trans_a=not outer, trans_b=bool(outer), **options)
 
 
 def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events,
@@ -906,6 +964,8 @@ def _resume(prep: _Prepared, signatures: dict):
             continue
         done = verified(journal)
         journal.blocks = {block: journal.blocks[block] for block in done}
+        if plan.symmetric:  # a block above the diagonal is done once it is written across too
+            done = {(i, j) for i, j in done if i <= j and (j, i) in done}
         plan = dataclasses.replace(plan, done=tuple(sorted(done)))
         return dataclasses.replace(prep, plan=plan), journal, temporary
     if changed:
@@ -965,10 +1025,19 @@ def _chunk_counts(sources: dict) -> dict:
     readers' time copying out of decoded chunks."""
     from .storage.chunked import ChunkReader
 
-    return {name: {"chunks": src.n_chunks, "decodes": src.decodes,
-                   "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
-                   "kept": src.kept, "copy_seconds": src.copy_seconds}
-            for name, src in sources.items() if isinstance(src, ChunkReader)}
+    counts: dict = {}
+    seen: dict[int, str] = {}  # one reader for one matrix in both roles: reported once, as A
+    for name, src in sources.items():
+        if not isinstance(src, ChunkReader):
+            continue
+        if id(src) in seen:
+            counts[seen[id(src)]]["roles"] += name
+            continue
+        seen[id(src)] = name
+        counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
+                        "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
+                        "kept": src.kept, "copy_seconds": src.copy_seconds, "roles": name}
+    return counts
 
 
 def _json_scalar(x):

@@ -327,13 +327,43 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
     for note in result.replanned:
         click.echo(f"note: {note}", err=True)
     if result.resumed:
-        p, q, _ = result.plan.grid
-        click.echo(f"resumed: {result.resumed} of {p * q} C blocks were done before and kept")
+        click.echo(f"resumed: {result.resumed} of {result.plan.n_blocks} C blocks were done "
+                   f"before and kept")
     if result.verified is not None:
         click.echo(str(result.verified))
     if timeline is not None:
         click.echo(str(timeline))
         _echo_saved(timeline_path, plot_path)
+
+
+@main.command("gram")
+@click.argument("x", metavar="X")
+@click.option("-o", "--out", required=True, metavar="PATH",
+              help="Where the Gram matrix goes (.zarr or .npy).")
+@click.option("--outer", is_flag=True, help="X X^T instead of X^T X.")
+@_product_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+@click.option("--verify", "verify", is_flag=True,
+              help="Check the product with Freivalds' test before committing it.")
+@click.option("--resume", is_flag=True, help="Finish the interrupted run of this command.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--timeline", "timeline_path", metavar="PATH", default=None,
+              help="Save the run's timeline (Chrome trace JSON).")
+@click.option("--plot", "plot_path", metavar="PATH", default=None,
+              help="Save a Gantt plot of the run's timeline.")
+@click.pass_context
+def gram_command(ctx, x, outer, trans_a, trans_b, **rest):
+    """Compute the Gram matrix OUT = alpha*X^T X + beta*C (--outer: X X^T).
+
+    X is read once, and only the blocks on and above the diagonal are computed; OUT is
+    exactly symmetric. The same as `multiply X X --trans-a` (or --trans-b with --outer).
+    """
+    if trans_a or trans_b:
+        from .errors import OptionError
+
+        raise OptionError("gram takes --outer (X X^T) or not (X^T X), not --trans-a/--trans-b")
+    ctx.invoke(multiply, a=x, b=x, trans_a=not outer, trans_b=outer, **rest)
 
 
 def _check_writable(path, what: str) -> None:

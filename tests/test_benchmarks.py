@@ -90,7 +90,7 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
-                    "dask-matmul", "gpu-decode"):
+                    "dask-matmul", "gpu-decode", "gram"):
         assert command in proc.stdout
 
 
@@ -153,3 +153,40 @@ def test_scaling_runs_its_cases_on_cpu_executors(tmp_path):
     assert "efficiency" in cases[("zarr", 2)] and "efficiency" not in cases[("zarr", 1)]
     assert doc["floor"]["stored_bytes"] > 0 and cases[("zarr", 1)]["floor"] > 0
     assert not (tmp_path / "z" / "a.zarr").exists()  # the stores it made are gone
+
+
+def test_gram_measures_x_t_x_beside_its_floors_and_baselines(tmp_path):
+    """The Gram benchmark end to end on the CPU at a small size: every measurement, the
+    product checked against numpy's, the ratios, the machine, and the store removed."""
+    from benchmarks import gram
+
+    out, folder = tmp_path / "gram.json", tmp_path / "stores"
+    assert gram.main(["--rows", "3000", "--cols", "64", "--chunk-rows", "512", "--device", "cpu",
+                      "--dir", str(folder), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    found = doc["measurements"]
+    assert set(found) == {"decode", "memory", "oocgemm", "dask"}
+    assert found["decode"]["correct"] and found["decode"]["chunks"] == 6
+    assert all(found[name]["seconds"] > 0 for name in ("decode", "memory", "oocgemm"))
+    ooc = found["oocgemm"]
+    assert ooc["correct"] and ooc["error"] < 1e-10 and isinstance(ooc["symmetric"], bool)
+    assert ooc["decodes"] >= 6 and ooc["run_seconds"] > 0
+    assert "skipped" in found["dask"] or found["dask"]["error"] < 1e-10
+    assert doc["ratios"]["oocgemm/decode"] > 0 and doc["ratios"]["oocgemm/max(decode,memory)"] > 0
+    assert doc["machine"]["hostname"] and doc["machine"]["cores"] >= 1
+    assert doc["stored_bytes"] > 0 and doc["write"]["codecs"] == ["zstd"]
+    assert not list(folder.iterdir())  # the store it made is gone
+
+
+def test_gram_transposed_side_square_mode_and_errors(tmp_path, monkeypatch):
+    from benchmarks import gram
+
+    result = run("gram", "--rows", "2000", "--cols", "48", "--chunk-rows", "512", "--device",
+                 "cpu", "--transpose-side", "b", "--skip", "dask,decode", "--dir", tmp_path)
+    assert "Y @ Y.T" in result.stdout and "rel. error" in result.stdout
+    result = run("gram", "--square", "96", "--device", "cpu")
+    assert "ratio gram / general" in result.stdout and "FAILED" not in result.stdout
+    assert "unknown measurement(s) nope" in fails("gram", "--skip", "decode,nope")
+    monkeypatch.setattr(gram, "DROP_CACHES", str(tmp_path / "missing" / "drop_caches"))
+    assert "--cold" in fails("gram", "--rows", "100", "--cols", "8", "--device", "cpu", "--cold",
+                             "--dir", tmp_path)

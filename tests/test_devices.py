@@ -126,7 +126,7 @@ def test_groups_share_panels(grid, devices, shape):
 
     p, q = grid
     done = ((0, 0),) if p * q > 1 else ()
-    plan = types.SimpleNamespace(grid=(p, q, 4), done=done)
+    plan = types.SimpleNamespace(grid=(p, q, 4), done=done, symmetric=False)
     got = groups(plan, devices)
     order = [x for x in serpentine(p, q) if x not in done]
     assert sorted(x for g in got for x in g) == sorted(order)

@@ -118,6 +118,18 @@ def test_ozaki_kernels_compile(arch, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_symmetric_kernels_compile(arch, tmp_path):
+    """kernels/symmetric.cu: the MIRROR of a symmetric product, one kernel per element size
+    (oocgemm.cuda.engine.mirror_kernel launches mirror_lower_<itemsize>)."""
+    from oocgemm.cuda.catalog import kernels_dir
+
+    report = _cubin(Path(str(kernels_dir())) / "symmetric.cu", arch, tmp_path)
+    assert set(report) == {"mirror_lower_4", "mirror_lower_8", "mirror_lower_16"}, report
+    assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
+
+
+@needs_nvcc
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
 def test_measuring_builds_compile(name, tag, tmp_path):

@@ -91,8 +91,9 @@ def ozaki_moduli(kernel: str) -> int | None:
 CHOICES = (DEFAULT, *KERNELS, OZAKI)
 
 #: Sources of ``kernels/`` that are steps of a product's arithmetic rather than GEMM kernels
-#: of :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``).
-STEPS = ("ozaki.cu",)
+#: of :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``) and
+#: the mirror of a symmetric product's diagonal blocks.
+STEPS = ("ozaki.cu", "symmetric.cu")
 
 
 def kernels_dir() -> Traversable:

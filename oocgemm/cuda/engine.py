@@ -20,6 +20,18 @@ _GEMM = {
     np.dtype("complex64"): cublas.cgemm,
     np.dtype("complex128"): cublas.zgemm,
 }
+#: SYRK: the symmetric (not Hermitian) rank-k update, complex ones included.
+_SYRK = {
+    np.dtype("float32"): cublas.ssyrk,
+    np.dtype("float64"): cublas.dsyrk,
+    np.dtype("complex64"): cublas.csyrk,
+    np.dtype("complex128"): cublas.zsyrk,
+}
+
+#: Rows of a diagonal block's SYRK at a time: the rest of its upper triangle is GEMMs, which
+#: run faster than one SYRK of the whole block (a quarter of its flops left to SYRK).
+SYRK_ROWS = 4096
+
 
 
 class PinnedPool:
@@ -237,7 +249,7 @@ class GpuContext:
     # -- arithmetic ----------------------------------------------------------------------------
     def gemm(self, a_slot: str, b_slot: str, c_slot: str, w: int, h: int, r: int,
              trans_a: bool, trans_b: bool, alpha, beta, row0: int = 0, rows: int | None = None,
-             *, panels=None, waits=()) -> str | None:
+             *, panels=None, waits=(), upper: bool = False) -> str | None:
         """Row-major ``C[row0:row0+rows, :h] = alpha * op(A)[row0:...] @ op(B) + beta * C[...]``
         on the compute stream, for a C block of ``w`` rows.
 
@@ -276,12 +288,57 @@ class GpuContext:
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
         op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N
         with self.streams["compute"]:
+            if upper:  # a diagonal block's rows: in pieces, each its square, then right of it
+                for lo in range(row0, row0 + rows, SYRK_ROWS):
+                    self._upper_part(a_slot, b_slot, c_slot, w, h, r, trans_a, trans_b,
+                                     scalars, lo, min(SYRK_ROWS, row0 + rows - lo))
+                return note
             _GEMM[self.dtype](
                 self._handle, op_b, op_a, h, rows, r,
                 scalars[0:1].ctypes.data, self.device_ptr(b_slot), r if trans_b else h,
                 a_ptr, w if trans_a else r,
                 scalars[1:2].ctypes.data, c_ptr, h)
         return note
+
+    def _upper_part(self, a_slot, b_slot, c_slot, w, h, r, trans_a, trans_b, scalars, row0,
+                    rows) -> None:
+        """Rows ``[row0, row0 + rows)`` of a diagonal block, on and above its diagonal: the
+        square of those rows by SYRK (half its flops), the columns right of it by GEMM."""
+        size = self.dtype.itemsize
+        lda = w if trans_a else r
+        a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
+        c_ptr = self.device_ptr(c_slot) + (row0 * h + row0) * size
+        # Row-major upper is column-major lower; op(A)'s stripe is A's column-major matrix
+        # itself when A is stored transposed (N), its transpose otherwise (T).
+        _SYRK[self.dtype](
+            self._handle, cublas.CUBLAS_FILL_MODE_LOWER,
+            cublas.CUBLAS_OP_N if trans_a else cublas.CUBLAS_OP_T, rows, r,
+            scalars[0:1].ctypes.data, a_ptr, lda, scalars[1:2].ctypes.data, c_ptr, h)
+        col0 = row0 + rows
+        if col0 < h:
+            b_ptr = self.device_ptr(b_slot) + (col0 * r if trans_b else col0) * size
+            _GEMM[self.dtype](
+                self._handle, cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
+                cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N, h - col0, rows, r,
+                scalars[0:1].ctypes.data, b_ptr, r if trans_b else h, a_ptr, lda,
+                scalars[1:2].ctypes.data, c_ptr + rows * size, h)
+
+    def mirror(self, c_slot: str, h: int, row0: int, rows: int) -> None:
+        """Rows ``[row0, row0 + rows)`` of a square block in ``c_slot`` (rows of ``h``):
+        below the diagonal := the transpose of above it, on the compute stream."""
+        kernel = mirror_kernel(self.dtype.itemsize, self.resources.kernels)
+        count = rows * (row0 + rows)
+        blocks = max(1, min(-(-count // 256), 65535))
+        with self.streams["compute"]:
+            kernel((blocks,), (256,), (self._device_buffers[c_slot], np.int64(h),
+                                       np.int64(row0), np.int64(row0 + rows)))
+
+    def transpose(self, src_slot: str, dst_slot: str, w: int, h: int) -> None:
+        """``dst_slot`` (h x w) := ``src_slot`` (w x h) transposed, on the compute stream."""
+        src = self._device_buffers[src_slot][:w * h].reshape(w, h)
+        dst = self._device_buffers[dst_slot][:w * h].reshape(h, w)
+        with self.streams["compute"]:
+            cupy.copyto(dst, src.T)
 
     def scale(self, c_slot: str, elements: int, beta) -> None:
         """C = beta * C (or zero, C unread, for beta == 0) on the compute stream."""
@@ -291,6 +348,27 @@ class GpuContext:
                 view.fill(0)
             elif beta != 1:
                 view *= beta
+
+
+def mirror_kernel(itemsize: int, cache: dict):
+    """``kernels/symmetric.cu``'s MIRROR for elements of ``itemsize`` bytes, compiled for the
+    current GPU once (kept in ``cache``: an engine's or the process's compiled kernels; the
+    CUDA executor asks for it before a symmetric run starts, so that no run times a
+    compilation)."""
+    from ..errors import KernelError
+    from .catalog import kernels_dir
+
+    key = ("symmetric", cupy.cuda.runtime.getDevice())
+    module = cache.get(key)
+    if module is None:
+        path = kernels_dir() / "symmetric.cu"
+        try:
+            module = cupy.RawModule(code=path.read_text(), options=("--std=c++17",))
+        except OSError as exc:
+            raise KernelError(f"cannot read {path} ({exc}); set OOCGEMM_KERNELS to the folder "
+                              f"holding the .cu files") from exc
+        cache[key] = module
+    return module.get_function(f"mirror_lower_{itemsize}")
 
 
 def memory_in_use(index: int, resources: Resources | None = None) -> tuple[int, int]:

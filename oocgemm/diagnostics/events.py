@@ -39,19 +39,21 @@ class Event:
         return self.end - self.start
 
 
-#: Kinds of operation that compute (on the compute lane) and that move data.
-COMPUTE_KINDS = ("gemm", "fill")
+#: Kinds of operation that compute (on the compute lane: a symmetric product's mirror and
+#: transpose of C blocks too) and that move data.
+COMPUTE_KINDS = ("gemm", "fill", "mirror", "transpose")
 COPY_KINDS = ("read", "upload", "download", "write")
 
 #: What each kind is called on a timeline: the issue's vocabulary (an UPLOAD is a host->device
 #: copy, H2D; a DOWNLOAD device->host, D2H; a READ fills a staging or working buffer from the
 #: source, a WRITE stores to the output).
 KIND_NAMES = {"read": "read", "upload": "H2D", "fill": "fill", "gemm": "gemm",
-              "download": "D2H", "write": "write"}
+              "download": "D2H", "write": "write", "mirror": "mirror", "transpose": "transpose"}
 
 #: One colour per kind (plots, NVTX ranges), '#rrggbb'.
 KIND_COLORS = {"gemm": "#2ca02c", "fill": "#98df8a", "read": "#ff7f0e", "upload": "#1f77b4",
-               "download": "#9467bd", "write": "#d62728"}
+               "download": "#9467bd", "write": "#d62728", "mirror": "#bcbd22",
+               "transpose": "#17becf"}
 
 
 def op_name(kind: str, operand: str) -> str:

@@ -21,11 +21,10 @@ class ProgressBar:
     def __init__(self, plan, *, file=None):
         from tqdm.auto import tqdm
 
-        prob = plan.problem
-        self._flops = prob.flops
+        self._flops = plan.flops
         self._writes = collections.Counter(op.key for op in plan.schedule.ops
                                            if op.kind is OpKind.WRITE)
-        self._blocks = plan.n_blocks
+        self._blocks = len(self._writes)  # a symmetric plan writes the blocks across too
         self._stored = 0
         self._read = self._written = 0
         self._lock = threading.Lock()

@@ -90,7 +90,8 @@ class Timeline:
     links: tuple[LinkStats, ...]
     """Per link that moved anything: storage read, h2d, d2h, storage write."""
     compute_busy: float
-    """Seconds during which a GEMM or FILL ran."""
+    """Seconds during which a GEMM or FILL ran (or a symmetric product's MIRROR or
+    TRANSPOSE)."""
     fill: float
     """Seconds from the first operation to the first GEMM/FILL (the pipeline filling)."""
     drain: float

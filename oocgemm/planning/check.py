@@ -183,6 +183,14 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
     content: dict[str, tuple] = {}
     cstate: dict[str, tuple] = {}  # C slot -> (block key, _Ranges of "input" / panel sets)
     want_panels = frozenset(range(nk)) if prob.computes_product else frozenset()
+    symmetric = plan.symmetric
+    # A symmetric plan's diagonal blocks are final once mirrored; C is read as blocks are
+    # written, never into a C slot.
+    mirrored = ("mirrored", want_panels)
+    reads_c_first = prob.reads_c and not symmetric
+
+    def want(key):
+        return mirrored if symmetric and key[0] == key[1] else want_panels
     written: dict[tuple[int, int], list] = {}
     accumulated: dict[tuple[int, int, int], list] = {}
 
@@ -211,8 +219,9 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
         if op.kind is OpKind.READ:
             if op.operand in ("A", "B") and not prob.computes_product:
                 raise ScheduleError(f"{op}: reads {op.operand} although no product is computed")
-            if op.operand == "C" and not prob.reads_c:
-                raise ScheduleError(f"{op}: reads C although beta == 0")
+            if op.operand == "C" and not reads_c_first:
+                raise ScheduleError(f"{op}: reads C although " + (
+                    "a symmetric product meets C as it writes" if prob.reads_c else "beta == 0"))
             lo, hi, total = expect_stripe(op, op.operand, op.key)
             dst = _dst(op)
             if hi - lo > schedule.slots[dst]:
@@ -261,6 +270,12 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
             if op.kind is OpKind.GEMM:
                 q = op.q
                 a_tag, b_tag = content.get(op.src[0]), content.get(op.src[1])
+                if op.upper != (symmetric and i == j):
+                    raise ScheduleError(f"{op}: upper={op.upper} on C{op.key} of a "
+                                        f"{'symmetric' if symmetric else 'general'} product")
+                if prob.shared:  # one matrix: a slot holds a region, whichever role read it
+                    a_tag, b_tag = _as_role(a_tag, "A", (i, q), region_of), _as_role(
+                        b_tag, "B", (q, j), region_of)
                 if not _whole(a_tag, "A", (i, q), region_of):
                     raise ScheduleError(f"{op}: A slot {op.src[0]} holds {a_tag}, expected all of "
                                         f"A{(i, q)}")
@@ -277,11 +292,11 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                 panels = frozenset()
             if starts:
                 # The first touch of these rows: beta * C (as read) or nothing (beta == 0).
-                want_beta = prob.beta if prob.reads_c else 0.0
+                want_beta = prob.beta if reads_c_first else 0.0
                 if op.beta != want_beta:
                     raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected "
                                         f"{want_beta}")
-                if prob.reads_c and previous != "input":
+                if reads_c_first and previous != "input":
                     raise ScheduleError(f"{op}: scales {previous}, expected rows {lo}:{hi} of "
                                         f"C{op.key} as read")
                 if (c_slot in op.src) != (op.beta != 0):
@@ -292,24 +307,54 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
                     raise ScheduleError(f"{op}: accumulates into C{op.key} with beta={op.beta} "
                                         f"and sources {op.src}, expected beta=1 reading {c_slot}")
                 ranges[1].set(lo, hi, previous | panels)
+        elif op.kind is OpKind.MIRROR:
+            lo, hi, total = expect_stripe(op, "C", op.key)
+            entry = cstate.get(_dst(op))
+            if not (symmetric and op.key[0] == op.key[1]) or op.src != (op.dst,):
+                raise ScheduleError(f"{op}: mirrors C{op.key}, not a diagonal block of a "
+                                    f"symmetric product in its own slot")
+            if op.offset != lo:
+                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
+            # Its rows take the transposes of every row above them: all must be final.
+            if entry is None or entry[0] != op.key or any(
+                    st not in (want_panels, mirrored) for st in entry[1].get(0, hi)):
+                raise ScheduleError(f"{op}: mirrors rows {lo}:{hi} of C{op.key} before every "
+                                    f"panel {sorted(want_panels)} is in rows 0:{hi}")
+            entry[1].set(lo, hi, mirrored)
+        elif op.kind is OpKind.TRANSPOSE:
+            across = op.key[::-1]
+            if not symmetric or op.key[0] == op.key[1] or op.region != region_of("C", op.key):
+                raise ScheduleError(f"{op}: transposes into C{op.key}, not a block across the "
+                                    f"diagonal of a symmetric product")
+            (r0, r1), (c0, c1) = region_of("C", across)
+            if _finished(cstate.get(op.src[0]), across, 0, (r1 - r0) * (c1 - c0),
+                         want_panels) is None:
+                raise ScheduleError(f"{op}: transposes C{across} before every panel "
+                                    f"{sorted(want_panels)} is in it")
+            cstate[_dst(op)] = (op.key, _Ranges())
+            cstate[_dst(op)][1].set(0, (r1 - r0) * (c1 - c0), want_panels)
         elif op.kind is OpKind.DOWNLOAD:
             lo, hi, total = expect_stripe(op, "C", op.key)
             if op.offset != lo:
                 raise ScheduleError(f"{op}: stripe {lo}:{hi} downloaded from offset {op.offset}")
-            state = _finished(cstate.get(op.src[0]), op.key, lo, hi, want_panels)
+            state = _finished(cstate.get(op.src[0]), op.key, lo, hi, want(op.key))
             if state is None:
                 raise ScheduleError(f"{op}: downloads rows {lo}:{hi} of C{op.key} before every "
                                     f"panel {sorted(want_panels)} is in them")
-            content[_dst(op)] = ("C", op.key, want_panels, frozenset({(lo, hi)}))
+            content[_dst(op)] = ("C", op.key, want(op.key), frozenset({(lo, hi)}))
         elif op.kind is OpKind.WRITE:
             lo, hi, total = expect_stripe(op, "C", op.key)
+            want_beta = prob.beta if (symmetric and prob.reads_c) else 0.0
+            if op.beta != want_beta:
+                raise ScheduleError(f"{op}: adds {op.beta} times C as it writes, expected "
+                                    f"{want_beta}")
             if op.src[0] in cstate:  # unstaged: straight from the C slot
-                if _finished(cstate[op.src[0]], op.key, lo, hi, want_panels) is None:
+                if _finished(cstate[op.src[0]], op.key, lo, hi, want(op.key)) is None:
                     raise ScheduleError(f"{op}: writes C{op.key} before every panel "
                                         f"{sorted(want_panels)} is in it")
             else:
                 tag = content.get(op.src[0])
-                if tag is None or tag[:2] != ("C", op.key) or tag[2] != want_panels:
+                if tag is None or tag[:2] != ("C", op.key) or tag[2] != want(op.key):
                     raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels "
                                         f"{sorted(want_panels)}")
                 if tag[3] != frozenset({(lo, hi)}):
@@ -326,9 +371,12 @@ def _check_dataflow(schedule: Schedule, plan) -> None:
     # Every block of the plan: its picked blocks (one device's group), or all but those an
     # interrupted run wrote (resume).
     expected_blocks = set(plan.blocks) or (
-        {(i, j) for i in range(p) for j in range(q_blocks)} - set(plan.done))
-    if set(written) != expected_blocks:
-        missing, extra = expected_blocks - set(written), set(written) - expected_blocks
+        {(i, j) for i in range(p) for j in range(q_blocks) if i <= j or not symmetric}
+        - set(plan.done))
+    expected_written = expected_blocks | (
+        {(j, i) for i, j in expected_blocks} if symmetric else set())
+    if set(written) != expected_written:
+        missing, extra = expected_written - set(written), set(written) - expected_written
         raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}" if missing else
                             f"C blocks written that the plan leaves out: {sorted(extra)[:5]}")
     if prob.computes_product:
@@ -359,6 +407,16 @@ def _check_tiling(what: str, splits: tuple[int, ...], extent: int) -> None:
 def _merge(ranges) -> frozenset:
     """Union of [lo, hi) ranges, merged where they touch."""
     return frozenset(union(ranges))
+
+
+def _as_role(tag, operand: str, key, region_of):
+    """A slot's tag as ``operand[key]`` where it holds that region of the one matrix both
+    roles read (a product whose A and B are one stored matrix), else as it is."""
+    if tag is None or tag[:2] == (operand, key) or tag[0] not in ("A", "B"):
+        return tag
+    if region_of(tag[0], tag[1]) == region_of(operand, key):
+        return (operand, key) + tuple(tag[2:])
+    return tag
 
 
 def _whole(tag, operand: str, key, region_of) -> bool:

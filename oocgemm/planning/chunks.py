@@ -58,20 +58,31 @@ class Load:
     uses: tuple[int, ...]
 
 
-def loads(ops: Iterable[Op], operand: str, chunks: tuple[int, int]) -> list[Load]:
-    """The loads of ``operand`` in schedule order: consecutive READs of one block key are
-    one load (a staged load reads its region in row stripes)."""
+def reads_of(op: Op, operands) -> bool:
+    """Whether ``op`` reads one of ``operands`` from storage: a READ, or a WRITE that adds
+    C as read (a symmetric product meets C as its blocks are written)."""
+    if op.kind is OpKind.READ:
+        return op.operand in operands
+    return op.kind is OpKind.WRITE and op.beta != 0 and "C" in operands
+
+
+def loads(ops: Iterable[Op], operand: str | tuple[str, ...], chunks: tuple[int, int]
+          ) -> list[Load]:
+    """The loads of ``operand`` (or of several, one stored matrix in several roles) in
+    schedule order: consecutive READs of one block key are one load (a staged load reads its
+    region in row stripes)."""
+    operands = (operand,) if isinstance(operand, str) else operand
     out: list[Load] = []
-    current: tuple[tuple[int, int], Region] | None = None  # the open load: key, region so far
+    current: tuple[tuple, Region] | None = None  # the open load: role and key, region so far
     reads = 0
     uses: dict[tuple[int, int], int] = {}
     for op in ops:
-        if op.kind is not OpKind.READ or op.operand != operand:
+        if not reads_of(op, operands):
             continue
-        if current is None or op.key != current[0]:
+        if current is None or (op.operand, op.key) != current[0]:
             if current is not None:
                 out.append(Load(current[1], reads, tuple(uses), tuple(uses.values())))
-            current, reads, uses = (op.key, op.region), 0, {}
+            current, reads, uses = ((op.operand, op.key), op.region), 0, {}
         key, ((r0, r1), (c0, c1)) = current
         (s0, s1), (d0, d1) = op.region
         current = (key, ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1))))
@@ -110,6 +121,8 @@ class ChunkReport:
     once): the schedule reuses a panel that a slot still holds, which this does not count."""
     cut: bool = False
     """True when panel edges cut chunks (neighbouring loads share chunks)."""
+    roles: str = ""
+    """How ``print(plan)`` names it: the operand, or 'A and B' for one matrix in both."""
 
     @property
     def n_chunks(self) -> int:
@@ -121,7 +134,7 @@ class ChunkReport:
         how = ("kept in host memory: each decoded once" if self.kept else
                f"streamed: each decoded up to {per:.3g} times on average"
                + (f", {why}" if per > 1 else ""))
-        return (f"{self.operand} {self.grid[0]}x{self.grid[1]} chunks of "
+        return (f"{self.roles or self.operand} {self.grid[0]}x{self.grid[1]} chunks of "
                 f"{self.chunks[0]}x{self.chunks[1]}, "
                 + (f"{self.decodes} decodes" if self.kept else
                    f"up to {self.loads} loads, {self.decodes} decodes") + f" ({how})")
@@ -157,6 +170,15 @@ def estimate(plan, operand: str) -> ChunkReport | None:
     cut = sum(touched_r) > grid[0] or sum(touched_c) > grid[1]
     return ChunkReport(operand=operand, chunks=(cr, cc), grid=grid, kept=kept,
                        loads=per_panel * panels, decodes=decodes, cut=cut)
+
+
+def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
+    """The report of one stored matrix read in both roles (A and B) by one reader: its loads
+    are both roles', and a chunk both decode once when kept."""
+    decodes = a.n_chunks if a.kept else a.decodes + b.decodes
+    return ChunkReport(operand="A", chunks=a.chunks, grid=a.grid, kept=a.kept,
+                       loads=a.loads + b.loads, decodes=decodes, cut=a.cut or b.cut,
+                       roles="A and B (one matrix)")
 
 
 def most_touched(extent: int, chunk: int) -> int:

@@ -46,6 +46,16 @@ class Problem:
     beta: float | complex = 0.0
     trans_a: bool = False
     trans_b: bool = False
+    shared: bool = False
+    """A and B are one stored matrix (the same file, array or store, found by identity): it
+    is read, decoded and staged once for both roles."""
+
+    @property
+    def gram(self) -> bool:
+        """``X^T X`` or ``X X^T``: one stored matrix on both sides, exactly one of them
+        transposed, and a product to compute. C is symmetric (for complex dtypes too: the
+        plain transpose, not the conjugate)."""
+        return self.shared and self.trans_a != self.trans_b and self.computes_product
 
     @property
     def computes_product(self) -> bool:

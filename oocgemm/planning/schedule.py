@@ -33,6 +33,8 @@ class OpKind(str, enum.Enum):
     GEMM = "gemm"          # C slot = alpha * A slot @ B slot + beta * C slot
     DOWNLOAD = "download"  # device C slot -> host staging slot
     WRITE = "write"        # slot -> storage
+    MIRROR = "mirror"      # C slot rows: below the diagonal := the transpose of above it
+    TRANSPOSE = "transpose"  # T slot := C slot transposed (the block across the diagonal)
 
     def __str__(self) -> str:
         return self.value
@@ -72,6 +74,10 @@ class Op:
     """Bytes moved (READ/UPLOAD/DOWNLOAD/WRITE)."""
     flops: int = 0
     """Floating-point operations (GEMM)."""
+    upper: bool = False
+    """GEMM on a diagonal block of a symmetric product: it computes the elements of its row
+    stripe on and above the block's diagonal only (an executor may also compute the part of
+    the stripe's own square below the diagonal; the block's MIRROR overwrites it)."""
 
     @property
     def lane(self) -> str:
@@ -106,8 +112,12 @@ class Op:
 ORDERED_LANES = ("h2d", "compute", "c")
 
 
+#: What runs on the compute lane: the products and the elementwise work on C slots.
+COMPUTE_OPS = frozenset({OpKind.GEMM, OpKind.FILL, OpKind.MIRROR, OpKind.TRANSPOSE})
+
+
 def _lane(kind: OpKind, operand: str) -> str | None:
-    if kind is OpKind.GEMM or kind is OpKind.FILL:
+    if kind in COMPUTE_OPS:
         return "compute"
     if kind is OpKind.UPLOAD:
         return "c" if operand == "C" else "h2d"
@@ -146,11 +156,17 @@ def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
 
     Stripes (UPLOAD into a device slot, DOWNLOAD out of one) and GEMM/FILL on a C slot touch
-    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole; a host buffer or a
-    storage read/write touches the first ``elements``.
+    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole; a MIRROR writes
+    its row stripe and reads every row up to the stripe's last (the transposes of what it
+    writes); a TRANSPOSE reads its C slot whole; a host buffer or a storage read/write
+    touches the first ``elements``.
     """
     if op.kind is OpKind.UPLOAD and writing or op.kind is OpKind.DOWNLOAD and not writing:
         return (op.offset, op.offset + op.elements)
+    if op.kind is OpKind.MIRROR:
+        return (op.offset if writing else 0, op.offset + op.elements)
+    if op.kind is OpKind.TRANSPOSE and not writing:
+        return (0, WHOLE)
     if op.kind in (OpKind.GEMM, OpKind.FILL):
         if slot == op.dst:
             return (op.offset, op.offset + op.elements)
@@ -168,6 +184,9 @@ class Counts:
     """OpKind -> number of operations of that kind (every kind present, 0 included)."""
     traffic: dict
     """Bytes per level: storage_read, storage_write, h2d, d2h (as :func:`traffic`)."""
+    flops: int = 0
+    """Floating-point operations of the GEMMs (a symmetric product's: half and the
+    diagonal)."""
 
     @property
     def total(self) -> int:
@@ -195,9 +214,11 @@ class Schedule:
     def counts(self) -> Counts:
         """Operations per kind and bytes per level, counted from the list."""
         ops = dict.fromkeys(OpKind, 0)
+        flops = 0
         for op in self.ops:
             ops[op.kind] += 1
-        return Counts(ops=ops, traffic=self.traffic())
+            flops += op.flops
+        return Counts(ops=ops, traffic=self.traffic(), flops=flops)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -271,7 +292,7 @@ class _Builder:
         self.lanes: list[str | None] = []  # ordered_lane of each op
         self.clock = 0
         names = ([f"A{i}" for i in range(plan.n_a)] + [f"B{i}" for i in range(plan.n_b)]
-                 + [f"C{i}" for i in range(plan.n_c)])
+                 + [f"C{i}" for i in range(plan.n_c)] + [f"T{i}" for i in range(plan.n_t)])
         if plan.staged:
             names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
         self.state = {name: _SlotState(name) for name in names}
@@ -279,7 +300,7 @@ class _Builder:
                             "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
         self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
         self.ring = plan.buffers.ring // self.s  # elements of a ring buffer
-        self.stage_turn = {"sR": 0, "sO": 0}
+        self.stage_turn = {"sR": 0, "sO": 0, "T": 0}
         self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
 
@@ -328,7 +349,7 @@ class _Builder:
         return self.state[slot].producers(lo, hi)
 
     def next_stage(self, ring: str) -> str:
-        count = self.plan.n_stage if ring == "sR" else self.plan.n_out
+        count = {"sR": self.plan.n_stage, "sO": self.plan.n_out, "T": self.plan.n_t}[ring]
         turn = self.stage_turn[ring]
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
@@ -401,7 +422,10 @@ class _Builder:
 
     def ensure(self, operand: str, key: tuple[int, int], pinned: set[str]) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot."""
-        content = (operand, key)
+        # One stored matrix in both roles: a panel is what it holds, whichever role loaded it
+        # (a diagonal block of X^T X takes A(i, q) and B(q, i), the same rows of X, from one
+        # slot: read, staged and uploaded once).
+        content = ("AB", self.region(operand, key)) if self.prob.shared else (operand, key)
         held = self.holding.get(content)
         if held is not None:
             return held.name
@@ -428,22 +452,31 @@ class _Builder:
     def walk(self) -> None:
         plan, prob = self.plan, self.prob
         p, q_blocks, nk = plan.grid
+        symmetric = plan.symmetric
+        place = triangle_index if symmetric else serpentine_index
         # Blocks skipped (resume) or picked out (one device's group): each keeps its place t
         # in the whole run's order, which sets its K order, for a bitwise-equal result.
         if plan.blocks:
-            order = [(serpentine_index(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
+            order = [(place(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
         else:
             done = set(plan.done)
-            order = [(t, block) for t, block in enumerate(serpentine(p, q_blocks))
-                     if block not in done]
+            walk = triangle(p) if symmetric else serpentine(p, q_blocks)
+            order = [(t, block) for t, block in enumerate(walk) if block not in done]
+        last = p * (p + 1) // 2 - 1 if symmetric else p * q_blocks - 1
         for t, (i, j) in order:
             c_slot = f"C{t % plan.n_c}"
             c_key = (i, j)
             c_region = self.region("C", c_key)
             w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
+            # A symmetric product computes the blocks on and above the diagonal: a diagonal
+            # block its upper triangle (then mirrored), one above it whole (then transposed
+            # into the block across). C is read as the blocks are written (WRITE with beta):
+            # the block across needs its own C, and the mirrored lower triangle C's lower one.
+            diagonal = symmetric and i == j
+            reads_c = prob.reads_c and not symmetric
             # A new block is new content for its C slot: loaded (the load waits for the old
             # block's readers), or else started by its first GEMMs (or FILL), which wait.
-            if prob.reads_c:
+            if reads_c:
                 self.load("C", c_key, c_slot)
                 self.c_hazards = []
             else:
@@ -471,20 +504,28 @@ class _Builder:
                 head, rest = panels[:nk - tail], panels[nk - tail:]
                 for q in head:
                     self.gemm(i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
-                              c_region=c_region, h=h, pinned=set())
+                              c_region=c_region, h=h, pinned=set(), upper=diagonal)
                 pinned: set[str] = set()
                 for q in rest:  # load the tail panels, each into a slot of its own
                     pinned.add(self.ensure("A", (i, q), pinned=pinned))
                     pinned.add(self.ensure("B", (q, j), pinned=pinned))
-                parts = _row_parts(w, plan.split_last, taper=t == p * q_blocks - 1)
+                parts = _row_parts(w, plan.split_last, taper=t == last)
                 if t == order[-1][0] or plan.n_c < 2:
                     sweep = [(rows, q) for rows in parts for q in rest]
                 else:
                     sweep = [(rows, q) for q in rest for rows in parts]
                 for rows, q in sweep:
                     self.gemm(i, j, q, first=q == panels[0], rows=rows, c_slot=c_slot,
-                              c_region=c_region, h=h, pinned=pinned)
-            self.store(c_key, c_slot, c_region)
+                              c_region=c_region, h=h, pinned=pinned, upper=diagonal)
+                    if diagonal and q == rest[-1]:  # these rows and all above are final
+                        self.mirror(c_key, c_slot, c_region, rows, h)
+            if symmetric and i != j:
+                t_slot = self.transpose(c_key, c_slot, c_region)
+                self.store(c_key, c_slot, c_region)
+                across = (j, i)
+                self.store(across, t_slot, self.region("C", across))
+            else:
+                self.store(c_key, c_slot, c_region)
 
     def fill(self, c_key, c_slot, c_region) -> None:
         """C = beta * C (or zero): no product to compute."""
@@ -494,30 +535,54 @@ class _Builder:
         self.emit(OpKind.FILL, "C", c_key, src, c_slot, deps, c_region, alpha=0.0,
                   beta=self.prob.beta)
 
-    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
+    def reads_c_first(self) -> bool:
+        """The first GEMM of a block reads C: beta != 0 and not a symmetric product (whose
+        blocks meet C as they are written)."""
+        return self.prob.reads_c and not self.plan.symmetric
+
+    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned, upper=False) -> None:
         """C[i, j] rows ``rows`` (+)= A(i, q) @ B(q, j): beta of the problem (or 0) on the first
-        panel of the block, 1 after."""
+        panel of the block, 1 after; ``upper``: on and above the diagonal only."""
         prob = self.prob
         a_slot = self.ensure("A", (i, q), pinned=pinned)
         b_slot = self.ensure("B", (q, j), pinned=pinned)
-        beta = (prob.beta if prob.reads_c else 0.0) if first else 1.0
+        beta = (prob.beta if self.reads_c_first() else 0.0) if first else 1.0
         r = self.ks[q + 1] - self.ks[q]
         x0, x1 = rows
         lo, hi = x0 * h, x1 * h
         src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
-        deps = self.read_dep(a_slot) + self.read_dep(b_slot)
+        deps = self.read_dep(a_slot) + (self.read_dep(b_slot) if b_slot != a_slot else [])
         deps += (self.read_dep(c_slot, lo=lo, hi=hi) if beta != 0
                  else self.write_deps(c_slot, *self.c_hazards, lo=lo, hi=hi))
         region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
-        factor = 8 if prob.dtype.startswith("complex") else 2
         self.emit(OpKind.GEMM, "C", (i, j), src, c_slot, deps, region, q=q, alpha=prob.alpha,
-                  beta=beta, offset=lo, flops=factor * (x1 - x0) * h * r)
+                  beta=beta, offset=lo, flops=gemm_flops(prob.dtype, x1 - x0, h, r, upper, x1),
+                  upper=upper)
+
+    def mirror(self, key, c_slot, c_region, rows, h) -> None:
+        """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""
+        x0, x1 = rows
+        region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
+        deps = (self.read_dep(c_slot, lo=0, hi=x1 * h)
+                + self.write_deps(c_slot, lo=x0 * h, hi=x1 * h))
+        self.emit(OpKind.MIRROR, "C", key, (c_slot,), c_slot, deps, region, offset=x0 * h)
+
+    def transpose(self, key, c_slot, c_region) -> str:
+        """The block across the diagonal into a T slot: the finished block, transposed."""
+        t_slot = self.next_stage("T")
+        (r0, r1), (c0, c1) = c_region
+        deps = self.state[t_slot].refill() + self.read_dep(c_slot)
+        self.emit(OpKind.TRANSPOSE, "C", key[::-1], (c_slot,), t_slot, deps, ((c0, c1), (r0, r1)))
+        return t_slot
 
     def store(self, key, c_slot, region) -> None:
-        """C slot -> storage; through the output ring, stripe by stripe, when staged."""
+        """C slot -> storage; through the output ring, stripe by stripe, when staged. A
+        symmetric product's blocks meet C here (``beta``: the writer adds beta times C's
+        region as read)."""
+        beta = self.prob.beta if (self.prob.reads_c and self.plan.symmetric) else 0.0
         if not self.plan.staged:
             self.emit(OpKind.WRITE, "C", key, (c_slot,), None, self.read_dep(c_slot), region,
-                      nbytes=self.nbytes(region))
+                      nbytes=self.nbytes(region), beta=beta)
             return
         for stripe, offset in self.stripes(region):
             stage = self.next_stage("sO")
@@ -526,12 +591,14 @@ class _Builder:
             down = self.emit(OpKind.DOWNLOAD, "C", key, (c_slot,), stage,
                              self.state[stage].refill() + produced, stripe, nbytes=nbytes,
                              offset=offset)
-            self.emit(OpKind.WRITE, "C", key, (stage,), None, [down], stripe, nbytes=nbytes)
+            self.emit(OpKind.WRITE, "C", key, (stage,), None, [down], stripe, nbytes=nbytes,
+                      beta=beta)
 
     def slot_sizes(self) -> dict[str, int]:
         w, h, r = self.plan.tile
         computes = self.prob.computes_product
-        sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h}
+        sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h,
+                 "T": w * h}
         return {name: (self.ring if name.startswith("s") else sizes[name[0]])
                 for name in self.state}
 
@@ -546,6 +613,7 @@ class _Counter(_Builder):
         self.counted = dict.fromkeys(OpKind, 0)
         self.moved = dict.fromkeys(LEVELS.values(), 0)
         self.gemms = 0
+        self.flops = 0
         self.stripe_counts: dict[tuple[int, int], int] = {}  # region shape -> its stripes
 
     def _stripes(self, region) -> int:
@@ -571,12 +639,21 @@ class _Counter(_Builder):
     def fill(self, c_key, c_slot, c_region) -> None:
         self.counted[OpKind.FILL] += 1
 
-    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned) -> None:
+    def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned, upper=False) -> None:
         a = self.ensure("A", (i, q), pinned=pinned)
         b = self.ensure("B", (q, j), pinned=pinned)
         self.gemms += 1
+        self.flops += gemm_flops(self.prob.dtype, rows[1] - rows[0], h,
+                                 self.ks[q + 1] - self.ks[q], upper, rows[1])
         self.clock += 1
         self.state[a].last_use = self.state[b].last_use = self.clock
+
+    def mirror(self, key, c_slot, c_region, rows, h) -> None:
+        self.counted[OpKind.MIRROR] += 1
+
+    def transpose(self, key, c_slot, c_region) -> str:
+        self.counted[OpKind.TRANSPOSE] += 1
+        return self.next_stage("T")
 
     def store(self, key, c_slot, region) -> None:
         nbytes = self.nbytes(region)
@@ -590,7 +667,7 @@ class _Counter(_Builder):
     def count(self) -> Counts:
         self.walk()
         self.counted[OpKind.GEMM] = self.gemms
-        return Counts(ops=self.counted, traffic=self.moved)
+        return Counts(ops=self.counted, traffic=self.moved, flops=self.flops)
 
 
 def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, int]]:
@@ -612,6 +689,33 @@ def stripe_rows(rows: int, cols: int, ring: int, min_stripes: int) -> int:
     ring (the last one may have fewer): as many as fit one ring buffer of ``ring`` elements,
     and at most a ``min_stripes``-th of the region."""
     return max(1, min(ring // max(cols, 1), -(-rows // max(min_stripes, 1))))
+
+
+def gemm_flops(dtype: str, rows: int, h: int, r: int, upper: bool = False, x1: int = 0) -> int:
+    """Floating-point operations of a GEMM of ``rows`` rows of a C block ``h`` wide over a
+    K panel ``r`` deep (complex counts 4x); ``upper``: rows ending at ``x1`` of a diagonal
+    block, on and above its diagonal only (the stripe's square's upper triangle, and all that
+    lies right of the square)."""
+    factor = 8 if dtype.startswith("complex") else 2
+    if not upper:
+        return factor * rows * h * r
+    return factor * r * (rows * (h - x1) + rows * (rows + 1) // 2)
+
+
+def triangle(rows: int):
+    """The blocks (i, j) on and above the diagonal of a ``rows`` x ``rows`` grid, row by row,
+    alternating direction (even rows rightwards from the diagonal, odd rows back to it), so
+    that neighbours share a row or column, and the last is the diagonal's last block."""
+    for i in range(rows):
+        span = range(i, rows) if i % 2 == 0 else range(rows - 1, i - 1, -1)
+        for j in span:
+            yield i, j
+
+
+def triangle_index(i: int, j: int, cols: int) -> int:
+    """The place of block (i, j), i <= j, in :func:`triangle` order."""
+    before = i * cols - i * (i - 1) // 2
+    return before + (j - i if i % 2 == 0 else cols - 1 - j)
 
 
 def serpentine_index(i: int, j: int, cols: int) -> int:

@@ -119,6 +119,11 @@ class Plan:
     blocks: tuple[tuple[int, int], ...] = ()
     """When set, the only C blocks (i, j) the schedule computes, in this order, each as the
     whole run would (a group of blocks for one of several devices)."""
+    symmetric: bool = False
+    """A Gram product (:attr:`Problem.gram`) computed as one: square C blocks (w == h), only
+    those on and above the diagonal computed (a diagonal block's upper triangle, then
+    mirrored), each block above the diagonal also written transposed across it. ``done``
+    and ``blocks`` then name blocks on and above the diagonal."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -154,8 +159,21 @@ class Plan:
 
     @property
     def n_blocks(self) -> int:
+        """C blocks the plan computes (a symmetric plan: those on and above the diagonal)."""
         p, q, _ = self.grid
-        return p * q
+        return p * (p + 1) // 2 if self.symmetric else p * q
+
+    @property
+    def n_t(self) -> int:
+        """T slots (a symmetric plan's blocks across the diagonal, on their way out): one
+        when some block lies above the diagonal."""
+        return 1 if self.symmetric and self.grid[0] > 1 else 0
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations the schedule's GEMMs do: the problem's, or for a
+        symmetric plan about half of them."""
+        return self.counts.flops if self.symmetric else self.problem.flops
 
     def stripe_rows(self, rows: int, cols: int) -> int:
         """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through
@@ -171,7 +189,7 @@ class Plan:
 
     @property
     def device_bytes(self) -> int:
-        return _device_bytes(self.buffers, self.n_c, self.n_a, self.n_b)
+        return _device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
 
     @property
     def host_bytes(self) -> int:
@@ -194,14 +212,19 @@ class Plan:
     @property
     def cache_bytes(self) -> int:
         """Host memory the cached operands take once read (compute dtype)."""
-        return sum(self.problem.operand_bytes(name) for name in self.cache)
+        kept = set(self.cache)
+        if self.problem.shared and kept >= {"A", "B"}:
+            kept.discard("B")  # one matrix, kept once for both roles
+        return sum(self.problem.operand_bytes(name) for name in kept)
 
     def chunk_reports(self) -> list:
         """Loads and decodes of each chunked on-disk operand
         (:class:`oocgemm.planning.chunks.ChunkReport`), from the geometry alone."""
-        from .chunks import estimate
+        from .chunks import estimate, one_matrix
 
-        reports = (estimate(self, name) for name in ("A", "B", "C"))
+        reports = [estimate(self, name) for name in ("A", "B", "C")]
+        if self.problem.shared and reports[0] is not None and reports[1] is not None:
+            reports[:2] = [one_matrix(reports[0], reports[1])]
         return [r for r in reports if r is not None]
 
     # ---- schedule and prediction ----------------------------------------------------------
@@ -226,6 +249,7 @@ class Plan:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, ramp=self.ramp, kernel=self.kernel,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
+                       symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes)
 
@@ -234,6 +258,9 @@ class Plan:
         w, h, r = self.tile
         if min(w, h, r) < 1:
             raise OptionError(f"tile must be positive integers, got {self.tile}")
+        if self.symmetric and (not self.problem.gram or w != h):
+            raise OptionError(f"tile (w={w}, h={h}, r={r}): a symmetric product takes square C "
+                              f"blocks (w == h)")
         if self.staged and is_ozaki(self.kernel) and r > MAX_DEPTH:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
                               f"at most {MAX_DEPTH} (its int32 products stay exact up to there)")
@@ -250,7 +277,8 @@ class Plan:
 
     def _device_breakdown(self) -> str:
         buf = self.buffers
-        parts = [f"C {self.n_c}x{format_size(buf.c)}", f"A {self.n_a}x{format_size(buf.a)}",
+        parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}",
+                 f"A {self.n_a}x{format_size(buf.a)}",
                  f"B {self.n_b}x{format_size(buf.b)}"]
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
@@ -281,7 +309,9 @@ class Plan:
             "host_bytes": self.host_bytes,
             "host_memory_limit": self.host_memory_limit,
             "bytes": dict(counts.traffic),
-            "flops": self.problem.flops,
+            "flops": self.flops,
+            "symmetric": self.symmetric,
+            "shared": self.problem.shared,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
@@ -301,6 +331,9 @@ class Plan:
             + ("  (staged through pinned host buffers)" if self.staged else "")
             + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
+            *([f"  operands    A and B are one stored matrix ({prob.a.name}): each chunk read "
+               f"and decoded once for both, a panel both need staged once"]
+              if prob.shared else []),
             f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
             + (f" ({len(self.done)} blocks done before, resumed)" if self.done else ""),
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
@@ -313,7 +346,10 @@ class Plan:
                                          for k, v in traffic.items() if v),
             *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
               for n, report in enumerate(self.chunk_reports())),
-            f"  work        {prob.flops / 1e9:.4g} GFLOP",
+            f"  work        {self.flops / 1e9:.4g} GFLOP"
+            + (f" (symmetric: the {self.n_blocks} blocks on and above the diagonal of "
+               f"{p}x{q}, each above it also written across; {prob.flops / 1e9:.4g} GFLOP in "
+               f"full)" if self.symmetric else ""),
             f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
             f"({pred.bound}-bound; {pred.describe()})",
         ]
@@ -433,14 +469,16 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
-            kernel: str = "cublas") -> Prediction:
+            kernel: str = "cublas", symmetric: bool = False) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
     operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
     ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
     cut into, which set how many operations each load takes. ``kernel='ozaki[:N]'`` on a GPU
-    (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`)."""
+    (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`). ``symmetric``:
+    a Gram product computed as one (the blocks on and above the diagonal, half of each
+    diagonal block)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -451,9 +489,14 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     if prob.computes_product and blocks:
         # Serpentine order: an A row panel is reloaded for every C block unless it is the
         # only K panel; B panels are reloaded for every block row.
-        a_loads = m * k * s * (1 if nk == 1 else q)
-        b_loads = k * n * s * p
-        compute = prob.flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
+        a_loads: float = m * k * s * (1 if nk == 1 else q)
+        b_loads: float = k * n * s * p
+        flops: float = prob.flops
+        if symmetric:  # row i computes p - i blocks; a diagonal block takes B from A's slot
+            a_loads = m * k * s * (1 if nk == 1 else (p + 1) / 2)
+            b_loads = k * n * s * (p - 1) / 2
+            flops = prob.flops * (1 + w / m) / 2 if m else 0
+        compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
             1 + model.half_size / w + model.half_size / h + model.half_size / r)
         if is_ozaki(kernel) and staged and model.int8_ops:
             compute = _emulation_seconds(prob, (w, h, r), model, kernel, a_loads + b_loads)
@@ -478,6 +521,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
                                           ("C", prob.c, c_in, 1.0)):
             if operand is None or not operand.on_disk or not operand.chunks or not loads:
                 continue
+            if name == "B" and prob.shared and ("A" in (decodes or {}) or "A" in cache):
+                continue  # one matrix: A's report (or A kept) counts its decodes in both roles
             report = (decodes or {}).get(name)
             if report is not None:
                 decoded = report.decodes * operand.chunks[0] * operand.chunks[1] * s
@@ -492,6 +537,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     storage_read = storage_write = host_copy = 0.0
     reads = [(a_loads * amp_a, prob.a, m * k * s * amp_a if "A" in cache else None),
              (b_loads * amp_b, prob.b, k * n * s * amp_b if "B" in cache else None)]
+    if prob.shared and "A" in cache:  # one matrix kept: B's loads come from host memory
+        reads[1] = (b_loads * amp_b, prob.b, 0)
     if prob.reads_c and prob.c is not None:
         reads.append((c_in, prob.c, None))
     for nbytes, operand, once in reads:
@@ -538,7 +585,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
 
 
 def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceModel,
-                       kernel: str, loaded: int) -> float:
+                       kernel: str, loaded: float) -> float:
     """The GPU's time for an emulated product with ``tile``, ``loaded`` bytes of A and B
     panels loaded: one int8 GEMM per modulus (:func:`oocgemm.ozaki.reserved_moduli`: for the
     rule, the most it may take); per C block and K panel, the finish of every element
@@ -643,7 +690,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
                 split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1,
-                kernel: str = "cublas") -> tuple[int, int, int]:
+                kernel: str = "cublas", symmetric: bool = False) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets (with ``kernel``:
     its memory and its time, where a GPU emulates).
 
@@ -668,29 +715,33 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
 
     def fits(tile):
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0, kernel)
-        dev = _device_bytes(plan_bufs, n_c, n_a, n_b)
+        transposed = 1 if symmetric and tile[0] < prob.m else 0  # a T slot (Plan.n_t)
+        dev = _device_bytes(plan_bufs, n_c + transposed, n_a, n_b)
         host = ((n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
                 + assembly_window(prob, tile, plan_bufs.ring // prob.itemsize, min_stripes))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):
         pred = predict(prob, tile, model, staged=staged, split_last=split_last, ramp=ramp,
+                       symmetric=symmetric,
                        tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes,
                        kernel=kernel)
         return pred if full else pred.total
 
+    def blocks(ws, hs):  # a symmetric product's C blocks are square
+        return [(w, w) for w in ws] if symmetric else [(w, h) for w in ws for h in hs]
+
     def search(ws, hs, rs):
         best, best_time = None, math.inf
-        for w in ws:
-            for h in hs:
-                if not fits((w, h, 1))[0]:
-                    continue
-                for r in _r_candidates(rs, lambda r, w=w, h=h: fits((w, h, r))[0]):
-                    tile = (w, h, r)
-                    # Prefer square-ish, larger tiles on ties (fewer, larger operations).
-                    t = seconds(tile) * (1 + 1e-9 * (abs(w - h) - w - h - r))
-                    if t < best_time:
-                        best, best_time = tile, t
+        for w, h in blocks(ws, hs):
+            if not fits((w, h, 1))[0]:
+                continue
+            for r in _r_candidates(rs, lambda r, w=w, h=h: fits((w, h, r))[0]):
+                tile = (w, h, r)
+                # Prefer square-ish, larger tiles on ties (fewer, larger operations).
+                t = seconds(tile) * (1 + 1e-9 * (abs(w - h) - w - h - r))
+                if t < best_time:
+                    best, best_time = tile, t
         return best
 
     def too_slow(tile) -> bool:
@@ -699,14 +750,13 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     def smallest_budgets():
         """(device, host) bytes of the least demanding tile that is not too slow."""
         best = None
-        for w in ws:
-            for h in hs:
-                for r in rs:
-                    if not too_slow((w, h, r)):
-                        _, dev, host = fits((w, h, r))
-                        if best is None or (dev, host) < best:
-                            best = (dev, host)
-                        break  # a deeper r needs more memory
+        for w, h in blocks(ws, hs):
+            for r in rs:
+                if not too_slow((w, h, r)):
+                    _, dev, host = fits((w, h, r))
+                    if best is None or (dev, host) < best:
+                        best = (dev, host)
+                    break  # a deeper r needs more memory
         return best
 
     # Chunk-aligned tiles first: a panel that cuts chunks decodes them twice, a cost the

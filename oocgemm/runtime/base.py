@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import threading
 
+import numpy as np
+
 from ..diagnostics.events import EventLog
 from ..errors import DeviceError
 
@@ -23,6 +25,13 @@ def executor_class(kind: str):
     return getattr(importlib.import_module(module), name)
 
 
+def block_shape(plan, key) -> tuple[int, int]:
+    """Rows and columns of C block ``key``."""
+    i, j = key
+    rows, cols = plan.row_splits, plan.col_splits
+    return rows[i + 1] - rows[i], cols[j + 1] - cols[j]
+
+
 def panel_shapes(plan, op):
     """Stored shapes of the A panel, B panel and C block that a GEMM op combines."""
     i, j = op.key
@@ -32,6 +41,56 @@ def panel_shapes(plan, op):
     a = (r, w) if plan.problem.trans_a else (w, r)
     b = (h, r) if plan.problem.trans_b else (r, h)
     return a, b, (w, h)
+
+
+def upper_matmul(a, b, out, xp=None) -> None:
+    """``out = a @ b`` for the row stripe ``a`` of a diagonal block of a symmetric product,
+    ``b`` and ``out`` cut at the stripe's first row (a GEMM with ``upper``): the stripe's
+    square, where ``a`` and ``b`` are one buffer (``X^T X``), is a SYRK in numpy (half the
+    flops, then mirrored by numpy itself), and what lies right of it a GEMM."""
+    n = a.shape[0]
+    matmul = (xp or np).matmul
+    matmul(a, b[:, :n], out=out[:, :n])
+    if b.shape[1] > n:
+        matmul(a, b[:, n:], out=out[:, n:])
+
+
+#: Rows a MIRROR or TRANSPOSE moves at a time on the host: tiles that stay in cache.
+HOST_TILE = 256
+
+
+def mirror_lower(c: np.ndarray, x0: int, x1: int) -> None:
+    """Rows ``[x0, x1)`` of the square block ``c``: every element below the diagonal := the
+    one across it (an exact copy: ``c == c.T`` bitwise once every row is done)."""
+    for a0 in range(x0, x1, HOST_TILE):
+        a1 = min(a0 + HOST_TILE, x1)
+        if a0:
+            c[a0:a1, :a0] = c[:a0, a0:a1].T
+        square = c[a0:a1, a0:a1]
+        np.copyto(square, square.T, where=np.tri(a1 - a0, k=-1, dtype=bool))
+
+
+def transpose_into(out: np.ndarray, c: np.ndarray) -> None:
+    """``out = c.T``, in tiles of whole cache lines."""
+    rows, cols = out.shape
+    for a0 in range(0, rows, HOST_TILE):
+        for b0 in range(0, cols, HOST_TILE):
+            out[a0:a0 + HOST_TILE, b0:b0 + HOST_TILE] = c[b0:b0 + HOST_TILE,
+                                                          a0:a0 + HOST_TILE].T
+
+
+def with_c(op, block: np.ndarray, sources: dict) -> np.ndarray:
+    """What a WRITE stores: ``block``, plus beta times C's region as read where the WRITE
+    has a ``beta`` (a symmetric product meets C as its blocks are written; C's element is
+    read right before its own is written, so C may be the output itself)."""
+    if op.beta == 0:
+        return block
+    (r0, r1), (c0, c1) = op.region
+    c_in = np.empty(op.shape, dtype=block.dtype)
+    sources["C"].read((r0, r1), (c0, c1), c_in)
+    c_in *= op.beta
+    c_in += block
+    return c_in
 
 
 def thread_lane(prefix: str) -> str:

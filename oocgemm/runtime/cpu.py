@@ -27,7 +27,17 @@ from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..planning.schedule import OpKind
-from .base import Cancelled, Executor, panel_shapes, thread_lane
+from .base import (
+    Cancelled,
+    Executor,
+    block_shape,
+    mirror_lower,
+    panel_shapes,
+    thread_lane,
+    transpose_into,
+    upper_matmul,
+    with_c,
+)
 
 
 class CpuExecutor(Executor):
@@ -66,6 +76,9 @@ class CpuExecutor(Executor):
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
         self._analysed: dict[str, tuple] = {}  # 'A'/'B' -> (panel key, ozaki.Panel) last used
         self._alloc_lock = threading.Lock()
+        # A symmetric product that reads C meets it as blocks are written: its C slots are
+        # scratch, never the output's region (which may be C itself, still to be read).
+        self._binds = not (plan.symmetric and plan.problem.reads_c)
 
     # -- buffers ---------------------------------------------------------------------------
     def _buffer(self, slot: str) -> np.ndarray:
@@ -96,7 +109,9 @@ class CpuExecutor(Executor):
             self._bound[slot] = array
 
     def _bind_output(self, op) -> None:
-        """A C slot that starts a block stands for the output's region where it can."""
+        """A C (or T) slot that starts a block stands for the output's region where it can."""
+        if not self._binds:
+            return
         i, j = op.key
         rows, cols = self.plan.row_splits, self.plan.col_splits
         self._bind(op.dst, self.sink.view((rows[i], rows[i + 1]), (cols[j], cols[j + 1]),
@@ -134,7 +149,16 @@ class CpuExecutor(Executor):
             (r0, r1), (c0, c1) = op.region
             if op.src[0] in self._bound:  # a bound C slot is the output's region already
                 return 0
-            self.sink.write((r0, r1), (c0, c1), self.view(op.src[0], op.shape))
+            self.sink.write((r0, r1), (c0, c1),
+                            with_c(op, self.view(op.src[0], op.shape), self.sources))
+        elif kind is OpKind.MIRROR:
+            w, h = block_shape(self.plan, op.key)
+            x0 = op.offset // h
+            mirror_lower(self.view(op.dst, (w, h)), x0, x0 + op.shape[0])
+        elif kind is OpKind.TRANSPOSE:
+            if not self.plan.staged:
+                self._bind_output(op)
+            transpose_into(self.view(op.dst, op.shape), self.view(op.src[0], op.shape[::-1]))
         elif kind is OpKind.GEMM:
             self._gemm(op)
         elif kind is OpKind.FILL:
@@ -162,17 +186,20 @@ class CpuExecutor(Executor):
         if self.schedule.transposed["B"]:
             b = b.T
         a = panel[x0:x1]
-        c = self.view(op.dst, (w, h))[x0:x1]
+        y0 = x0 if op.upper else 0  # on and above a diagonal block's diagonal only
+        b = b[:, y0:]
+        c = self.view(op.dst, (w, h))[x0:x1, y0:]
+        multiply = upper_matmul if op.upper else np.matmul
         if is_ozaki(self.plan.kernel):  # the same steps, the product emulated
             product = self._emulated(op, panel, a, b)
         elif op.beta == 0:  # BLAS: C is not read, whatever it holds
-            np.matmul(a, b, out=c)
+            multiply(a, b, out=c)
             if op.alpha != 1:
                 c *= op.alpha
             return
         else:
             product = self.view("accumulator", c.shape)
-            np.matmul(a, b, out=product)
+            multiply(a, b, out=product)
         if op.beta == 0:  # C is not read
             np.copyto(c, product)
             if op.alpha != 1:

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
-from .base import Cancelled, Executor, panel_shapes, thread_lane
+from .base import Cancelled, Executor, block_shape, panel_shapes, thread_lane, with_c
 from .cpu import _translate
 
 
@@ -136,6 +136,13 @@ class CudaExecutor(Executor):
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
         # Compile before the run is timed, and fail before any byte is read.
+        if plan.symmetric:
+            import cupy
+
+            from ..cuda.engine import mirror_kernel
+
+            with cupy.cuda.Device(self.index):
+                mirror_kernel(plan.problem.itemsize, self.resources.kernels)
         if is_ozaki(plan.kernel):
             from ..cuda import ozaki
 
@@ -183,7 +190,8 @@ class CudaExecutor(Executor):
                     self.sources[op.operand].read((r0, r1), (c0, c1),
                                                   gpu.host_view(op.dst, op.shape))
                 else:  # WRITE from the output ring
-                    self.sink.write((r0, r1), (c0, c1), gpu.host_view(op.src[0], op.shape))
+                    self.sink.write((r0, r1), (c0, c1),
+                                    with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
             finally:
                 self._nvtx.pop()
             end = self.log.now()
@@ -207,9 +215,15 @@ class CudaExecutor(Executor):
             i, j = op.key
             note = gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
                             op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0],
-                            panels=(("A", i, op.q), ("B", op.q, j)), waits=waits)
+                            panels=(("A", i, op.q), ("B", op.q, j)), waits=waits,
+                            upper=op.upper)
             if note is not None:
                 self.log.note(note)
+        elif op.kind is OpKind.MIRROR:
+            _, h = block_shape(self.plan, op.key)
+            gpu.mirror(op.dst, h, op.offset // h, op.shape[0])
+        elif op.kind is OpKind.TRANSPOSE:
+            gpu.transpose(op.src[0], op.dst, *op.shape[::-1])
         elif op.kind is OpKind.FILL:
             gpu.scale(op.dst, op.elements, op.beta)
         else:  # pragma: no cover

@@ -20,14 +20,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..diagnostics.events import Event
-from ..planning.schedule import LEVELS, serpentine
+from ..planning.schedule import LEVELS, serpentine, triangle
 
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
-    """The C block groups, in the plan's serpentine order: rows of blocks where there are at
-    least two rows per device (a row shares its A panels), else columns where there are two
-    columns per device (a column shares its B panels), else one run of neighbouring blocks
-    per device.
+    """The C block groups, in the plan's order (serpentine, or a symmetric plan's triangle):
+    rows of blocks where there are at least two rows per device (a row shares its A panels),
+    else columns where there are two columns per device (a column shares its B panels), else
+    one run of neighbouring blocks per device.
 
     Each group is one executor run, which fills its pipeline at its start and drains it at
     its end, and loads again the panels its blocks share with other groups' blocks. Groups
@@ -36,7 +36,8 @@ def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
     panels afresh, in a burst at its start, while the other GPU did the same."""
     p, q, _ = plan.grid
     done = set(plan.done)
-    order = [block for block in serpentine(p, q) if block not in done]
+    walk = triangle(p) if plan.symmetric else serpentine(p, q)
+    order = [block for block in walk if block not in done]
     if p >= 2 * devices or q >= 2 * devices:
         axis = 0 if p >= 2 * devices else 1
         lines: dict[int, list] = {}

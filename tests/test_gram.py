@@ -1,0 +1,272 @@
+"""Gram products, ``X^T X`` and ``X X^T``: one stored matrix on both sides is read and decoded
+once, and only the C blocks on and above the diagonal are computed (a diagonal block's upper
+triangle, mirrored), each block above the diagonal written transposed across it. The result
+is bitwise symmetric; alpha, beta and c keep BLAS semantics."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import zarr
+from _helpers import assert_gemm, poisoned, rand
+from test_chunks import LAYOUTS, CountingStore, write
+from zarr.storage import LocalStore
+
+import oocgemm
+from oocgemm.planning import OpKind, check_schedule
+from oocgemm.planning.check import ScheduleError
+from oocgemm.planning.schedule import Schedule, triangle, triangle_index
+from oocgemm.runtime.cpu import CpuExecutor
+from oocgemm.storage.memory import NumpySink, NumpySource
+
+
+def gram(x, trans_a: bool):
+    """The reference: X^T X (trans_a) or X X^T, in float64 / complex128."""
+    wide = np.complex128 if np.iscomplexobj(x) else np.float64
+    x = np.asarray(x).astype(wide)
+    return x.T @ x if trans_a else x @ x.T
+
+
+def sides(trans_a: bool) -> dict:
+    return dict(trans_a=trans_a, trans_b=not trans_a)
+
+
+def computed_blocks(result) -> set:
+    return {e.key for e in result.events if e.kind == "gemm"}
+
+
+# ---- one operand, one read --------------------------------------------------------------------
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("trans_a", [True, False])
+def test_each_chunk_is_fetched_once(rng, workdir, layout, trans_a):
+    """X stored with chunks that cut the blocks and ragged edges: every stored object is
+    fetched once for both roles, whatever the layout and whichever side is transposed."""
+    shape = (150, 45) if trans_a else (45, 150)
+    chunks = (32, 20) if trans_a else (20, 32)
+    x = rand(rng, shape)
+    write("x.zarr", x, chunks, layout)
+    store = CountingStore(LocalStore("x.zarr", read_only=True))
+    zx = zarr.open_array(store, mode="r")
+    result = oocgemm.multiply(zx, zx, device="cpu", tile=(16, 16, 40), **sides(trans_a))
+    assert result.plan.problem.shared and result.plan.symmetric
+    assert set(store.fetches.values()) == {1}  # an object, or a shard's byte range, once
+    assert result.chunks["A"]["decodes"] == result.chunks["A"]["chunks"]
+    assert "B" not in result.chunks  # one reader for both roles
+    np.testing.assert_allclose(result.out, gram(x, trans_a), rtol=1e-12, atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+
+
+def test_two_different_matrices_are_read_each_their_own(rng, workdir):
+    x = rand(rng, (90, 40))
+    write("x.zarr", x, (30, 40), "v3")
+    write("y.zarr", x, (30, 40), "v3")  # the same values, another matrix
+    result = oocgemm.multiply("x.zarr", "y.zarr", device="cpu", trans_a=True, tile=(16, 16, 30))
+    assert not result.plan.problem.shared and not result.plan.symmetric
+    assert set(result.chunks) == {"A", "B"}
+    assert len(computed_blocks(result)) == result.plan.grid[0] * result.plan.grid[1]
+    assert_gemm(result.out, x, x, trans_a=True)
+
+
+@pytest.mark.parametrize("how", ["path", "symlink", "url", "zarr", "memmap", "numpy", "dask"])
+def test_the_same_operand_however_given(rng, workdir, how):
+    """Path and path, a link and its target, a URL and its path, one array object twice:
+    found to be one matrix; the product is the symmetric Gram matrix."""
+    x = rand(rng, (120, 36))
+    np.save("x.npy", x)
+    write("x.zarr", x, (40, 36), "v3")
+    if how == "path":
+        a = b = "x.zarr"
+    elif how == "symlink":
+        os.symlink("x.zarr", "link.zarr")
+        a, b = "x.zarr", "link.zarr"
+    elif how == "url":
+        a, b = "x.zarr", "file://" + os.path.abspath("x.zarr")
+    elif how == "zarr":
+        a = b = zarr.open_array("x.zarr", mode="r")
+    elif how == "memmap":
+        a, b = np.load("x.npy", mmap_mode="r"), np.load("x.npy", mmap_mode="r")
+    elif how == "numpy":
+        a = b = x
+    else:
+        da = pytest.importorskip("dask.array")
+        a = b = da.from_zarr("x.zarr")
+    plan = oocgemm.plan(a, b, device="cpu", trans_a=True, tile=(12, 12, 50))
+    assert plan.problem.shared and plan.symmetric, how
+    assert "one stored matrix" in str(plan)
+    result = oocgemm.multiply(a, b, device="cpu", trans_a=True, tile=(12, 12, 50))
+    np.testing.assert_allclose(result.out, gram(x, True), rtol=1e-12, atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+
+
+def test_a_copy_is_another_matrix(rng):
+    x = rand(rng, (60, 20))
+    plan = oocgemm.plan(x, x.copy(), device="cpu", trans_a=True)
+    assert not plan.problem.shared and not plan.symmetric
+
+
+# ---- half the work ------------------------------------------------------------------------------
+def test_a_4x4_grid_computes_10_blocks(rng):
+    """The GEMM events' flops are those of the 6 blocks above the diagonal and the upper
+    triangles (diagonal included) of the 4 on it; the plan and the result say the same."""
+    w, k = 16, 70
+    x = rand(rng, (k, 4 * w))
+    result = oocgemm.multiply(x, x, device="cpu", trans_a=True, tile=(w, w, 32))
+    assert result.plan.grid[:2] == (4, 4)
+    assert computed_blocks(result) == {(i, j) for i in range(4) for j in range(i, 4)}
+    want = 6 * 2 * w * w * k + 4 * k * w * (w + 1)
+    gemm_flops = sum(e.flops for e in result.events if e.kind == "gemm")
+    assert gemm_flops == want == result.plan.flops == result.flops
+    assert result.plan.summary()["flops"] == want
+    assert result.timeline.flops == want
+    assert result.plan.problem.flops == 16 * 2 * w * w * k  # the product's, in full
+    written = {e.key for e in result.events if e.kind == "write"}
+    assert written == {(i, j) for i in range(4) for j in range(4)}
+    np.testing.assert_allclose(result.out, gram(x, True), rtol=1e-12, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize("trans_a", [True, False])
+def test_bitwise_symmetric(rng, dtype, trans_a):
+    """C == C.T bit for bit (complex: the plain transpose: symmetric, not Hermitian)."""
+    x = rand(rng, (97, 53) if trans_a else (53, 97), dtype)
+    result = oocgemm.multiply(x, x, device="cpu", tile=(20, 20, 30), **sides(trans_a))
+    assert result.plan.symmetric
+    assert np.array_equal(result.out, result.out.T)
+    assert_gemm(result.out, x, x, **sides(trans_a))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.5, 1.0), (-2.0, -0.5), (1.5 - 1j, 2j)])
+def test_alpha_beta_c(rng, dtype, alpha, beta):
+    """Each computed block meets c's block on both sides of the diagonal: c need not be
+    symmetric; out is poisoned before the run."""
+    if isinstance(alpha, complex) and np.dtype(dtype).kind != "c":
+        pytest.skip("complex scalars need complex operands")
+    x = rand(rng, (80, 45), dtype)
+    c = rand(rng, (45, 45), dtype)
+    out = poisoned((45, 45), dtype)
+    result = oocgemm.multiply(x, x, out, c=c, alpha=alpha, beta=beta, device="cpu",
+                              trans_a=True, tile=(16, 16, 25))
+    assert result.plan.symmetric
+    assert_gemm(out, x, x, c, alpha=alpha, beta=beta, trans_a=True)
+    symmetric_c = c + c.T
+    out2 = poisoned((45, 45), dtype)
+    oocgemm.multiply(x, x, out2, c=symmetric_c, alpha=alpha, beta=beta, device="cpu",
+                     trans_a=True, tile=(16, 16, 25))
+    assert np.array_equal(out2, out2.T)
+
+
+def test_update_in_place(rng):
+    """c is out: every element of C is read before its own is written."""
+    x = rand(rng, (64, 40))
+    c = rand(rng, (40, 40))
+    before = c.copy()
+    oocgemm.multiply(x, x, c, c=c, alpha=0.5, beta=2.0, device="cpu", trans_a=True,
+                     tile=(16, 16, 20))
+    assert_gemm(c, x, x, before, alpha=0.5, beta=2.0, trans_a=True)
+
+
+def test_stored_output_with_c(rng, workdir):
+    x = rand(rng, (70, 33))
+    c = rand(rng, (33, 33))
+    write("x.zarr", x, (20, 33), "v3-zstd")
+    write("c.zarr", c, (10, 10), "v3")
+    result = oocgemm.multiply("x.zarr", "x.zarr", "out.zarr", c="c.zarr", beta=-1.0,
+                              device="cpu", trans_a=True, tile=(12, 12, 30))
+    assert result.plan.symmetric
+    assert_gemm(zarr.open_array("out.zarr")[:], x, x, c, beta=-1.0, trans_a=True)
+
+
+def test_a_tile_that_is_not_square_computes_in_full(rng):
+    x = rand(rng, (50, 30))
+    result = oocgemm.multiply(x, x, device="cpu", trans_a=True, tile=(10, 15, 20))
+    assert result.plan.problem.shared and not result.plan.symmetric
+    assert_gemm(result.out, x, x, trans_a=True)
+
+
+def test_emulated_kernel_computes_in_full(rng):
+    x = rand(rng, (50, 30))
+    result = oocgemm.multiply(x, x, device="cpu", trans_a=True, kernel="ozaki")
+    assert not result.plan.symmetric
+    assert_gemm(result.out, x, x, trans_a=True)
+
+
+def test_two_cpu_executors(rng):
+    x = rand(rng, (90, 64))
+    one = oocgemm.multiply(x, x, device="cpu", trans_a=True, tile=(16, 16, 30))
+    two = oocgemm.multiply(x, x, device=["cpu", "cpu"], trans_a=True, tile=(16, 16, 30))
+    assert two.plan.symmetric
+    assert np.array_equal(one.out, two.out)  # every block computed as on one device
+
+
+# ---- the schedule -------------------------------------------------------------------------------
+def test_triangle_order():
+    for p in range(1, 7):
+        order = list(triangle(p))
+        assert sorted(order) == [(i, j) for i in range(p) for j in range(i, p)]
+        assert [triangle_index(i, j, p) for i, j in order] == list(range(len(order)))
+        assert order[-1] == (p - 1, p - 1)  # ends on the diagonal: no block goes across last
+
+
+def staged(plan, **kw):
+    """The plan with the CUDA executor's kind of staging: stripes, a ramp, a striped tail."""
+    return dataclasses.replace(plan, staged=True, stripe=4 * plan.tile[0], n_stage=3, n_out=2,
+                               split_last=3, tail_panels=2, n_a=3, n_b=3, ramp=1,
+                               min_stripes=2, **kw)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.75])
+@pytest.mark.parametrize("trans_a", [True, False])
+def test_staged_schedule_on_the_cpu(rng, beta, trans_a):
+    """The staged schedule the GPU runs (stripes, a T slot for the blocks across, MIRRORs
+    stripe by stripe), proved by the checker and replayed by the CPU executor."""
+    x = rand(rng, (140, 70) if trans_a else (70, 140))
+    c = rand(rng, (70, 70))
+    plan = staged(oocgemm.plan(x, x, c=c if beta else None, beta=beta, device="cpu",
+                               tile=(24, 24, 40), **sides(trans_a)))
+    check_schedule(plan.schedule, plan)
+    assert plan.counts == plan.schedule.counts()
+    kinds = plan.schedule.counts().ops
+    assert kinds[OpKind.TRANSPOSE] == 3 and kinds[OpKind.MIRROR] >= 3 * 3  # 3 stripes or more
+    out = poisoned((70, 70))
+    src = NumpySource(x)
+    sources = {"A": src, "B": src} | ({"C": NumpySource(c)} if beta else {})
+    CpuExecutor(plan, sources, NumpySink(out)).run()
+    assert_gemm(out, x, x, c if beta else None, beta=beta, **sides(trans_a))
+    if not beta:
+        assert np.array_equal(out, out.T)
+
+
+def without(plan, kind: OpKind, nth: int = 0) -> Schedule:
+    """The plan's schedule less its ``nth`` operation of ``kind`` (dependencies renumbered)."""
+    ops = list(plan.schedule.ops)
+    drop = [op.index for op in ops if op.kind is kind][nth]
+    kept = []
+    for op in ops:
+        if op.index == drop:
+            continue
+        deps = tuple(d - (d > drop) for d in op.deps if d != drop)
+        kept.append(dataclasses.replace(op, index=len(kept), deps=deps))
+    return dataclasses.replace(plan.schedule, ops=tuple(kept))
+
+
+@pytest.mark.parametrize("kind", [OpKind.MIRROR, OpKind.TRANSPOSE])
+def test_the_checker_misses_no_mirror(rng, kind):
+    x = rand(rng, (60, 48))
+    plan = oocgemm.plan(x, x, device="cpu", trans_a=True, tile=(16, 16, 30))
+    check_schedule(plan.schedule, plan)
+    with pytest.raises(ScheduleError):
+        check_schedule(without(plan, kind), plan)
+
+
+def test_the_checker_wants_upper_gemms_on_the_diagonal_only(rng):
+    x = rand(rng, (60, 48))
+    plan = oocgemm.plan(x, x, device="cpu", trans_a=True, tile=(16, 16, 30))
+    ops = list(plan.schedule.ops)
+    at = next(op.index for op in ops if op.kind is OpKind.GEMM and op.upper)
+    ops[at] = dataclasses.replace(ops[at], upper=False)
+    with pytest.raises(ScheduleError, match="upper"):
+        check_schedule(dataclasses.replace(plan.schedule, ops=tuple(ops)), plan)
