@@ -234,10 +234,11 @@ def test_multiply_overwrite(operands, tmp_path):
 def test_multiply_interrupted_writes_nothing(operands, tmp_path, monkeypatch):
     from oocgemm.storage.zarr_store import ZarrSource
 
-    def interrupt(self, rows, cols, out):
+    def interrupt(self, *args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ZarrSource, "read", interrupt)
+    monkeypatch.setattr(ZarrSource, "read_chunk", interrupt)
     a, b, _ = operands
     result = run("multiply", a, b, "-o", tmp_path / "out.zarr", "-q", code=130)
     assert "interrupted; no output was written" in result.stderr

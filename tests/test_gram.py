@@ -209,6 +209,10 @@ def test_triangle_order():
         assert sorted(order) == [(i, j) for i in range(p) for j in range(i, p)]
         assert [triangle_index(i, j, p) for i, j in order] == list(range(len(order)))
         assert order[-1] == (p - 1, p - 1)  # ends on the diagonal: no block goes across last
+        if p > 1:  # ...and the block before it too
+            assert order[-2] == (p - 2, p - 2)
+        assert all(abs(x[0] - y[0]) + abs(x[1] - y[1]) == 1  # neighbours, but between rows
+                   for x, y in zip(order, order[1:]) if x[0] == y[0])
 
 
 def staged(plan, **kw):

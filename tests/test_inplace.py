@@ -346,7 +346,13 @@ def test_a_given_zarr_array_updated_in_place_is_read_and_rewritten_under_one_loc
         held.append(self.lock is not None and self.lock.locked())
         return read(self, rows, cols, out)
 
+    def checked_direct(self, index, out, rows, cols):
+        held.append(self.lock is not None and self.lock.locked())
+        return direct(self, index, out, rows, cols)
+
+    direct = ZarrSource._read_direct
     monkeypatch.setattr(ZarrSource, "_read", checked)
+    monkeypatch.setattr(ZarrSource, "_read_direct", checked_direct)
     oocgemm.multiply(a, b, z, beta=1.0, tile=(10, 9, 20), device="cpu")
     assert held and all(held)
     assert_gemm(zarr.open_array(str(tmp_path / "z.zarr"), mode="r")[...], a, b, old, beta=1.0)

@@ -69,13 +69,15 @@ def cuda_model() -> DeviceModel:
     GEMM with r = 128 runs at about half rate."""
     # Host staging copies run on many threads; while C streams out beside A and B streaming
     # in, the host's copies together reached ~25 GB/s on the H100 machine (16 cores).
-    # Whole zstd chunks decode at 1.7 GB/s with zarr-python, 16 threads (measured there).
+    # Whole zstd chunks decode at 9.2 GB/s from their files straight into the buffers (16
+    # threads, 256 MB chunks; 1.7-2.9 GB/s through zarr-python's pipelines, which layouts
+    # that are not plain chunk files still take: oocgemm.storage.zarr_store.direct).
     # The emulation (kernel='ozaki', H100, 2026-11-24): int8 GEMMs 1036-1050 TOPS sustained
     # (batched, 2048 x 16384 x 8192-16384); the finish and the conversion as they added to
     # the compute lane's time out of core at n = 32768 (16 moduli, tiles 16384^2 x 2560 and
     # 16384 x 32768 x 8192: 2.38 s and 1.62 s against 2.39 s and 1.62 s modelled).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       half_size=128, granule=256, decode=1.7e9, int8_ops=1.04e15,
+                       half_size=128, granule=256, decode=8e9, int8_ops=1.04e15,
                        finish_digit=4.5e-12, convert_digit=2.4e-12, convert_element=8e-12)
 
 
@@ -84,7 +86,8 @@ def cpu_model() -> DeviceModel:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
     # for copies between warm buffers.
-    # zstd decodes at roughly 0.5 GB/s a core with zarr-python.
+    # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on
+    # the 2-core VM; 0.5 GB/s a core through zarr-python's pipeline).
     return DeviceModel(name="cpu", flops=35e9 * (cores or 1), h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
-                       decode=0.5e9 * (cores or 1))
+                       decode=1.0e9 * (cores or 1))

@@ -704,18 +704,25 @@ def gemm_flops(dtype: str, rows: int, h: int, r: int, upper: bool = False, x1: i
 
 def triangle(rows: int):
     """The blocks (i, j) on and above the diagonal of a ``rows`` x ``rows`` grid, row by row,
-    alternating direction (even rows rightwards from the diagonal, odd rows back to it), so
-    that neighbours share a row or column, and the last is the diagonal's last block."""
+    alternating direction, so that neighbours share a row or column; the second to last row
+    goes leftwards to the diagonal. A block above the diagonal writes twice the output of
+    one on it in the same time, and a block's output leaves while the next computes: so the
+    run ends on two diagonal blocks, whose output hides behind their compute, not on a
+    transposed block's."""
     for i in range(rows):
-        span = range(i, rows) if i % 2 == 0 else range(rows - 1, i - 1, -1)
+        span = range(rows - 1, i - 1, -1) if _leftwards(i, rows) else range(i, rows)
         for j in span:
             yield i, j
+
+
+def _leftwards(i: int, rows: int) -> bool:
+    return (rows - i) % 2 == 0
 
 
 def triangle_index(i: int, j: int, cols: int) -> int:
     """The place of block (i, j), i <= j, in :func:`triangle` order."""
     before = i * cols - i * (i - 1) // 2
-    return before + (j - i if i % 2 == 0 else cols - 1 - j)
+    return before + (cols - 1 - j if _leftwards(i, cols) else j - i)
 
 
 def serpentine_index(i: int, j: int, cols: int) -> int:

@@ -110,7 +110,8 @@ class CudaExecutor(Executor):
 
         Emulated products (``kernel='ozaki'``) keep each slot's converted panel beside it, and
         finish every K panel's product in an elementwise pass over C: two slots each for A
-        and B, no ramp (small first panels would each take that pass), one tail panel."""
+        and B, no ramp (small first panels would each take that pass), one tail panel. A Gram
+        product (one matrix on both sides, one transposed) has 16 output stripes."""
         from .. import hostinfo
 
         readers = max(4, min(10, hostinfo.cores() - 4))
@@ -120,6 +121,12 @@ class CudaExecutor(Executor):
                                          problem.b_chunks_kn()[0] or 1))
         if is_ozaki(kernel):
             settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
+        elif problem.gram:
+            # A symmetric product writes two blocks of C for each it computes, in half the
+            # time: 16 output stripes (and writers) rather than 8 took X^T X of 32768² from
+            # 0.636 to 0.610 of the general product's time on the H100 (writing fresh host
+            # pages: 18.9 GB/s from 8 threads, 27.9 from 16).
+            settings.update(n_out=16)
         return settings
 
     def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,

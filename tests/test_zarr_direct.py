@@ -1,0 +1,82 @@
+"""Chunks decoded straight from their files (``oocgemm.storage.zarr_store.direct``) give what
+zarr gives, for every layout that qualifies; every other layout goes through zarr; a corrupt
+or truncated chunk is an InputError naming it."""
+
+from __future__ import annotations
+
+import itertools
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from _helpers import assert_gemm, rand
+
+import oocgemm
+from oocgemm.errors import InputError
+from oocgemm.planning.chunks import chunk_region
+from oocgemm.storage.zarr_store import ZarrSource
+
+DIRECT = {
+    "v3-zstd": dict(zarr_format=3),
+    "v3-raw": dict(zarr_format=3, compressors=None),
+    "v3-gzip": dict(zarr_format=3, compressors=zarr.codecs.GzipCodec()),
+    "v3-blosc": dict(zarr_format=3, compressors=zarr.codecs.BloscCodec()),
+    "v2-zstd": dict(zarr_format=2),
+    "v2-raw": dict(zarr_format=2, compressors=None),
+    "v2-blosc-lz4": dict(zarr_format=2, compressors=numcodecs.Blosc(cname="lz4")),
+}
+THROUGH_ZARR = {
+    "v3-sharded": dict(zarr_format=3, shards=(32, 32)),
+    "v2-fortran": dict(zarr_format=2, order="F"),
+    "v3-filtered": dict(zarr_format=3, filters=[zarr.codecs.TransposeCodec(order=(1, 0))]),
+    "v3-crc": dict(zarr_format=3, compressors=[zarr.codecs.ZstdCodec(),
+                                               zarr.codecs.Crc32cCodec()]),
+}
+
+
+def every_chunk(src: ZarrSource):
+    grid = [-(-n // c) for n, c in zip(src.shape, src.chunks)]
+    for index in itertools.product(*map(range, grid)):
+        (r0, r1), (c0, c1) = chunk_region(index, src.chunks, src.shape)
+        out = np.full((r1 - r0, c1 - c0), np.nan)
+        src.read_chunk(index, out)
+        yield (slice(r0, r1), slice(c0, c1)), out
+
+
+@pytest.mark.parametrize("layout", sorted(DIRECT) + sorted(THROUGH_ZARR))
+def test_chunks_as_zarr_reads_them(rng, workdir, layout):
+    """Ragged edges, and a band of chunks never written (read as the fill value, 7)."""
+    x = rand(rng, (50, 37))
+    options = DIRECT.get(layout) or THROUGH_ZARR[layout]
+    array = zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(16, 16),
+                              fill_value=7.0, **options)
+    array[:40] = x[:40]
+    want = zarr.open_array("x.zarr", mode="r")[:]
+    assert np.array_equal(want[48:], np.full((2, 37), 7.0))  # chunks never written
+    src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
+    assert (src._direct is not None) == (layout in DIRECT)
+    for where, got in every_chunk(src):
+        assert np.array_equal(got, want[where]), where
+
+
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-raw", "v2-zstd"])
+def test_a_corrupt_or_truncated_chunk_is_named(rng, workdir, layout):
+    x = rand(rng, (32, 32))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(16, 16),
+                      **DIRECT[layout])[:] = x
+    src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
+    path = src._direct.path((1, 0))
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(InputError, match=r"chunk \(1, 0\) \(corrupt or truncated chunk"):
+        src.read_chunk((1, 0), np.empty((16, 16)))
+
+
+def test_products_through_direct_chunks(rng, workdir):
+    a, b = rand(rng, (70, 45)), rand(rng, (45, 33))
+    zarr.create_array("a.zarr", shape=a.shape, dtype=a.dtype, chunks=(16, 16))[:] = a
+    zarr.create_array("b.zarr", shape=b.shape, dtype=b.dtype, chunks=(20, 11),
+                      zarr_format=2)[:] = b
+    result = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
+    assert_gemm(result.out, a, b)
