@@ -219,6 +219,34 @@ def _product_options(func):
     return func
 
 
+def _run_options(func):
+    """The options of a run (shared by ``multiply`` and ``gram``)."""
+    options = [
+        click.option("--overwrite", is_flag=True, help="Replace an existing OUT."),
+        click.option("--verify", "verify", is_flag=True,
+                     help="Check the product (Freivalds' test) before committing it."),
+        click.option("--resume", is_flag=True,
+                     help="Finish the interrupted run of this same command: the C blocks it "
+                          "wrote are kept (checked against their checksums), the rest "
+                          "computed."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="No progress bar (it is drawn only on a terminal anyway); the "
+                          "one-line summary stays."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="Print the run's summary as JSON on stdout (the progress bar stays "
+                          "on stderr)."),
+        click.option("--timeline", "timeline_path", metavar="PATH", default=None,
+                     help="Save the run's timeline as Chrome trace JSON (open it in Perfetto "
+                          "or chrome://tracing) and print its summary."),
+        click.option("--plot", "plot_path", metavar="PATH", default=None,
+                     help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs "
+                          "matplotlib) and print its summary."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile,
                 kernel, out_chunks=None, out_shards=None, out_compressor=None,
                 zarr_format=None):
@@ -260,23 +288,7 @@ def main():
               help="The output C (.zarr: Zarr v3 unless --zarr-format or its group says "
                    "otherwise; .npy). Written under a temporary name and renamed when complete.")
 @_product_options
-@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
-@click.option("--verify", "verify", is_flag=True,
-              help="Check the product (Freivalds' test) before committing it.")
-@click.option("--resume", is_flag=True,
-              help="Finish the interrupted run of this same command: the C blocks it wrote "
-                   "are kept (checked against their checksums), the rest computed.")
-@click.option("-q", "--quiet", is_flag=True,
-              help="No progress bar (it is drawn only on a terminal anyway); the one-line "
-                   "summary stays.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the run's summary as JSON on stdout (the progress bar stays on stderr).")
-@click.option("--timeline", "timeline_path", metavar="PATH", default=None,
-              help="Save the run's timeline as Chrome trace JSON (open it in Perfetto or "
-                   "chrome://tracing) and print its summary.")
-@click.option("--plot", "plot_path", metavar="PATH", default=None,
-              help="Draw the timeline as a Gantt chart (.png, .svg, .pdf; needs matplotlib) and "
-                   "print its summary.")
+@_run_options
 def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
              host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
              zarr_format, overwrite, verify, resume, quiet, as_json, timeline_path,
@@ -342,16 +354,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
               help="Where the Gram matrix goes (.zarr or .npy).")
 @click.option("--outer", is_flag=True, help="X X^T instead of X^T X.")
 @_product_options
-@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
-@click.option("--verify", "verify", is_flag=True,
-              help="Check the product with Freivalds' test before committing it.")
-@click.option("--resume", is_flag=True, help="Finish the interrupted run of this command.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--timeline", "timeline_path", metavar="PATH", default=None,
-              help="Save the run's timeline (Chrome trace JSON).")
-@click.option("--plot", "plot_path", metavar="PATH", default=None,
-              help="Save a Gantt plot of the run's timeline.")
+@_run_options
 @click.pass_context
 def gram_command(ctx, x, outer, trans_a, trans_b, **rest):
     """Compute the Gram matrix OUT = alpha*X^T X + beta*C (--outer: X X^T).

@@ -115,7 +115,8 @@ def test_each_chunk_decoded_once_when_kept(rng, workdir, layout, tile):
         assert set(store.fetches.values()) == {1}  # ...fetched once (each byte range)
         assert r.chunks[name]["decodes"] == n_chunks(x.shape, chunks)
         assert r.chunks[name]["kept"]
-        assert 0 < r.chunks[name]["copy_seconds"] < r.seconds * 8  # 8 readers at most
+        # copies out of decoded chunks (none where a panel is one whole chunk, used in place)
+        assert 0 <= r.chunks[name]["copy_seconds"] < r.seconds * 8  # 8 readers at most
 
 
 @pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded"])

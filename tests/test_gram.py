@@ -274,3 +274,34 @@ def test_the_checker_wants_upper_gemms_on_the_diagonal_only(rng):
     ops[at] = dataclasses.replace(ops[at], upper=False)
     with pytest.raises(ScheduleError, match="upper"):
         check_schedule(dataclasses.replace(plan.schedule, ops=tuple(ops)), plan)
+
+
+# ---- the named entry points ---------------------------------------------------------------------
+def test_gram_entry_point(rng, workdir):
+    x = rand(rng, (90, 40))
+    write("x.zarr", x, (30, 40), "v3-zstd")
+    inner = oocgemm.gram("x.zarr", "g.zarr", device="cpu", tile=(16, 16, 30))
+    outer = oocgemm.gram("x.zarr", device="cpu", outer=True)
+    assert inner.plan.symmetric and outer.plan.symmetric
+    np.testing.assert_allclose(zarr.open_array("g.zarr")[:], gram(x, True), rtol=1e-12,
+                               atol=1e-11)
+    np.testing.assert_allclose(outer.out, gram(x, False), rtol=1e-12, atol=1e-11)
+    with pytest.raises(oocgemm.OptionError, match="outer"):
+        oocgemm.gram("x.zarr", device="cpu", trans_a=True)
+
+
+def test_gram_command(rng, workdir):
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    x = rand(rng, (80, 30))
+    np.save("x.npy", x)
+    done = CliRunner().invoke(main, ["gram", "x.npy", "-o", "g.npy", "--device", "cpu", "-q"])
+    assert done.exit_code == 0, done.output
+    g = np.load("g.npy")
+    assert np.array_equal(g, g.T)
+    np.testing.assert_allclose(g, gram(x, True), rtol=1e-12, atol=1e-11)
+    refused = CliRunner().invoke(main, ["gram", "x.npy", "-o", "h.npy", "--trans-a"])
+    assert refused.exit_code == 2 and "error:" in refused.output
+    assert not os.path.exists("h.npy")

@@ -80,3 +80,18 @@ def test_products_through_direct_chunks(rng, workdir):
                       zarr_format=2)[:] = b
     result = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
     assert_gemm(result.out, a, b)
+
+
+def test_panels_that_are_whole_chunks_are_used_in_place(rng, workdir):
+    """On the CPU a K panel that is exactly one decoded chunk is bound, not copied: its READs
+    move no bytes; a panel that cuts chunks is copied."""
+    x = rand(rng, (120, 30))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(40, 30))[:] = x
+    whole = oocgemm.multiply("x.zarr", "x.zarr", device="cpu", trans_a=True, tile=(30, 30, 40))
+    reads = [e for e in whole.events if e.kind == "read"]
+    assert reads and all(e.nbytes == 0 for e in reads)
+    assert whole.chunks["A"]["decodes"] == 3
+    np.testing.assert_allclose(whole.out, x.T @ x, rtol=1e-12, atol=1e-11)
+    cut = oocgemm.multiply("x.zarr", "x.zarr", device="cpu", trans_a=True, tile=(30, 30, 30))
+    assert all(e.nbytes > 0 for e in cut.events if e.kind == "read")
+    np.testing.assert_allclose(cut.out, x.T @ x, rtol=1e-12, atol=1e-11)

@@ -473,10 +473,9 @@ class _Builder:
             # into the block across). C is read as the blocks are written (WRITE with beta):
             # the block across needs its own C, and the mirrored lower triangle C's lower one.
             diagonal = symmetric and i == j
-            reads_c = prob.reads_c and not symmetric
             # A new block is new content for its C slot: loaded (the load waits for the old
             # block's readers), or else started by its first GEMMs (or FILL), which wait.
-            if reads_c:
+            if self.reads_c_first():
                 self.load("C", c_key, c_slot)
                 self.c_hazards = []
             else:

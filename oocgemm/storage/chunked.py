@@ -208,7 +208,22 @@ class ChunkReader(MatrixSource):
                     self._release(index)
 
     def view(self, rows, cols, dtype):
-        return None
+        """A region that is one whole decoded chunk, as that chunk itself (no copy: the CPU
+        executor binds its slot to it), where its dtype is ``dtype``; else None. The read is
+        counted as :meth:`read` counts it; the chunk stays alive while the slot holds it."""
+        if np.dtype(dtype) != self.dtype:
+            return None
+        index = (rows[0] // self.chunks[0], cols[0] // self.chunks[1])
+        if chunk_region(index, self.chunks, self.shape) != (tuple(rows), tuple(cols)):
+            return None
+        with self._lock:
+            self._announce(rows, cols)
+            future = self._start(index)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._release(index)
 
     def array(self):
         return self.inner.array()
