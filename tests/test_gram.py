@@ -305,3 +305,21 @@ def test_gram_command(rng, workdir):
     refused = CliRunner().invoke(main, ["gram", "x.npy", "-o", "h.npy", "--trans-a"])
     assert refused.exit_code == 2 and "error:" in refused.output
     assert not os.path.exists("h.npy")
+
+
+@pytest.mark.parametrize("tile", [(16, 16, 16), (32, 16, 8), (20, 20, 20), (16, 16, 8),
+                                  (8, 8, 16)])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True), (True, False),
+                                             (False, True)])
+def test_one_matrix_in_both_roles_any_product(rng, tile, trans_a, trans_b):
+    """x @ x, x^T @ x^T and the Gram products, whatever the tile: a panel held for one role
+    serves the other where it is the same region, and is never evicted by the other role's
+    load in the same step; the checker proves the schedules (the GPU's staging too)."""
+    x = rand(rng, (64, 64))
+    result = oocgemm.multiply(x, x, device="cpu", tile=tile, trans_a=trans_a, trans_b=trans_b)
+    plan = result.plan
+    assert plan.problem.shared
+    check_schedule(plan.schedule, plan)
+    check_schedule(staged(plan).schedule, staged(plan))
+    assert plan.counts == plan.schedule.counts()
+    assert_gemm(result.out, x, x, trans_a=trans_a, trans_b=trans_b)

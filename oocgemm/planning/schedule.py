@@ -544,7 +544,8 @@ class _Builder:
         panel of the block, 1 after; ``upper``: on and above the diagonal only."""
         prob = self.prob
         a_slot = self.ensure("A", (i, q), pinned=pinned)
-        b_slot = self.ensure("B", (q, j), pinned=pinned)
+        # (one matrix in both roles: A's panel may sit in a B slot, which B must not take)
+        b_slot = self.ensure("B", (q, j), pinned=pinned | {a_slot})
         beta = (prob.beta if self.reads_c_first() else 0.0) if first else 1.0
         r = self.ks[q + 1] - self.ks[q]
         x0, x1 = rows
@@ -640,7 +641,7 @@ class _Counter(_Builder):
 
     def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned, upper=False) -> None:
         a = self.ensure("A", (i, q), pinned=pinned)
-        b = self.ensure("B", (q, j), pinned=pinned)
+        b = self.ensure("B", (q, j), pinned=pinned | {a})
         self.gemms += 1
         self.flops += gemm_flops(self.prob.dtype, rows[1] - rows[0], h,
                                  self.ks[q + 1] - self.ks[q], upper, rows[1])
