@@ -1,5 +1,5 @@
 """Fuzzing multiply (issue 18, item 5): shapes, dtypes, strides, chunkings, options, corrupt
-files and output targets drawn by hypothesis. Whatever comes in, either the product is right
+files and output targets drawn by hypothesis, and one matrix on both sides (issue 31). Whatever comes in, either the product is right
 (against numpy in float64) or an OOCGemmError is raised; nothing else escapes, and no output
 that looks complete is left behind by a failed call."""
 
@@ -77,8 +77,16 @@ def matrices(draw, shape, role):
 def cases(draw):
     m, n, k = (draw(st.integers(0, 24)) for _ in range(3))
     trans_a, trans_b = draw(st.booleans()), draw(st.booleans())
-    a, xa, bad_a = draw(matrices((k, m) if trans_a else (m, k), "a"))
-    b, xb, bad_b = draw(matrices((n, k) if trans_b else (k, n), "b"))
+    if draw(st.sampled_from([False, False, False, True])):  # one matrix on both sides
+        if trans_a == trans_b:  # x @ x, x^T @ x^T: square
+            n = k = m
+        else:  # a Gram product
+            n = m
+        a, xa, bad_a = draw(matrices((k, m) if trans_a else (m, k), "a"))
+        b, xb, bad_b = a, xa, bad_a
+    else:
+        a, xa, bad_a = draw(matrices((k, m) if trans_a else (m, k), "a"))
+        b, xb, bad_b = draw(matrices((n, k) if trans_b else (k, n), "b"))
     alpha = draw(st.sampled_from([1.0, -0.5, 0.0, 2 + 1j]))
     beta = draw(st.sampled_from([0.0, 0.0, 1.0, -2.5]))
     c = xc = None
