@@ -1,7 +1,8 @@
 """Fuzzing multiply (issue 18, item 5): shapes, dtypes, strides, chunkings, options, corrupt
-files and output targets drawn by hypothesis, and one matrix on both sides (issue 31). Whatever comes in, either the product is right
-(against numpy in float64) or an OOCGemmError is raised; nothing else escapes, and no output
-that looks complete is left behind by a failed call."""
+files and output targets drawn by hypothesis, and one matrix on both sides (issue 31).
+Whatever comes in, either the product is right (against numpy in float64) or an OOCGemmError
+is raised; nothing else escapes, and no output that looks complete is left behind by a failed
+call."""
 
 from __future__ import annotations
 

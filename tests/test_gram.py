@@ -323,3 +323,30 @@ def test_one_matrix_in_both_roles_any_product(rng, tile, trans_a, trans_b):
     check_schedule(staged(plan).schedule, staged(plan))
     assert plan.counts == plan.schedule.counts()
     assert_gemm(result.out, x, x, trans_a=trans_a, trans_b=trans_b)
+
+
+def test_an_interrupted_gram_product_resumes_bitwise(rng, workdir, monkeypatch):
+    """Ctrl-C after a few blocks are written (a block above the diagonal with or without its
+    transpose): resume=True keeps the pairs that are whole and computes the rest; the result
+    is bitwise the uninterrupted one."""
+    from oocgemm.storage import npy
+
+    x = rand(rng, (150, 64))
+    np.save("x.npy", x)
+    whole = oocgemm.gram("x.npy", "whole.npy", device="cpu", tile=(16, 16, 50))
+    real, writes = npy.NpySink.write, {"n": 0}
+
+    def write(self, rows, cols, block):
+        writes["n"] += 1
+        if writes["n"] == 6:
+            raise KeyboardInterrupt
+        real(self, rows, cols, block)
+
+    monkeypatch.setattr(npy.NpySink, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        oocgemm.gram("x.npy", "g.npy", device="cpu", tile=(16, 16, 50))
+    monkeypatch.setattr(npy.NpySink, "write", real)
+    resumed = oocgemm.gram("x.npy", "g.npy", device="cpu", tile=(16, 16, 50), resume=True)
+    assert 0 < resumed.resumed < whole.plan.n_blocks
+    assert len(computed_blocks(resumed)) == whole.plan.n_blocks - resumed.resumed
+    assert np.array_equal(np.load("g.npy"), np.load("whole.npy"))
