@@ -885,7 +885,7 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
     staging = {k: getattr(plan, k) for k in STAGING}
     try:
         tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged,
-                           kernel=plan.kernel, **staging)
+                           kernel=plan.kernel, symmetric=plan.symmetric, **staging)
         return _finished(dataclasses.replace(plan, tile=tile, memory_limit=mem,
                                              host_memory_limit=host, done=(),
                                              chosen_by="planner, again after running out "
@@ -931,7 +931,7 @@ def _schedule_key(plan: Plan) -> dict:
     return {"device": plan.device.split(":")[0], "kernel": plan.kernel, "tile": list(plan.tile),
             "staged": plan.staged, "ramp": plan.ramp, "ramp_granule": plan.ramp_granule,
             "split_last": plan.split_last, "tail_panels": plan.tail_panels, "n_a": plan.n_a,
-            "n_b": plan.n_b}
+            "n_b": plan.n_b, "symmetric": plan.symmetric}
 
 
 def _resume(prep: _Prepared, signatures: dict):

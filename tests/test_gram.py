@@ -350,3 +350,18 @@ def test_an_interrupted_gram_product_resumes_bitwise(rng, workdir, monkeypatch):
     assert 0 < resumed.resumed < whole.plan.n_blocks
     assert len(computed_blocks(resumed)) == whole.plan.n_blocks - resumed.resumed
     assert np.array_equal(np.load("g.npy"), np.load("whole.npy"))
+
+
+def test_a_gram_product_that_runs_out_of_memory_plans_again_symmetric(rng, workdir,
+                                                                       monkeypatch):
+    """A replan after memory ran out keeps the product symmetric (square blocks)."""
+    from test_memory_pressure import _failing
+
+    x = rand(rng, (200, 150))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=5)
+    with pytest.warns(RuntimeWarning, match="host memory ran out"):
+        result = oocgemm.gram(x, device="cpu", memory_limit="400KB")
+    assert len(result.replanned) == 1 and result.plan.symmetric
+    assert result.plan.tile[0] == result.plan.tile[1]
+    assert np.array_equal(result.out, result.out.T)
+    assert_gemm(result.out, x, x, trans_a=True)
