@@ -365,3 +365,18 @@ def test_a_gram_product_that_runs_out_of_memory_plans_again_symmetric(rng, workd
     assert result.plan.tile[0] == result.plan.tile[1]
     assert np.array_equal(result.out, result.out.T)
     assert_gemm(result.out, x, x, trans_a=True)
+
+
+@pytest.mark.parametrize("out", ["g.npy", "g.zarr"])
+def test_a_stored_output_updated_in_place(rng, workdir, out):
+    """beta != 0 without c: the existing output is C, read as each block is written."""
+    x = rand(rng, (70, 40))
+    c = rand(rng, (40, 40))
+    if out.endswith(".npy"):
+        np.save(out, c)
+    else:
+        zarr.create_array(out, shape=c.shape, dtype=c.dtype, chunks=(16, 16))[:] = c
+    result = oocgemm.gram(x, out, beta=0.5, alpha=-1.0, device="cpu", tile=(16, 16, 30))
+    assert result.plan.symmetric
+    got = np.load(out) if out.endswith(".npy") else zarr.open_array(out)[:]
+    assert_gemm(got, x, x, c, alpha=-1.0, beta=0.5, trans_a=True)
