@@ -72,6 +72,21 @@ def assert_gemm(got, a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_
                                   f"want {want[worst]} (bound {bound[worst]:.3g})")
 
 
+def interrupt_write(monkeypatch, sink_class, at: int):
+    """Make ``sink_class.write`` raise KeyboardInterrupt (Ctrl-C) on its call number ``at``,
+    every other call writing as it does; returns the real ``write``, to put back."""
+    real, writes = sink_class.write, {"n": 0}
+
+    def write(self, rows, cols, block):
+        writes["n"] += 1
+        if writes["n"] == at:
+            raise KeyboardInterrupt
+        real(self, rows, cols, block)
+
+    monkeypatch.setattr(sink_class, "write", write)
+    return real
+
+
 def leftovers(directory) -> list[str]:
     """Temporary files of interrupted runs in ``directory``."""
     return sorted(name for name in os.listdir(directory) if PARTIAL in name)

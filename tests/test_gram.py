@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, poisoned, rand
+from _helpers import assert_gemm, interrupt_write, poisoned, rand
 from test_chunks import LAYOUTS, CountingStore, write
 from zarr.storage import LocalStore
 
@@ -334,15 +334,7 @@ def test_an_interrupted_gram_product_resumes_bitwise(rng, workdir, monkeypatch):
     x = rand(rng, (150, 64))
     np.save("x.npy", x)
     whole = oocgemm.gram("x.npy", "whole.npy", device="cpu", tile=(16, 16, 50))
-    real, writes = npy.NpySink.write, {"n": 0}
-
-    def write(self, rows, cols, block):
-        writes["n"] += 1
-        if writes["n"] == 6:
-            raise KeyboardInterrupt
-        real(self, rows, cols, block)
-
-    monkeypatch.setattr(npy.NpySink, "write", write)
+    real = interrupt_write(monkeypatch, npy.NpySink, at=6)
     with pytest.raises(KeyboardInterrupt):
         oocgemm.gram("x.npy", "g.npy", device="cpu", tile=(16, 16, 50))
     monkeypatch.setattr(npy.NpySink, "write", real)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import zarr
-from _helpers import leftovers
+from _helpers import interrupt_write, leftovers
 from click.testing import CliRunner
 
 import oocgemm
@@ -109,16 +109,7 @@ def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_result(rng, workd
 
 def test_resume_through_the_cli_after_ctrl_c(rng, workdir, monkeypatch):
     a, b = _inputs(rng, "npy")
-    writes = {"n": 0}
-    real = npy.NpySink.write
-
-    def write(self, rows, cols, block):
-        writes["n"] += 1
-        if writes["n"] == 8:
-            raise KeyboardInterrupt
-        real(self, rows, cols, block)
-
-    monkeypatch.setattr(npy.NpySink, "write", write)
+    real = interrupt_write(monkeypatch, npy.NpySink, at=8)
     args = ["multiply", a, b, "-o", "c.npy", "--tile", "64,48,40", "--device", "cpu"]
     first = CliRunner().invoke(main, args + ["-q"])
     assert first.exit_code == 130
