@@ -35,6 +35,7 @@ from .result import Result
 from .runtime.base import executor_class
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
+from .storage.identity import one_matrix
 from .units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     src_b = open_source(b, "b", storage_options)
     check_matrix("a", src_a)
     check_matrix("b", src_b)
-    shared = _one_matrix(a, b, src_a, src_b)
+    shared = one_matrix(a, src_a, b, src_b)  # by what is behind them, never by name
     if shared:  # one source for both roles: each chunk read and decoded once
         src_b.close()
         src_b = src_a
@@ -303,15 +304,6 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         sources["C"] = c_source
     return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
                      out_options=out_options, storage_options=storage_options)
-
-
-def _one_matrix(a, b, src_a: MatrixSource, src_b: MatrixSource) -> bool:
-    """True when ``a`` and ``b`` are one stored matrix, found by what is behind them (the
-    same file through any path, link or URL; the same array, store, buffer or dask graph),
-    never by name (:mod:`oocgemm.storage.identity`): it is then read once for both roles."""
-    from .storage.identity import identity, same_matrix
-
-    return same_matrix(identity(a, src_a), identity(b, src_b))
 
 
 def _finished(plan: Plan) -> Plan:

@@ -34,7 +34,7 @@ from numpy.lib import format as npy_format
 from . import urls
 from .base import MatrixSink, MatrixSource
 
-__all__ = ["KINDS", "Identity", "Layout", "identity", "overlaps", "same_matrix"]
+__all__ = ["KINDS", "Identity", "Layout", "identity", "one_matrix", "overlaps", "same_matrix"]
 
 #: The kinds of :class:`Identity`, as :attr:`Identity.kind` spells them.
 KINDS = ("file", "memory", "store", "dask", "unknown")
@@ -172,6 +172,12 @@ def same_matrix(x: Identity, y: Identity) -> bool:
     # With a layout the span follows from it, but for a .npy path, which is the whole file:
     # its layout (from its header) is what a memmap of its data has.
     return x.layout is not None or x.span == y.span
+
+
+def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource) -> bool:
+    """Whether operands ``a`` and ``b`` (as the user passed them, with the sources opened for
+    them) are one stored matrix, so that one read serves both roles (:func:`same_matrix`)."""
+    return same_matrix(identity(a, source_a), identity(b, source_b))
 
 
 def overlaps(x: Identity, y: Identity) -> bool:
