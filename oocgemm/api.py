@@ -271,7 +271,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     def operand(src: MatrixSource) -> Operand:
         rows, cols = src.shape
         in_place = src.view((0, rows), (0, cols), dtype) is not None
-        return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=in_place)
+        return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=in_place,
+                       sliced=src.sliced)
 
     problem = Problem(
         m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
@@ -366,10 +367,12 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     for name, src in sources.items():
         if name == "B" and plan.problem.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource):
+        elif (src.on_disk and src.chunks is not None and not src.sliced
+              and isinstance(src, ChunkedSource)):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
-                                        kept=name in plan.cache, decoders=decoders)
+                                        kept=name in plan.cache, decoders=decoders,
+                                        gap=len(roles))
     return wrapped
 
 

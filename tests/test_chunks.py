@@ -17,7 +17,14 @@ from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
 from oocgemm.api import chunk_readers
-from oocgemm.planning.chunks import chunks_of, decode_counts, loads, window_bytes
+from oocgemm.planning.chunks import (
+    chunk_range,
+    chunks_of,
+    decode_counts,
+    loads,
+    most_touched,
+    window_bytes,
+)
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
@@ -204,10 +211,104 @@ def test_staged_streamed_operand_stays_within_its_window(rng, workdir):
                                                                                    (16, 16))
 
 
+@pytest.mark.parametrize("layout", ["v3-zstd", "v2", "v3-sharded"])
+@pytest.mark.parametrize("tile", [(40, 36, 8), (20, 18, 8), (20, 18, 7)])
+def test_chunks_wider_than_panels_decode_once_per_stretch(rng, workdir, layout, tile):
+    """Streamed operands whose chunks hold several K panels: a chunk stays decoded while
+    consecutive loads need it, so each is decoded once per pass over K (not once per panel),
+    and never more is held than the plan's window."""
+    a, b = rand(rng, (40, 96)), rand(rng, (96, 36))
+    write("a.zarr", a, (20, 32), layout)  # 4 or more K panels per chunk
+    write("b.zarr", b, (32, 18), layout)
+    (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
+    plan = dataclasses.replace(oocgemm.plan(za, zb, device="cpu", tile=tile), cache=())
+    sources = chunk_readers(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")})
+    out = poisoned((40, 36))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+        got = {name: (sources[name].decodes, sources[name].peak_bytes) for name in "AB"}
+    finally:
+        for src in sources.values():
+            src.close()
+    assert_gemm(out, a, b)
+    reports = {x.operand: x for x in plan.chunk_reports()}
+    for name, x, store in (("A", a, store_a), ("B", b, store_b)):
+        chunks = unit({"A": (20, 32), "B": (32, 18)}[name], layout)
+        want = decode_counts(loads(plan.schedule.ops, name, chunks), kept=False)
+        per_panel = decode_counts(loads(plan.schedule.ops, name, chunks), kept=False, gap=0)
+        assert sum(want.values()) < sum(per_panel.values())  # panels share their chunks
+        decodes, peak = got[name]
+        assert sum(want.values()) <= decodes <= sum(want.values()) + 1
+        assert decodes <= reports[name].decodes  # the plan's estimate is an upper bound
+        assert peak <= plan.decode_window
+        if tile[:2] == (40, 36):  # one C block: one pass over K, each chunk once
+            assert decodes == n_chunks(x.shape, chunks) == objects(store)
+
+
+@pytest.mark.parametrize("tile", [None, (16, 16, 300), (8, 8, 250)])
+def test_gram_under_a_budget_of_a_few_chunks(rng, workdir, tile):
+    """A Gram product of a matrix six chunks tall under a host budget of four: its chunks
+    stream, each decoded once per C block for both roles (whatever the panels), and the
+    decoded bytes held
+    stay within the plan's window (the budget's four chunks, panels straddling chunks or
+    not)."""
+    x = rand(rng, (6000, 16))
+    write("x.zarr", x, (1000, 16), "v3-zstd")
+    chunk = 1000 * 16 * 8
+    (store, zx) = counted("x.zarr")
+    r = oocgemm.gram(zx, device="cpu", host_memory_limit=4 * chunk, tile=tile)
+    np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-12)
+    assert r.plan.cache == ()  # X does not fit: streamed
+    report = r.plan.chunk_reports()[0]
+    if r.plan.grid[0] == 1:  # one C block: one pass over K
+        assert r.chunks["A"]["decodes"] == 6 == objects(store) == report.decodes
+        assert set(store.fetches.values()) == {1}
+    else:  # a pass per block (3), each decoding a chunk once for both roles
+        assert r.plan.grid[0] == 2
+        assert 2 * 6 < r.chunks["A"]["decodes"] == sum(store.fetches.values()) <= 3 * 6
+        assert r.chunks["A"]["decodes"] <= report.decodes
+    assert r.chunks["A"]["peak_bytes"] <= r.plan.decode_window <= 4 * chunk
+
+
+def test_a_chunk_too_large_for_the_budget_is_named(rng, workdir):
+    """A budget smaller than two of a chunk (one read, the next decoded) is refused before
+    any work by a BudgetError naming the chunk, its size and a budget that works; that
+    budget then runs."""
+    x = rand(rng, (4000, 16))
+    write("x.zarr", x, (2000, 16), "v3-zstd")
+    with pytest.raises(oocgemm.BudgetError) as info:
+        oocgemm.gram("x.zarr", device="cpu", host_memory_limit="300KB")
+    message = str(info.value)
+    assert "2000x16" in message and "250 KiB each" in message and "x.zarr" in message
+    budget = message.split("host_memory_limit=")[-1].split(" would work")[0]
+    assert oocgemm.units.parse_size(budget) <= 2.1 * 2000 * 16 * 8  # two chunks and a little
+    r = oocgemm.gram("x.zarr", device="cpu", host_memory_limit=budget.replace(" ", ""))
+    np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-12)
+
+
 def test_window_bytes_rounds_to_whole_chunks():
     assert window_bytes((16, 16), (16, 16), 8) == 16 * 16 * 8
-    assert window_bytes((17, 16), (16, 16), 8) == 3 * 16 * 16 * 8  # cuts: one more each side
+    assert window_bytes((17, 16), (16, 16), 8) == 2 * 16 * 16 * 8  # 17 rows span 2 chunks
+    assert window_bytes((18, 16), (16, 16), 8) == 2 * 16 * 16 * 8  # starts even: 2
+    assert window_bytes((19, 16), (16, 16), 8) == 3 * 16 * 16 * 8  # 19 from row 15: 3
+    assert window_bytes((4, 16), (16, 16), 8) == 16 * 16 * 8  # panels inside one chunk
+    assert window_bytes((19, 16), (16, 16), 8, shape=(20, 16)) == 2 * 16 * 16 * 8  # 2 exist
     assert window_bytes((10, 10), None, 8) == 0
+
+
+def test_most_touched_is_the_most_any_panel_touches():
+    """Panels of ``extent`` placed on multiples of it touch at most ``most_touched`` chunks,
+    and some panel touches that many (checked against every panel of a long array)."""
+    for extent in range(1, 41):
+        for chunk in range(1, 25):
+            total = 4 * extent * chunk
+            most = max(len(chunk_range(i, min(i + extent, total), chunk))
+                       for i in range(0, total, extent))
+            assert most_touched(extent, chunk) == most, (extent, chunk)
+            short = 2 * extent + 1
+            within = max(len(chunk_range(i, min(i + extent, short), chunk))
+                         for i in range(0, short, extent))
+            assert within <= most_touched(extent, chunk, short) <= -(-short // chunk)
 
 
 def test_loads_group_the_stripes_of_one_region(rng, workdir):

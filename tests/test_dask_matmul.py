@@ -239,8 +239,8 @@ def test_under_a_distributed_local_cluster(rng, workdir):
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         x = da.from_array(a, chunks=(40, 40))
-        z = odask.matmul(x, "b.zarr", device="cpu", memory_limit="60KB")
-        p = oocgemm.plan(x, "b.zarr", device="cpu", memory_limit="60KB")
+        z = odask.matmul(x, "b.zarr", device="cpu", tile=(30, 30, 40))
+        p = oocgemm.plan(x, "b.zarr", device="cpu", tile=(30, 30, 40))
         assert p.grid[0] >= 4 and len(_groups(z)) == 4  # two per worker: the workers balance
         got = z.compute()
         ran = client.run(lambda: True)

@@ -95,3 +95,45 @@ def test_panels_that_are_whole_chunks_are_used_in_place(rng, workdir):
     cut = oocgemm.multiply("x.zarr", "x.zarr", device="cpu", trans_a=True, tile=(30, 30, 30))
     assert all(e.nbytes > 0 for e in cut.events if e.kind == "read")
     np.testing.assert_allclose(cut.out, x.T @ x, rtol=1e-12, atol=1e-11)
+
+
+@pytest.mark.parametrize("layout", ["v3-raw", "v2-raw"])
+def test_uncompressed_chunks_are_read_in_the_parts_panels_need(rng, workdir, layout):
+    """Uncompressed chunk files are read in the parts a region needs, never decoded whole:
+    regions across chunks and ragged edges give what zarr gives (a band never written reads
+    as the fill value), and a Gram product runs under a host budget smaller than one chunk,
+    holding no decoded chunk at all."""
+    x = rand(rng, (300, 40))
+    array = zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(128, 24),
+                              fill_value=7.0, **DIRECT[layout])
+    array[:256] = x[:256]
+    want = zarr.open_array("x.zarr", mode="r")[:]
+    src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
+    assert src.sliced
+    for rows, cols in (((0, 300), (0, 40)), ((5, 133), (3, 27)), ((250, 300), (30, 40)),
+                       ((127, 129), (23, 25))):
+        out = np.full((rows[1] - rows[0], cols[1] - cols[0]), np.nan)
+        src.read(rows, cols, out)
+        assert np.array_equal(out, want[slice(*rows), slice(*cols)]), (rows, cols)
+    chunk = 128 * 24 * 8
+    r = oocgemm.gram("x.zarr", device="cpu", host_memory_limit=chunk // 2)
+    np.testing.assert_allclose(r.out, want.T @ want, rtol=1e-12, atol=1e-10)
+    assert r.plan.decode_window == 0 and r.plan.chunk_reports() == [] and not r.chunks
+    with open(src._direct.path((1, 1)), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(InputError, match=r"chunk \(1, 1\) \(corrupt or truncated chunk"):
+        src.read((100, 200), (0, 40), np.empty((100, 40)))
+
+
+def test_a_compressed_chunk_is_decoded_whole_once_for_its_panels(rng, workdir):
+    """The same array compressed: panels far thinner than a chunk take their rows from one
+    decode of it (each chunk decoded once), under a budget of about two chunks."""
+    x = rand(rng, (600, 40))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(128, 40))[:] = x
+    assert not ZarrSource(zarr.open_array("x.zarr", mode="r"), "x").sliced
+    chunk = 128 * 40 * 8
+    r = oocgemm.gram("x.zarr", device="cpu", host_memory_limit=int(2.5 * chunk),
+                     tile=(40, 40, 16))
+    np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-10)
+    assert r.plan.cache == () and r.chunks["A"]["decodes"] == 5
+    assert r.chunks["A"]["peak_bytes"] <= 2 * chunk

@@ -94,14 +94,38 @@ def loads(ops: Iterable[Op], operand: str | tuple[str, ...], chunks: tuple[int, 
     return out
 
 
-def decode_counts(load_list: list[Load], kept: bool) -> dict[tuple[int, int], int]:
-    """How many times each chunk is decoded: once when kept, once per load that touches it
-    when streamed."""
-    counts: dict[tuple[int, int], int] = {}
-    for load in load_list:
-        for index in load.chunks:
-            counts[index] = 1 if kept else counts.get(index, 0) + 1
-    return counts
+def chunk_ends(load_list: list[Load], kept: bool, gap: int = 1
+               ) -> dict[tuple[int, int], list[int]]:
+    """After how many of its reads each chunk is dropped: once, after its last, when kept;
+    when streamed, at the end of each stretch of loads that touch it, where a stretch goes on
+    while the next load that touches the chunk comes at most ``gap`` loads later (a chunk
+    larger than a panel is decoded once and its rows handed to every panel of the stretch;
+    ``gap`` is 2 for one matrix read in two roles, whose loads alternate). One decode per
+    stretch: ``len(ends)``."""
+    uses: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for number, load in enumerate(load_list):
+        for index, count in zip(load.chunks, load.uses):
+            uses.setdefault(index, []).append((number, count))
+    ends: dict[tuple[int, int], list[int]] = {}
+    for index, reads in uses.items():
+        marks: list[int] = []
+        total, last = 0, -gap - 1
+        for number, count in reads:
+            total += count
+            if marks and (kept or number - last <= gap):
+                marks[-1] = total
+            else:
+                marks.append(total)
+            last = number
+        ends[index] = marks
+    return ends
+
+
+def decode_counts(load_list: list[Load], kept: bool, gap: int = 1
+                  ) -> dict[tuple[int, int], int]:
+    """How many times each chunk is decoded: once when kept, once per stretch of loads that
+    touch it (:func:`chunk_ends`) when streamed."""
+    return {index: len(marks) for index, marks in chunk_ends(load_list, kept, gap).items()}
 
 
 @dataclass(frozen=True)
@@ -143,33 +167,62 @@ class ChunkReport:
 def estimate(plan, operand: str) -> ChunkReport | None:
     """Loads and decodes of a chunked on-disk operand, from the plan's geometry alone (no
     operation list): every panel of A is loaded once per C block when K has several panels
-    (once per block row otherwise), every panel of B once per block row, C once per block."""
+    (once per block row otherwise), every panel of B once per block row, C once per block.
+    The K panels of one pass are consecutive loads, which decode each chunk along K once
+    (:func:`chunk_ends`), however the panel edges cut it."""
     prob = plan.problem
     op = {"A": prob.a, "B": prob.b, "C": prob.c}[operand]
-    if op is None or not op.on_disk or not op.chunks:
+    if op is None or not op.decoded:
         return None
     if operand in ("A", "B") and not prob.computes_product:
         return None
     rows, cols, ks = plan.row_splits, plan.col_splits, plan.k_splits
     p, q, nk = plan.grid
+    along = None  # the stored axis that is K
     if operand == "A":
         split_r, split_c = (ks, rows) if prob.trans_a else (rows, ks)
-        per_panel = 1 if nk == 1 else q
+        along, per_panel = (0 if prob.trans_a else 1), (1 if nk == 1 else q)
     elif operand == "B":
         split_r, split_c = (cols, ks) if prob.trans_b else (ks, cols)
-        per_panel = p
+        along, per_panel = (1 if prob.trans_b else 0), p
     else:
         split_r, split_c, per_panel = rows, cols, 1
-    cr, cc = op.chunks
-    touched_r = [len(chunk_range(a, b, cr)) for a, b in zip(split_r, split_r[1:])]
-    touched_c = [len(chunk_range(a, b, cc)) for a, b in zip(split_c, split_c[1:])]
-    grid = (math.ceil(op.shape[0] / cr), math.ceil(op.shape[1] / cc))
+    chunks = op.chunks
+    grid = (math.ceil(op.shape[0] / chunks[0]), math.ceil(op.shape[1] / chunks[1]))
+    touched = [[len(chunk_range(a, b, chunk)) for a, b in zip(split, split[1:])]
+               for split, chunk in ((split_r, chunks[0]), (split_c, chunks[1]))]
     kept = operand in plan.cache
-    panels = len(touched_r) * len(touched_c)
-    decodes = grid[0] * grid[1] if kept else per_panel * sum(touched_r) * sum(touched_c)
-    cut = sum(touched_r) > grid[0] or sum(touched_c) > grid[1]
-    return ChunkReport(operand=operand, chunks=(cr, cc), grid=grid, kept=kept,
+    panels = len(touched[0]) * len(touched[1])
+    passes = [grid[axis] if axis == along else sum(touched[axis]) for axis in (0, 1)]
+    decodes = grid[0] * grid[1] if kept else per_panel * passes[0] * passes[1]
+    cut = any(sum(touched[axis]) > grid[axis] for axis in (0, 1) if axis != along)
+    return ChunkReport(operand=operand, chunks=chunks, grid=grid, kept=kept,
                        loads=per_panel * panels, decodes=decodes, cut=cut)
+
+
+def gram_estimate(plan) -> ChunkReport | None:
+    """The report of the one matrix X of a symmetric plan (:attr:`Plan.symmetric`), read in
+    both roles by one reader: each computed C block is a pass over K whose loads decode the
+    chunks along K of the block's columns of X (its row's and, above the diagonal, its
+    column's), each once (:func:`chunk_ends`)."""
+    prob = plan.problem
+    x = prob.a
+    if not x.decoded:
+        return None
+    along = 0 if prob.trans_a else 1  # X's axis that is K
+    other = 1 - along
+    grid = (math.ceil(x.shape[0] / x.chunks[0]), math.ceil(x.shape[1] / x.chunks[1]))
+    p, _, nk = plan.grid
+    blocks = p * (p + 1) // 2
+    kept = "A" in plan.cache
+    width = most_touched(plan.tile[0], x.chunks[other], x.shape[other])
+    per_pass = p * min(width, grid[other]) + (blocks - p) * min(2 * width, grid[other])
+    touched = sum(len(chunk_range(a, b, x.chunks[other]))
+                  for a, b in zip(plan.row_splits, plan.row_splits[1:]))
+    return ChunkReport(operand="A", chunks=x.chunks, grid=grid, kept=kept,
+                       loads=(2 * blocks - p) * nk,
+                       decodes=grid[0] * grid[1] if kept else grid[along] * per_pass,
+                       cut=touched > grid[other], roles="A and B (one matrix)")
 
 
 def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
@@ -181,11 +234,15 @@ def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
                        roles="A and B (one matrix)")
 
 
-def most_touched(extent: int, chunk: int) -> int:
-    """The most chunks (of ``chunk``) a range of ``extent`` elements touches, wherever it
-    starts: one more than it covers when it does not start and end on chunk edges."""
+def most_touched(extent: int, chunk: int, total: int | None = None) -> int:
+    """The most chunks (of ``chunk``) that one of the ranges ``[i * extent, (i + 1) * extent)``
+    touches: the ranges start on multiples of ``gcd(extent, chunk)`` within a chunk, so one
+    starting ``chunk - gcd`` into a chunk reaches furthest; never more than the ``total``
+    elements' chunks."""
     extent = max(extent, 1)
-    return -(-extent // chunk) + (0 if extent % chunk == 0 else 1)
+    step = math.gcd(extent, chunk)
+    most = (chunk - step + extent - 1) // chunk + 1
+    return most if total is None else min(most, -(-max(total, 1) // chunk))
 
 
 def assembly_bytes(block: tuple[int, int], chunks: tuple[int, int] | None, stripe: int,
@@ -208,12 +265,13 @@ def assembly_bytes(block: tuple[int, int], chunks: tuple[int, int] | None, strip
 
 
 def window_bytes(region_shape: tuple[int, int], chunks: tuple[int, int] | None,
-                 itemsize: int) -> int:
-    """Bytes of the decoded chunks that one load of a region of ``region_shape`` may hold:
-    the region widened to whole chunks on both sides (an unaligned region touches one more)."""
+                 itemsize: int, shape: tuple[int, int] | None = None) -> int:
+    """Bytes of the decoded chunks that one load of a region of ``region_shape`` may hold
+    (regions placed on multiples of their own shape, in an array of ``shape``): whole chunks
+    on both sides."""
     if not chunks:
         return 0
     total = itemsize
-    for extent, chunk in zip(region_shape, chunks):
-        total *= most_touched(extent, chunk) * chunk
+    for axis, (extent, chunk) in enumerate(zip(region_shape, chunks)):
+        total *= most_touched(extent, chunk, shape[axis] if shape else None) * chunk
     return total

@@ -20,6 +20,14 @@ class Operand:
     zero_copy: bool = False
     """In memory, of the compute dtype and in a layout BLAS takes: an unstaged executor uses
     it in place and moves no bytes for it."""
+    sliced: bool = False
+    """Chunked but uncompressed, a file per chunk: reads take the part of a chunk they need
+    from its file (no decode, no decoded chunks held), as from a .npy file."""
+
+    @property
+    def decoded(self) -> bool:
+        """Read by decoding whole chunks (:mod:`oocgemm.planning.chunks`)."""
+        return self.on_disk and bool(self.chunks) and not self.sliced
 
 
 @dataclass(frozen=True)

@@ -220,10 +220,12 @@ class Plan:
     def chunk_reports(self) -> list:
         """Loads and decodes of each chunked on-disk operand
         (:class:`oocgemm.planning.chunks.ChunkReport`), from the geometry alone."""
-        from .chunks import estimate, one_matrix
+        from .chunks import estimate, gram_estimate, one_matrix
 
         reports = [estimate(self, name) for name in ("A", "B", "C")]
-        if self.problem.shared and reports[0] is not None and reports[1] is not None:
+        if self.symmetric:
+            reports[:2] = [gram_estimate(self)]
+        elif self.problem.shared and reports[0] is not None and reports[1] is not None:
             reports[:2] = [one_matrix(reports[0], reports[1])]
         return [r for r in reports if r is not None]
 
@@ -429,20 +431,42 @@ def _device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
 
 def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
     """Bytes of decoded chunks that the streamed chunked operands hold at most: the chunks of
-    two loads of each (the load being read, and the next one its decoders run ahead into)."""
+    two loads of each (the load being read, and the next one its decoders run ahead into),
+    each load's region placed on multiples of its shape. One matrix in both roles of a Gram
+    product holds, per step, the chunks along K of both roles' columns, counted once."""
     w, h, r = tile
-    regions = {"A": ((r, w) if prob.trans_a else (w, r), prob.a),
-               "B": ((h, r) if prob.trans_b else (r, h), prob.b),
-               "C": ((w, h), prob.c)}
+    roles = {"A": (prob.a, (r, w) if prob.trans_a else (w, r)),
+             "B": (prob.b, (h, r) if prob.trans_b else (r, h)),
+             "C": (prob.c, (w, h))}
     total = 0
-    for name, (shape, operand) in regions.items():
-        if name in kept or operand is None or not operand.on_disk or not operand.chunks:
+    for name, (operand, shape) in roles.items():
+        if name in kept or operand is None or not operand.decoded:
             continue
         if name != "C" and not prob.computes_product or name == "C" and not prob.reads_c:
             continue
-        shape = (min(shape[0], operand.shape[0]), min(shape[1], operand.shape[1]))
-        total += 2 * window_bytes(shape, operand.chunks, prob.itemsize)
+        if name == "B" and prob.shared:
+            continue  # one reader for both roles: counted with A
+        if name == "A" and prob.gram:
+            total += 2 * _gram_step_bytes(prob, operand, w, h, r)
+            continue
+        total += 2 * window_bytes(shape, operand.chunks, prob.itemsize, operand.shape)
+        if name == "A" and prob.shared:  # X @ X: both roles' loads, by one reader
+            total += 2 * window_bytes(roles["B"][1], operand.chunks, prob.itemsize,
+                                      operand.shape)
     return total
+
+
+def _gram_step_bytes(prob: Problem, x, w: int, h: int, r: int) -> int:
+    """Decoded bytes of one step of a Gram product: both roles read the same K rows (or
+    columns) of X, the A role ``w`` of the other axis and the B role ``h``."""
+    along = 0 if prob.trans_a else 1  # X's axis that is K
+    other = 1 - along
+    (k_chunk, o_chunk) = (x.chunks[along], x.chunks[other])
+    k_chunks = most_touched(r, k_chunk, x.shape[along])
+    o_chunks = min(most_touched(w, o_chunk, x.shape[other])
+                   + most_touched(h, o_chunk, x.shape[other]),
+                   -(-max(x.shape[other], 1) // o_chunk))
+    return k_chunks * o_chunks * k_chunk * o_chunk * prob.itemsize
 
 
 def assembly_window(prob: Problem, tile: tuple[int, int, int], ring: int, min_stripes: int,
@@ -510,22 +534,21 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
     # its panel touches (more than the panel where its edges cut chunks), a kept operand
     # each chunk once.
-    amp_a = math.prod(_amplification(x, c, prob.a.on_disk) for x, c in
-                      zip((w, r), prob.a_chunks_mk()))
-    amp_b = math.prod(_amplification(x, c, prob.b.on_disk) for x, c in
-                      zip((r, h), prob.b_chunks_kn()))
+    # (Along K a chunk stays decoded for the consecutive panels that share it.)
+    amp_a = _amplification(w, prob.a_chunks_mk()[0], prob.a.decoded)
+    amp_b = _amplification(h, prob.b_chunks_kn()[1], prob.b.decoded)
     decode = 0.0
     if model.decode:
         for name, operand, loads, amp in (("A", prob.a, a_loads, amp_a),
                                           ("B", prob.b, b_loads, amp_b),
                                           ("C", prob.c, c_in, 1.0)):
-            if operand is None or not operand.on_disk or not operand.chunks or not loads:
+            if operand is None or not operand.decoded or not loads:
                 continue
             if name == "B" and prob.shared and ("A" in (decodes or {}) or "A" in cache):
                 continue  # one matrix: A's report (or A kept) counts its decodes in both roles
             report = (decodes or {}).get(name)
             if report is not None:
-                decoded = report.decodes * operand.chunks[0] * operand.chunks[1] * s
+                decoded = report.decodes * math.prod(report.chunks) * s
             elif name in cache:
                 decoded = math.prod(operand.shape) * s
             else:
@@ -639,6 +662,8 @@ def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
             sizes.add(min(math.ceil(size / align) * align, extent))
             if size > align:
                 sizes.add(size // align * align)
+            elif align % size:  # the nearest size that divides a chunk
+                sizes.add(align // math.ceil(align / size))
         if size == 1:
             break
         count = count + 1 if count < 4 else count * 1.5
@@ -649,11 +674,13 @@ def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
     return sorted(sizes)
 
 
-def _aligned(sizes: list[int], align: int | None, extent: int) -> list[int]:
-    """The sizes that are whole chunks (or the full extent); all of them without chunks."""
+def _aligned(sizes: list[int], align: int | None, extent: int, within: bool = False
+             ) -> list[int]:
+    """The sizes that are whole chunks (or the full extent), and with ``within`` those that
+    divide a chunk (panels that never straddle two); all of them without chunks."""
     if not align or align >= extent:
         return sizes
-    return [s for s in sizes if s % align == 0 or s == extent]
+    return [s for s in sizes if s % align == 0 or s == extent or (within and align % s == 0)]
 
 
 def _with_granule(chunk: int | None, granule: int) -> int | None:
@@ -747,23 +774,26 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     def too_slow(tile) -> bool:
         return seconds(tile) > max(SLOW_FLOOR, SLOWDOWN * seconds((m, n, k)))
 
-    def smallest_budgets():
-        """(device, host) bytes of the least demanding tile that is not too slow."""
+    def smallest_budgets(host_first=False):
+        """(device, host) bytes of the least demanding tile that is not too slow (least
+        device memory first, or least host memory among those that fit the device's)."""
         best = None
         for w, h in blocks(ws, hs):
             for r in rs:
                 if not too_slow((w, h, r)):
                     _, dev, host = fits((w, h, r))
-                    if best is None or (dev, host) < best:
-                        best = (dev, host)
+                    key = (host, dev) if host_first else (dev, host)
+                    if (best is None or key < best) and not (host_first and
+                                                             dev > memory_limit):
+                        best = key
                     break  # a deeper r needs more memory
-        return best
+        return best[::-1] if host_first and best else best
 
     # Chunk-aligned tiles first: a panel that cuts chunks decodes them twice, a cost the
     # prediction hides whenever storage is not the bottleneck. Unaligned sizes only when no
     # aligned tile fits the budgets.
     best = search(_aligned(ws, align_m, m), _aligned(hs, align_n, n),
-                  _aligned(rs, align_k, k) if prob.computes_product else rs)
+                  _aligned(rs, align_k, k, within=True) if prob.computes_product else rs)
     if best is None:
         best = search(ws, hs, rs)
     if best is not None and too_slow(best):
@@ -783,12 +813,28 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
             f"room for the whole product")
     if best is None:
         _, dev, host = fits((1, 1, 1))
+        if dev <= memory_limit and decode_window(prob, (1, 1, 1)):
+            need = smallest_budgets(host_first=True)
+            raise BudgetError(_chunks_too_large(prob, host_memory_limit,
+                                                need[1] if need else host))
         which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit
                               else ("host_memory_limit", host, host_memory_limit))
         raise BudgetError(
             f"{which}={format_size(limit)} is too small for any tile: even w=h=r=1 needs "
-            f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers"
-            + (", and the decoded chunks of one load of each operand" if
-               which == "host_memory_limit" and decode_window(prob, (1, 1, 1)) else "")
-            + ")")
+            f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers)")
     return best
+
+
+def _chunks_too_large(prob: Problem, limit: int, need: int) -> str:
+    """Why a host budget fits no tile when chunks must be decoded whole: the largest chunk,
+    its size, and the budget that would work."""
+    stored = [(name, x) for name, x in (("a", prob.a), ("b", prob.b), ("c", prob.c))
+              if x is not None and x.decoded and (name != "c" or prob.reads_c)]
+    name, x = max(stored, key=lambda item: math.prod(item[1].chunks or (0,)))
+    assert x.chunks is not None
+    size = math.prod(x.chunks) * prob.itemsize
+    what = f"{name} ({x.name})" if x.name else name
+    return (f"host_memory_limit={format_size(limit)} is too small for any tile: {what} is "
+            f"stored in chunks of {x.chunks[0]}x{x.chunks[1]} ({format_size(size)} each, "
+            f"decoded whole; a run holds one being read and the next being decoded); "
+            f"host_memory_limit={format_size(need)} would work, or store it in smaller chunks")

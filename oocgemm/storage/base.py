@@ -23,6 +23,9 @@ class MatrixSource(abc.ABC):
     name: str = "array"
     #: Where a path-backed source lives (resolved), to refuse aliasing; None for arrays.
     path: str | None = None
+    #: Chunked, but read in the parts a read needs (uncompressed chunk files), never decoded
+    #: whole: no :class:`~oocgemm.storage.chunked.ChunkReader` in front of it.
+    sliced: bool = False
 
     @abc.abstractmethod
     def read(self, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:

@@ -6,9 +6,11 @@ store decodes whole chunks. :class:`ChunkReader` sits between the two. Every rea
 chunks its region touches; a chunk that is neither in memory nor being decoded is handed to a
 pool of decoder threads (so the chunks of one region decode in parallel, and the readers of
 neighbouring stripes wait for the same decode instead of each decoding the chunk again), and
-the read copies its part out. A chunk stays in memory until the last read of the current load
-that needs it (streamed operands), or for the whole run (kept operands, ``Plan.cache``); the
-plan's :func:`~oocgemm.planning.chunks.loads` say how many reads each load makes.
+the read copies its part out. A chunk stays in memory until the last read of the stretch of
+loads that need it (streamed operands: consecutive loads, so that a chunk larger than a panel
+is decoded once and its rows handed to each panel in turn), or for the whole run (kept
+operands, ``Plan.cache``); the plan's :func:`~oocgemm.planning.chunks.loads` say how many
+reads each load makes.
 
 When a read starts a load of a streamed operand, the decodes of the whole load are queued at
 once, in the load's row order: the decoders run ahead of the stripes by up to one load. A kept
@@ -26,13 +28,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..planning.chunks import Load, chunk_range, chunk_region, chunks_of
+from ..planning.chunks import Load, chunk_ends, chunk_range, chunk_region, chunks_of
 from .base import ChunkedSource, MatrixSink, MatrixSource
 
 
 class _Entry:
     """One chunk: its decode (a future of the array), how many reads used it so far, and
-    after how many reads it may be dropped (the end of each load that touches it)."""
+    after how many reads it may be dropped (the end of each stretch of loads that touch it)."""
 
     __slots__ = ("future", "used", "ends")
 
@@ -56,12 +58,16 @@ class ChunkReader(MatrixSource):
         Keep every decoded chunk until its last read in the run.
     decoders
         Decoder threads.
+    gap
+        A streamed chunk stays decoded from one load that touches it to the next when that
+        comes at most ``gap`` loads later (:func:`~oocgemm.planning.chunks.chunk_ends`): 2
+        where one matrix is read in two roles, whose loads alternate.
     """
 
     chunks: tuple[int, int]
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4):
+                 decoders: int = 4, gap: int = 1):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -82,17 +88,8 @@ class ChunkReader(MatrixSource):
         self._next_load = 0  # the first load whose decodes are not queued
         self._first_open = 0  # the first load with reads still to begin
         self._begun = [0] * len(self._loads)  # reads begun, per load
-        self._entries: dict[tuple[int, int], _Entry] = {}
-        reads_per_chunk: dict[tuple[int, int], list[int]] = {}
-        for load in self._loads:
-            for index, uses in zip(load.chunks, load.uses):
-                reads_per_chunk.setdefault(index, []).append(uses)
-        for index, reads in reads_per_chunk.items():
-            ends, total = [], 0
-            for count in reads:
-                total += count
-                ends.append(total)
-            self._entries[index] = _Entry(ends[-1:] if kept else ends)
+        self._entries = {index: _Entry(ends)
+                         for index, ends in chunk_ends(self._loads, kept, gap).items()}
         self.decodes = 0
         """Chunks decoded so far."""
         self.decoded_bytes = 0

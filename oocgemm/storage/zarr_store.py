@@ -20,7 +20,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
-from ..planning.chunks import chunk_region
+from ..planning.chunks import chunk_region, chunks_of
 from . import _files, urls
 from .base import MatrixSink, MatrixSource
 
@@ -114,6 +114,25 @@ class _Direct:
             np.copyto(out, target[:out.shape[0], :out.shape[1]], casting="same_kind")
 
 
+    def read_part(self, index, rows, cols, out: np.ndarray) -> None:
+        """Rows ``rows`` and columns ``cols`` (within chunk ``index``) of an uncompressed
+        chunk into ``out``, from the pages of its file that hold them: nothing else of the
+        chunk is read or decoded."""
+        assert self.codec is None, "a compressed chunk is decoded whole"
+        try:
+            with open(self.path(index), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                want = math.prod(self.chunks) * self.dtype.itemsize
+                if size != want:
+                    raise ValueError(f"{size} bytes, expected {want}")
+                with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    chunk = np.ndarray(self.chunks, dtype=self.dtype, buffer=data)
+                    np.copyto(out, chunk[rows[0]:rows[1], cols[0]:cols[1]], casting="same_kind")
+                    del chunk  # the mmap closes only once no array uses it
+        except FileNotFoundError:  # never written: the fill value
+            out[...] = self.fill
+
+
 def direct(array: zarr.Array) -> _Direct | None:
     """A :class:`_Direct` reader for ``array`` where its chunks are one local file each
     holding the C-order bytes of the native little-endian dtype, raw or compressed by one
@@ -173,6 +192,10 @@ class ZarrSource(MatrixSource):
         self.on_disk = True
         self.name = name
         self.path = path
+        self.sliced = self._direct is not None and self._direct.codec is None
+        """Uncompressed chunks, one plain file each: a read takes the rows and columns it
+        needs from the chunk files' pages (the OS page cache is their cache, as for .npy),
+        never a whole chunk for part of it."""
 
     lock: threading.Lock | None = None
     """A lock every read takes: the sink's, when the run writes this very array in place
@@ -183,6 +206,9 @@ class ZarrSource(MatrixSource):
             self._read(rows, cols, out)
 
     def _read(self, rows, cols, out):
+        if self.sliced:
+            self._read_parts(rows, cols, out)
+            return
         selection = (slice(*rows), slice(*cols))
         try:
             if out.dtype == self.dtype and out.flags.c_contiguous:
@@ -194,6 +220,22 @@ class ZarrSource(MatrixSource):
             raise InputError(f"{self.name}: cannot read rows {rows[0]}:{rows[1]}, columns "
                              f"{cols[0]}:{cols[1]} (corrupt or truncated chunk? "
                              f"{type(exc).__name__}: {exc})") from exc
+
+    def _read_parts(self, rows, cols, out) -> None:
+        """A region of uncompressed chunks, each chunk's part copied from its file's pages."""
+        assert self._direct is not None and self.chunks is not None
+        for index in chunks_of((tuple(rows), tuple(cols)), self.chunks):
+            (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+            lo_r, hi_r = max(r0, rows[0]), min(r1, rows[1])
+            lo_c, hi_c = max(c0, cols[0]), min(c1, cols[1])
+            try:
+                self._direct.read_part(
+                    index, (lo_r - r0, hi_r - r0), (lo_c - c0, hi_c - c0),
+                    out[lo_r - rows[0]:hi_r - rows[0], lo_c - cols[0]:hi_c - cols[0]])
+            except Exception as exc:
+                raise InputError(f"{self.name}: cannot read rows {lo_r}:{hi_r}, columns "
+                                 f"{lo_c}:{hi_c}, chunk {tuple(index)} (corrupt or truncated "
+                                 f"chunk? {type(exc).__name__}: {exc})") from exc
 
     def prefetch_chunk(self, index) -> None:
         """Ask the OS to start reading the object that holds chunk ``index`` (its shard when
