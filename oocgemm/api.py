@@ -785,7 +785,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         for src in sources.values():
             src.close()
     return Result(out=result_out, plan=plan_, seconds=seconds, flops=plan_.flops,
-                  bytes=log.traffic(), events=log.events(), started_at=log.started_at,
+                  bytes={**_storage_bytes(prep.sources), **log.traffic()},
+                  events=log.events(), started_at=log.started_at,
                   chunks=_chunk_counts(sources),
                   verified=report, resumed=len(plan_.done), replanned=replanned,
                   devices=shares, emulation=dict(log.notes),
@@ -1013,6 +1014,15 @@ class _Check:
                       trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
                       storage_options=self.storage_options, _c_in_side=self.side, _x=self.x,
                       _checking=True)
+
+
+def _storage_bytes(sources: dict) -> dict:
+    """What the run took from storage, apart from what its READs copied into slots: the
+    stored bytes read (compressed chunks, or a file's pages) and the bytes decoded, summed
+    over the distinct sources (one matrix in both roles counts once)."""
+    distinct = {id(src): src for src in sources.values()}.values()
+    return {"storage_read": sum(src.bytes_read for src in distinct),
+            "decoded": sum(src.decoded_bytes for src in distinct)}
 
 
 def _chunk_counts(sources: dict) -> dict:

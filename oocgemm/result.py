@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from .diagnostics.timeline import Timeline
 
 
+#: How ``str(result)`` names the keys of ``Result.bytes`` that need more than their key.
+NAMES = {"decoded": "chunks decoded", "read": "read into slots"}
+
+
 @dataclass
 class Result:
     """The output and what it cost."""
@@ -26,7 +30,11 @@ class Result:
     flops: int
     """Floating-point operations of the product."""
     bytes: dict
-    """Bytes moved per level: storage_read, storage_write, h2d, d2h."""
+    """Bytes per level: ``storage_read`` (taken from storage: the stored, compressed bytes of
+    the chunks decoded, or what was read from a file's pages; the decoded size where a
+    remote store does not say), ``decoded`` (bytes of the chunks decoded), ``read`` (what the
+    READ operations copied into slots and stripes, out of decoded chunks, files or memory),
+    ``storage_write``, ``h2d``, ``d2h``."""
     events: list = field(default_factory=list)
     """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start order."""
     chunks: dict = field(default_factory=dict)
@@ -69,6 +77,8 @@ class Result:
         from .diagnostics.timeline import Timeline, plan_figures
 
         predicted, meta = plan_figures(self.plan)
+        meta["storage"] = {key: self.bytes[key] for key in ("storage_read", "decoded")
+                           if key in self.bytes}
         return Timeline.from_events(self.events, run_seconds=self.seconds, predicted=predicted,
                                     meta=meta)
 
@@ -107,7 +117,7 @@ class Result:
 
     def __str__(self) -> str:
         p = self.plan.problem
-        moved = ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
+        moved = ", ".join(f"{NAMES.get(k, k.replace('_', ' '))} {format_size(v)}"
                           for k, v in self.bytes.items() if v)
         return (f"C[{p.m}x{p.n}] ({p.dtype}, K={p.k}) on {self.plan.device}: "
                 f"{format_seconds(self.seconds)}, {self.tflops * 1e3:.4g} GFLOP/s"

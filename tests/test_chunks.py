@@ -394,3 +394,28 @@ def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir,
     for index in decoded:  # hinted no later than its decode
         assert calls.index(("decode", index, None)) > min(
             i for i, c in enumerate(calls) if c[0] == "hint" and c[1] == index)
+
+
+def test_bytes_say_what_came_from_storage(rng, workdir):
+    """``result.bytes`` keeps apart what came from storage (the compressed bytes of the
+    chunks read, each chunk once here), what was decoded, and what the READs copied out of
+    the decoded chunks into the slots (more: panels reloaded for every block); the plan, the
+    JSON summary and the timeline say the same."""
+    x = np.round(rand(rng, (4000, 48)), 2)  # compresses to well under its size
+    write("x.zarr", x, (500, 48), "v3-zstd")
+    stored = sum(f.stat().st_size for f in (workdir / "x.zarr" / "c").rglob("*") if f.is_file())
+    r = oocgemm.gram("x.zarr", device="cpu", tile=(16, 16, 100))
+    np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-9)
+    assert r.chunks["A"]["decodes"] == 8  # kept: each chunk once
+    assert r.bytes["storage_read"] == stored < x.nbytes / 2
+    assert r.bytes["decoded"] == x.nbytes == r.chunks["A"]["decoded_bytes"]
+    assert r.bytes["read"] > 2 * x.nbytes  # copied out of decoded chunks, panel by panel
+    summary = r.summary()
+    assert summary["bytes"]["storage_read"] == stored
+    assert summary["planned_bytes"]["decoded"] >= x.nbytes
+    assert "chunks decoded (at most)" in str(r.plan)
+    assert "taken from storage" in str(r.timeline)
+    assert r.timeline.to_dict()["meta"]["storage"]["storage_read"] == stored
+    np.save("x.npy", x)  # a .npy's reads are its storage reads
+    r = oocgemm.gram("x.npy", device="cpu", tile=(16, 16, 100))
+    assert r.bytes["storage_read"] == r.bytes["read"] > 0 and r.bytes["decoded"] == 0

@@ -14,7 +14,8 @@ from _helpers import assert_gemm, rand
 import oocgemm
 from oocgemm.diagnostics import Event
 
-TRAFFIC_KEYS = {"storage_read", "storage_write", "h2d", "d2h"}
+TRAFFIC_KEYS = {"read", "storage_write", "h2d", "d2h"}  # the operations' levels
+BYTES_KEYS = TRAFFIC_KEYS | {"storage_read", "decoded"}  # and what came from storage
 
 
 @pytest.mark.parametrize("m,n,k,tile", [(23, 17, 31, (5, 4, 6)), (8, 8, 8, None),
@@ -29,18 +30,20 @@ def test_result_fields(rng, workdir, m, n, k, tile):
     assert r.flops == 2 * m * n * k
     assert r.seconds > 0 and r.tflops > 0
     assert r.tflops == pytest.approx(r.flops / r.seconds / 1e12)
-    assert set(r.bytes) == TRAFFIC_KEYS
+    assert set(r.bytes) == BYTES_KEYS
     assert r.bytes["h2d"] == r.bytes["d2h"] == 0  # no device on the CPU
     assert r.bytes["storage_write"] == m * n * 8  # the .npy output, exactly once
     # A (on disk) at least once and C exactly once; B is in memory and may be used in place
-    assert r.bytes["storage_read"] >= (m * k + m * n) * 8
-    assert r.bytes == traffic_of(r.events)
+    assert r.bytes["read"] >= (m * k + m * n) * 8
+    # what came from storage: A's and C's reads from their files (no chunk decoded)
+    a_reads = sum(e.nbytes for e in r.events if e.kind == "read" and e.operand == "A")
+    assert r.bytes["storage_read"] == a_reads + m * n * 8 and r.bytes["decoded"] == 0
+    assert {k: r.bytes[k] for k in TRAFFIC_KEYS} == traffic_of(r.events)
     assert r.plan.device == "cpu"
 
 
 def traffic_of(events) -> dict:
-    levels = {"read": "storage_read", "write": "storage_write", "upload": "h2d",
-              "download": "d2h"}
+    levels = {"read": "read", "write": "storage_write", "upload": "h2d", "download": "d2h"}
     total = dict.fromkeys(TRAFFIC_KEYS, 0)
     for e in events:
         if e.kind in levels:
@@ -55,11 +58,12 @@ def test_result_bytes_in_memory(rng):
     a, b, c = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
     r = oocgemm.multiply(a, b, c=c, beta=2.0, tile=(6, 5, 4), device="cpu")
     assert_gemm(r.out, a, b, c, beta=2.0)
-    assert set(r.bytes) == TRAFFIC_KEYS
+    assert set(r.bytes) == BYTES_KEYS
     planned = r.plan.schedule.traffic()
     for key in TRAFFIC_KEYS:
         assert 0 <= r.bytes[key] <= planned[key]
-    assert r.bytes == traffic_of(r.events)
+    assert {k: r.bytes[k] for k in TRAFFIC_KEYS} == traffic_of(r.events)
+    assert r.bytes["storage_read"] == r.bytes["decoded"] == 0
 
 
 @pytest.mark.parametrize("on_disk", [True, False])

@@ -91,35 +91,35 @@ def test_summary_of_a_hand_made_pipeline():
     assert {x.name: x.operations for x in t.lanes} == {"compute": 2, "h2d": 2, "c": 1,
                                                        "read-0": 2, "read-1": 1, "write-0": 1}
     assert t.lane("h2d").fraction == pytest.approx(3 / 13)
-    # links: storage read runs on two threads: union [0,3] [6,9] = 6 s for 1000 bytes
-    read = t.link("storage_read")
+    # links: reads run on two threads: union [0,3] [6,9] = 6 s for 1000 bytes
+    read = t.link("read")
     assert (read.operations, read.bytes, read.busy) == (3, 1000, 6.0)
     assert read.rate == pytest.approx(1000 / 6) and read.average == pytest.approx(1000 / 13)
     assert (t.link("h2d").bytes, t.link("h2d").busy) == (600, 3.0)
     assert (t.link("d2h").bytes, t.link("d2h").busy) == (100, 1.0)
     assert (t.link("storage_write").bytes, t.link("storage_write").busy) == (100, 2.0)
     assert t.link("storage write") == t.link("storage_write")  # spelled with a space too
-    # rates and the bound: compute is busy 38%, storage read is the busiest resource (6 s)
+    # rates and the bound: compute is busy 38%, reading is the busiest resource (6 s)
     assert t.flops == 5000
     assert t.tflops == pytest.approx(5000 / 13 / 1e12)
     assert t.compute_tflops == pytest.approx(5000 / 5 / 1e12)
-    assert t.bound == "storage_read"
+    assert t.bound == "read"
     assert t.run_seconds == 14.0
 
 
 def test_compute_bound_when_busy_95_percent_even_beside_a_busier_link():
-    # compute busy 19.5 of 20 s (97.5%); two readers keep 'storage_read' busy all 20 s
+    # compute busy 19.5 of 20 s (97.5%); two readers keep 'read' busy all 20 s
     events = [ev(0, "read", "read-0", 0.0, 10.0, nbytes=10),
               ev(1, "read", "read-1", 9.0, 20.0, nbytes=10),
               ev(2, "gemm", "compute", 0.5, 20.0, flops=7)]
     t = Timeline.from_events(events)
-    assert t.link("storage_read").busy == 20.0
+    assert t.link("read").busy == 20.0
     assert t.compute_busy == 19.5 and t.fill == 0.5 and t.drain == 0.0 and t.stalls == 0.0
     assert t.bound == "compute"
     # ...and below 95% the busier link bounds the run
     t = Timeline.from_events([dataclasses.replace(events[2], start=2.0)] + events[:2])
     assert t.compute_fraction == pytest.approx(0.9)
-    assert t.bound == "storage_read"
+    assert t.bound == "read"
 
 
 def test_fill_ops_compute_and_exposed_copy_counts_time_not_lanes():
@@ -147,7 +147,7 @@ def test_summary_text_fits_one_screen():
     assert "busy 38.5%" in text and "fill 4.00 s" in text
     assert "stalls 1.00 s in 1 gaps" in text and "drain 3.00 s" in text
     assert "exposed 8.00 s (61.5% of the wall)" in text
-    assert "bound     storage_read, the busiest (6.00 s of the wall; nothing is busy half" in text
+    assert "bound     read, the busiest (6.00 s of the wall; nothing is busy half" in text
 
 
 # -- the Chrome trace ------------------------------------------------------------------------------
@@ -298,7 +298,8 @@ def test_events_off_with_in_memory_operands(rng):
     off = oocgemm.multiply(a, b, c=c, beta=2.0, tile=(6, 5, 4), device="cpu", events=False)
     assert_gemm(off.out, a, b, c, beta=2.0)
     assert off.events == [] and off.bytes == on.bytes
-    assert off.bytes["storage_read"] < off.plan.schedule.traffic()["storage_read"]
+    assert off.bytes["read"] < off.plan.schedule.traffic()["read"]
+    assert off.bytes["storage_read"] == off.bytes["decoded"] == 0  # nothing from storage
 
 
 def test_events_off_keeps_progress_callbacks(rng):

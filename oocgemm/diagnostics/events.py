@@ -134,7 +134,7 @@ class EventLog:
             return sorted(self._events, key=lambda e: (e.start, e.index))
 
     def traffic(self) -> dict[str, int]:
-        """Bytes moved per level (storage_read, storage_write, h2d, d2h), counted whether
+        """Bytes moved per level (read, storage_write, h2d, d2h), counted whether
         events were recorded or not."""
         with self._lock:
             return {level: self._moved.get(kind.value, 0) for kind, level in LEVELS.items()}

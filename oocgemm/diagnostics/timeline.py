@@ -13,8 +13,9 @@ once on several threads count once):
 - **copies**: READ (source -> staging or working buffer), UPLOAD (H2D), DOWNLOAD (D2H) and
   WRITE (-> output). **Exposed copy** time is the time some copy runs while nothing computes;
   **overlap** is the share of copy time that ran under computation.
-- **links**: storage_read (READ), h2d (UPLOAD), d2h (DOWNLOAD), storage_write (WRITE), named as
-  ``result.bytes`` names them; a link's
+- **links**: read (READ: into slots and stripes, out of decoded chunks, a file's pages or
+  memory), h2d (UPLOAD), d2h (DOWNLOAD), storage_write (WRITE), named as ``result.bytes``
+  names them; a link's
   busy time is the union of its operations on every lane, its rates bytes / busy and
   bytes / wall.
 - **bound**: compute when it is busy at least 95% of the wall, else the resource (compute or a
@@ -35,7 +36,7 @@ from .lanes import lane_family, lane_order
 COMPUTE_BOUND = 0.95
 
 #: Links between the levels, and the operation kind that moves bytes over each.
-LINKS = {"storage_read": "read", "h2d": "upload", "d2h": "download", "storage_write": "write"}
+LINKS = {"read": "read", "h2d": "upload", "d2h": "download", "storage_write": "write"}
 
 # -- the report ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class LaneStats:
 
 @dataclass(frozen=True)
 class LinkStats:
-    """What one link moved: storage read, h2d, d2h or storage write."""
+    """What one link moved: read, h2d, d2h or storage write."""
 
     name: str
-    """'storage_read', 'h2d', 'd2h' or 'storage_write' (as ``result.bytes`` names them)."""
+    """'read', 'h2d', 'd2h' or 'storage_write' (as ``result.bytes`` names them)."""
     operations: int
     """Operations that used it."""
     bytes: int
@@ -88,7 +89,7 @@ class Timeline:
     lanes: tuple[LaneStats, ...]
     """Per lane, compute first, then the streams, the copy thread, readers and writers."""
     links: tuple[LinkStats, ...]
-    """Per link that moved anything: storage read, h2d, d2h, storage write."""
+    """Per link that moved anything: read, h2d, d2h, storage write."""
     compute_busy: float
     """Seconds during which a GEMM or FILL ran (or a symmetric product's MIRROR or
     TRANSPOSE)."""
@@ -119,7 +120,8 @@ class Timeline:
     'drain'); empty when not known."""
     meta: dict = field(default_factory=dict)
     """The product: 'shape' [m, n, k], 'dtype', 'device', 'tile' [w, h, r], 'operations'
-    (planned); empty when not known."""
+    (planned), and what the run took from 'storage' ({'storage_read', 'decoded'} bytes, as
+    ``result.bytes``); empty when not known."""
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -234,8 +236,8 @@ class Timeline:
         raise KeyError(f"no lane {name!r}; lanes: {', '.join(x.name for x in self.lanes)}")
 
     def link(self, name: str) -> LinkStats:
-        """The figures of one link: 'storage_read', 'h2d', 'd2h', 'storage_write' (the keys
-        of ``result.bytes``; 'storage read' with a space is taken too)."""
+        """The figures of one link: 'read', 'h2d', 'd2h', 'storage_write' (the keys of
+        ``result.bytes``; 'storage write' with a space is taken too)."""
         for link in self.links:
             if link.name == name.replace(" ", "_"):
                 return link
@@ -360,6 +362,12 @@ class Timeline:
                          f"{format_size(link.bytes):>9}: {link.rate / 1e9:.3g} GB/s while busy "
                          f"({link.busy / self.wall:.0%} of the wall), "
                          f"{link.average / 1e9:.3g} GB/s overall")
+        stored = m.get("storage") or {}
+        if stored.get("storage_read") or stored.get("decoded"):
+            lines.append(f"  storage   {format_size(stored.get('storage_read', 0))} taken from "
+                         f"storage, {format_size(stored.get('decoded', 0))} of chunks decoded"
+                         + (" (the read link copies out of those)" if stored.get('decoded')
+                            else ""))
         lines.append(_wrap("  lanes     ", self._lane_summary()))
         shares = self.device_shares()
         if len(shares) > 1:

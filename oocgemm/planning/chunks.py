@@ -234,14 +234,15 @@ def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
                        roles="A and B (one matrix)")
 
 
-def most_touched(extent: int, chunk: int, total: int | None = None) -> int:
-    """The most chunks (of ``chunk``) that one of the ranges ``[i * extent, (i + 1) * extent)``
-    touches: the ranges start on multiples of ``gcd(extent, chunk)`` within a chunk, so one
-    starting ``chunk - gcd`` into a chunk reaches furthest; never more than the ``total``
-    elements' chunks."""
+def most_touched(extent: int, chunk: int, total: int | None = None, step: int | None = None
+                 ) -> int:
+    """The most chunks (of ``chunk``) that one of the ranges ``[i * step, i * step + extent)``
+    touches (``step``: ``extent`` unless given): the ranges start on multiples of
+    ``gcd(step, chunk)`` within a chunk, so one starting that much short of a chunk's end
+    reaches furthest; never more than the ``total`` elements' chunks."""
     extent = max(extent, 1)
-    step = math.gcd(extent, chunk)
-    most = (chunk - step + extent - 1) // chunk + 1
+    grain = math.gcd(step or extent, chunk)
+    most = (chunk - grain + extent - 1) // chunk + 1
     return most if total is None else min(most, -(-max(total, 1) // chunk))
 
 

@@ -42,6 +42,9 @@ class DeviceModel:
     decode: float = 0.0
     """Bytes/s at which the decoder threads together decode compressed chunks (0: not
     charged)."""
+    decode_on_compute_cores: bool = False
+    """True where the decoders run on the cores that compute (the CPU): their times add up
+    instead of overlapping."""
     accumulate_pass: bool = False
     """True when accumulating into C costs an extra pass over the C block (numpy: no
     in-place beta), charged at ``memory_copy``."""
@@ -90,4 +93,4 @@ def cpu_model() -> DeviceModel:
     # the 2-core VM; 0.5 GB/s a core through zarr-python's pipeline).
     return DeviceModel(name="cpu", flops=35e9 * (cores or 1), h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
-                       decode=1.0e9 * (cores or 1))
+                       decode=1.0e9 * (cores or 1), decode_on_compute_cores=True)

@@ -133,13 +133,15 @@ def ordered_lane(op: Op) -> str | None:
     return _lane(op.kind, op.operand)
 
 
-#: Which traffic level each kind of operation moves its bytes on.
-LEVELS = {OpKind.READ: "storage_read", OpKind.WRITE: "storage_write", OpKind.UPLOAD: "h2d",
+#: Which traffic level each kind of operation moves its bytes on: ``read`` is what READs put
+#: into slots and stripes (out of decoded chunks, a file's pages or memory; what came from
+#: storage is ``result.bytes['storage_read']``, counted by the sources).
+LEVELS = {OpKind.READ: "read", OpKind.WRITE: "storage_write", OpKind.UPLOAD: "h2d",
           OpKind.DOWNLOAD: "d2h"}
 
 
 def traffic(items) -> dict[str, int]:
-    """Bytes per level (storage_read, storage_write, h2d, d2h) of operations, or of executed
+    """Bytes per level (read, storage_write, h2d, d2h) of operations, or of executed
     events (whose ``kind`` is the operation kind's value and ``nbytes`` what really moved)."""
     total = dict.fromkeys(LEVELS.values(), 0)
     for item in items:
@@ -183,7 +185,7 @@ class Counts:
     ops: dict
     """OpKind -> number of operations of that kind (every kind present, 0 included)."""
     traffic: dict
-    """Bytes per level: storage_read, storage_write, h2d, d2h (as :func:`traffic`)."""
+    """Bytes per level: read, storage_write, h2d, d2h (as :func:`traffic`)."""
     flops: int = 0
     """Floating-point operations of the GEMMs (a symmetric product's: half and the
     diagonal)."""
@@ -205,7 +207,8 @@ class Schedule:
     """Operand -> whether its panels are used transposed ('A', 'B'; 'C' never)."""
 
     def traffic(self) -> dict[str, int]:
-        """Bytes each level is planned to move: storage reads/writes, host<->device copies."""
+        """Bytes each level is planned to move: reads into slots, storage writes,
+        host<->device copies."""
         return traffic(self.ops)
 
     def count(self, kind: OpKind) -> int:
@@ -629,7 +632,7 @@ class _Counter(_Builder):
         nbytes = self.nbytes(region)
         stripes = self._stripes(region) if self.plan.staged else 1
         self.counted[OpKind.READ] += stripes
-        self.moved["storage_read"] += nbytes
+        self.moved["read"] += nbytes
         if self.plan.staged:
             self.counted[OpKind.UPLOAD] += stripes
             self.moved["h2d"] += nbytes

@@ -217,6 +217,12 @@ class Plan:
             kept.discard("B")  # one matrix, kept once for both roles
         return sum(self.problem.operand_bytes(name) for name in kept)
 
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of chunks the run decodes at most (:meth:`chunk_reports`; compute dtype)."""
+        return sum(r.decodes * math.prod(r.chunks) for r in self.chunk_reports()
+                   ) * self.problem.itemsize
+
     def chunk_reports(self) -> list:
         """Loads and decodes of each chunked on-disk operand
         (:class:`oocgemm.planning.chunks.ChunkReport`), from the geometry alone."""
@@ -310,7 +316,7 @@ class Plan:
             "memory_limit": self.memory_limit,
             "host_bytes": self.host_bytes,
             "host_memory_limit": self.host_memory_limit,
-            "bytes": dict(counts.traffic),
+            "bytes": {**counts.traffic, "decoded": self.decoded_bytes},
             "flops": self.flops,
             "symmetric": self.symmetric,
             "shared": self.problem.shared,
@@ -344,8 +350,9 @@ class Plan:
             + (f" (staging, decoded chunks, and {' and '.join(self.cache)} kept in memory as "
                f"read: {format_size(self.cache_bytes)})" if self.cache else
                " (staging and decoded chunks)"),
-            "  traffic     " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
-                                         for k, v in traffic.items() if v),
+            "  traffic     " + ", ".join(
+                f"{TRAFFIC_NAMES.get(k, k.replace('_', ' '))} {format_size(v)}"
+                for k, v in {**traffic, "decoded": self.decoded_bytes}.items() if v),
             *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
               for n, report in enumerate(self.chunk_reports())),
             f"  work        {self.flops / 1e9:.4g} GFLOP"
@@ -401,6 +408,10 @@ def _splits(extent: int, step: int) -> tuple[int, ...]:
     return tuple(range(0, extent, step)) + (extent,)
 
 
+#: How ``print(plan)`` names the traffic levels (``Counts.traffic``, and the chunks decoded).
+TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)"}
+
+
 def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
              kernel: str = "cublas") -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
@@ -432,41 +443,41 @@ def _device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
 def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
     """Bytes of decoded chunks that the streamed chunked operands hold at most: the chunks of
     two loads of each (the load being read, and the next one its decoders run ahead into),
-    each load's region placed on multiples of its shape. One matrix in both roles of a Gram
-    product holds, per step, the chunks along K of both roles' columns, counted once."""
+    each load's region placed on multiples of its shape; where the product is one C block,
+    every load follows the one before it along K, and the two span ``2r`` of it. One matrix
+    in both roles of a Gram product holds, per step, the chunks along K of both roles'
+    columns, counted once."""
     w, h, r = tile
-    roles = {"A": (prob.a, (r, w) if prob.trans_a else (w, r)),
-             "B": (prob.b, (h, r) if prob.trans_b else (r, h)),
-             "C": (prob.c, (w, h))}
+    one_block = w >= prob.m and h >= prob.n
+    # per role: the operand, the stored axis that is K, its width across K
+    roles = {"A": (prob.a, 0 if prob.trans_a else 1, w),
+             "B": (prob.b, 1 if prob.trans_b else 0, h)}
+
+    def two_loads(name: str, both: bool = False) -> int:
+        x, along, width = roles[name]
+        assert x.chunks is not None
+        k_chunk, o_chunk = x.chunks[along], x.chunks[1 - along]
+        k_total, o_total = x.shape[along], x.shape[1 - along]
+        k_chunks = (most_touched(2 * r, k_chunk, k_total, step=r) if one_block
+                    else 2 * most_touched(r, k_chunk, k_total))
+        across = most_touched(width, o_chunk, o_total)
+        if both:  # a Gram product: B reads the same K rows of X, h wide
+            across = min(across + most_touched(h, o_chunk, o_total), -(-o_total // o_chunk))
+        return k_chunks * across * k_chunk * o_chunk * prob.itemsize
+
     total = 0
-    for name, (operand, shape) in roles.items():
-        if name in kept or operand is None or not operand.decoded:
-            continue
-        if name != "C" and not prob.computes_product or name == "C" and not prob.reads_c:
-            continue
-        if name == "B" and prob.shared:
-            continue  # one reader for both roles: counted with A
-        if name == "A" and prob.gram:
-            total += 2 * _gram_step_bytes(prob, operand, w, h, r)
-            continue
-        total += 2 * window_bytes(shape, operand.chunks, prob.itemsize, operand.shape)
-        if name == "A" and prob.shared:  # X @ X: both roles' loads, by one reader
-            total += 2 * window_bytes(roles["B"][1], operand.chunks, prob.itemsize,
-                                      operand.shape)
+    if prob.computes_product:
+        if prob.shared:  # one reader for both roles
+            if "A" not in kept and prob.a.decoded:
+                total += two_loads("A", both=True) if prob.gram else (two_loads("A")
+                                                                      + two_loads("B"))
+        else:
+            total += sum(two_loads(name) for name in ("A", "B")
+                         if name not in kept and roles[name][0].decoded)
+    c = prob.c
+    if prob.reads_c and c is not None and c.decoded and "C" not in kept:
+        total += 2 * window_bytes((w, h), c.chunks, prob.itemsize, c.shape)
     return total
-
-
-def _gram_step_bytes(prob: Problem, x, w: int, h: int, r: int) -> int:
-    """Decoded bytes of one step of a Gram product: both roles read the same K rows (or
-    columns) of X, the A role ``w`` of the other axis and the B role ``h``."""
-    along = 0 if prob.trans_a else 1  # X's axis that is K
-    other = 1 - along
-    (k_chunk, o_chunk) = (x.chunks[along], x.chunks[other])
-    k_chunks = most_touched(r, k_chunk, x.shape[along])
-    o_chunks = min(most_touched(w, o_chunk, x.shape[other])
-                   + most_touched(h, o_chunk, x.shape[other]),
-                   -(-max(x.shape[other], 1) // o_chunk))
-    return k_chunks * o_chunks * k_chunk * o_chunk * prob.itemsize
 
 
 def assembly_window(prob: Problem, tile: tuple[int, int, int], ring: int, min_stripes: int,
@@ -519,7 +530,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
         if symmetric:  # row i computes p - i blocks; a diagonal block takes B from A's slot
             a_loads = m * k * s * (1 if nk == 1 else (p + 1) / 2)
             b_loads = k * n * s * (p - 1) / 2
-            flops = prob.flops * (1 + w / m) / 2 if m else 0
+            # a block above the diagonal in full, one on it from its diagonal up
+            flops = prob.flops * (p * (p - 1) / 2 + p * (w + 1) / (2 * w)) / (p * p)
         compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
             1 + model.half_size / w + model.half_size / h + model.half_size / r)
         if is_ozaki(kernel) and staged and model.int8_ops:
@@ -554,6 +566,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             else:
                 decoded = loads * amp
             decode += decoded / model.decode
+        if model.decode_on_compute_cores:  # the cores that decode are the cores that compute
+            compute += decode
 
     # Storage traffic runs at storage rates; copies between host memory and the executor's
     # buffers share one resource, the host's memory bandwidth (reads and writes together).

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+_COUNTING = threading.Lock()
 
 
 class MatrixSource(abc.ABC):
@@ -26,6 +29,17 @@ class MatrixSource(abc.ABC):
     #: Chunked, but read in the parts a read needs (uncompressed chunk files), never decoded
     #: whole: no :class:`~oocgemm.storage.chunked.ChunkReader` in front of it.
     sliced: bool = False
+    #: Bytes taken from storage so far: the stored (compressed) bytes of the chunks decoded,
+    #: or what reads copied out of a file's pages; 0 for memory.
+    bytes_read: int = 0
+    #: Bytes of the chunks decoded so far (stored dtype): 0 where nothing is decoded.
+    decoded_bytes: int = 0
+
+    def count(self, stored: int, decoded: int = 0) -> None:
+        """Add to :attr:`bytes_read` and :attr:`decoded_bytes` (from any thread)."""
+        with _COUNTING:
+            self.bytes_read += stored
+            self.decoded_bytes += decoded
 
     @abc.abstractmethod
     def read(self, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:

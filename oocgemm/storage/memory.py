@@ -22,6 +22,8 @@ class NumpySource(MatrixSource):
 
     def read(self, rows, cols, out):
         np.copyto(out, self._array[rows[0]:rows[1], cols[0]:cols[1]], casting="same_kind")
+        if self.on_disk:  # a memmap: the bytes came from its file's pages
+            self.count(out.size * self.dtype.itemsize)
 
     def view(self, rows, cols, dtype):
         return None if self.on_disk else blas_view(self._array, rows, cols, dtype)
@@ -71,9 +73,11 @@ class DaskSource(MatrixSource):
         self.on_disk = True  # not in memory: produced by its graph, read at its grain
 
     def read_chunk(self, index, out) -> None:
-        """Compute chunk ``index`` into ``out``."""
+        """Compute chunk ``index`` into ``out`` (counted as decoded: what its graph read is
+        its own)."""
         np.copyto(out, host_array(self._array.blocks[tuple(index)].compute()),
                   casting="same_kind")
+        self.count(0, out.nbytes)
 
     def read(self, rows, cols, out):
         np.copyto(out, host_array(self._array[rows[0]:rows[1], cols[0]:cols[1]].compute()),

@@ -236,6 +236,7 @@ class ZarrSource(MatrixSource):
                 raise InputError(f"{self.name}: cannot read rows {lo_r}:{hi_r}, columns "
                                  f"{lo_c}:{hi_c}, chunk {tuple(index)} (corrupt or truncated "
                                  f"chunk? {type(exc).__name__}: {exc})") from exc
+        self.count(out.size * self.dtype.itemsize)
 
     def prefetch_chunk(self, index) -> None:
         """Ask the OS to start reading the object that holds chunk ``index`` (its shard when
@@ -276,9 +277,22 @@ class ZarrSource(MatrixSource):
         (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
         if self._direct is None:
             self.read((r0, r1), (c0, c1), out)
-            return
-        with self.lock or contextlib.nullcontext():
-            self._read_direct(index, out, (r0, r1), (c0, c1))
+        else:
+            with self.lock or contextlib.nullcontext():
+                self._read_direct(index, out, (r0, r1), (c0, c1))
+        stored = self.stored_size(index)
+        self.count(out.nbytes if stored is None else stored, out.nbytes)
+
+    def stored_size(self, index) -> int | None:
+        """Bytes of the object that holds chunk ``index`` (its shard's, decoded whole), 0 for
+        one never written; None where the store is not a local folder (unknown)."""
+        path = self.object_path(index)
+        if path is None:
+            return None
+        try:
+            return os.stat(path).st_size
+        except OSError:  # never written: the fill value
+            return 0
 
     def _read_direct(self, index, out, rows, cols) -> None:
         (r0, r1), (c0, c1) = rows, cols
