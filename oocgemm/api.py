@@ -833,8 +833,11 @@ def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
 def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events,
                     resources):
     """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
-    from .runtime.split import run_split
+    from .runtime.split import k_parts, run_split
 
+    parts = k_parts(plan_, len(devices))
+    if parts:
+        return _run_k_parts(plan_, prep, devices, parts, sink, on_event, events, resources)
     running: set = set()
     writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
 
@@ -857,6 +860,64 @@ def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_e
 
     log = run_split(plan_, devices, run_group, stop)
     writer.flush()
+    return log
+
+
+def _run_k_parts(plan_: Plan, prep: _Prepared, devices: list[str], parts, sink, on_event,
+                 events, resources):
+    """A product of one C block with its K split among the executors: each computes
+    ``alpha * op(A[part]) @ op(B[part])`` into a partial C of its own, as a whole product
+    (symmetric too) over its part; the partials are summed in part order, ``beta * C``
+    added, and C written once. The merged log."""
+    from .runtime.split import run_parts
+    from .storage.memory import NumpySink
+    from .storage.part import Part
+
+    prob = plan_.problem
+    partials = [np.empty((prob.m, prob.n), dtype=prob.dtype) for _ in parts]
+    running: set = set()
+    along = {"A": 0 if prob.trans_a else 1, "B": 1 if prob.trans_b else 0}
+
+    def operand(x: Operand, axis: int, lo: int, hi: int) -> Operand:
+        shape = list(x.shape)
+        shape[axis] = hi - lo
+        return dataclasses.replace(x, shape=(shape[0], shape[1]))
+
+    def run_part(name: str, part: tuple[int, int]):
+        lo, hi = part
+        a = Part(prep.sources["A"], along["A"], lo, hi)
+        b = a if prob.shared else Part(prep.sources["B"], along["B"], lo, hi)
+        sub = dataclasses.replace(prob, k=hi - lo, beta=0.0, c=None, out=None,
+                                  a=operand(prob.a, along["A"], lo, hi),
+                                  b=operand(prob.b, along["B"], lo, hi))
+        device_plan = dataclasses.replace(plan_, problem=sub, device=name.partition("#")[0])
+        readers = chunk_readers(device_plan, {"A": a, "B": b})
+        executor = executor_class(prep.device.kind)(
+            device_plan, readers, NumpySink(partials[parts.index(part)], "a partial C"),
+            on_event=on_event, record=bool(events), resources=resources)
+        running.add(executor)
+        try:
+            return executor.run()
+        finally:
+            running.discard(executor)
+            for src in readers.values():
+                src.close()
+
+    def stop():
+        for executor in list(running):
+            executor._cancel.set()
+
+    log = run_parts(parts, devices, run_part, stop)
+    start = time.perf_counter()
+    total = partials[0]
+    for partial in partials[1:]:
+        total += partial
+    if prob.reads_c:
+        c = np.empty_like(total)
+        prep.sources["C"].read((0, prob.m), (0, prob.n), c)
+        total += prob.beta * c
+    sink.write((0, prob.m), (0, prob.n), total)
+    log.record("write", "write-0", start, total.nbytes)
     return log
 
 

@@ -3,6 +3,7 @@ device as each is free, one merged timeline; tested with several CPU executors."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -141,3 +142,72 @@ def test_groups_share_panels(grid, devices, shape):
     else:
         assert len(got) == min(devices, len(order))
         assert all(order.index(g[-1]) - order.index(g[0]) == len(g) - 1 for g in got)
+
+
+# -- one C block: K split among the executors ------------------------------------------------
+@pytest.mark.parametrize("k,r,chunk,devices,want", [
+    (5000, 500, 500, 2, [(0, 2500), (2500, 5000)]),
+    (5000, 250, 1000, 3, [(0, 2000), (2000, 3000), (3000, 5000)]),  # chunk edges only
+    (5100, 500, 500, 2, [(0, 2500), (2500, 5100)]),  # the ragged end goes with the last
+    (900, 500, 500, 2, []),  # one whole panel and a bit: nothing to split
+    (5000, 500, 500, 1, []),
+])
+def test_k_parts_start_on_panel_and_chunk_edges(k, r, chunk, devices, want):
+    from oocgemm.planning import Operand, Plan, Problem, cpu_model
+    from oocgemm.runtime.split import k_parts
+
+    x = Operand((k, 24), (chunk, 24), on_disk=True)
+    prob = Problem(m=24, n=24, k=k, itemsize=8, dtype="float64", a=x, b=x, trans_a=True,
+                   shared=True)
+    plan = Plan(problem=prob, tile=(24, 24, r), device="cpu", model=cpu_model(),
+                memory_limit=1 << 30, host_memory_limit=1 << 30, symmetric=True)
+    assert k_parts(plan, devices) == want
+    several = dataclasses.replace(plan, tile=(8, 8, r))  # 6 blocks: they split instead
+    assert k_parts(several, devices) == []
+
+
+@pytest.mark.parametrize("how", ["zarr", "npy", "memory", "general"])
+def test_a_tall_skinny_product_splits_k_among_executors(rng, workdir, how):
+    """One C block, K long: every executor computes a partial C over its part of K (each
+    chunk decoded once in all), the partials are summed once, beta * C added once; a Gram
+    product stays bitwise symmetric."""
+    x, y = rand(rng, (5100, 24)), rand(rng, (5100, 16))
+    c = rand(rng, (24, 24 if how != "general" else 16))
+    if how != "general":
+        c = c + c.T  # symmetric, as a Gram product's C
+    if how == "zarr":
+        zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(500, 24))[:] = x
+        a = b = "x.zarr"
+    elif how == "npy":
+        np.save("x.npy", x)
+        a = b = "x.npy"
+    elif how == "memory":
+        a = b = x
+    else:
+        np.save("y.npy", y)
+        a, b = x, "y.npy"
+    want = 2.0 * x.T @ (y if how == "general" else x) + 0.5 * c
+    out = poisoned(want.shape)
+    r = oocgemm.multiply(a, b, out, c=c, alpha=2.0, beta=0.5, trans_a=True, device=THREE,
+                         tile=(24, 24, 500))
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-10)
+    if how != "general":
+        assert r.plan.symmetric and np.array_equal(out, out.T)  # bitwise
+    assert sorted(r.devices) == ["cpu#0", "cpu#1", "cpu#2"]
+    assert sum(d["flops"] for d in r.devices.values()) == r.flops
+    assert all(d["flops"] > r.flops / 5 for d in r.devices.values())  # each took a share
+    if how == "zarr":
+        assert r.bytes["decoded"] == x.nbytes  # each chunk once, over all the parts
+    writes = [e for e in r.events if e.kind == "write" and e.lane == "write-0"]
+    assert len(writes) == 1 and writes[0].nbytes == want.nbytes  # C written once
+
+
+def test_a_k_split_run_leaves_a_committed_zarr_output(rng, workdir):
+    x = rand(rng, (4000, 12))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(1000, 12),
+                      compressors=None)[:] = x  # uncompressed: read in parts
+    r = oocgemm.gram("x.zarr", "g.zarr", device=["cpu", "cpu"], tile=(12, 12, 1000))
+    assert len(r.devices) == 2
+    got = zarr.open_array("g.zarr", mode="r")[:]
+    np.testing.assert_allclose(got, x.T @ x, rtol=1e-12, atol=1e-10)
+    assert leftovers(".") == []

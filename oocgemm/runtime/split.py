@@ -7,6 +7,10 @@ rows to go round. Each device takes the next group from a shared queue as soon a
 only the group's blocks picked out (``Plan.blocks``), so that each block is computed exactly
 as a single-device run computes it. The groups write disjoint regions of the one output.
 
+A product of a single C block (M and N small, K long) has no blocks to share out: its K is
+split instead (:func:`k_parts`), each device computing a partial C over its K range, and the
+partials are summed once at the end.
+
 The events of every run go onto one clock, each lane named after its device
 (``cuda:1/compute``), so the timeline of the product shows every device.
 """
@@ -14,13 +18,14 @@ The events of every run go onto one clock, each lane named after its device
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..diagnostics.events import Event
-from ..planning.schedule import LEVELS, serpentine, triangle
+from ..planning.schedule import LEVELS, OpKind, serpentine, triangle
 
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
@@ -46,6 +51,63 @@ def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
         return list(lines.values())
     size = max(1, -(-len(order) // devices))
     return [order[at:at + size] for at in range(0, len(order), size)]
+
+
+def k_parts(plan, devices: int) -> list[tuple[int, int]]:
+    """Where a product of one C block (M and N small, K long: a tall-skinny Gram product)
+    splits its K among ``devices`` executors, each computing a partial C over its part, the
+    partials summed once at the end: contiguous ranges of whole K panels, each starting on a
+    chunk edge of every chunked operand (read at its grain as a whole product's would be),
+    as even as that allows; empty where the product has several blocks (they split instead)
+    or K is too short to go round."""
+    prob = plan.problem
+    if devices < 2 or plan.n_blocks != 1 or plan.done or not prob.computes_product:
+        return []
+    grain = plan.tile[2]
+    for operand, along in ((prob.a, 0 if prob.trans_a else 1), (prob.b, 1 if prob.trans_b else 0)):
+        if operand.chunks:
+            grain = math.lcm(grain, operand.chunks[along])
+    units = prob.k // grain
+    parts = min(devices, units)
+    if parts < 2:
+        return []
+    bounds = [round(units * d / parts) * grain for d in range(parts)] + [prob.k]
+    return list(zip(bounds, bounds[1:]))
+
+
+def run_parts(parts: list[tuple[int, int]], devices: list[str], run_part, stop) -> MergedLog:
+    """Run one K part per device at once: ``run_part(name, part)`` computes a partial C and
+    returns its event log. The first failure, or an interrupt, calls ``stop()`` and is raised
+    once every device stopped."""
+    merged = MergedLog()
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(name: str, part: tuple[int, int]) -> None:
+        start = time.perf_counter()
+        try:
+            log = run_part(name, part)
+        except BaseException as exc:
+            with lock:
+                if not failed:
+                    failed.append(exc)
+            stop()
+            raise
+        merged.add(name, log, 1, time.perf_counter() - start)
+
+    pool = ThreadPoolExecutor(len(parts), thread_name_prefix="oocgemm-device")
+    futures = [pool.submit(worker, name, part) for name, part in zip(devices, parts)]
+    try:
+        for future in futures:
+            future.exception()
+    except BaseException:
+        stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    if failed:
+        raise failed[0]
+    return merged
 
 
 class MergedLog:
@@ -84,6 +146,18 @@ class MergedLog:
                 self.notes[what] = self.notes.get(what, 0) + count
             for what, seconds in log.timed.items():
                 self.timed[what] = self.timed.get(what, 0.0) + seconds
+
+    def record(self, kind: str, lane: str, start: float, nbytes: int = 0) -> None:
+        """An operation of the run itself, from ``start`` (``time.perf_counter()``) to now:
+        the sum of K parts' partial C's written out."""
+        end = time.perf_counter() - self.origin
+        with self._lock:
+            self._events.append(Event(index=-1, kind=kind, operand="C", key=(0, 0), q=-1,
+                                      lane=lane, start=start - self.origin, end=end,
+                                      nbytes=nbytes))
+            level = LEVELS.get(OpKind(kind))
+            if level is not None:
+                self._moved[level] += nbytes
 
     def events(self) -> list[Event]:
         with self._lock:
