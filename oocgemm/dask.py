@@ -783,6 +783,7 @@ class Region(MatrixSource):
         self.inner = inner
         self._shared, self._role = shared, role
         self.rows, self.cols = tuple(rows), tuple(cols)
+        self.region = (self.rows, self.cols)
         self.shape = (rows[1] - rows[0], cols[1] - cols[0])
         self.dtype = inner.dtype
         self.on_disk = inner.on_disk

@@ -335,3 +335,15 @@ def test_on_the_gpu_through_a_local_cluster(rng, workdir):
         assert len(_groups(z)) == min(2, p.grid[0])  # two per worker, so that workers balance
         z.to_zarr("c.zarr")
     assert_gemm(zarr.open_array("c.zarr", mode="r")[...], a, b)
+
+
+@pytest.mark.parametrize("groups", [None, (16, 16), (16, 64), (48, 32)])
+def test_gram_groups_are_parts_not_the_whole_matrix(rng, workdir, groups):
+    """A Gram product of one stored matrix, cut into groups: each group's parts of X are
+    other matrices than X itself (a group off the diagonal once computed its own part
+    against itself: a silent wrong answer)."""
+    x = rand(rng, (300, 64))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(100, 16))[:] = x
+    z = odask.matmul("x.zarr", "x.zarr", trans_a=True, device="cpu", groups=groups,
+                     tile=(16, 16, 100))
+    np.testing.assert_allclose(z.compute(), x.T @ x, rtol=1e-12, atol=1e-10)

@@ -425,3 +425,22 @@ def test_identities_are_frozen_and_hashable(npy):
     with pytest.raises(AttributeError):
         found.kind = "memory"  # type: ignore[misc]
     assert {found: 1}[ident("a.npy")] == 1
+
+
+def test_a_part_of_a_stored_matrix_is_another_matrix_on_the_same_bytes(stored):
+    """What reads a part of a matrix (a dask task's region, one executor's part of K) is
+    not the whole matrix, nor another part of it, for the one-read question; it overlaps
+    both, for the aliasing question."""
+    from oocgemm.dask import Region
+    from oocgemm.storage.part import Part
+
+    array, _ = stored
+    whole = open_source(array, "x")
+    parts = [Region(open_source(array, "x"), (0, 8), (0, 8)),
+             Region(open_source(array, "x"), (8, 16), (0, 8)),
+             Part(whole, 0, 0, 8)]
+    ids = [identity(p) for p in parts]
+    assert not same_matrix(identity(whole), ids[0])
+    assert not same_matrix(ids[0], ids[1])
+    assert same_matrix(ids[0], identity(Region(open_source(array, "x"), (0, 8), (0, 8))))
+    assert all(overlaps(identity(whole), x) for x in ids)

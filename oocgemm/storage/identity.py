@@ -93,6 +93,10 @@ class Identity:
     layout: Layout | None = None
     """How the matrix lies in :attr:`span`. None: as the thing describes itself (a Zarr
     array's metadata; a ``.npy`` file whose header could not be read)."""
+    part: tuple | None = None
+    """``((r0, r1), (c0, c1))``: the part of the matrix that an opened source reads (a dask
+    task's region, one executor's range of K); the same bytes as the whole, but another
+    matrix. None: the whole."""
     within: frozenset[tuple[str, Hashable]] = frozenset()
     """``(kind, key)`` of what holds the thing and so shares its bytes: the folders above a
     file or a Zarr array's folder, the groups and prefixes above an array in a store, the zip
@@ -167,7 +171,7 @@ def same_matrix(x: Identity, y: Identity) -> bool:
     object); a false answer costs a second read, never a wrong product. Two empty matrices
     of one shape and dtype at one place are the same matrix, yet share no byte.
     """
-    if (x.kind, x.key, x.layout) != (y.kind, y.key, y.layout):
+    if (x.kind, x.key, x.layout, x.part) != (y.kind, y.key, y.layout, y.part):
         return False
     # With a layout the span follows from it, but for a .npy path, which is the whole file:
     # its layout (from its header) is what a memmap of its data has.
@@ -219,15 +223,19 @@ def _unknown(obj) -> Identity:
 
 
 def _opened(opened: MatrixSource | MatrixSink) -> Identity:
-    """An opened source or sink: the array it reads or writes, else its path."""
+    """An opened source or sink: the array it reads or writes, else its path; a source that
+    reads a part of it (``region``) is that part: the same bytes as the whole, another
+    matrix."""
+    found = _unknown(opened)
     array = opened.array()
-    if array is not None:
+    if array is not None and _object(array).kind != "unknown":
         found = _object(array)
-        if found.kind != "unknown":
-            return found
-    if opened.path is not None:
-        return _path(opened.path)
-    return _unknown(opened)
+    elif opened.path is not None:
+        found = _path(opened.path)
+    region = getattr(opened, "region", None)
+    if region is not None and found.kind != "unknown":
+        found = replace(found, part=region)
+    return found
 
 
 def _object(obj) -> Identity:

@@ -22,6 +22,8 @@ class Part(MatrixSource):
         shape[axis] = hi - lo
         self.inner, self.axis, self.lo = inner, axis, lo
         self.shape = (shape[0], shape[1])
+        span = ((lo, hi), (0, inner.shape[1])) if axis == 0 else ((0, inner.shape[0]), (lo, hi))
+        self.region = span
         self.dtype = inner.dtype
         self.chunks = chunks
         self.on_disk = inner.on_disk
