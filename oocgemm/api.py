@@ -838,29 +838,38 @@ def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_e
     parts = k_parts(plan_, len(devices))
     if parts:
         return _run_k_parts(plan_, prep, devices, parts, sink, on_event, events, resources)
-    running: set = set()
     writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
+    runs = _Runs(prep.device.kind, on_event, events, resources)
+    log = run_split(plan_, devices, lambda device_plan, name: runs.run(
+        device_plan, prep.sources, writer), runs.stop)
+    writer.flush()
+    return log
 
-    def run_group(device_plan, name):
-        readers = chunk_readers(device_plan, prep.sources)
-        executor = executor_class(prep.device.kind)(device_plan, readers, writer,
-                                                    on_event=on_event, record=bool(events),
-                                                    resources=resources)
-        running.add(executor)
+
+class _Runs:
+    """The executor runs of one product on several devices: :meth:`run` runs one plan from
+    its sources (read at their grain) into a sink; :meth:`stop` cancels those under way."""
+
+    def __init__(self, kind: str, on_event, events, resources):
+        self.kind, self.on_event, self.events, self.resources = kind, on_event, events, resources
+        self.running: set = set()
+
+    def run(self, plan_: Plan, sources: dict, sink):
+        readers = chunk_readers(plan_, sources)
+        executor = executor_class(self.kind)(plan_, readers, sink, on_event=self.on_event,
+                                             record=bool(self.events),
+                                             resources=self.resources)
+        self.running.add(executor)
         try:
             return executor.run()
         finally:
-            running.discard(executor)
+            self.running.discard(executor)
             for src in readers.values():
                 src.close()
 
-    def stop():
-        for executor in list(running):
+    def stop(self) -> None:
+        for executor in list(self.running):
             executor._cancel.set()
-
-    log = run_split(plan_, devices, run_group, stop)
-    writer.flush()
-    return log
 
 
 def _run_k_parts(plan_: Plan, prep: _Prepared, devices: list[str], parts, sink, on_event,
@@ -875,7 +884,7 @@ def _run_k_parts(plan_: Plan, prep: _Prepared, devices: list[str], parts, sink, 
 
     prob = plan_.problem
     partials = [np.empty((prob.m, prob.n), dtype=prob.dtype) for _ in parts]
-    running: set = set()
+    runs = _Runs(prep.device.kind, on_event, events, resources)
     along = {"A": 0 if prob.trans_a else 1, "B": 1 if prob.trans_b else 0}
 
     def operand(x: Operand, axis: int, lo: int, hi: int) -> Operand:
@@ -891,23 +900,10 @@ def _run_k_parts(plan_: Plan, prep: _Prepared, devices: list[str], parts, sink, 
                                   a=operand(prob.a, along["A"], lo, hi),
                                   b=operand(prob.b, along["B"], lo, hi))
         device_plan = dataclasses.replace(plan_, problem=sub, device=name.partition("#")[0])
-        readers = chunk_readers(device_plan, {"A": a, "B": b})
-        executor = executor_class(prep.device.kind)(
-            device_plan, readers, NumpySink(partials[parts.index(part)], "a partial C"),
-            on_event=on_event, record=bool(events), resources=resources)
-        running.add(executor)
-        try:
-            return executor.run()
-        finally:
-            running.discard(executor)
-            for src in readers.values():
-                src.close()
+        return runs.run(device_plan, {"A": a, "B": b},
+                        NumpySink(partials[parts.index(part)], "a partial C"))
 
-    def stop():
-        for executor in list(running):
-            executor._cancel.set()
-
-    log = run_parts(parts, devices, run_part, stop)
+    log = run_parts(parts, devices, run_part, runs.stop)
     start = time.perf_counter()
     total = partials[0]
     for partial in partials[1:]:
