@@ -833,13 +833,13 @@ def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
 def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events,
                     resources):
     """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
-    from .runtime.split import k_parts, run_split
+    from .runtime.split import k_parts, run_k_parts, run_split
 
-    parts = k_parts(plan_, len(devices))
-    if parts:
-        return _run_k_parts(plan_, prep, devices, parts, sink, on_event, events, resources)
-    writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
     runs = _Runs(prep.device.kind, on_event, events, resources)
+    parts = k_parts(plan_, len(devices))
+    if parts:  # one C block: its K split, the partials summed once
+        return run_k_parts(plan_, prep.sources, devices, parts, sink, runs.run, runs.stop)
+    writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
     log = run_split(plan_, devices, lambda device_plan, name: runs.run(
         device_plan, prep.sources, writer), runs.stop)
     writer.flush()
@@ -870,51 +870,6 @@ class _Runs:
     def stop(self) -> None:
         for executor in list(self.running):
             executor._cancel.set()
-
-
-def _run_k_parts(plan_: Plan, prep: _Prepared, devices: list[str], parts, sink, on_event,
-                 events, resources):
-    """A product of one C block with its K split among the executors: each computes
-    ``alpha * op(A[part]) @ op(B[part])`` into a partial C of its own, as a whole product
-    (symmetric too) over its part; the partials are summed in part order, ``beta * C``
-    added, and C written once. The merged log."""
-    from .runtime.split import run_parts
-    from .storage.memory import NumpySink
-    from .storage.part import Part
-
-    prob = plan_.problem
-    partials = [np.empty((prob.m, prob.n), dtype=prob.dtype) for _ in parts]
-    runs = _Runs(prep.device.kind, on_event, events, resources)
-    along = {"A": 0 if prob.trans_a else 1, "B": 1 if prob.trans_b else 0}
-
-    def operand(x: Operand, axis: int, lo: int, hi: int) -> Operand:
-        shape = list(x.shape)
-        shape[axis] = hi - lo
-        return dataclasses.replace(x, shape=(shape[0], shape[1]))
-
-    def run_part(name: str, part: tuple[int, int]):
-        lo, hi = part
-        a = Part(prep.sources["A"], along["A"], lo, hi)
-        b = a if prob.shared else Part(prep.sources["B"], along["B"], lo, hi)
-        sub = dataclasses.replace(prob, k=hi - lo, beta=0.0, c=None, out=None,
-                                  a=operand(prob.a, along["A"], lo, hi),
-                                  b=operand(prob.b, along["B"], lo, hi))
-        device_plan = dataclasses.replace(plan_, problem=sub, device=name.partition("#")[0])
-        return runs.run(device_plan, {"A": a, "B": b},
-                        NumpySink(partials[parts.index(part)], "a partial C"))
-
-    log = run_parts(parts, devices, run_part, runs.stop)
-    start = time.perf_counter()
-    total = partials[0]
-    for partial in partials[1:]:
-        total += partial
-    if prob.reads_c:
-        c = np.empty_like(total)
-        prep.sources["C"].read((0, prob.m), (0, prob.n), c)
-        total += prob.beta * c
-    sink.write((0, prob.m), (0, prob.n), total)
-    log.record("write", "write-0", start, total.nbytes)
-    return log
 
 
 #: Times a run plans again with smaller blocks after running out of memory.

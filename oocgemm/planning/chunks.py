@@ -181,10 +181,10 @@ def estimate(plan, operand: str) -> ChunkReport | None:
     along = None  # the stored axis that is K
     if operand == "A":
         split_r, split_c = (ks, rows) if prob.trans_a else (rows, ks)
-        along, per_panel = (0 if prob.trans_a else 1), (1 if nk == 1 else q)
+        along, per_panel = prob.k_axis("A"), (1 if nk == 1 else q)
     elif operand == "B":
         split_r, split_c = (cols, ks) if prob.trans_b else (ks, cols)
-        along, per_panel = (1 if prob.trans_b else 0), p
+        along, per_panel = prob.k_axis("B"), p
     else:
         split_r, split_c, per_panel = rows, cols, 1
     chunks = op.chunks
@@ -209,7 +209,7 @@ def gram_estimate(plan) -> ChunkReport | None:
     x = prob.a
     if not x.decoded:
         return None
-    along = 0 if prob.trans_a else 1  # X's axis that is K
+    along = prob.k_axis("A")  # X's axis that is K
     other = 1 - along
     grid = (math.ceil(x.shape[0] / x.chunks[0]), math.ceil(x.shape[1] / x.chunks[1]))
     p, _, nk = plan.grid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -93,6 +94,24 @@ class Problem:
         """Bytes of op(A) ('A', M×K) or op(B) ('B', K×N) in the compute dtype."""
         elements = {"A": self.m * self.k, "B": self.k * self.n}[name]
         return elements * self.itemsize
+
+    def k_axis(self, name: str) -> int:
+        """The stored axis of A or B (``name``) that runs along K."""
+        transposed = self.trans_a if name == "A" else self.trans_b
+        return (0 if transposed else 1) if name == "A" else (1 if transposed else 0)
+
+    def k_part(self, lo: int, hi: int) -> Problem:
+        """``alpha * op(A) @ op(B)`` over K's range ``lo:hi`` alone, as a product of its own
+        (A's and B's stored shapes cut along K; no C read, no output of its own): one
+        executor's partial C where several split K."""
+        def cut(x: Operand, axis: int) -> Operand:
+            shape = list(x.shape)
+            shape[axis] = hi - lo
+            return dataclasses.replace(x, shape=(shape[0], shape[1]))
+
+        return dataclasses.replace(self, k=hi - lo, beta=0.0, c=None, out=None,
+                                   a=cut(self.a, self.k_axis("A")),
+                                   b=cut(self.b, self.k_axis("B")))
 
     def a_chunks_mk(self) -> tuple[int | None, int | None]:
         """A's chunk sizes along (M, K), after the transpose."""

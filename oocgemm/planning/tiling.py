@@ -450,8 +450,7 @@ def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ..
     w, h, r = tile
     one_block = w >= prob.m and h >= prob.n
     # per role: the operand, the stored axis that is K, its width across K
-    roles = {"A": (prob.a, 0 if prob.trans_a else 1, w),
-             "B": (prob.b, 1 if prob.trans_b else 0, h)}
+    roles = {"A": (prob.a, prob.k_axis("A"), w), "B": (prob.b, prob.k_axis("B"), h)}
 
     def two_loads(name: str, both: bool = False) -> int:
         x, along, width = roles[name]

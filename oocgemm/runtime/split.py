@@ -64,50 +64,15 @@ def k_parts(plan, devices: int) -> list[tuple[int, int]]:
     if devices < 2 or plan.n_blocks != 1 or plan.done or not prob.computes_product:
         return []
     grain = plan.tile[2]
-    for operand, along in ((prob.a, 0 if prob.trans_a else 1), (prob.b, 1 if prob.trans_b else 0)):
+    for name, operand in (("A", prob.a), ("B", prob.b)):
         if operand.chunks:
-            grain = math.lcm(grain, operand.chunks[along])
+            grain = math.lcm(grain, operand.chunks[prob.k_axis(name)])
     units = prob.k // grain
     parts = min(devices, units)
     if parts < 2:
         return []
     bounds = [round(units * d / parts) * grain for d in range(parts)] + [prob.k]
     return list(zip(bounds, bounds[1:]))
-
-
-def run_parts(parts: list[tuple[int, int]], devices: list[str], run_part, stop) -> MergedLog:
-    """Run one K part per device at once: ``run_part(name, part)`` computes a partial C and
-    returns its event log. The first failure, or an interrupt, calls ``stop()`` and is raised
-    once every device stopped."""
-    merged = MergedLog()
-    failed: list[BaseException] = []
-    lock = threading.Lock()
-
-    def worker(name: str, part: tuple[int, int]) -> None:
-        start = time.perf_counter()
-        try:
-            log = run_part(name, part)
-        except BaseException as exc:
-            with lock:
-                if not failed:
-                    failed.append(exc)
-            stop()
-            raise
-        merged.add(name, log, 1, time.perf_counter() - start)
-
-    pool = ThreadPoolExecutor(len(parts), thread_name_prefix="oocgemm-device")
-    futures = [pool.submit(worker, name, part) for name, part in zip(devices, parts)]
-    try:
-        for future in futures:
-            future.exception()
-    except BaseException:
-        stop()
-        raise
-    finally:
-        pool.shutdown(wait=True)
-    if failed:
-        raise failed[0]
-    return merged
 
 
 class MergedLog:
@@ -173,25 +138,75 @@ def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
     executor): ``run_group(device_plan, name)`` runs one group's plan (``device`` and
     ``blocks`` set) and returns its event log. The first failure, or an interrupt, calls
     ``stop()`` (which stops the runs under way) and is raised once every device stopped."""
+    def run(name: str, group):
+        device_plan = dataclasses.replace(plan, device=name.partition("#")[0],
+                                          blocks=tuple(group))
+        return run_group(device_plan, name), len(group)
+
+    return _share(groups(plan, len(devices)), devices, run, stop)
+
+
+def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, int]], sink,
+                run, stop) -> MergedLog:
+    """A plan of one C block with its K split (:func:`k_parts`): each device runs the plan
+    over its part as a product of its own (:meth:`Problem.k_part`; A and B read through
+    :class:`~oocgemm.storage.part.Part`) into a partial C in host memory, ``run(plan,
+    sources, sink)`` returning its log; the partials are summed in part order, ``beta * C``
+    (``sources['C']``) added, and C written to ``sink`` once. Failures as :func:`run_split`."""
+    import numpy as np
+
+    from ..storage.memory import NumpySink
+    from ..storage.part import Part
+
+    prob = plan.problem
+    partials = {part: np.empty((prob.m, prob.n), dtype=prob.dtype) for part in parts}
+
+    def run_part(name: str, part: tuple[int, int]):
+        lo, hi = part
+        a = Part(sources["A"], prob.k_axis("A"), lo, hi)
+        b = a if prob.shared else Part(sources["B"], prob.k_axis("B"), lo, hi)
+        device_plan = dataclasses.replace(plan, problem=prob.k_part(lo, hi),
+                                          device=name.partition("#")[0])
+        return run(device_plan, {"A": a, "B": b}, NumpySink(partials[part], "a partial C")), 1
+
+    log = _share(parts, devices, run_part, stop, one_each=True)  # parts even, one a device
+    start = time.perf_counter()
+    total = partials[parts[0]]
+    for part in parts[1:]:
+        total += partials[part]
+    if prob.reads_c:
+        c = np.empty_like(total)
+        sources["C"].read((0, prob.m), (0, prob.n), c)
+        total += prob.beta * c
+    sink.write((0, prob.m), (0, prob.n), total)
+    log.record("write", "write-0", start, total.nbytes)
+    return log
+
+
+def _share(items: list, devices: list[str], run, stop, *, one_each: bool = False
+           ) -> MergedLog:
+    """Hand ``items`` out to ``devices``, each taking the next as soon as it is free (with
+    ``one_each``: item i to device i, as many items as devices at most): ``run(name, item)``
+    returns its run's event log and the C blocks it computed. The first failure, or an
+    interrupt, calls ``stop()`` and is raised once every device stopped."""
     merged = MergedLog()
-    todo: queue.SimpleQueue = queue.SimpleQueue()
-    for group in groups(plan, len(devices)):
-        todo.put(group)
+    shared: queue.SimpleQueue = queue.SimpleQueue()
+    queues = {name: queue.SimpleQueue() if one_each else shared for name in devices}
+    for at, item in enumerate(items):
+        (queues[devices[at]] if one_each else shared).put(item)
     failed = threading.Event()
     first: list[BaseException] = []
     lock = threading.Lock()
 
     def worker(name: str) -> None:
-        device = name.partition("#")[0]
         while not failed.is_set():
             try:
-                group = todo.get_nowait()
+                item = queues[name].get_nowait()
             except queue.Empty:
                 return
-            device_plan = dataclasses.replace(plan, device=device, blocks=tuple(group))
             start = time.perf_counter()
             try:
-                log = run_group(device_plan, name)
+                log, blocks = run(name, item)
             except BaseException as exc:
                 with lock:  # the first failure is the one to tell; the others were stopped
                     if not failed.is_set():
@@ -199,7 +214,7 @@ def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
                         failed.set()
                 stop()
                 raise
-            merged.add(name, log, len(group), time.perf_counter() - start)
+            merged.add(name, log, blocks, time.perf_counter() - start)
 
     pool = ThreadPoolExecutor(len(devices), thread_name_prefix="oocgemm-device")
     futures = [pool.submit(worker, name) for name in devices]
