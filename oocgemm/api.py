@@ -30,7 +30,7 @@ from .errors import (
 )
 from .hints import DeviceLike, MatrixLike, Scalar, Size
 from .options import Options
-from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model
+from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model, with_ring_decodes
 from .result import Result
 from .runtime.base import executor_class
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
@@ -272,7 +272,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         rows, cols = src.shape
         in_place = src.view((0, rows), (0, cols), dtype) is not None
         return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=in_place,
-                       sliced=src.sliced)
+                       sliced=src.sliced, decodes_into=src.decodes_into)
 
     problem = Problem(
         m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
@@ -314,7 +314,7 @@ def _finished(plan: Plan) -> Plan:
         w, h, r = plan.tile
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
-    return _with_cache(dataclasses.replace(plan, cache=()).validate())
+    return _with_cache(with_ring_decodes(dataclasses.replace(plan, cache=()).validate()))
 
 
 def _unit_hint(**limits) -> str:
@@ -343,7 +343,9 @@ def _with_cache(plan: Plan) -> Plan:
             repeated = (report.decodes - report.n_chunks) * report.chunks[0] * report.chunks[1]
             priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
     chosen: tuple[str, ...] = ()
-    for name in sorted(priority, key=lambda x: priority[x], reverse=True):
+    ringed = set(plan.into_ring)  # decoded into the ring: nothing to keep
+    for name in sorted((x for x in priority if x not in ringed), key=lambda x: priority[x],
+                       reverse=True):
         kept = ("A", "B") if plan.problem.shared else (name,)  # one matrix: kept for both
         trial = dataclasses.replace(plan, cache=tuple(sorted(set(chosen + kept))))
         if trial.host_bytes <= plan.host_memory_limit:
@@ -372,7 +374,7 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders,
-                                        gap=len(roles))
+                                        gap=len(roles), into=name in plan.into_ring)
     return wrapped
 
 
@@ -385,7 +387,8 @@ def chunk_writer(plan: Plan, sink):
 
     if not plan.staged or not sink.on_disk or not sink.chunks:
         return sink
-    budget = assembly_window(plan.problem, plan.tile, plan.buffers.ring // plan.problem.itemsize,
+    budget = assembly_window(plan.problem, plan.tile,
+                             plan.buffers.out_ring // plan.problem.itemsize,
                              plan.min_stripes, sink.chunks)
     if not budget:
         return sink
@@ -1053,7 +1056,8 @@ def _chunk_counts(sources: dict) -> dict:
         seen[id(src)] = name
         counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
                         "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
-                        "kept": src.kept, "copy_seconds": src.copy_seconds, "roles": name}
+                        "kept": src.kept, "into_ring": src.into,
+                        "copy_seconds": src.copy_seconds, "roles": name}
     return counts
 
 

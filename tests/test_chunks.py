@@ -419,3 +419,104 @@ def test_bytes_say_what_came_from_storage(rng, workdir):
     np.save("x.npy", x)  # a .npy's reads are its storage reads
     r = oocgemm.gram("x.npy", device="cpu", tile=(16, 16, 100))
     assert r.bytes["storage_read"] == r.bytes["read"] > 0 and r.bytes["decoded"] == 0
+
+
+# -- chunks decoded straight into the pinned ring (Plan.into_ring) -----------------------------
+
+def _gpu_like(plan):
+    """``plan`` as the CUDA executor stages it (no GPU needed: the planner is pure), with its
+    ring of whole chunks where that applies (``with_ring_decodes``)."""
+    from oocgemm.planning import with_ring_decodes
+    from oocgemm.runtime.cuda import CudaExecutor
+
+    staging = CudaExecutor.staging(plan.problem, plan.model)
+    return with_ring_decodes(dataclasses.replace(plan, staged=True, cache=(), **staging))
+
+
+@pytest.mark.parametrize("rows", [400, 377])  # whole chunks, and a ragged last one
+@pytest.mark.parametrize("trans_a", [True, False])
+def test_tall_skinny_gram_decodes_each_chunk_into_the_ring(rng, workdir, rows, trans_a):
+    """A tall-skinny X^T X (or X X^T of a wide X, panels a chunk wide) of zstd chunks
+    spanning X's short side:
+    the staged plan's ring buffers are one chunk each, every read is one whole chunk read
+    once, and the readers decode each chunk straight into the ring: no decoded chunk held,
+    nothing copied out of one, each chunk decoded once; C right and bitwise symmetric."""
+    x = rand(rng, (rows, 24)) if trans_a else rand(rng, (24, rows))
+    chunks = (50, 24) if trans_a else (24, 50)
+    write("x.zarr", x, chunks, "v3-zstd")
+    zx = zarr.open_array("x.zarr", mode="r")
+    # X X^T: a K panel of a wide X is whole chunks only where it is one chunk wide
+    plan = _gpu_like(oocgemm.plan(zx, zx, trans_a=trans_a, trans_b=not trans_a, device="cpu",
+                                  tile=(24, 24, 100 if trans_a else 50)))
+    assert plan.into_ring == ("A", "B") and plan.symmetric
+    assert plan.buffers.ring == 50 * 24 * 8
+    assert "straight into the pinned ring" in str(plan)
+    reads = [op.region for op in plan.schedule.ops if op.kind.value == "read"]
+    assert len(reads) == len(set(reads)) == n_chunks(x.shape, chunks)
+    source = ZarrSource(zx, "x")
+    assert source.decodes_into
+    sources = chunk_readers(plan, {"A": source, "B": source})
+    out = poisoned((24, 24))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+        reader = sources["A"]
+        assert reader is sources["B"] and reader.into
+        assert reader.decodes == n_chunks(x.shape, chunks)
+        assert reader.peak_bytes == 0 and reader.copy_seconds == 0
+    finally:
+        sources["A"].close()
+    want = x.T @ x if trans_a else x @ x.T
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-10)
+    assert np.array_equal(out, out.T)
+
+
+def test_ring_of_chunks_only_where_every_read_is_a_whole_chunk(rng, workdir):
+    """No ring of chunks where a read would cut a chunk (chunks narrower than X), where C
+    has several blocks (panels reloaded), where the chunk is stored uncompressed (read in
+    parts, no decode), or where the host budget has no room for it: the plan is unchanged."""
+    x = rand(rng, (400, 24))
+    write("narrow.zarr", x, (50, 8), "v3-zstd")
+    write("x.zarr", x, (50, 24), "v3-zstd")
+    zarr.create_array("raw.zarr", shape=x.shape, dtype=x.dtype, chunks=(50, 24),
+                      compressors=None)[:] = x
+    for path, tile in (("narrow.zarr", (24, 24, 100)), ("x.zarr", (8, 8, 100)),
+                       ("raw.zarr", (24, 24, 100))):
+        plan = _gpu_like(oocgemm.plan(path, path, trans_a=True, device="cpu", tile=tile))
+        assert plan.into_ring == (), path
+    roomy = _gpu_like(oocgemm.plan("x.zarr", "x.zarr", trans_a=True, device="cpu",
+                                   tile=(24, 24, 100)))
+    assert roomy.into_ring
+    tight = dataclasses.replace(roomy, into_ring=(), stripe=50 * 8,
+                                host_memory_limit=roomy.host_bytes - 1)
+    assert _gpu_like(tight).into_ring == ()
+
+
+def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
+    """The H100 benchmark's X^T X (X 1,000,000 x 2048 in zstd chunks of 16384 rows), planned
+    as on a 16-core host: 256 MiB ring buffers going up (a chunk each), 32 MiB ones coming
+    down, no decoded chunk held in host memory, each chunk decoded once."""
+    from unittest import mock
+
+    from oocgemm import hostinfo
+    from oocgemm.api import STAGING, _finished
+    from oocgemm.planning import Operand, Plan, Problem, choose_tile, cuda_model
+    from oocgemm.runtime.cuda import CudaExecutor
+
+    x = Operand((1_000_000, 2048), (16384, 2048), True, "x.zarr", decodes_into=True)
+    prob = Problem(m=2048, n=2048, k=1_000_000, itemsize=8, dtype="float64", a=x, b=x,
+                   out=Operand((2048, 2048)), trans_a=True, shared=True)
+    with mock.patch.object(hostinfo, "cores", lambda: 16):
+        staging = CudaExecutor.staging(prob, cuda_model())
+    budget = dict(memory_limit=72 << 30, host_memory_limit=32 << 30)
+    tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,
+                       **{k: v for k, v in staging.items() if k in STAGING})
+    plan = _finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
+                          staged=True, symmetric=True, **budget, **staging))
+    assert plan.into_ring == ("A", "B") and plan.cache == ()
+    assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)
+    assert plan.decode_window == 0
+    assert plan.host_bytes == plan.n_stage * (256 << 20) + plan.n_out * (32 << 20)
+    (report,) = plan.chunk_reports()
+    assert report.into_ring and report.decodes == report.n_chunks == 62
+    reads = [op for op in plan.schedule.ops if op.kind.value == "read"]
+    assert len(reads) == 62

@@ -14,9 +14,9 @@ from .schedule import (
                        ordered_lane,
                        serpentine,
 )
-from .tiling import Plan, Prediction, choose_tile, predict
+from .tiling import Plan, Prediction, choose_tile, predict, with_ring_decodes
 
 __all__ = ["ORDERED_LANES", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
            "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model",
-           "ordered_lane", "predict", "serpentine"]
+           "ordered_lane", "predict", "serpentine", "with_ring_decodes"]

@@ -147,6 +147,9 @@ class ChunkReport:
     """True when panel edges cut chunks (neighbouring loads share chunks)."""
     roles: str = ""
     """How ``print(plan)`` names it: the operand, or 'A and B' for one matrix in both."""
+    into_ring: bool = False
+    """Each chunk decoded once, by a reader, straight into a pinned ring buffer
+    (:attr:`~oocgemm.planning.tiling.Plan.into_ring`)."""
 
     @property
     def n_chunks(self) -> int:
@@ -156,11 +159,12 @@ class ChunkReport:
         per = self.decodes / max(self.n_chunks, 1)
         why = "panels reloaded" + (", panel edges cut chunks" if self.cut else "")
         how = ("kept in host memory: each decoded once" if self.kept else
+               "each decoded once, straight into the pinned ring" if self.into_ring else
                f"streamed: each decoded up to {per:.3g} times on average"
                + (f", {why}" if per > 1 else ""))
         return (f"{self.roles or self.operand} {self.grid[0]}x{self.grid[1]} chunks of "
                 f"{self.chunks[0]}x{self.chunks[1]}, "
-                + (f"{self.decodes} decodes" if self.kept else
+                + (f"{self.decodes} decodes" if self.kept or self.into_ring else
                    f"up to {self.loads} loads, {self.decodes} decodes") + f" ({how})")
 
 

@@ -25,6 +25,10 @@ class Operand:
     """Chunked but uncompressed, a file per chunk: reads take the part of a chunk they need
     from its file (no decode, no decoded chunks held), as from a .npy file."""
 
+    decodes_into: bool = False
+    """A whole chunk decodes straight into a caller's buffer (a plain chunk file and its
+    codec): a staged plan may decode it into a pinned ring buffer (``Plan.into_ring``)."""
+
     @property
     def decoded(self) -> bool:
         """Read by decoding whole chunks (:mod:`oocgemm.planning.chunks`)."""

@@ -302,7 +302,8 @@ class _Builder:
         self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
                             "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
         self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
-        self.ring = plan.buffers.ring // self.s  # elements of a ring buffer
+        self.ring = plan.buffers.ring // self.s  # elements of a ring buffer going up
+        self.out_ring = plan.buffers.out_ring // self.s  # ...and of one coming down
         self.stage_turn = {"sR": 0, "sO": 0, "T": 0}
         self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
@@ -357,16 +358,18 @@ class _Builder:
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
 
-    def stripe_rows(self, region) -> int:
-        """Rows of each stripe of a stored region (:func:`stripe_rows`)."""
+    def stripe_rows(self, region, down: bool = False) -> int:
+        """Rows of each stripe of a stored region (:func:`stripe_rows`) going up, or coming
+        down (``down``: C through the output ring)."""
         (r0, r1), (c0, c1) = region
-        return stripe_rows(r1 - r0, c1 - c0, self.ring, self.plan.min_stripes)
+        return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring,
+                           self.plan.min_stripes)
 
-    def stripes(self, region):
+    def stripes(self, region, down: bool = False):
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
         (r0, r1), (c0, c1) = region
         cols = max(c1 - c0, 1)
-        step = self.stripe_rows(region)
+        step = self.stripe_rows(region, down)
         for lo in range(r0, r1, step):
             hi = min(lo + step, r1)
             yield ((lo, hi), (c0, c1)), (lo - r0) * cols
@@ -587,7 +590,7 @@ class _Builder:
             self.emit(OpKind.WRITE, "C", key, (c_slot,), None, self.read_dep(c_slot), region,
                       nbytes=self.nbytes(region), beta=beta)
             return
-        for stripe, offset in self.stripes(region):
+        for stripe, offset in self.stripes(region, down=True):
             stage = self.next_stage("sO")
             nbytes = self.nbytes(stripe)
             produced = self.read_dep(c_slot, lo=offset, hi=offset + self.nbytes(stripe) // self.s)
@@ -602,7 +605,8 @@ class _Builder:
         computes = self.prob.computes_product
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h,
                  "T": w * h}
-        return {name: (self.ring if name.startswith("s") else sizes[name[0]])
+        sizes |= {"sR": self.ring, "sO": self.out_ring}
+        return {name: sizes[name[:2] if name.startswith("s") else name[0]]
                 for name in self.state}
 
 
@@ -617,14 +621,15 @@ class _Counter(_Builder):
         self.moved = dict.fromkeys(LEVELS.values(), 0)
         self.gemms = 0
         self.flops = 0
-        self.stripe_counts: dict[tuple[int, int], int] = {}  # region shape -> its stripes
+        # (region shape, coming down) -> its stripes
+        self.stripe_counts: dict[tuple[int, int, bool], int] = {}
 
-    def _stripes(self, region) -> int:
+    def _stripes(self, region, down: bool = False) -> int:
         (r0, r1), (c0, c1) = region
-        shape = (r1 - r0, c1 - c0)
+        shape = (r1 - r0, c1 - c0, down)
         count = self.stripe_counts.get(shape)
         if count is None:
-            count = self.stripe_counts[shape] = -(-shape[0] // self.stripe_rows(region))
+            count = self.stripe_counts[shape] = -(-shape[0] // self.stripe_rows(region, down))
         return count
 
     def load(self, operand, key, dst) -> None:
@@ -660,7 +665,7 @@ class _Counter(_Builder):
 
     def store(self, key, c_slot, region) -> None:
         nbytes = self.nbytes(region)
-        stripes = self._stripes(region) if self.plan.staged else 1
+        stripes = self._stripes(region, down=True) if self.plan.staged else 1
         if self.plan.staged:
             self.counted[OpKind.DOWNLOAD] += stripes
             self.moved["d2h"] += nbytes

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..errors import BudgetError, OptionError
 from ..ozaki import MAX_DEPTH
 from ..units import format_seconds, format_size
-from .chunks import assembly_bytes, most_touched, window_bytes
+from .chunks import assembly_bytes, chunk_region, most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
-from .schedule import stripe_rows
+from .schedule import OpKind, stripe_rows
 
 #: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
 OP_OVERHEAD = 40e-6
@@ -27,6 +27,9 @@ OP_OVERHEAD = 40e-6
 #: SLOW_FLOOR seconds: such a budget turns the run into millions of tiny operations.
 SLOWDOWN = 20.0
 SLOW_FLOOR = 10.0
+#: Elements of a staged plan's ring buffer (32 MiB of float64): pageable -> pinned copies
+#: of a stripe by many reader threads at once.
+DEFAULT_STRIPE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,11 @@ class Buffers:
     accumulator: int
     """Scratch for accumulating into C where the executor needs it (CPU), device side."""
     ring: int
-    """Each pinned ring buffer on the host (0 when the plan is not staged): a stripe of whole
-    rows, at least one row of the widest region."""
+    """Each pinned ring buffer for what goes up (0 when the plan is not staged): a stripe of
+    whole rows, at least one row of the widest region."""
+    out_ring: int = 0
+    """Each pinned ring buffer for C stripes coming down: as ``ring``, but never larger than
+    the default stripe (a ring of whole chunks, :attr:`Plan.into_ring`, is for what goes up)."""
     a_converted: int = 0
     """Beside each A buffer, its panel converted for emulated products (``kernel='ozaki'``
     on a GPU): residues and the rows' exponents."""
@@ -84,7 +90,7 @@ class Plan:
     """Pinned ring buffers for what goes up (A, B, C stripes) when staged."""
     n_out: int = 4
     """Pinned ring buffers for C stripes coming down when staged."""
-    stripe: int = 4 << 20
+    stripe: int = DEFAULT_STRIPE
     """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
     min_stripes: int = 1
     """Stripes a staged region is cut into at the least, so that small regions (the ramp's
@@ -109,6 +115,11 @@ class Plan:
     """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
     whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
     are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
+    into_ring: tuple[str, ...] = ()
+    """Compressed chunked operands ('A', 'B') whose every read in the schedule is one whole
+    chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
+    decodes each chunk straight into its pinned ring buffer (no decoded chunk held, no copy
+    out of one; :func:`with_ring_decodes`)."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = "cublas"
@@ -176,9 +187,10 @@ class Plan:
         return self.counts.flops if self.symmetric else self.problem.flops
 
     def stripe_rows(self, rows: int, cols: int) -> int:
-        """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through
-        the ring: as many as one ring buffer holds, and at most a ``min_stripes``-th."""
-        return stripe_rows(rows, cols, self.buffers.ring // self.problem.itemsize,
+        """Rows of each stripe in which a staged C block of ``rows`` x ``cols`` moves down
+        through the output ring: as many as one ring buffer holds, and at most a
+        ``min_stripes``-th."""
+        return stripe_rows(rows, cols, self.buffers.out_ring // self.problem.itemsize,
                            self.min_stripes)
 
     # ---- memory ---------------------------------------------------------------------------
@@ -194,19 +206,20 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
-        staging = (self.n_stage + self.n_out) * buf.ring
+        staging = self.n_stage * buf.ring + self.n_out * buf.out_ring
         return staging + self.decode_window + self.assembly_window + self.cache_bytes
 
     @property
     def decode_window(self) -> int:
         """Host memory the decoded chunks of streamed operands take at most."""
-        return decode_window(self.problem, self.tile, kept=self.cache)
+        return decode_window(self.problem, self.tile, kept=self.cache + self.into_ring)
 
     @property
     def assembly_window(self) -> int:
         """Host memory the output's chunks take at most while their rows arrive in stripes."""
         return assembly_window(self.problem, self.tile,
-                               self.buffers.ring // self.problem.itemsize if self.staged else 0,
+                               self.buffers.out_ring // self.problem.itemsize if self.staged
+                               else 0,
                                self.min_stripes)
 
     @property
@@ -233,7 +246,8 @@ class Plan:
             reports[:2] = [gram_estimate(self)]
         elif self.problem.shared and reports[0] is not None and reports[1] is not None:
             reports[:2] = [one_matrix(reports[0], reports[1])]
-        return [r for r in reports if r is not None]
+        return [replace(r, into_ring=True, decodes=r.n_chunks) if r.operand in self.into_ring
+                else r for r in reports if r is not None]
 
     # ---- schedule and prediction ----------------------------------------------------------
     @functools.cached_property
@@ -323,7 +337,8 @@ class Plan:
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
-                                   "loads": r.loads, "decodes": r.decodes}
+                                   "into_ring": r.into_ring, "loads": r.loads,
+                                   "decodes": r.decodes}
                        for r in self.chunk_reports()},
         }
 
@@ -412,6 +427,45 @@ def _splits(extent: int, step: int) -> tuple[int, ...]:
 TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)"}
 
 
+def with_ring_decodes(plan: Plan) -> Plan:
+    """``plan`` with ring buffers of one chunk each where that lets the readers decode the
+    chunks of a compressed operand straight into the pinned ring (:attr:`Plan.into_ring`):
+    where every read of the operand in the staged schedule is then one whole chunk, each
+    chunk read once (a plan of one C block, the tall-skinny product), and the budget still
+    holds. Else ``plan`` unchanged.
+
+    A decoded chunk would otherwise be copied out of into the ring stripe by stripe: on the
+    H100 machine that copy took the readers 7.6 s of thread time for a 16.4 GB X, beside
+    28.6 s of decoding on the same 16 cores (docs/performance.md, Gram products). The output
+    ring keeps its own, smaller buffers (:attr:`Buffers.out_ring`)."""
+    prob = plan.problem
+    one_block = len(plan.row_splits) == len(plan.col_splits) == 2  # each panel loaded once
+    if not (plan.staged and prob.computes_product and one_block):
+        return plan
+    able = [name for name, x in (("A", prob.a), ("B", prob.b))
+            if x.decoded and x.decodes_into and x.chunks]
+    candidates: list[tuple[str, ...]] = (
+        ([("A", "B")] if "A" in able else []) if prob.shared else [(name,) for name in able])
+    for roles in candidates:
+        x = prob.a if roles[0] == "A" else prob.b
+        assert x.chunks is not None
+        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1], min_stripes=1,
+                        into_ring=roles, cache=())
+        if trial.host_bytes > plan.host_memory_limit or trial.device_bytes > plan.memory_limit:
+            continue
+        seen: set[tuple[int, int]] = set()
+        for op in trial.schedule.ops:
+            if op.kind is OpKind.READ and op.operand in roles:
+                (r0, _), (c0, _) = op.region
+                index = (r0 // x.chunks[0], c0 // x.chunks[1])
+                if index in seen or chunk_region(index, x.chunks, x.shape) != op.region:
+                    break
+                seen.add(index)
+        else:
+            return trial.validate()
+    return plan
+
+
 def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
              kernel: str = "cublas") -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
@@ -424,13 +478,15 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
     b = r * h * s if product else 0
     acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
     ring = max(stripe, w, h, r) * s if stripe else 0
+    out_ring = max(min(stripe, DEFAULT_STRIPE), w, h) * s if stripe else 0
     if not (stripe and product and is_ozaki(kernel)):
-        return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring)
+        return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring)
     from ..ozaki import footprint
 
     # the emulator sizes its buffers for the tile clipped to the product, as here
     conv = footprint(*prob.clipped(tile), ozaki_moduli(kernel))
-    return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, a_converted=conv.a,
+    return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring,
+                   a_converted=conv.a,
                    b_converted=conv.b, emulation=conv.scratch)
 
 
@@ -650,11 +706,12 @@ def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: boo
         return blocks * per_block
 
     ring = max(stripe, w, h, r)  # elements of a ring buffer (Buffers.ring)
+    out_ring = max(min(stripe, DEFAULT_STRIPE), w, h)  # Buffers.out_ring
 
-    def stripes(rows: int, cols: int) -> int:
-        return -(-rows // stripe_rows(rows, cols, ring, min_stripes))
+    def stripes(rows: int, cols: int, buffer: int = ring) -> int:
+        return -(-rows // stripe_rows(rows, cols, buffer, min_stripes))
 
-    c_moves = 2 * stripes(w, h) * (2 if reads_c else 1)
+    c_moves = 2 * stripes(w, h, out_ring) + (2 * stripes(w, h) if reads_c else 0)
     per_block = nk * 2 * (stripes(w, r) + stripes(r, h)) + gemms + c_moves
     return blocks * per_block
 
@@ -757,8 +814,8 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0, kernel)
         transposed = 1 if symmetric and tile[0] < prob.m else 0  # a T slot (Plan.n_t)
         dev = _device_bytes(plan_bufs, n_c + transposed, n_a, n_b)
-        host = ((n_stage + n_out) * plan_bufs.ring + decode_window(prob, tile)
-                + assembly_window(prob, tile, plan_bufs.ring // prob.itemsize, min_stripes))
+        host = (n_stage * plan_bufs.ring + n_out * plan_bufs.out_ring + decode_window(prob, tile)
+                + assembly_window(prob, tile, plan_bufs.out_ring // prob.itemsize, min_stripes))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):

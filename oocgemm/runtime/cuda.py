@@ -140,6 +140,10 @@ class CudaExecutor(Executor):
 
             self.resources = PROCESS
         self.readers = readers or max(2, plan.readers)
+        if plan.into_ring and readers is None:  # the readers decode: one on every core
+            from .. import hostinfo
+
+            self.readers = max(self.readers, min(hostinfo.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
         self.index = int(plan.device.partition(":")[2] or 0)
         # Compile before the run is timed, and fail before any byte is read.

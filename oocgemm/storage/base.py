@@ -29,6 +29,9 @@ class MatrixSource(abc.ABC):
     #: Chunked, but read in the parts a read needs (uncompressed chunk files), never decoded
     #: whole: no :class:`~oocgemm.storage.chunked.ChunkReader` in front of it.
     sliced: bool = False
+    #: A whole chunk decodes straight into a caller's C-contiguous buffer by ``read_chunk``
+    #: (a plain chunk file and its codec), with no decoded copy in between.
+    decodes_into: bool = False
     #: ((r0, r1), (c0, c1)): the part of the stored matrix behind it that this source reads,
     #: where it reads a part (another matrix than the whole, by identity); None: the whole.
     region: tuple[tuple[int, int], tuple[int, int]] | None = None

@@ -62,12 +62,17 @@ class ChunkReader(MatrixSource):
         A streamed chunk stays decoded from one load that touches it to the next when that
         comes at most ``gap`` loads later (:func:`~oocgemm.planning.chunks.chunk_ends`): 2
         where one matrix is read in two roles, whose loads alternate.
+    into
+        The plan's reads are whole chunks, each read once (``Plan.into_ring``): a read that
+        is one decodes it on the reading thread straight into its destination (a pinned
+        ring buffer), with no decoded copy held and none copied out of; the storage reads
+        of the chunks after it are hinted ahead. Any other read goes the usual way.
     """
 
     chunks: tuple[int, int]
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4, gap: int = 1):
+                 decoders: int = 4, gap: int = 1, into: bool = False):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -76,6 +81,7 @@ class ChunkReader(MatrixSource):
         self.name = inner.name
         self.path = inner.path
         self.kept = kept
+        self.into = into
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self.prefetch = 2 * max(1, decoders)
@@ -90,6 +96,9 @@ class ChunkReader(MatrixSource):
         self._begun = [0] * len(self._loads)  # reads begun, per load
         self._entries = {index: _Entry(ends)
                          for index, ends in chunk_ends(self._loads, kept, gap).items()}
+        # where each chunk comes in the order of need, for the hints of reads decoded in place
+        self._order = list(dict.fromkeys(index for load in self._loads for index in load.chunks))
+        self._place = {index: at for at, index in enumerate(self._order)}
         self.decodes = 0
         """Chunks decoded so far."""
         self.decoded_bytes = 0
@@ -180,8 +189,31 @@ class ChunkReader(MatrixSource):
                and self._begun[self._first_open] >= self._loads[self._first_open].reads):
             self._first_open += 1
 
+    def _decode_into(self, rows, cols, out) -> bool:
+        """A read that is one whole chunk, decoded straight into ``out`` (``into``): True
+        when done so."""
+        index = (rows[0] // self.chunks[0], cols[0] // self.chunks[1])
+        if (chunk_region(index, self.chunks, self.shape) != (tuple(rows), tuple(cols))
+                or out.dtype != self.dtype or not out.flags.c_contiguous):
+            return False
+        hint = getattr(self.inner, "prefetch_chunk", None)
+        at = self._place.get(index)
+        if hint is not None and at is not None:
+            with self._hint_lock:
+                upto = min(len(self._order), at + 1 + self.prefetch)
+                ahead, self._hinted = self._order[self._hinted:upto], max(self._hinted, upto)
+            for later in ahead:
+                hint(later)
+        self.inner.read_chunk(index, out)
+        with self._lock:
+            self.decodes += 1
+            self.decoded_bytes += out.nbytes
+        return True
+
     # -- MatrixSource --------------------------------------------------------------------------
     def read(self, rows, cols, out) -> None:
+        if self.into and self._decode_into(rows, cols, out):
+            return
         region = (tuple(rows), tuple(cols))
         indices = chunks_of(region, self.chunks)
         with self._lock:

@@ -196,6 +196,7 @@ class ZarrSource(MatrixSource):
         """Uncompressed chunks, one plain file each: a read takes the rows and columns it
         needs from the chunk files' pages (the OS page cache is their cache, as for .npy),
         never a whole chunk for part of it."""
+        self.decodes_into = self._direct is not None and self._direct.codec is not None
 
     lock: threading.Lock | None = None
     """A lock every read takes: the sink's, when the run writes this very array in place
