@@ -28,12 +28,13 @@ group at a time per device.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import math
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,6 +73,10 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         blocks (they share their A panels), as few as host memory allows (a band is held in
         memory until its chunks are used), and under a ``dask.distributed`` Client at least
         two per worker, so that the workers balance; with ``chunks`` given, whole chunks.
+        For ``X^T X`` or ``X X^T`` of one matrix (beta == 0, neither ``groups`` nor
+        ``chunks`` given) a band computes only its part on and right of the diagonal (about
+        half the flops); the chunks below the diagonal are the transposes of those above
+        it, and the result's chunks are square on it (C == C.T bit for bit).
     chunks
         The result's chunks, each within one group; a light task hands out each as soon as the
         engine has written the blocks under it. Default: the groups cut at the inputs' chunk
@@ -102,6 +107,7 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
                           "(the result is a dask array; inputs are read as given)")
     options = checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
+    x, trans_a, y, trans_b = _seen_through(x, trans_a, y, trans_b)
     ops = {"A": _Operand.of(x, "x", trans_a), "B": _Operand.of(y, "y", trans_b)}
     (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
     if k != k2:
@@ -131,10 +137,15 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     else:
         planned = _plan_blocks(plan_product, ops, alpha, beta, options)
         group_bounds = [_row_band(planned, n, dtype), [0, n]]
+    # X^T X cut into bands: each band computes its part on and right of the diagonal only
+    # (one group too: its engine run may see parts of a dask array as two matrices)
+    symmetric = groups is None and chunk_bounds is None and _gram(ops, options)
     if chunk_bounds is None:
         grain = (ops["A"].grain[0], ops["B"].grain[1])
         sizes = planned or group_bounds
         chunk_bounds = [_cut(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
+        if symmetric:  # a chunk below the diagonal is the transpose of one above it
+            chunk_bounds[1] = chunk_bounds[0]
     for d, what in enumerate(("rows", "cols")):
         if not set(group_bounds[d]) <= set(chunk_bounds[d]):
             raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
@@ -142,20 +153,21 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
                               f"{chunk_bounds[d]})")
     rows, cols = group_bounds
     name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
-                                        cols, chunk_bounds, sorted(options.items()))
+                                        cols, chunk_bounds, symmetric, sorted(options.items()))
     group_name = name + "-groups"
     row_of, col_of = (_owners(group_bounds[d], chunk_bounds[d]) for d in (0, 1))
-    per_row, per_col = (np.bincount(of, minlength=len(b) - 1).tolist()
-                        for of, b in ((row_of, rows), (col_of, cols)))
+    boxes = _boxes(rows, cols, symmetric)
+    # Each result chunk: the chunk of a group's product that holds it, and how it is taken
+    held = {(ci, cj): _held(ci, cj, symmetric) for ci in range(len(chunk_bounds[0]) - 1)
+            for cj in range(len(chunk_bounds[1]) - 1)}
+    takes = collections.Counter((row_of[ti], col_of[tj]) for ti, tj, _ in held.values())
     layer = {}
-    for i in range(len(rows) - 1):
-        for j in range(len(cols) - 1):
-            r, q = (rows[i], rows[i + 1]), (cols[j], cols[j + 1])
-            layer[(group_name, i, j)] = (
-                _group, ops["A"].part(r, None), ops["B"].part(None, q),
-                ops["C"].part(r, q) if "C" in ops else None,
-                alpha, beta, str(dtype), dict(options), name, per_row[i] * per_col[j],
-                len(rows) == len(cols) == 2)
+    for (i, j), (r, q) in boxes.items():
+        layer[(group_name, i, j)] = (
+            _group, ops["A"].part(r, None), ops["B"].part(None, q),
+            ops["C"].part(r, q) if "C" in ops else None,
+            alpha, beta, str(dtype), dict(options), name, takes[(i, j)],
+            len(rows) == len(cols) == 2)
     # Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
     # order), as a chain of tasks, each done when its block is written: a chunk's task waits
     # for the chain's link of its last block, so it starts only once its data is there (at
@@ -165,28 +177,25 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     link: dict[tuple[int, int, int, int], int] = {}  # (group, block) -> its link in the chain
     inner_of: dict[tuple[int, int], list[list[int]]] = {}  # group -> its block bounds, inside
     block_splits = planned or group_bounds
-    for i in range(len(rows) - 1):
-        for j in range(len(cols) - 1):
-            inner = inner_of[(i, j)] = [
-                _within(block_splits[d], *bounds)
-                for d, bounds in ((0, (rows[i], rows[i + 1])), (1, (cols[j], cols[j + 1])))]
-            before: tuple = (group_name, i, j)
-            for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
-                link[(i, j, bi, bj)] = t
-                waits[(wait_name, i, j, t)] = (
-                    _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
-                    inner[1][bj + 1])
-                before = (wait_name, i, j, t)
+    for (i, j), box in boxes.items():
+        inner = inner_of[(i, j)] = [_within(block_splits[d], *box[d]) for d in (0, 1)]
+        before: tuple = (group_name, i, j)
+        for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
+            link[(i, j, bi, bj)] = t
+            waits[(wait_name, i, j, t)] = (
+                _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
+                inner[1][bj + 1])
+            before = (wait_name, i, j, t)
     pieces = {}
-    for ci in range(len(chunk_bounds[0]) - 1):
-        for cj in range(len(chunk_bounds[1]) - 1):
-            i, j = row_of[ci], col_of[cj]
-            r0, c0 = chunk_bounds[0][ci] - rows[i], chunk_bounds[1][cj] - cols[j]
-            r1, c1 = chunk_bounds[0][ci + 1] - rows[i], chunk_bounds[1][cj + 1] - cols[j]
-            inner = inner_of[(i, j)]
-            last = max(link[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
-                       for bj in _spanned(inner[1], c0, c1))
-            pieces[(name, ci, cj)] = (_chunk, (wait_name, i, j, last), r0, r1, c0, c1)
+    for (ci, cj), (ti, tj, take) in held.items():
+        i, j = row_of[ti], col_of[tj]
+        (top, _), (left, _) = boxes[(i, j)]
+        r0, r1 = chunk_bounds[0][ti] - top, chunk_bounds[0][ti + 1] - top
+        c0, c1 = chunk_bounds[1][tj] - left, chunk_bounds[1][tj + 1] - left
+        inner = inner_of[(i, j)]
+        last = max(link[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
+                   for bj in _spanned(inner[1], c0, c1))
+        pieces[(name, ci, cj)] = (take, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None
     graph = HighLevelGraph.from_collections(
@@ -207,6 +216,58 @@ def _spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
     """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
     span)."""
     return range(*_covering(bounds, (lo, hi)))
+
+
+def _seen_through(x, trans_a: bool, y, trans_b: bool) -> tuple[Any, bool, Any, bool]:
+    """``matmul(x.T, x)`` as ``matmul(x, x, trans_a=True)``: one side the other's dask
+    transpose is that same matrix read transposed (so that a Gram product is found, and X is
+    read once)."""
+    from .storage import _module
+
+    if _module(x) == "dask" and _module(y) == "dask" and x.ndim == y.ndim == 2:
+        if x.name == y.T.name:
+            return y, not trans_a, y, trans_b
+        if y.name == x.T.name:
+            return x, trans_a, x, not trans_b
+    return x, trans_a, y, trans_b
+
+
+def _gram(ops: dict[str, _Operand], options: Mapping[str, Any]) -> bool:
+    """Whether the product is ``X^T X`` or ``X X^T`` of one matrix (the same stored array, by
+    identity, or the same dask array), with beta == 0 and the default kernel: C is then
+    symmetric, and bands of it need compute only their part on and right of the diagonal."""
+    from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
+    from .storage.identity import identity, same_matrix
+
+    a, b = ops["A"], ops["B"]
+    if "C" in ops or a.transposed == b.transposed or \
+            options.get("kernel", DEFAULT_KERNEL) != DEFAULT_KERNEL:
+        return False
+    if a.array is not None or b.array is not None:
+        return a.array is not None and b.array is not None and a.array.name == b.array.name
+    return same_matrix(identity(a.stored), identity(b.stored))
+
+
+def _boxes(rows: list[int], cols: list[int], symmetric: bool
+           ) -> dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]:
+    """Each group's part of C, ``(rows, cols)``: its rows and columns; of a symmetric product
+    (bands of whole rows) the band's columns from its first row on, on and right of the
+    diagonal (what lies left of it is the transpose of what bands above computed)."""
+    return {(i, j): ((rows[i], rows[i + 1]),
+                     (rows[i], cols[-1]) if symmetric else (cols[j], cols[j + 1]))
+            for i in range(len(rows) - 1) for j in range(len(cols) - 1)}
+
+
+def _held(ci: int, cj: int, symmetric: bool) -> tuple[int, int, Callable[..., np.ndarray]]:
+    """Result chunk (ci, cj) as ``(ti, tj, take)``: the chunk of the groups' products that
+    holds it, and the task that makes it of that one. A symmetric product's groups compute
+    the chunks on and above the diagonal: one below it is the one across, transposed, and a
+    diagonal chunk is its upper triangle, mirrored, so that C == C.T bit for bit."""
+    if not symmetric or ci < cj:
+        return ci, cj, _chunk
+    if ci == cj:
+        return ci, cj, _diagonal_chunk
+    return cj, ci, _mirrored_chunk
 
 
 def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
@@ -445,6 +506,19 @@ def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """One chunk of the result, a view of its group's product, when the engine has written
     it."""
     return handle.chunk(r0, r1, c0, c1)
+
+
+def _diagonal_chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """A chunk on the diagonal of a symmetric product: its upper triangle, and the same
+    mirrored below (an exact copy, the plain transpose for complex dtypes, as the engine's)."""
+    square = handle.chunk(r0, r1, c0, c1)
+    return np.where(np.triu(np.ones(square.shape, dtype=bool)), square, square.T)
+
+
+def _mirrored_chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """A chunk below the diagonal of a symmetric product: the transpose of the chunk across
+    it, rows r0:r1 and columns c0:c1 of its group (a contiguous copy)."""
+    return np.ascontiguousarray(handle.chunk(r0, r1, c0, c1).T)
 
 
 class _Cancelled(Exception):

@@ -4,6 +4,7 @@ dask inputs computed once per graph run."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -347,3 +348,107 @@ def test_gram_groups_are_parts_not_the_whole_matrix(rng, workdir, groups):
     z = odask.matmul("x.zarr", "x.zarr", trans_a=True, device="cpu", groups=groups,
                      tile=(16, 16, 100))
     np.testing.assert_allclose(z.compute(), x.T @ x, rtol=1e-12, atol=1e-10)
+
+
+def _stored_gram_input(kind: str, x: np.ndarray, chunks):
+    """X as ``kind``: a Zarr path, a ``zarr.Array``, an untouched ``da.from_zarr``, or a dask
+    array of chunks in memory."""
+    if kind == "dask":
+        return da.from_array(x, chunks=chunks)
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=chunks)[...] = x
+    return {"path": "x.zarr", "zarr": zarr.open_array("x.zarr", mode="r"),
+            "from_zarr": da.from_zarr("x.zarr")}[kind]
+
+
+def _gram_flops(x: np.ndarray, outer: bool) -> int:
+    """Flops of the full product X^T X (X X^T with ``outer``), complex counting 4x."""
+    n, k = (x.shape[0], x.shape[1]) if outer else (x.shape[1], x.shape[0])
+    return (8 if np.iscomplexobj(x) else 2) * n * n * k
+
+
+def _check_gram_graph(z) -> None:
+    """Every group counts every take from its handle (mirrored chunks included), so that its
+    last take, and only it, waits for the run's end."""
+    groups = _groups(z)
+    takes = {key[1:]: task[9] for key, task in groups.items()}
+    chained = collections.Counter(task[1][1:3] for task in z.dask.layers[z.name].values())
+    assert takes == dict(chained)
+    assert sum(takes.values()) == len(z.chunks[0]) * len(z.chunks[1])
+
+
+@pytest.mark.parametrize("kind", ["path", "zarr", "from_zarr", "dask"])
+@pytest.mark.parametrize("outer, dtype", [(False, "float32"), (True, "complex128"),
+                                          (False, "complex128"), (True, "float32")])
+def test_gram_bands_compute_half_and_give_an_exactly_symmetric_result(
+        rng, workdir, monkeypatch, kind, outer, dtype):
+    """X^T X (X X^T) cut into bands of rows: each band computes its part on and right of
+    the diagonal, and the chunks below it are the transposes of those above it."""
+    monkeypatch.setattr(odask, "MIN_CHUNK_SIDE", 1)  # chunks at the inputs' grain, in bands
+    x = rand(rng, (301, 77), dtype)  # ragged: neither tile nor chunks divide it
+    tile = 48 if outer else 16
+    n = x.shape[0] if outer else x.shape[1]
+    monkeypatch.setattr(odask, "GROUP_MEMORY", 2 * tile * n * x.itemsize)  # 2 block rows
+    xs = _stored_gram_input(kind, x, (24, 8))
+    z = odask.matmul(xs, xs, trans_a=not outer, trans_b=outer, device="cpu",
+                     tile=(tile, tile, 64), trace_dir="trace")
+    assert len(_groups(z)) >= 3
+    assert z.chunks[0] == z.chunks[1] and len(z.chunks[0]) > len(_groups(z))  # chunks in bands
+    _check_gram_graph(z)
+    with dask.config.set(scheduler="threads", num_workers=4):
+        got = z.compute()
+    assert got.dtype == x.dtype
+    assert_gemm(got, x, x, trans_a=not outer, trans_b=outer)
+    assert np.array_equal(got, got.T)  # bit for bit; symmetric, not Hermitian
+    assert len(os.listdir("trace")) == len(_groups(z))  # each run over before the graph
+    assert odask.timeline("trace").flops < 0.75 * _gram_flops(x, outer)
+
+
+def test_gram_bands_under_a_distributed_local_cluster(rng, workdir):
+    distributed = pytest.importorskip("distributed")
+    x = rand(rng, (301, 77))
+    xs = _stored_gram_input("from_zarr", x, (50, 13))
+    dx = da.from_array(x, chunks=(50, 13))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        for trace, (left, right, trans_a) in enumerate([(xs, "x.zarr", True),
+                                                       (dx, dx, False)]):
+            z = odask.matmul(left, right, trans_a=trans_a, trans_b=not trans_a, device="cpu",
+                             tile=(16, 16, 64), trace_dir=f"trace{trace}")
+            assert len(_groups(z)) >= 3  # about two per worker
+            _check_gram_graph(z)
+            got = z.compute()
+            assert_gemm(got, x, x, trans_a=trans_a, trans_b=not trans_a)
+            assert np.array_equal(got, got.T)
+            assert odask.timeline(f"trace{trace}").flops < 0.75 * _gram_flops(x, not trans_a)
+
+
+def test_gram_with_beta_groups_or_chunks_computes_the_full_product(rng, workdir, monkeypatch):
+    monkeypatch.setattr(odask, "GROUP_MEMORY", 10 * 40 * 8)  # bands of one block row
+    x, c = rand(rng, (120, 40)), rand(rng, (40, 40))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(30, 10))[...] = x
+    full = _gram_flops(x, False)
+    cases = {"beta": dict(c=c, beta=0.5), "groups": dict(groups=(10, 40)),
+             "chunks": dict(chunks=(10, 40))}
+    for trace, (what, given) in enumerate(cases.items()):
+        z = odask.matmul("x.zarr", "x.zarr", trans_a=True, device="cpu", tile=(10, 10, 30),
+                         trace_dir=f"trace{trace}", **given)
+        assert len(_groups(z)) > 1, what
+        assert_gemm(z.compute(), x, x, given.get("c"), beta=given.get("beta", 0.0),
+                    trans_a=True)
+        assert odask.timeline(f"trace{trace}").flops == full, what
+
+
+@pytest.mark.parametrize("spelling", ["x.T @ x", "x @ x.T", "trans_a", "trans_b"])
+def test_gram_of_a_dask_array_and_its_transpose_is_exactly_symmetric(rng, spelling):
+    """``matmul(x.T, x)``, dask's own spelling, is X^T X of one matrix (its transpose seen
+    through), and so is one group of ``matmul(x, x, trans_a=True)``: C == C.T bit for bit."""
+    xn = rand(rng, (300, 60))
+    x = da.from_array(xn, chunks=(50, 20))
+    args = {"x.T @ x": ((x.T, x), {}), "x @ x.T": ((x, x.T), {}),
+            "trans_a": ((x, x), {"trans_a": True}),
+            "trans_b": ((x, x), {"trans_b": True})}[spelling]
+    c = odask.matmul(*args[0], device="cpu", **args[1]).compute()
+    outer = spelling in ("x @ x.T", "trans_b")
+    np.testing.assert_allclose(c, xn @ xn.T if outer else xn.T @ xn, rtol=1e-12, atol=1e-10)
+    assert np.array_equal(c, c.T)
