@@ -35,7 +35,7 @@ from .result import Result
 from .runtime.base import executor_class
 from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from .storage._files import signals_deferred
-from .storage.identity import one_matrix
+from .storage.identity import check_output, one_matrix
 from .units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -135,29 +135,17 @@ class _Prepared:
     """fsspec options for URL inputs and outputs."""
 
 
-def _same_path(x: str | None, y: str | None) -> bool:
-    if x is None or y is None:
-        return False
-    if urls.is_url(x) or urls.is_url(y):
-        return urls.normal(x) == urls.normal(y)
-    return os.path.realpath(x) == os.path.realpath(y)
-
-
-def _same_array(x, y) -> bool:
-    """True when two in-memory arrays are one and the same view."""
-    if x is y:
-        return True
-    try:
-        ix, iy = x.__array_interface__, y.__array_interface__
-        return all(ix[key] == iy[key] for key in ("data", "shape", "strides"))
-    except AttributeError:
-        return False
-
-
-def _overlaps(x, y) -> bool:
-    if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
-        return np.may_share_memory(x, y) and np.shares_memory(x, y)
-    return x is y
+def _out_name(out) -> str:
+    """How messages name an output: its path, or what array it is."""
+    if is_path(out):
+        return repr(os.fspath(out))
+    filename = getattr(out, "filename", None)
+    if filename is not None:
+        return f"(a memmap of {os.fspath(filename)})"
+    store_path = getattr(out, "store_path", None)
+    if store_path is not None:
+        return f"(the Zarr array {store_path})"
+    return f"(a {type(out).__module__.split('.')[0]} array)"
 
 
 #: The plan's staging settings that choose_tile takes (the buffers it must fit).
@@ -180,6 +168,8 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
             raise OptionError(f"{name} must be True or False, got {flag!r}")
     dev = resolve_device(device)
     a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
+    if is_path(out) and not out.strip():
+        raise OutputError("out is an empty path; name a .zarr or .npy output")
     if is_path(out) and not urls.is_url(out) and os.path.islink(out):
         out = os.path.realpath(out)  # the output goes where the link points; the link stays
 
@@ -220,15 +210,10 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
             raise ShapeError(f"{what} has shape {tuple(c_source.shape)}, expected {(m, n)} (it is "
                              f"updated in place as c; op(a) is {(m, k)}, op(b) is {(k, n)})")
         in_place = True
-    if c is not None and beta != 0 and out is not None:
-        if is_path(out) and is_path(c) and _same_path(os.fspath(out), os.fspath(c)):
-            in_place = True
-        elif not is_path(out) and not is_path(c):
-            if _same_array(out, c):
-                in_place = True
-            elif _overlaps(out, c):
-                raise OutputError("out overlaps c without being the same array; pass c=out or "
-                                  "separate arrays")
+    if out is not None:  # by what is behind out and the inputs, never by name
+        read_c = ("c", c, c_source) if (c is not None and beta != 0) else None
+        in_place |= check_output(out, _out_name(out), [("a", a, src_a), ("b", b, src_b)],
+                                 read_c)
 
     dtype_a = check_dtype("a", src_a.dtype)
     dtype_b = check_dtype("b", src_b.dtype)
@@ -245,8 +230,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
                           "leave kernel unset on the CPU")
 
-    out_operand = _check_out(out, (m, n), dtype, [("a", a, src_a), ("b", b, src_b)] + (
-        [("c", c, c_source)] if (c is not None and not in_place) else []))
+    out_operand = _check_out(out, (m, n), dtype)
     out_options = _check_out_options(out, out_options, (m, n), dtype, in_place)
     if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
         out_operand = dataclasses.replace(
@@ -436,10 +420,11 @@ def _out_layout(prep: _Prepared) -> dict:
     return options
 
 
-def _check_out_path(path: str, inputs) -> None:
+def _check_out_path(path: str) -> None:
     """A local output path, checked before any work: something oocgemm can create or would
     have written itself (a Zarr array, a .npy file), never a directory that holds other
-    things nor one that holds an input, in a directory it can write to."""
+    things, in a directory it can write to. (One that holds an input is refused before:
+    :func:`~oocgemm.storage.identity.check_output`.)"""
     from .storage import kind_of_path
     from .storage.zarr_store import is_zarr_array
 
@@ -448,13 +433,6 @@ def _check_out_path(path: str, inputs) -> None:
     kind = kind_of_path(path)
     if kind == "npy" and path.endswith(("/", os.sep)):
         raise OutputError(f"out {path!r}: a .npy output is a file, not a directory")
-    real = os.path.realpath(path)
-    for role, _obj, src in inputs:
-        inside = src.path is not None and not urls.is_url(src.path) and (
-            os.path.realpath(src.path).startswith(real.rstrip(os.sep) + os.sep))
-        if inside:
-            raise OutputError(f"out {path!r} holds {role} ({src.path}); writing it would "
-                              f"replace the input")
     if os.path.lexists(path):
         if kind == "zarr" and not is_zarr_array(path):
             raise OutputError(f"out {path!r} exists and is not a Zarr array; oocgemm replaces "
@@ -483,8 +461,8 @@ def _is_npy_file(path: str) -> bool:
         return False
 
 
-def _check_out(out, shape, dtype, inputs) -> Operand:
-    """Refuse outputs that alias an input or have the wrong shape; describe the output."""
+def _check_out(out, shape, dtype) -> Operand:
+    """Refuse outputs of the wrong kind, shape or dtype; describe the output."""
     if out is None:  # a new numpy array of the compute dtype
         need, free = shape[0] * shape[1] * dtype.itemsize, hostinfo.available_memory()
         if need > free:
@@ -494,11 +472,8 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
         return Operand(shape, None, False, "result array", zero_copy=True)
     if is_path(out):
         path = os.fspath(out)
-        for role, _obj, src in inputs:
-            if _same_path(path, src.path):
-                raise OutputError(f"out {path!r} is the same file as {role}")
         if not urls.is_url(path):
-            _check_out_path(path, inputs)
+            _check_out_path(path)
         return Operand(shape, None, True, path)
     if not hasattr(out, "shape") or len(out.shape) != 2:
         raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")
@@ -507,10 +482,6 @@ def _check_out(out, shape, dtype, inputs) -> Operand:
     check_dtype("out", out.dtype)
     if np.dtype(out.dtype).kind != "c" and dtype.kind == "c":
         raise DTypeError(f"out has dtype {np.dtype(out.dtype)}, but the product is {dtype}")
-    for role, obj, src in inputs:
-        if obj is out or _overlaps(out, obj) or (src.array() is not None and src.array() is out):
-            raise OutputError(f"out is the same array as {role} (or overlaps it); results would "
-                              f"overwrite inputs still being read")
     is_zarr = type(out).__module__.startswith("zarr")
     # align C blocks to what one write rewrites: the shard of a sharded array, else the chunk
     chunks = tuple(getattr(out, "shards", None) or out.chunks) if is_zarr else None
@@ -960,6 +931,10 @@ def _resume(prep: _Prepared, signatures: dict):
             continue
         header = journal.header
         tile = tuple(header.get("schedule", {}).get("tile", prep.plan.tile))
+        if prep.plan.chosen_by == "tile" and tile != tuple(prep.plan.tile):
+            journal.close()  # the user asked for another tile: another sum order
+            changed.append((temporary, [f"tile was {tile}, now {tuple(prep.plan.tile)}"]))
+            continue
         try:  # the interrupted run's tile, which must fit this run's budgets
             plan = _finished(dataclasses.replace(prep.plan, tile=tile, chosen_by="resume"))
         except BudgetError:

@@ -127,8 +127,10 @@ def test_in_place_numpy_out_of_wrong_shape(rng):
 def test_out_overlapping_c_is_refused(rng):
     a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
     big = rand(rng, (5, 5))
-    with pytest.raises(oocgemm.OutputError, match="overlaps"):
+    before = big.copy()
+    with pytest.raises(oocgemm.OutputError, match="shares storage with c"):
         oocgemm.multiply(a, b, big[1:], c=big[:4], beta=1.0, device="cpu")
+    np.testing.assert_array_equal(big, before)
 
 
 # -- failures mid-run ------------------------------------------------------------------------

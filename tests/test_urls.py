@@ -106,7 +106,7 @@ def test_url_errors(rng, mem):
         oocgemm.multiply(f"{mem}/missing.zarr", f"{mem}/b.zarr", device="cpu")
     with pytest.raises(InputError, match="must be local paths"):
         oocgemm.multiply(f"{mem}/a.npy", f"{mem}/b.zarr", device="cpu")
-    with pytest.raises(OutputError, match="same file as a"):
+    with pytest.raises(OutputError, match="same matrix as a"):
         oocgemm.multiply(f"{mem}/b.zarr", f"{mem}/b.zarr/", f"{mem}/b.zarr/", device="cpu",
                          trans_a=True, overwrite=True)
     with pytest.raises(InputError, match="cannot open this URL"):

@@ -31,10 +31,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.lib import format as npy_format
 
+from ..errors import OutputError
 from . import urls
 from .base import MatrixSink, MatrixSource
 
-__all__ = ["KINDS", "Identity", "Layout", "identity", "one_matrix", "overlaps", "same_matrix"]
+__all__ = ["KINDS", "Identity", "Layout", "check_output", "identity", "one_matrix", "overlaps",
+           "same_matrix"]
 
 #: The kinds of :class:`Identity`, as :attr:`Identity.kind` spells them.
 KINDS = ("file", "memory", "store", "dask", "unknown")
@@ -201,6 +203,33 @@ def overlaps(x: Identity, y: Identity) -> bool:
     if (x.kind, x.key) in y.within or (y.kind, y.key) in x.within:
         return True
     return any(overlaps(r, y) for r in x.reads) or any(overlaps(x, r) for r in y.reads)
+
+
+def check_output(out, out_name: str, inputs, c=None) -> bool:
+    """Refuse an output that shares storage with an input, by what is behind both: an
+    :class:`~oocgemm.errors.OutputError` that names them, before any work. ``inputs``:
+    ``(role, obj, source)`` of each input that is read (``obj`` as the user passed it);
+    ``c``: the same of C where it is read (beta != 0), which may be ``out`` itself.
+
+    Returns True where ``c`` is ``out`` (the same matrix under any spelling: an update in
+    place, each block of C read right before it is written); C that overlaps ``out``
+    otherwise is refused like any input. Nothing is read but what :func:`identity` reads."""
+    target = identity(out)
+    in_place = False
+    if c is not None:
+        if same_matrix(identity(c[1], c[2]), target):
+            in_place = True
+        else:
+            inputs = [*inputs, c]
+    for role, obj, source in inputs:
+        if overlaps(identity(obj, source), target):
+            what = ("is the same matrix as" if same_matrix(identity(obj, source), target)
+                    else "shares storage with")
+            hint = " (pass it as c=out to update it in place)" if role == "c" else ""
+            raise OutputError(
+                f"out {out_name} {what} {role} ({source.name}): writing C would overwrite "
+                f"{role} while it is still being read; write C elsewhere{hint}")
+    return in_place
 
 
 # ------------------------------------------------------------------------------------------
