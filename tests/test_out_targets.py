@@ -30,14 +30,14 @@ def inputs(rng, workdir):
 def test_overwrite_never_deletes_the_folder_that_holds_the_inputs(inputs):
     result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o", "in",
                                        "--overwrite", "--device", "cpu"])
-    assert result.exit_code == 2 and "holds a" in result.output
+    assert result.exit_code == 2 and "shares storage with a" in result.output
     assert sorted(os.listdir("in")) == ["a.npy", "b.npy"]
 
 
 @pytest.mark.parametrize("target, setup, message", [
     ("file.zarr", lambda: open("file.zarr", "w").write("notes"), "not a Zarr array"),
     ("folder.zarr", lambda: os.makedirs("folder.zarr/data"), "not a Zarr array"),
-    (".", None, "holds a"),
+    (".", None, "shares storage with a"),
     ("c.npy/", None, "is a file"),
     ("", None, "empty path"),
     ("dir.npy", lambda: os.mkdir("dir.npy"), "not a file"),
@@ -229,3 +229,14 @@ def test_output_names_are_zarr_npy_or_an_array_of_a_group(inputs):
     a, b = inputs
     oocgemm.multiply("in/a.npy", "in/b.npy", "g.zarr/product", device="cpu")
     assert_gemm(zarr.open_group("g.zarr", mode="r")["product"][...], a, b)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc")
+def test_a_folder_that_cannot_hold_files_is_an_output_error(inputs):
+    """/proc says it is writable to root and holds no new file: an OutputError (the CLI's
+    'error:', exit 2), not an OSError's traceback."""
+    result = CliRunner().invoke(main, ["multiply", "in/a.npy", "in/b.npy", "-o",
+                                       "/proc/c.zarr", "--device", "cpu"])
+    assert result.exit_code == 2 and "cannot create it there" in result.output
+    with pytest.raises(oocgemm.OutputError, match="cannot create it there"):
+        oocgemm.multiply("in/a.npy", "in/b.npy", "/proc/c.npy", device="cpu")

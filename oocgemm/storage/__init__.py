@@ -217,11 +217,16 @@ def open_sink(out, *, shape, dtype, options=None, overwrite=False, in_place=Fals
         parent = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(parent):
             raise OutputError(f"out: the directory {parent!r} does not exist")
-    return _adapter(SINKS, kind, OutputError(
+    make = _adapter(SINKS, kind, OutputError(
         f"out: expected None, a path (.zarr or .npy) or a writable array, got "
-        f"{type(out).__name__}"))(out, shape=shape, dtype=dtype, options=options,
-                                  overwrite=overwrite, in_place=in_place, attributes=attributes,
-                                  storage_options=storage_options, temporary=temporary)
+        f"{type(out).__name__}"))
+    try:
+        return make(out, shape=shape, dtype=dtype, options=options, overwrite=overwrite,
+                    in_place=in_place, attributes=attributes, storage_options=storage_options,
+                    temporary=temporary)
+    except OSError as exc:  # a folder that says it is writable and is not (/proc, /sys...)
+        raise OutputError(f"out {os.fspath(out)!r}: cannot create it there "
+                          f"({exc.strerror or exc})") from exc
 
 
 def _url_sink(url, *, shape, dtype, options, overwrite, in_place, attributes, storage_options,

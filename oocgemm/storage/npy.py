@@ -76,6 +76,8 @@ class NpySink(MatrixSink):
             self._temporary = None
             if not isinstance(exc, OSError):
                 raise
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise  # not a matter of room: open_sink says so
             need = int(np.prod(self.shape)) * self.dtype.itemsize
             raise OutputError(f"out {path!r}: cannot make room for {need:,} bytes "
                               f"({exc.strerror or exc}); free some space or write elsewhere"
