@@ -165,13 +165,10 @@ def test_resume_refuses_a_different_product(rng, workdir, change):
         np.save(a, np.load("old.npy"))
     else:
         kw["tile"] = (32, 48, 40)
-    if change == "tile":  # the interrupted run's tile wins: the result is still bitwise its own
-        r = oocgemm.multiply(a, b, "c.npy", resume=True, **kw)
-        assert r.plan.tile == TILE and r.resumed == 8
-        return
     with pytest.raises(oocgemm.OutputError, match="cannot resume.*computed something else") as e:
         oocgemm.multiply(a, b, "c.npy", resume=True, **kw)
-    assert ("alpha was" in str(e.value)) if change == "alpha" else ("changed" in str(e.value))
+    said = {"alpha": "alpha was", "tile": "tile was (64, 48, 40), now (32, 48, 40)"}
+    assert said.get(change, "changed") in str(e.value)
     assert leftovers(".")  # the interrupted output is left for the user to remove
 
 
@@ -186,6 +183,43 @@ def test_a_damaged_block_is_computed_again(rng, workdir):
     assert r.resumed == 7 and (0, 0) not in r.plan.done
     np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12,
                                atol=1e-12)
+
+
+def test_without_a_tile_the_interrupted_runs_tile_is_kept(rng, workdir):
+    """A resume that names no tile finishes with the interrupted run's, whatever the planner
+    would pick now: bitwise the uninterrupted result."""
+    a, b = _interrupted(rng)
+    r = oocgemm.multiply(a, b, "c.npy", resume=True, device="cpu")
+    assert r.plan.tile == TILE and r.resumed == 8
+    whole = oocgemm.multiply(a, b, "whole.npy", tile=TILE, device="cpu")
+    assert np.array_equal(np.load("c.npy"), np.load(whole.out.filename))
+
+
+def test_a_truncated_chunk_of_the_partial_is_computed_again(rng, workdir):
+    """A chunk file of the temporary output cut short (a full disk, a crash of the file
+    system): its block fails its check and is computed again, not an error every resume."""
+    a, b = _interrupted(rng, kind="zarr")
+    partial = [p for p in leftovers(".") if os.path.isdir(p)][0]
+    chunk = sorted(os.path.join(root, f) for root, _, files in os.walk(partial) for f in files
+                   if f[0].isdigit() or root.split(os.sep)[-1].isdigit())[0]
+    os.truncate(chunk, 10)
+    r = oocgemm.multiply(a, b, "c.zarr", tile=TILE, device="cpu", resume=True)
+    assert r.resumed < 8
+    np.testing.assert_allclose(_load("c.zarr"), _load(a) @ _load(b), rtol=1e-12, atol=1e-12)
+
+
+def test_bytes_that_are_not_text_in_the_journal_lose_only_their_line(rng, workdir):
+    a, b = _interrupted(rng, kind="zarr")
+    path = [os.path.join(root, f) for root, _, files in os.walk(".") for f in files
+            if f == journal_module.NAME][0]
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[2] = lines[2][:5] + b"\xff\xfe\x00" + lines[2][8:]  # a block's line garbled
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+    r = oocgemm.multiply(a, b, "c.zarr", tile=TILE, device="cpu", resume=True)
+    assert r.resumed == 7
+    np.testing.assert_allclose(_load("c.zarr"), _load(a) @ _load(b), rtol=1e-12, atol=1e-12)
 
 
 def test_a_journal_cut_short_by_a_crash_loses_only_its_last_line(rng, workdir):

@@ -94,7 +94,8 @@ class Journal:
         except BaseException:
             os.close(fd)
             raise
-        self._file: TextIO | None = os.fdopen(fd, "r+", encoding="utf-8")  # None once closed
+        # None once closed; bytes that are not UTF-8 (a damaged line) make a line not parsed
+        self._file: TextIO | None = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
         self.header: dict
         self.blocks: dict[tuple[int, int], list[tuple]]
         """C block -> its pieces: (r0, r1, c0, c1, crc32) of what was written."""
@@ -182,7 +183,10 @@ def _verified(journal: Journal, source) -> set[tuple[int, int]]:
     for block, pieces in journal.blocks.items():
         for r0, r1, c0, c1, want in pieces:
             buf = np.empty((r1 - r0, c1 - c0), dtype=source.dtype)
-            source.read((r0, r1), (c0, c1), buf)
+            try:
+                source.read((r0, r1), (c0, c1), buf)
+            except Exception:  # a damaged chunk (truncated, garbled): computed again
+                break
             if crc(buf) != want:
                 break
         else:
