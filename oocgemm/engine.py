@@ -78,10 +78,10 @@ class Engine:
     def resources(self, kind: str):
         """What this engine's runs on devices of ``kind`` keep between them (None where they
         keep nothing: the CPU)."""
-        if kind != "cuda":
-            return None
         with self._lock:
-            self._check_open()
+            self._check_open()  # a closed engine runs nothing, on a CPU either
+            if kind != "cuda":
+                return None
             if "cuda" not in self._resources:
                 from .cuda.engine import Resources
 

@@ -42,6 +42,8 @@ def test_bad_options_and_calls_are_refused(rng):
     for call in (engine.plan, engine.multiply):
         with pytest.raises(oocgemm.OptionError, match="closed"):
             call(a, a)
+    with pytest.raises(oocgemm.OptionError, match="closed"):  # through multiply too
+        oocgemm.multiply(a, a, device="cpu", engine=engine)
 
 
 def test_no_close_under_a_run_and_runs_from_several_threads(rng):
