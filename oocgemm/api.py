@@ -135,19 +135,6 @@ class _Prepared:
     """fsspec options for URL inputs and outputs."""
 
 
-def _out_name(out) -> str:
-    """How messages name an output: its path, or what array it is."""
-    if is_path(out):
-        return repr(os.fspath(out))
-    filename = getattr(out, "filename", None)
-    if filename is not None:
-        return f"(a memmap of {os.fspath(filename)})"
-    store_path = getattr(out, "store_path", None)
-    if store_path is not None:
-        return f"(the Zarr array {store_path})"
-    return f"(a {type(out).__module__.split('.')[0]} array)"
-
-
 #: The plan's staging settings that choose_tile takes (the buffers it must fit).
 STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",
            "min_stripes")
@@ -212,8 +199,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         in_place = True
     if out is not None:  # by what is behind out and the inputs, never by name
         read_c = ("c", c, c_source) if (c is not None and beta != 0) else None
-        in_place |= check_output(out, _out_name(out), [("a", a, src_a), ("b", b, src_b)],
-                                 read_c)
+        in_place |= check_output(out, [("a", a, src_a), ("b", b, src_b)], read_c)
 
     dtype_a = check_dtype("a", src_a.dtype)
     dtype_b = check_dtype("b", src_b.dtype)
@@ -293,12 +279,14 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
 
 def _finished(plan: Plan) -> Plan:
     """A plan with its tile chosen: stripes no larger than its regions, validated against its
-    budgets, with the operands it keeps in host memory chosen."""
+    budgets, with the operands it decodes into the ring or keeps in host memory chosen anew
+    (a plan finished again, for another tile, decides them again)."""
     if plan.staged:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
-    return _with_cache(with_ring_decodes(dataclasses.replace(plan, cache=()).validate()))
+    return _with_cache(with_ring_decodes(
+        dataclasses.replace(plan, cache=(), into_ring=()).validate()))
 
 
 def _unit_hint(**limits) -> str:

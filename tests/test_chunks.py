@@ -520,3 +520,8 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     assert report.into_ring and report.decodes == report.n_chunks == 62
     reads = [op for op in plan.schedule.ops if op.kind.value == "read"]
     assert len(reads) == 62
+    # finished again for blocks that reload panels (a replan, a resume): decided anew, so
+    # the chunks are kept or windowed again, never counted as decoded into a ring
+    again = _finished(dataclasses.replace(plan, tile=(1024, 1024, 98304)))
+    assert again.into_ring == () and (again.cache or again.decode_window > 0)
+    assert again.buffers.ring == 32 << 20

@@ -46,12 +46,12 @@ def _fault_in(raw: np.ndarray) -> None:
     """Touch every page of ``raw`` from the process's faulting threads (a page fault is the
     kernel's work, and it runs on every core at once)."""
     global _FAULTERS
+    from .. import hostinfo
+
+    workers = hostinfo.cores()
     with _FAULTERS_LOCK:
         if _FAULTERS is None:
-            from .. import hostinfo
-
-            _FAULTERS = ThreadPoolExecutor(hostinfo.cores(), thread_name_prefix="oocgemm-pin")
-        workers = _FAULTERS._max_workers
+            _FAULTERS = ThreadPoolExecutor(workers, thread_name_prefix="oocgemm-pin")
     pages = raw[::_PAGE]
     step = -(-len(pages) // workers)
     parts = [pages[i:i + step] for i in range(0, len(pages), step)]

@@ -362,8 +362,9 @@ class _Builder:
         """Rows of each stripe of a stored region (:func:`stripe_rows`) going up, or coming
         down (``down``: C through the output ring)."""
         (r0, r1), (c0, c1) = region
-        return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring,
-                           self.plan.min_stripes)
+        # a ring of whole chunks (Plan.into_ring) moves a chunk in one stripe
+        least = 1 if (self.plan.into_ring and not down) else self.plan.min_stripes
+        return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring, least)
 
     def stripes(self, region, down: bool = False):
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""

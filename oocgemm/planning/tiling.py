@@ -449,8 +449,7 @@ def with_ring_decodes(plan: Plan) -> Plan:
     for roles in candidates:
         x = prob.a if roles[0] == "A" else prob.b
         assert x.chunks is not None
-        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1], min_stripes=1,
-                        into_ring=roles, cache=())
+        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1], into_ring=roles, cache=())
         if trial.host_bytes > plan.host_memory_limit or trial.device_bytes > plan.memory_limit:
             continue
         seen: set[tuple[int, int]] = set()

@@ -205,7 +205,7 @@ def overlaps(x: Identity, y: Identity) -> bool:
     return any(overlaps(r, y) for r in x.reads) or any(overlaps(x, r) for r in y.reads)
 
 
-def check_output(out, out_name: str, inputs, c=None) -> bool:
+def check_output(out, inputs, c=None) -> bool:
     """Refuse an output that shares storage with an input, by what is behind both: an
     :class:`~oocgemm.errors.OutputError` that names them, before any work. ``inputs``:
     ``(role, obj, source)`` of each input that is read (``obj`` as the user passed it);
@@ -222,14 +222,27 @@ def check_output(out, out_name: str, inputs, c=None) -> bool:
         else:
             inputs = [*inputs, c]
     for role, obj, source in inputs:
-        if overlaps(identity(obj, source), target):
-            what = ("is the same matrix as" if same_matrix(identity(obj, source), target)
-                    else "shares storage with")
+        found = identity(obj, source)
+        if overlaps(found, target):
+            what = "is the same matrix as" if same_matrix(found, target) else "shares storage with"
             hint = " (pass it as c=out to update it in place)" if role == "c" else ""
             raise OutputError(
-                f"out {out_name} {what} {role} ({source.name}): writing C would overwrite "
+                f"out {_name(out)} {what} {role} ({source.name}): writing C would overwrite "
                 f"{role} while it is still being read; write C elsewhere{hint}")
     return in_place
+
+
+def _name(out) -> str:
+    """How messages name an output: its path, or what array it is."""
+    if isinstance(out, str | os.PathLike):
+        return repr(os.fspath(out))
+    filename = getattr(out, "filename", None)
+    if filename is not None:
+        return f"(a memmap of {os.fspath(filename)})"
+    store_path = getattr(out, "store_path", None)
+    if store_path is not None:
+        return f"(the Zarr array {store_path})"
+    return f"(a {_module(out)} array)"
 
 
 # ------------------------------------------------------------------------------------------
