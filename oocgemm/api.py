@@ -642,10 +642,14 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         prep, journal, temporary = _resume(prep, signatures)
         plan_ = prep.plan
     elif signatures is not None:
-        from .storage.journal import candidates
+        from .storage.journal import candidates, writer_alive
 
         kept = candidates(os.fspath(prep.out))
-        if kept:  # a run of this output was interrupted: say that it can be finished instead
+        if kept and writer_alive(kept[0]):
+            warnings.warn(f"oocgemm: another run of {os.fspath(prep.out)} is under way "
+                          f"(it writes {kept[0]}); of the two, the one that commits last "
+                          f"decides what the output holds", RuntimeWarning, stacklevel=2)
+        elif kept:  # a run of this output was interrupted: say that it can be finished instead
             warnings.warn(f"oocgemm: {kept[0]} holds the blocks of an interrupted run of "
                           f"{os.fspath(prep.out)}: resume=True (--resume) finishes it instead of "
                           f"starting again; remove it when it is not wanted", RuntimeWarning,
@@ -720,6 +724,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         with signals_deferred():  # a signal that arrives here is raised as the block ends
             result_out = sink.commit()
             committed = True
+        if signatures is not None:
+            _name_left_behind(os.fspath(prep.out))
     except BaseException as exc:
         if committed:  # an interrupt after the commit: the output is whole, and stays
             assert sink is not None
@@ -862,6 +868,19 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
                                                        "of memory"))
     except BudgetError as budget:
         raise BudgetError(f"{exc}; and no smaller plan fits: {budget}") from None
+
+
+def _name_left_behind(final: str) -> None:
+    """Warn of the temporary outputs that earlier runs of ``final`` left, now that it is
+    committed: oocgemm does not remove what this run did not write."""
+    from .storage.journal import left_behind
+
+    left = left_behind(final)
+    if left:
+        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        warnings.warn(f"oocgemm: {final} is complete; {left[0]}{more}, left by an earlier "
+                      f"run of it, is not needed any more: remove it", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _input_signatures(prep: _Prepared, a, b, c) -> dict | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .api import MatrixLike, multiply, plan
+from .api import MatrixLike, device_names, multiply, plan, resolve_device
 from .errors import OptionError
 from .options import Options
 from .planning import Plan
@@ -35,10 +35,14 @@ class Engine:
     OptionError
         An unknown or malformed option (when made), a call on a closed engine, or a close
         while a run is under way.
+    DeviceError
+        When made: a device unknown, or not found on this machine.
     """
 
     def __init__(self, **options: Any):
         self.options = Options.of("Engine()", **options)
+        # a device that cannot run (a name unknown, a GPU that is not there) is said now
+        device_names(self.options.device) or resolve_device(self.options.device)
         self._given = self.options.keywords()
         self._lock = threading.Lock()
         self._resources: dict[str, Any] = {}

@@ -89,3 +89,15 @@ def test_an_engine_keeps_and_frees_its_gpu_resources(rng):
         assert memory_in_use(0, held)[1] == 0
     assert held.pinned.cached() == 0 and not held.kernels  # freed on close
     assert PROCESS.pinned.cached() == process_pinned  # the process's pool untouched
+
+
+@pytest.mark.parametrize("device", ["gpu", ["cpu", "cuda:0"], "cuda:x"])
+def test_a_device_that_cannot_run_is_refused_when_the_engine_is_made(device):
+    with pytest.raises(oocgemm.DeviceError):
+        oocgemm.Engine(device=device)
+
+
+@pytest.mark.skipif(cuda.device_count() > 0, reason="a machine without a GPU")
+def test_a_gpu_engine_on_a_machine_without_one_is_refused_when_made():
+    with pytest.raises(oocgemm.DeviceError, match="cuda"):
+        oocgemm.Engine(device="cuda")

@@ -32,6 +32,12 @@ def test_missing_path(rng, workdir, name, role):
         oocgemm.multiply(args["a"], args["b"], c=args["c"], beta=1.0, device="cpu")
 
 
+def test_a_folder_named_like_a_npy_file_is_called_a_folder(rng, workdir):
+    os.mkdir("x.npy")
+    with pytest.raises(oocgemm.InputError, match="a: 'x.npy' is a directory, not a .npy file"):
+        oocgemm.multiply("x.npy", rand(rng, (4, 2)), device="cpu")
+
+
 @pytest.mark.parametrize("shape,ndim", [((5,), 1), ((2, 3, 4), 3), ((), 0)])
 @pytest.mark.parametrize("role", ["a", "b", "c"])
 def test_not_a_matrix(rng, shape, ndim, role):

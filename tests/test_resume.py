@@ -24,6 +24,7 @@ from oocgemm.cli import main
 from oocgemm.planning.schedule import OpKind
 from oocgemm.storage import journal as journal_module
 from oocgemm.storage import npy
+from oocgemm.storage._files import PARTIAL
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 
@@ -146,12 +147,36 @@ def _interrupted(rng, kind="npy", **options):
     return a, b
 
 
+def _rewrite_keeping_mtime(path: str, rng) -> None:
+    """Write ``path`` again (a file with new numbers of the same size; in a Zarr folder, one
+    chunk's file with its own bytes: a compressed chunk of new numbers has another size),
+    with the modification time set back to what it was."""
+    if path.endswith(".zarr"):
+        chunk = sorted(os.path.join(root, f) for root, _, files in os.walk(path)
+                       for f in files if "zarr" not in f)[0]
+        before = os.stat(chunk)
+        with open(chunk, "rb") as f:
+            data = f.read()
+        with open(chunk, "wb") as f:
+            f.write(data)
+    else:
+        chunk, before = path, os.stat(path)
+        x = np.load(path)
+        np.save(path, x + 1.0)
+    os.utime(chunk, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(chunk).st_mtime_ns == before.st_mtime_ns
+
+
 @pytest.mark.parametrize("change", ["alpha", "input rewritten", "input content",
-                                    "input replaced", "tile"])
+                                    "input replaced", "tile", "mtime restored",
+                                    "zarr chunk, mtime restored"])
 def test_resume_refuses_a_different_product(rng, workdir, change):
-    a, b = _interrupted(rng)
+    a, b = _interrupted(rng, "zarr" if change.startswith("zarr") else "npy")
     kw = {"tile": TILE, "device": "cpu"}
-    if change == "alpha":
+    c = "c.zarr" if change.startswith("zarr") else "c.npy"
+    if change.endswith("mtime restored"):  # the same size and mtime: the change time differs
+        _rewrite_keeping_mtime(a, rng)
+    elif change == "alpha":
         kw["alpha"] = 2.0
     elif change == "input rewritten":
         time.sleep(0.01)
@@ -166,7 +191,7 @@ def test_resume_refuses_a_different_product(rng, workdir, change):
     else:
         kw["tile"] = (32, 48, 40)
     with pytest.raises(oocgemm.OutputError, match="cannot resume.*computed something else") as e:
-        oocgemm.multiply(a, b, "c.npy", resume=True, **kw)
+        oocgemm.multiply(a, b, c, resume=True, **kw)
     said = {"alpha": "alpha was", "tile": "tile was (64, 48, 40), now (32, 48, 40)"}
     assert said.get(change, "changed") in str(e.value)
     assert leftovers(".")  # the interrupted output is left for the user to remove
@@ -289,3 +314,46 @@ def test_a_fresh_run_says_an_interrupted_one_can_be_resumed(rng, workdir):
     assert r.resumed == 0
     np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12,
                                atol=1e-12)
+
+
+def _as_made_by(pid: int) -> str:
+    """Rename the interrupted output in the working folder (and the journal beside it) as
+    if process ``pid`` had made it; its new name."""
+    journal = [p for p in leftovers(".") if p.endswith(journal_module.NAME)][0]
+    temporary = journal[:-len("." + journal_module.NAME)]
+    head, _, tail = temporary.rpartition(PARTIAL)
+    renamed = f"{head}{PARTIAL}{pid}-{tail.partition('-')[2]}"
+    os.rename(temporary, renamed)
+    os.rename(journal, journal_module.journal_path(renamed))
+    return renamed
+
+
+def test_a_run_of_the_same_output_under_way_is_not_called_interrupted(rng, workdir):
+    a, b = _interrupted(rng)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        temporary = _as_made_by(other.pid)
+        with pytest.warns(RuntimeWarning, match="another run of c.npy is under way") as said:
+            oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu")
+        assert not any("interrupted" in str(w.message) or "not needed" in str(w.message)
+                       for w in said)  # a live run's output is not called left behind
+        other.kill()
+        other.wait()
+        with pytest.warns(RuntimeWarning, match="not needed any more: remove it"):
+            oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", overwrite=True)
+        assert os.path.basename(temporary) in leftovers(".")  # named, never removed
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_what_a_resume_did_not_take_is_named_after_the_commit(rng, workdir):
+    a, b = _interrupted(rng)
+    first = _as_made_by(2 ** 22 + 1)  # above Linux's pid_max: a process that is gone
+    os.remove(journal_module.journal_path(first))  # a partial without its journal
+    _interrupted_again = _interrupted(rng)  # a second interrupted run of the same output
+    del _interrupted_again
+    with pytest.warns(RuntimeWarning, match=f"{first}.*not needed any more"):
+        r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    assert r.resumed == 8
+    assert leftovers(".") == [os.path.basename(first)]

@@ -46,8 +46,12 @@ def journal_path(temporary: str) -> str:
 
 
 def signature(path: str) -> str:
-    """What identifies a stored input's content cheaply: for a file, its device, inode, size
-    and modification time; for a directory (Zarr), those of every file in it."""
+    """What identifies a stored input's content cheaply, without reading it: for a file, its
+    device, inode, size, and modification and change times; for a directory (Zarr), those of
+    every file in it. The change time (ctime) is what the kernel sets on every write, and also
+    when the modification time is set back (``touch -d``, ``os.utime``), so a file rewritten
+    with its size and mtime restored is seen as changed; so is one renamed or chmod'ed,
+    which refuses a resume that would have been right rather than mixing two inputs."""
     digest = hashlib.sha256()
     path = os.path.realpath(path)
     if os.path.isdir(path):
@@ -58,21 +62,58 @@ def signature(path: str) -> str:
                     continue
                 st = os.stat(os.path.join(root, name))
                 rel = os.path.relpath(os.path.join(root, name), path)
-                digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                digest.update(f"{rel}\0{_stamp(st)}\n".encode())
     else:
-        st = os.stat(path)
-        digest.update(f"{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        digest.update(_stamp(os.stat(path)).encode())
     return f"{path}:{digest.hexdigest()[:32]}"
+
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
 
 
 def candidates(final: str) -> list[str]:
     """Temporary outputs of earlier runs for the output path ``final`` that have a journal,
     the newest first."""
-    head, tail = os.path.split(os.path.abspath(final))
-    found = [p for p in glob.glob(os.path.join(glob.escape(head),
-                                               glob.escape(tail) + _files.PARTIAL + "*"))
+    found = [p for p in _partials(final)
              if not p.endswith(NAME) and os.path.exists(journal_path(p))]
     return sorted(found, key=os.path.getmtime, reverse=True)
+
+
+_held: set[str] = set()
+"""The temporary outputs whose journal this process holds open."""
+
+
+def _partials(final: str) -> list[str]:
+    """Every temporary output (and journal beside one) an oocgemm run of ``final`` made."""
+    head, tail = os.path.split(os.path.abspath(final))
+    return glob.glob(os.path.join(glob.escape(head), glob.escape(tail) + _files.PARTIAL + "*"))
+
+
+def writer_alive(temporary: str) -> bool:
+    """Whether the process that made ``temporary`` still runs on this machine (its name
+    carries the process id; a process of another user counts as alive). Only words hang
+    on this; whether a run may take a journal over is decided by its lock."""
+    pid = os.path.basename(temporary).rpartition(_files.PARTIAL)[2].partition("-")[0]
+    if not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():  # this process: alive while its journal is open
+        return os.path.abspath(temporary) in _held
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: a process of someone else
+        return True
+    return True
+
+
+def left_behind(final: str) -> list[str]:
+    """Temporary outputs of ``final`` that earlier runs left (interrupted, killed, or kept
+    when a resume started afresh), whose process is gone: after a run of ``final`` was
+    committed, nothing needs them. They are the user's to remove; oocgemm names them."""
+    return sorted(p for p in _partials(final)
+                  if not p.endswith(NAME) and not writer_alive(p))
 
 
 class Journal:
@@ -94,6 +135,7 @@ class Journal:
         except BaseException:
             os.close(fd)
             raise
+        _held.add(os.path.abspath(temporary))
         # None once closed; bytes that are not UTF-8 (a damaged line) make a line not parsed
         self._file: TextIO | None = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
         self.header: dict
@@ -149,6 +191,7 @@ class Journal:
                 os.remove(self.path)
         self._file.close()  # closing the descriptor releases the flock
         self._file = None
+        _held.discard(os.path.abspath(self.temporary))
 
 
 def crc(data: np.ndarray) -> int:

@@ -16,6 +16,8 @@ from .memory import NumpySource
 
 def open_npy(path: str, role: str) -> NumpySource:
     """Open a .npy file as a read-only memmap, with a clear error when it is broken."""
+    if os.path.isdir(path):
+        raise InputError(f"{role}: {path!r} is a directory, not a .npy file")
     if not os.path.isfile(path):
         raise InputError(f"{role}: no such file {path!r}")
     try:
