@@ -1,10 +1,16 @@
-"""``multiply()`` and ``plan()``: normalise the arguments, plan, pick an executor, run."""
+"""``multiply()``, ``plan()`` and ``gram()``: the short story of a run.
+
+The options are checked (:class:`~oocgemm.options.Options`); the run's I/O is opened and
+checked (:func:`~oocgemm.storage.run.open_run`: the operands, the output target, aliasing);
+the plan is made from the facts of that I/O (:mod:`oocgemm.planning`, which never touches
+storage); the executor (or one per device, :mod:`oocgemm.runtime.split`) replays the plan's
+schedule, planning again with smaller blocks when memory runs short; the output is checked
+when asked and committed; the result says what happened.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
-import os
 import sys
 import time
 import warnings
@@ -15,38 +21,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from . import hostinfo
-from .checks import check_dtype, check_matrix, scalar
+from .checks import scalar
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
 from .cuda.catalog import check_kernel, is_ozaki
-from .errors import (
-    BudgetError,
-    DeviceError,
-    DTypeError,
-    ExecutionError,
-    MemoryPressureError,
-    OptionError,
-    OutputError,
-    ShapeError,
-)
+from .errors import BudgetError, DeviceError, ExecutionError, MemoryPressureError, OptionError
 from .hints import DeviceLike, MatrixLike, Scalar, Size
 from .options import Options
-from .planning import Operand, Plan, Problem, choose_tile, cpu_model, cuda_model, with_ring_decodes
+from .planning import STAGING, Plan, Problem, choose_tile, cpu_model, cuda_model, finished
+from .planning import smaller as smaller_plan
 from .result import Result
 from .runtime.base import executor_class
-from .storage import MatrixSource, exists, is_path, open_sink, open_source, urls
-from .storage._files import signals_deferred
-from .storage.identity import check_output, one_matrix
+from .storage.run import RunIO, chunk_counts, open_run
 from .units import format_size, parse_size
 
 if TYPE_CHECKING:
     from .diagnostics.events import Event
 
+__all__ = ["Device", "EngineLike", "MatrixLike", "Scalar", "device_names", "gram", "multiply",
+           "plan", "resolve_device"]
+
+
 class EngineLike(Protocol):
     """What a run takes from an :class:`oocgemm.Engine` (which imports this module)."""
 
     def resources(self, kind: str) -> Any: ...
-
-
 
 
 @dataclass(frozen=True)
@@ -122,363 +120,6 @@ def resolve_device(device) -> Device:
 
 
 # ------------------------------------------------------------------------------------------
-@dataclass
-class _Prepared:
-    plan: Plan
-    sources: dict
-    out: Any
-    in_place: bool
-    device: Device
-    out_options: dict
-    """Checked ``out_options`` of a new Zarr output (empty otherwise)."""
-    storage_options: dict | None = None
-    """fsspec options for URL inputs and outputs."""
-
-
-#: The plan's staging settings that choose_tile takes (the buffers it must fit).
-STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",
-           "min_stripes")
-
-
-def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
-              device=None) -> _Prepared:
-    """Operands opened and checked against each other and ``options`` (checked already), and
-    the plan for ``device`` (default: ``options.device``)."""
-    device = options.device if device is None else device
-    memory_limit, host_memory_limit = options.memory_limit, options.host_memory_limit
-    tile, kernel = options.tile, options.kernel
-    out_options, storage_options = options.out_options, options.storage_options
-    alpha = scalar("alpha", alpha)
-    beta = scalar("beta", beta)
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OptionError(f"{name} must be True or False, got {flag!r}")
-    dev = resolve_device(device)
-    a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
-    if is_path(out) and not out.strip():
-        raise OutputError("out is an empty path; name a .zarr or .npy output")
-    if is_path(out) and not urls.is_url(out) and os.path.islink(out):
-        out = os.path.realpath(out)  # the output goes where the link points; the link stays
-
-    src_a = open_source(a, "a", storage_options)
-    src_b = open_source(b, "b", storage_options)
-    check_matrix("a", src_a)
-    check_matrix("b", src_b)
-    shared = one_matrix(a, src_a, b, src_b)  # by what is behind them, never by name
-    if shared:  # one source for both roles: each chunk read and decoded once
-        src_b.close()
-        src_b = src_a
-    m, k = src_a.shape[::-1] if trans_a else src_a.shape
-    k2, n = src_b.shape[::-1] if trans_b else src_b.shape
-    if k != k2:
-        raise ShapeError(
-            "inner dimensions differ: a is "
-            f"{tuple(src_a.shape)}{' (transposed)' if trans_a else ''}, "
-            f"b is {tuple(src_b.shape)}{' (transposed)' if trans_b else ''}: op(a) has {k} "
-            f"columns, op(b) has {k2} rows")
-
-    # C: read only when beta != 0 (BLAS); its shape is checked whenever it is given.
-    in_place = False
-    c_source = None
-    if c is not None:
-        c_source = open_source(c, "c", storage_options)
-        check_matrix("c", c_source)
-        if tuple(c_source.shape) != (m, n):
-            raise ShapeError(f"c has shape {tuple(c_source.shape)}, expected {(m, n)} "
-                             f"(op(a) is {(m, k)}, op(b) is {(k, n)})")
-    if beta != 0 and c is None:
-        if out is None or (is_path(out) and not exists(out, storage_options)):
-            raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in "
-                              "place")
-        c_source = open_source(out, "out (read as c, beta != 0)", storage_options)
-        check_matrix("out", c_source)
-        if tuple(c_source.shape) != (m, n):
-            what = f"out {os.fspath(out)!r}" if is_path(out) else "out"
-            raise ShapeError(f"{what} has shape {tuple(c_source.shape)}, expected {(m, n)} (it is "
-                             f"updated in place as c; op(a) is {(m, k)}, op(b) is {(k, n)})")
-        in_place = True
-    if out is not None:  # by what is behind out and the inputs, never by name
-        read_c = ("c", c, c_source) if (c is not None and beta != 0) else None
-        in_place |= check_output(out, [("a", a, src_a), ("b", b, src_b)], read_c)
-
-    dtype_a = check_dtype("a", src_a.dtype)
-    dtype_b = check_dtype("b", src_b.dtype)
-    dtypes = [dtype_a, dtype_b]
-    if c_source is not None and beta != 0:
-        dtypes.append(check_dtype("c", c_source.dtype))
-    dtype = np.result_type(*dtypes)
-    if (isinstance(alpha, complex) or isinstance(beta, complex)) and dtype.kind != "c":
-        raise DTypeError(f"alpha={alpha!r}, beta={beta!r}: complex scalars need complex operands, "
-                         f"got {dtype}")
-
-    kernel = check_kernel(kernel, dtype)
-    if kernel != DEFAULT_KERNEL and not is_ozaki(kernel) and dev.kind != "cuda":
-        raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
-                          "leave kernel unset on the CPU")
-
-    out_operand = _check_out(out, (m, n), dtype)
-    out_options = _check_out_options(out, out_options, (m, n), dtype, in_place)
-    if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
-        out_operand = dataclasses.replace(
-            out_operand, chunks=out_options.get("shards") or out_options["chunks"])
-
-    if dev.kind == "cuda":
-        from . import cuda
-
-        free, total = cuda.memory_info(dev.index)
-        model = cuda_model()
-        mem = parse_size(memory_limit, total, name="memory_limit") or int(free * 0.9)
-        if mem > free:
-            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
-                              f"{format_size(free)} free on {dev}")
-    else:
-        total = hostinfo.total_memory()
-        model = cpu_model()
-        mem = parse_size(memory_limit, total, name="memory_limit") or total // 4
-    host = parse_size(host_memory_limit, hostinfo.total_memory(), name="host_memory_limit") or (
-        hostinfo.total_memory() // 4)
-
-    def operand(src: MatrixSource) -> Operand:
-        rows, cols = src.shape
-        in_place = src.view((0, rows), (0, cols), dtype) is not None
-        return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=in_place,
-                       sliced=src.sliced, decodes_into=src.decodes_into)
-
-    problem = Problem(
-        m=m, n=n, k=k, itemsize=dtype.itemsize, dtype=dtype.name,
-        a=operand(src_a), b=operand(src_b),
-        c=operand(c_source) if (c_source is not None and beta != 0) else None,
-        out=out_operand, alpha=alpha, beta=beta, trans_a=bool(trans_a), trans_b=bool(trans_b),
-        shared=shared)
-    executor = executor_class(dev.kind)  # it owns its staging policy
-    # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
-    # the user's that is not square computes the product in full, as they asked).
-    symmetric = problem.gram and kernel == DEFAULT_KERNEL and (
-        tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
-    kwargs = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
-                  host_memory_limit=host, staged=executor.STAGED, kernel=kernel,
-                  symmetric=symmetric, **executor.staging(problem, model, kernel))
-    staging = {k: kwargs[k] for k in STAGING if k in kwargs}
-    if tile is not None:
-        plan = Plan(tile=problem.clipped(tile), chosen_by="tile", **kwargs)
-    else:
-        try:
-            tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,
-                               symmetric=symmetric, **staging)
-        except BudgetError as exc:
-            raise BudgetError(str(exc) + _unit_hint(memory_limit=memory_limit,
-                                                    host_memory_limit=host_memory_limit)) from None
-        plan = Plan(tile=tile, **kwargs)
-    plan = _finished(plan)
-    sources = {"A": src_a, "B": src_b}
-    if problem.c is not None and c_source is not None:
-        sources["C"] = c_source
-    return _Prepared(plan=plan, sources=sources, out=out, in_place=in_place, device=dev,
-                     out_options=out_options, storage_options=storage_options)
-
-
-def _finished(plan: Plan) -> Plan:
-    """A plan with its tile chosen: stripes no larger than its regions, validated against its
-    budgets, with the operands it decodes into the ring or keeps in host memory chosen anew
-    (a plan finished again, for another tile, decides them again)."""
-    if plan.staged:  # small products need no 32 MB stripes
-        w, h, r = plan.tile
-        default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
-        plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
-    return _with_cache(with_ring_decodes(
-        dataclasses.replace(plan, cache=(), into_ring=()).validate()))
-
-
-def _unit_hint(**limits) -> str:
-    """A question for budgets given as a bare number under 1 MiB: bytes, or a unit forgotten?"""
-    for name, value in limits.items():
-        bare = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
-            isinstance(value, str) and value.strip().isdigit())
-        if bare and int(value) < (1 << 20):
-            return (f". {name}={value} is bytes (a bare number): did you mean "
-                    f"'{int(value)}MB' or '{int(value)}GB'?")
-    return ""
-
-
-def _with_cache(plan: Plan) -> Plan:
-    """Keep the decoded chunks of chunked on-disk operands (Zarr) in host memory for the whole
-    run where they fit in what the rest leaves of host_memory_limit (a kept operand no longer
-    needs its streaming window): every chunk is then read and decoded once, and the decoders
-    run ahead of the executor as far as storage allows (on the H100: storage is 25-40x slower
-    than PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
-    by panel edges) come first, the most repeated decode bytes first; then the larger. A .npy
-    memmap is left to the OS page cache, which already is that cache: a copy of it cost the
-    GPU benchmark 60% of its rate from warm .npy files."""
-    priority = {}
-    for report in plan.chunk_reports():
-        if report.operand in ("A", "B"):
-            repeated = (report.decodes - report.n_chunks) * report.chunks[0] * report.chunks[1]
-            priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
-    chosen: tuple[str, ...] = ()
-    ringed = set(plan.into_ring)  # decoded into the ring: nothing to keep
-    for name in sorted((x for x in priority if x not in ringed), key=lambda x: priority[x],
-                       reverse=True):
-        kept = ("A", "B") if plan.problem.shared else (name,)  # one matrix: kept for both
-        trial = dataclasses.replace(plan, cache=tuple(sorted(set(chosen + kept))))
-        if trial.host_bytes <= plan.host_memory_limit:
-            chosen = trial.cache
-    if not chosen:
-        return plan
-    return dataclasses.replace(plan, cache=chosen).validate()
-
-
-def chunk_readers(plan: Plan, sources: dict) -> dict:
-    """The sources with every chunked on-disk one read at its grain
-    (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
-    once per run for the operands the plan keeps."""
-    from .planning.chunks import loads
-    from .storage.base import ChunkedSource
-    from .storage.chunked import ChunkReader
-
-    # The CUDA executor's host threads mostly wait on copies: decode on every core there.
-    decoders = max(plan.readers, hostinfo.cores()) if plan.staged else plan.readers
-    wrapped = dict(sources)
-    for name, src in sources.items():
-        if name == "B" and plan.problem.shared:
-            wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif (src.on_disk and src.chunks is not None and not src.sliced
-              and isinstance(src, ChunkedSource)):
-            roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
-            wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
-                                        kept=name in plan.cache, decoders=decoders,
-                                        gap=len(roles), into=name in plan.into_ring)
-    return wrapped
-
-
-def chunk_writer(plan: Plan, sink):
-    """The sink written at its grain (:class:`~oocgemm.storage.chunked.ChunkWriter`) where
-    the plan writes C blocks in row stripes that cut the output's chunks: each chunk encoded
-    once, whole, instead of once per stripe. Else the sink itself."""
-    from .planning.tiling import assembly_window
-    from .storage.chunked import ChunkWriter
-
-    if not plan.staged or not sink.on_disk or not sink.chunks:
-        return sink
-    budget = assembly_window(plan.problem, plan.tile,
-                             plan.buffers.out_ring // plan.problem.itemsize,
-                             plan.min_stripes, sink.chunks)
-    if not budget:
-        return sink
-    return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)
-
-
-def _check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
-    """``out_options`` for a new Zarr output path, checked before any work (with the Zarr
-    format of the group it goes into filled in); refused where the output is not created by
-    this run (an array, a .npy file, an update in place)."""
-    from .storage import kind_of_path
-    from .storage.zarr_store import check_out_options
-
-    zarr_path = is_path(out) and kind_of_path(os.fspath(out)) == "zarr"
-    if options is None:  # a Zarr path is written anew (in place too): its group's format
-        return check_out_options({}, shape, dtype, os.fspath(out)) if zarr_path else {}
-    if not is_path(out) or kind_of_path(os.fspath(out)) != "zarr":
-        raise OptionError("out_options sets the layout of a new Zarr output; out is "
-                          + ("an array" if not is_path(out) else f"{os.fspath(out)!r}, not .zarr"))
-    if in_place:
-        raise OptionError("out_options: out is updated in place (beta != 0 without c), so its "
-                          "layout is the existing array's")
-    return check_out_options(options, shape, dtype, os.fspath(out))
-
-
-def _out_layout(prep: _Prepared) -> dict:
-    """The layout of a new Zarr output: the user's ``out_options``, with default chunks that
-    tile the C blocks and the row stripes they are written in, at most 64 MiB each
-    (:func:`~oocgemm.storage.zarr_store.output_chunks`), and the Zarr format of the group
-    the output goes into; for an update in place, the existing array's own layout."""
-    from .storage.zarr_store import ZarrSource, layout_of, output_chunks
-
-    plan_ = prep.plan
-    original = prep.sources.get("C")
-    if prep.in_place and isinstance(original, ZarrSource):
-        # An update in place keeps the user's array as it was: chunks, shards, codecs, fill
-        # value, dimension names, attributes (it is written anew and swapped in on commit).
-        return layout_of(original.array())
-    options = dict(prep.out_options)
-    if options.get("chunks") is None:
-        w, h, _ = plan_.tile
-        block = options.get("shards") or (w, h)
-        rows = plan_.stripe_rows(w, h) if plan_.staged and not options.get("shards") else None
-        options["chunks"] = output_chunks(block, plan_.problem.itemsize, rows)
-    return options
-
-
-def _check_out_path(path: str) -> None:
-    """A local output path, checked before any work: something oocgemm can create or would
-    have written itself (a Zarr array, a .npy file), never a directory that holds other
-    things, in a directory it can write to. (One that holds an input is refused before:
-    :func:`~oocgemm.storage.identity.check_output`.)"""
-    from .storage import kind_of_path
-    from .storage.zarr_store import is_zarr_array
-
-    if not path.strip():
-        raise OutputError("out is an empty path; name a .zarr or .npy output")
-    kind = kind_of_path(path)
-    if kind == "npy" and path.endswith(("/", os.sep)):
-        raise OutputError(f"out {path!r}: a .npy output is a file, not a directory")
-    if os.path.lexists(path):
-        if kind == "zarr" and not is_zarr_array(path):
-            raise OutputError(f"out {path!r} exists and is not a Zarr array; oocgemm replaces "
-                              f"only a Zarr array or .npy file, never other files or folders")
-        if kind == "npy" and not os.path.isfile(path):
-            raise OutputError(f"out {path!r} exists and is not a file")
-        if kind == "npy" and not path.lower().endswith(".npy") and not _is_npy_file(path):
-            raise OutputError(f"out {path!r} exists and is not a .npy file; oocgemm replaces "
-                              f"only a Zarr array or .npy file, never other files")
-    elif not path.lower().rstrip("/\\").endswith((".zarr", ".npy")):
-        from .storage.zarr_store import parent_group
-
-        if parent_group(path) is None:  # inside a Zarr group any name is one of its arrays
-            raise OutputError(f"out {path!r}: name a new output .zarr (a Zarr array) or .npy "
-                              f"(a numpy file), or an array inside a Zarr group (g.zarr/C)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"out {path!r}: the directory {parent!r} is not writable")
-
-
-def _is_npy_file(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(6) == b"\x93NUMPY"
-    except OSError:
-        return False
-
-
-def _check_out(out, shape, dtype) -> Operand:
-    """Refuse outputs of the wrong kind, shape or dtype; describe the output."""
-    if out is None:  # a new numpy array of the compute dtype
-        need, free = shape[0] * shape[1] * dtype.itemsize, hostinfo.available_memory()
-        if need > free:
-            raise OutputError(f"out=None returns C in memory, but C needs {format_size(need)} and "
-                              f"{format_size(free)} is available; pass a .zarr or .npy path as "
-                              f"out")
-        return Operand(shape, None, False, "result array", zero_copy=True)
-    if is_path(out):
-        path = os.fspath(out)
-        if not urls.is_url(path):
-            _check_out_path(path)
-        return Operand(shape, None, True, path)
-    if not hasattr(out, "shape") or len(out.shape) != 2:
-        raise OutputError(f"out must be None, a path or a 2-D array, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape):
-        raise ShapeError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    check_dtype("out", out.dtype)
-    if np.dtype(out.dtype).kind != "c" and dtype.kind == "c":
-        raise DTypeError(f"out has dtype {np.dtype(out.dtype)}, but the product is {dtype}")
-    is_zarr = type(out).__module__.startswith("zarr")
-    # align C blocks to what one write rewrites: the shard of a sharded array, else the chunk
-    chunks = tuple(getattr(out, "shards", None) or out.chunks) if is_zarr else None
-    in_place = (isinstance(out, np.ndarray) and not isinstance(out, np.memmap)
-                and out.dtype == dtype and out.strides[1] == out.itemsize)
-    return Operand(shape, chunks, is_zarr, "out array", zero_copy=in_place)
-
-
-# ------------------------------------------------------------------------------------------
 def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
          c: MatrixLike | None = None, alpha: Scalar = 1.0, beta: Scalar = 0.0,
          trans_a: bool = False, trans_b: bool = False, device: DeviceLike = "auto",
@@ -504,9 +145,11 @@ def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     options = Options.of("plan()", device=device, memory_limit=memory_limit,
                          host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                          out_options=out_options, storage_options=storage_options)
-    prepared = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                        options=options, device=_planned_for(device_names(device), device))
-    return prepared.plan
+    io, plan_, _ = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
+                            trans_b=trans_b, options=options,
+                            device=_planned_for(device_names(device), device))
+    with io:  # nothing is read: the sources were opened for their shapes and chunks
+        return plan_
 
 
 #: Keywords of multiply() that only change how it runs; plan() accepts and ignores them.
@@ -607,159 +250,31 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         (exists, aliases an input), BudgetError (no tile fits), OptionError, DeviceError,
         ExecutionError (the run failed; nothing was committed).
     """
-    if unknown:
-        raise OptionError(f"multiply() got unknown keyword arguments {sorted(unknown)}; "
-                          f"see help(oocgemm.multiply)")
-    if not isinstance(overwrite, (bool, np.bool_)):
-        raise OptionError(f"overwrite must be True or False, got {overwrite!r}")
-    if not isinstance(events, (bool, np.bool_)):
-        raise OptionError(f"events must be True or False, got {events!r}")
-    if not isinstance(verify, (bool, np.bool_)):
-        raise OptionError(f"verify must be True or False, got {verify!r}")
-    if not isinstance(resume, (bool, np.bool_)):
-        raise OptionError(f"resume must be True or False, got {resume!r}")
-    if engine is not None and not hasattr(engine, "resources"):
-        raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")
+    _check_run_options(unknown, overwrite=overwrite, events=events, verify=verify,
+                       resume=resume, engine=engine)
     options = Options.of("multiply()", device=device, memory_limit=memory_limit,
                          host_memory_limit=host_memory_limit, tile=tile, kernel=kernel,
                          out_options=out_options, storage_options=storage_options)
     devices = device_names(device)
-    prep = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                    options=options, device=_planned_for(devices, device))
-    plan_ = prep.plan
-    resources = engine.resources(prep.device.kind) if engine is not None else None
-
-    prob = plan_.problem
-    attributes = {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
-                  "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a,
-                  "trans_b": prob.trans_b}
-    signatures = _input_signatures(prep, a, b, c)
-    journal = temporary = None
-    if resume:
-        if signatures is None:
-            raise OptionError("resume=True needs an output path and inputs stored as local "
-                              "files (.npy, .zarr)")
-        prep, journal, temporary = _resume(prep, signatures)
-        plan_ = prep.plan
-    elif signatures is not None:
-        from .storage.journal import candidates, writer_alive
-
-        kept = candidates(os.fspath(prep.out))
-        if kept and writer_alive(kept[0]):
-            warnings.warn(f"oocgemm: another run of {os.fspath(prep.out)} is under way "
-                          f"(it writes {kept[0]}); of the two, the one that commits last "
-                          f"decides what the output holds", RuntimeWarning, stacklevel=2)
-        elif kept:  # a run of this output was interrupted: say that it can be finished instead
-            warnings.warn(f"oocgemm: {kept[0]} holds the blocks of an interrupted run of "
-                          f"{os.fspath(prep.out)}: resume=True (--resume) finishes it instead of "
-                          f"starting again; remove it when it is not wanted", RuntimeWarning,
-                          stacklevel=2)
-    layout = _out_layout(prep)
-    fingerprint = None if signatures is None else _fingerprint(prep, signatures, layout)
-    bar = sink = None
-    sources = prep.sources
-    check = _Check(prep, a, b, c, storage_options) if verify else None
-    report = None
-    committed = False
-    replanned: list[str] = []
-    shares: dict = {}
-    from .storage.journal import Journal, JournaledSink
-
-    try:
-        with signals_deferred():
-            sink = open_sink(prep.out, shape=(prob.m, prob.n), dtype=prob.dtype,
-                             options=layout, overwrite=overwrite, in_place=prep.in_place,
-                             attributes=attributes, storage_options=prep.storage_options,
-                             temporary=temporary)
-            c_in = prep.sources.get("C")
-            if prep.in_place and hasattr(sink, "guard") and sink.path is None and \
-                    hasattr(c_in, "lock"):  # a given zarr.Array read as C and written
-                sink.guard(c_in)
-            if fingerprint is not None:
-                if journal is None:
-                    assert sink.temporary_path is not None  # a fingerprint: a file output
-                    journal = Journal(sink.temporary_path, {
-                        "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
-                sink = JournaledSink(sink, journal, plan_.row_splits, plan_.col_splits)
-        start = time.perf_counter()
-        if devices:  # several devices: block groups handed out as each device is free
-            on_event, bar = _progress(progress, plan_)
-            log = _run_on_devices(plan_, prep, devices, sink, on_event, events, resources)
-            shares = log.share
-        while not devices:  # one device (when memory runs short: again, with smaller blocks)
-            on_event, bar = _progress(progress, plan_)
-            sources = chunk_readers(plan_, prep.sources)
-            writer = chunk_writer(plan_, sink)
-            executor = executor_class(prep.device.kind)(plan_, sources, writer,
-                                                        on_event=on_event, record=bool(events),
-                                                        resources=resources)
-            try:
-                log = executor.run()
-                writer.flush()
-                break
-            except MemoryPressureError as exc:  # less memory than planned: smaller blocks
-                if bar is not None:
-                    bar.close()
-                    bar = None
-                for src in sources.values():
-                    src.close()
-                if len(replanned) == MAX_REPLANS:
-                    raise
-                plan_ = _smaller(plan_, exc, prep.device)
-                replanned.append(f"{exc}; planned again with tile w={plan_.tile[0]} "
-                                 f"h={plan_.tile[1]} r={plan_.tile[2]} "
-                                 f"(memory_limit={format_size(plan_.memory_limit)}, "
-                                 f"host_memory_limit={format_size(plan_.host_memory_limit)}) "
-                                 f"and started again")
-                warnings.warn("oocgemm: " + replanned[-1], RuntimeWarning, stacklevel=2)
-                if isinstance(sink, JournaledSink):  # the blocks are others now
-                    sink = sink.regrid(plan_.row_splits, plan_.col_splits, {
-                        "fingerprint": fingerprint, "schedule": _schedule_key(plan_)})
-        seconds = time.perf_counter() - start
-        if check is not None:
-            report = check.run(sink.array())
-            if not report:
-                raise ExecutionError(f"the product failed its check, so nothing was committed: "
-                                     f"{report}")
-        with signals_deferred():  # a signal that arrives here is raised as the block ends
-            result_out = sink.commit()
-            committed = True
-        if signatures is not None:
-            _name_left_behind(os.fspath(prep.out))
-    except BaseException as exc:
-        if committed:  # an interrupt after the commit: the output is whole, and stays
-            assert sink is not None
-            where = os.fspath(prep.out) if is_path(prep.out) else sink.name
-            exc.oocgemm_committed = where  # type: ignore[attr-defined]
-            exc.add_note(f"oocgemm: {where} was complete and committed before this interrupt")
-        elif sink is not None:
-            with signals_deferred():
-                if isinstance(exc, KeyboardInterrupt) and isinstance(sink, JournaledSink) \
-                        and sink.keep():  # finished blocks stay, for resume=True
-                    p, q, _ = plan_.grid
-                    exc.oocgemm_resumable = (  # type: ignore[attr-defined]
-                        sink.journal.temporary, len(sink.journal.blocks), p * q)
-                    exc.add_note(f"oocgemm: {len(sink.journal.blocks)} of {p * q} C blocks "
-                                 f"are kept in {sink.journal.temporary}; resume=True finishes "
-                                 f"the product")
-                else:
-                    sink.abort()
-        elif journal is not None:
-            journal.close()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        for src in sources.values():
-            src.close()
-    return Result(out=result_out, plan=plan_, seconds=seconds, flops=plan_.flops,
-                  bytes={**_storage_bytes(prep.sources), **log.traffic()},
-                  events=log.events(), started_at=log.started_at,
-                  chunks=_chunk_counts(sources),
-                  verified=report, resumed=len(plan_.done), replanned=replanned,
-                  devices=shares, emulation=dict(log.notes),
-                  emulation_seconds=dict(log.timed),
-                  out_name=os.fspath(prep.out) if is_path(prep.out) else sink.name)
+    io, plan_, dev = _prepare(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
+                              trans_b=trans_b, options=options,
+                              device=_planned_for(devices, device))
+    with io:
+        resources = engine.resources(dev.kind) if engine is not None else None
+        check = _Check(plan_, io) if verify else None  # C_in's part taken before it changes
+        plan_ = io.begin(plan_, overwrite=overwrite, resume_=resume,
+                         attributes=_attributes(plan_.problem))
+        run = _execute(plan_, io, dev, devices, progress=progress, record=bool(events),
+                       resources=resources)
+        report = check.run(io.sink.array()) if check is not None else None
+        result_out = io.commit()
+    log = run.log
+    return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
+                  bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
+                  started_at=log.started_at, chunks=chunk_counts(run.readers),
+                  verified=report, resumed=len(run.plan.done), replanned=run.replanned,
+                  devices=run.shares, emulation=dict(log.notes),
+                  emulation_seconds=dict(log.timed), out_name=io.name)
 
 
 def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
@@ -798,55 +313,191 @@ def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
     return multiply(x, x, out, trans_a=not outer, trans_b=bool(outer), **options)
 
 
-def _run_on_devices(plan_: Plan, prep: _Prepared, devices: list[str], sink, on_event, events,
-                    resources):
-    """The product on several executors (:mod:`oocgemm.runtime.split`): the merged log."""
-    from .runtime.split import k_parts, run_k_parts, run_split
-
-    runs = _Runs(prep.device.kind, on_event, events, resources)
-    parts = k_parts(plan_, len(devices))
-    if parts:  # one C block: its K split, the partials summed once
-        return run_k_parts(plan_, prep.sources, devices, parts, sink, runs.run, runs.stop)
-    writer = chunk_writer(plan_, sink)  # the groups' blocks share no chunk row band cell
-    log = run_split(plan_, devices, lambda device_plan, name: runs.run(
-        device_plan, prep.sources, writer), runs.stop)
-    writer.flush()
-    return log
+def _check_run_options(unknown: dict, *, engine, **flags) -> None:
+    """multiply()'s keywords that are not options of a plan, checked."""
+    if unknown:
+        raise OptionError(f"multiply() got unknown keyword arguments {sorted(unknown)}; "
+                          f"see help(oocgemm.multiply)")
+    for name, flag in flags.items():
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OptionError(f"{name} must be True or False, got {flag!r}")
+    if engine is not None and not hasattr(engine, "resources"):
+        raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")
 
 
-class _Runs:
-    """The executor runs of one product on several devices: :meth:`run` runs one plan from
-    its sources (read at their grain) into a sink; :meth:`stop` cancels those under way."""
+def _attributes(prob: Problem) -> dict:
+    """What a Zarr output records of the product that made it."""
+    return {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
+            "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a, "trans_b": prob.trans_b}
 
-    def __init__(self, kind: str, on_event, events, resources):
-        self.kind, self.on_event, self.events, self.resources = kind, on_event, events, resources
-        self.running: set = set()
 
-    def run(self, plan_: Plan, sources: dict, sink):
-        readers = chunk_readers(plan_, sources)
-        executor = executor_class(self.kind)(plan_, readers, sink, on_event=self.on_event,
-                                             record=bool(self.events),
-                                             resources=self.resources)
-        self.running.add(executor)
-        try:
-            return executor.run()
-        finally:
-            self.running.discard(executor)
-            for src in readers.values():
-                src.close()
+def _json_scalar(x):
+    return [x.real, x.imag] if isinstance(x, complex) else x
 
-    def stop(self) -> None:
-        for executor in list(self.running):
-            executor._cancel.set()
+
+# ------------------------------------------------------------------------------------------
+def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
+             device=None) -> tuple[RunIO, Plan, Device]:
+    """The run's I/O opened and checked against ``options`` (checked already), and its plan
+    for ``device`` (default: ``options.device``)."""
+    alpha = scalar("alpha", alpha)
+    beta = scalar("beta", beta)
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise OptionError(f"{name} must be True or False, got {flag!r}")
+    dev = resolve_device(options.device if device is None else device)
+    io = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                  out_options=options.out_options, storage_options=options.storage_options)
+    with _closed_on_error(io):
+        m, n, k = io.shape
+        op_a, op_b, op_c, op_out = io.operands()
+        problem = Problem(m=m, n=n, k=k, itemsize=io.dtype.itemsize, dtype=io.dtype.name,
+                          a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
+                          trans_a=bool(trans_a), trans_b=bool(trans_b), shared=io.shared)
+        return io, _plan(problem, options, dev), dev
+
+
+class _closed_on_error:
+    """Close a run's I/O when what follows its opening fails (it is the caller's after)."""
+
+    def __init__(self, io: RunIO):
+        self.io = io
+
+    def __enter__(self) -> RunIO:
+        return self.io
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        if exc is not None:
+            self.io.__exit__(kind, exc, traceback)
+
+
+def _plan(problem: Problem, options: Options, dev: Device) -> Plan:
+    """The plan of ``problem`` on ``dev`` within ``options``' budgets: the user's tile, or
+    the planner's choice."""
+    kernel = check_kernel(options.kernel, np.dtype(problem.dtype))
+    if kernel != DEFAULT_KERNEL and not is_ozaki(kernel) and dev.kind != "cuda":
+        raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is {dev}; "
+                          "leave kernel unset on the CPU")
+    model, mem, host = _budgets(dev, options)
+    executor = executor_class(dev.kind)  # it owns its staging policy
+    # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
+    # the user's that is not square computes the product in full, as they asked).
+    tile = options.tile
+    symmetric = problem.gram and kernel == DEFAULT_KERNEL and (
+        tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
+    staging = executor.staging(problem, model, kernel)
+    settings = dict(problem=problem, device=str(dev), model=model, memory_limit=mem,
+                    host_memory_limit=host, staged=executor.STAGED, kernel=kernel,
+                    symmetric=symmetric, **staging)
+    if tile is not None:
+        return finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
+    try:
+        tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,
+                           symmetric=symmetric, **{k: v for k, v in staging.items()
+                                                   if k in STAGING})
+    except BudgetError as exc:
+        raise BudgetError(str(exc) + _unit_hint(memory_limit=options.memory_limit,
+                                                host_memory_limit=options.host_memory_limit)
+                          ) from None
+    return finished(Plan(tile=tile, **settings))
+
+
+def _budgets(dev: Device, options: Options):
+    """(device model, memory_limit, host_memory_limit) in bytes for a run on ``dev``."""
+    if dev.kind == "cuda":
+        from . import cuda
+
+        free, total = cuda.memory_info(dev.index)
+        mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
+        if mem > free:
+            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
+                              f"{format_size(free)} free on {dev}")
+        model = cuda_model()
+    else:
+        total = hostinfo.total_memory()
+        mem = parse_size(options.memory_limit, total, name="memory_limit") or total // 4
+        model = cpu_model()
+    host = parse_size(options.host_memory_limit, hostinfo.total_memory(),
+                      name="host_memory_limit") or hostinfo.total_memory() // 4
+    return model, mem, host
+
+
+def _unit_hint(**limits) -> str:
+    """A question for budgets given as a bare number under 1 MiB: bytes, or a unit forgotten?"""
+    for name, value in limits.items():
+        bare = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
+            isinstance(value, str) and value.strip().isdigit())
+        if bare and int(value) < (1 << 20):
+            return (f". {name}={value} is bytes (a bare number): did you mean "
+                    f"'{int(value)}MB' or '{int(value)}GB'?")
+    return ""
+
+
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """What the executors did."""
+
+    plan: Plan
+    """The plan that ran to the end (smaller blocks after memory ran short)."""
+    log: Any
+    seconds: float
+    readers: dict
+    """The sources as the last run read them (chunk readers: their counts)."""
+    replanned: list[str]
+    shares: dict
+    """Several devices: what each did."""
 
 
 #: Times a run plans again with smaller blocks after running out of memory.
 MAX_REPLANS = 3
 
 
+def _execute(plan_: Plan, io: RunIO, dev: Device, devices: list[str] | None, *, progress,
+             record: bool, resources) -> _Run:
+    """Run ``plan_`` into ``io``'s sink: on several devices, or on one (when memory runs
+    short: again, with smaller blocks, up to :data:`MAX_REPLANS` times)."""
+    from .runtime.split import run_on_devices
+
+    start = time.perf_counter()
+    replanned: list[str] = []
+    while True:
+        on_event, bar = _progress(progress, plan_)
+        readers = io.sources
+        try:
+            if devices:  # block groups handed out as each device is free
+                log = run_on_devices(plan_, dev.kind, devices, io.sources, io.sink,
+                                     readers=io.readers, writer=io.writer, on_event=on_event,
+                                     record=record, resources=resources)
+                return _Run(plan_, log, time.perf_counter() - start, readers, [], log.share)
+            readers = io.readers(plan_)
+            writer = io.writer(plan_)
+            log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,
+                                           record=record, resources=resources).run()
+            writer.flush()
+            return _Run(plan_, log, time.perf_counter() - start, readers, replanned, {})
+        except MemoryPressureError as exc:  # less memory than planned: smaller blocks
+            if len(replanned) == MAX_REPLANS:
+                raise
+            plan_ = _smaller(plan_, exc, dev)
+            replanned.append(f"{exc}; planned again with tile w={plan_.tile[0]} "
+                             f"h={plan_.tile[1]} r={plan_.tile[2]} "
+                             f"(memory_limit={format_size(plan_.memory_limit)}, "
+                             f"host_memory_limit={format_size(plan_.host_memory_limit)}) "
+                             f"and started again")
+            warnings.warn("oocgemm: " + replanned[-1], RuntimeWarning, stacklevel=3)
+            io.replanned(plan_)  # the blocks are others now
+        finally:
+            if bar is not None:
+                bar.close()
+            if readers is not io.sources:
+                for src in readers.values():
+                    src.close()
+
+
 def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
     """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
-    no more than the GPU has free now), the best tile under it, every block to compute."""
+    no more than the GPU has free now), every block to compute."""
     mem, host = plan.memory_limit, plan.host_memory_limit
     if exc.where == "device" or (exc.where == "host" and device.kind == "cpu"):
         mem //= 2  # on the CPU, the working buffers are host memory
@@ -858,133 +509,7 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
         from . import cuda
 
         mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
-    staging = {k: getattr(plan, k) for k in STAGING}
-    try:
-        tile = choose_tile(plan.problem, plan.model, mem, host, staged=plan.staged,
-                           kernel=plan.kernel, symmetric=plan.symmetric, **staging)
-        return _finished(dataclasses.replace(plan, tile=tile, memory_limit=mem,
-                                             host_memory_limit=host, done=(),
-                                             chosen_by="planner, again after running out "
-                                                       "of memory"))
-    except BudgetError as budget:
-        raise BudgetError(f"{exc}; and no smaller plan fits: {budget}") from None
-
-
-def _name_left_behind(final: str) -> None:
-    """Warn of the temporary outputs that earlier runs of ``final`` left, now that it is
-    committed: oocgemm does not remove what this run did not write."""
-    from .storage.journal import left_behind
-
-    left = left_behind(final)
-    if left:
-        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
-        warnings.warn(f"oocgemm: {final} is complete; {left[0]}{more}, left by an earlier "
-                      f"run of it, is not needed any more: remove it", RuntimeWarning,
-                      stacklevel=3)
-
-
-def _input_signatures(prep: _Prepared, a, b, c) -> dict | None:
-    """Each input's identity (path, and its files' sizes and modification times), for a
-    run's journal; None where the run cannot be resumed: an output that is not a local path,
-    or an input that is not a local file or folder."""
-    from .storage.journal import signature
-
-    if not is_path(prep.out) or urls.is_url(os.fspath(prep.out)):
-        return None
-    inputs = {"A": a, "B": b}
-    if prep.plan.problem.reads_c:
-        inputs["C"] = prep.out if prep.in_place else c
-    signatures = {}
-    for name, x in inputs.items():
-        if not is_path(x) or urls.is_url(urls.local(os.fspath(x))):
-            return None
-        signatures[name] = signature(urls.local(os.fspath(x)))
-    return signatures
-
-
-def _fingerprint(prep: _Prepared, signatures: dict, layout: dict) -> dict:
-    """What a run computes and from what, for its journal (:mod:`oocgemm.storage.journal`):
-    its inputs' ``signatures`` (:func:`_input_signatures`), the problem, the output and its
-    ``layout``."""
-    prob = prep.plan.problem
-    return {"inputs": signatures,
-            "problem": {"m": prob.m, "n": prob.n, "k": prob.k, "dtype": prob.dtype,
-                        "alpha": repr(prob.alpha), "beta": repr(prob.beta),
-                        "trans_a": prob.trans_a, "trans_b": prob.trans_b},
-            "out": {"path": os.path.abspath(os.fspath(prep.out)), "in_place": prep.in_place,
-                    "layout": repr(sorted(layout.items()))}}
-
-
-def _schedule_key(plan: Plan) -> dict:
-    """What fixes the order of every block's sums: the same key, the same bits."""
-    return {"device": plan.device.split(":")[0], "kernel": plan.kernel, "tile": list(plan.tile),
-            "staged": plan.staged, "ramp": plan.ramp, "ramp_granule": plan.ramp_granule,
-            "split_last": plan.split_last, "tail_panels": plan.tail_panels, "n_a": plan.n_a,
-            "n_b": plan.n_b, "symmetric": plan.symmetric}
-
-
-def _resume(prep: _Prepared, signatures: dict):
-    """The interrupted run of this product to continue: (prep with the plan that finishes
-    it, its locked journal, its temporary output), or (prep, None, None) when there is none.
-    ``signatures``: the inputs' (:func:`_input_signatures`)."""
-    from .storage.journal import Journal, candidates, verified
-
-    changed, busy = [], []
-    for temporary in candidates(os.fspath(prep.out)):
-        try:
-            journal = Journal(temporary)
-        except BlockingIOError:
-            busy.append(temporary)
-            continue
-        header = journal.header
-        tile = tuple(header.get("schedule", {}).get("tile", prep.plan.tile))
-        if prep.plan.chosen_by == "tile" and tile != tuple(prep.plan.tile):
-            journal.close()  # the user asked for another tile: another sum order
-            changed.append((temporary, [f"tile was {tile}, now {tuple(prep.plan.tile)}"]))
-            continue
-        try:  # the interrupted run's tile, which must fit this run's budgets
-            plan = _finished(dataclasses.replace(prep.plan, tile=tile, chosen_by="resume"))
-        except BudgetError:
-            journal.close()
-            raise
-        forced = dataclasses.replace(prep, plan=plan)
-        fingerprint = _fingerprint(forced, signatures, _out_layout(forced))
-        differs = (_differences(header.get("fingerprint", {}), fingerprint)
-                   or _differences(header.get("schedule", {}), _schedule_key(plan)))
-        if differs:
-            journal.close()
-            changed.append((temporary, differs))
-            continue
-        done = verified(journal)
-        journal.blocks = {block: journal.blocks[block] for block in done}
-        if plan.symmetric:  # a block above the diagonal is done once it is written across too
-            done = {(i, j) for i, j in done if i <= j and (j, i) in done}
-        plan = dataclasses.replace(plan, done=tuple(sorted(done)))
-        return dataclasses.replace(prep, plan=plan), journal, temporary
-    if changed:
-        temporary, differs = changed[0]
-        raise OutputError(f"cannot resume: the interrupted run in {temporary!r} computed "
-                          f"something else ({'; '.join(differs)}); run without resume to "
-                          f"start again, and remove it")
-    if busy:
-        raise OutputError(f"cannot resume: another process is writing {busy[0]!r}")
-    return prep, None, None
-
-
-def _differences(was: dict, now: dict, where: str = "") -> list[str]:
-    """What changed between two fingerprints, in words."""
-    out = []
-    for key in sorted(set(was) | set(now)):
-        old, new = was.get(key), now.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            out += _differences(old, new, f"{where}{key} ")
-        elif old != new:
-            what = f"{where}{key}".strip()
-            if where.startswith("inputs"):
-                out.append(f"input {key} changed (or moved) since")
-            else:
-                out.append(f"{what} was {old}, now {new}")
-    return out
+    return smaller_plan(plan, mem, host, str(exc))
 
 
 class _Check:
@@ -992,59 +517,32 @@ class _Check:
     before the run (an update in place overwrites C_in); the check run on the product before
     it is committed."""
 
-    def __init__(self, prep: _Prepared, a, b, c, storage_options):
+    def __init__(self, plan: Plan, io: RunIO):
         from .freivalds import _vectors, prepare_c_in
 
-        prob = prep.plan.problem
-        self.prob, self.a, self.b, self.storage_options = prob, a, b, storage_options
+        prob = plan.problem
+        self.prob, self.io = prob, io
         complex_ = (prob.dtype.startswith("complex") or isinstance(prob.alpha, complex)
                     or isinstance(prob.beta, complex))
         self.x = _vectors(prob.n, 2, complex_, None)
-        c_in = (prep.out if prep.in_place else c) if prob.reads_c else None
-        self.side = prepare_c_in(c_in, self.x, storage_options=storage_options)
+        c_in = (io.out if io.in_place else io.given["c"]) if prob.reads_c else None
+        self.side = prepare_c_in(c_in, self.x, storage_options=io.storage_options)
 
     def run(self, product):
+        """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
         from .freivalds import verify
 
-        prob = self.prob
-        return verify(self.a, self.b, product, alpha=prob.alpha, beta=prob.beta,
-                      trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
-                      storage_options=self.storage_options, _c_in_side=self.side, _x=self.x,
-                      _checking=True)
+        prob, io = self.prob, self.io
+        report = verify(io.given["a"], io.given["b"], product, alpha=prob.alpha, beta=prob.beta,
+                        trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
+                        storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
+                        _checking=True)
+        if not report:
+            raise ExecutionError(f"the product failed its check, so nothing was committed: "
+                                 f"{report}")
+        return report
 
 
-def _storage_bytes(sources: dict) -> dict:
-    """What the run took from storage, apart from what its READs copied into slots: the
-    stored bytes read (compressed chunks, or a file's pages) and the bytes decoded, summed
-    over the distinct sources (one matrix in both roles counts once)."""
-    distinct = {id(src): src for src in sources.values()}.values()
-    return {"storage_read": sum(src.bytes_read for src in distinct),
-            "decoded": sum(src.decoded_bytes for src in distinct)}
-
-
-def _chunk_counts(sources: dict) -> dict:
-    """What the chunk readers did, per operand: chunks, decodes, decoded and peak bytes, the
-    readers' time copying out of decoded chunks."""
-    from .storage.chunked import ChunkReader
-
-    counts: dict = {}
-    seen: dict[int, str] = {}  # one reader for one matrix in both roles: reported once, as A
-    for name, src in sources.items():
-        if not isinstance(src, ChunkReader):
-            continue
-        if id(src) in seen:
-            counts[seen[id(src)]]["roles"] += name
-            continue
-        seen[id(src)] = name
-        counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
-                        "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
-                        "kept": src.kept, "into_ring": src.into,
-                        "copy_seconds": src.copy_seconds, "roles": name}
-    return counts
-
-
-def _json_scalar(x):
-    return [x.real, x.imag] if isinstance(x, complex) else x
 
 
 def _progress(progress, plan_):

@@ -17,10 +17,10 @@ from _helpers import assert_gemm, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
-from oocgemm.api import chunk_readers, chunk_writer
 from oocgemm.planning.chunks import assembly_bytes, chunks_of
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.chunked import ChunkWriter
+from oocgemm.storage.run import chunk_readers, chunk_writer
 from oocgemm.storage.zarr_store import ZarrSink, ZarrSource
 
 

@@ -16,7 +16,6 @@ from _helpers import assert_gemm, poisoned, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
-from oocgemm.api import chunk_readers
 from oocgemm.planning.chunks import (
     chunk_range,
     chunks_of,
@@ -27,6 +26,7 @@ from oocgemm.planning.chunks import (
 )
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
+from oocgemm.storage.run import chunk_readers
 from oocgemm.storage.zarr_store import ZarrSource
 
 
@@ -498,8 +498,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     from unittest import mock
 
     from oocgemm import hostinfo
-    from oocgemm.api import STAGING, _finished
-    from oocgemm.planning import Operand, Plan, Problem, choose_tile, cuda_model
+    from oocgemm.planning import STAGING, Operand, Plan, Problem, choose_tile, cuda_model, finished
     from oocgemm.runtime.cuda import CudaExecutor
 
     x = Operand((1_000_000, 2048), (16384, 2048), True, "x.zarr", decodes_into=True)
@@ -510,7 +509,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     budget = dict(memory_limit=72 << 30, host_memory_limit=32 << 30)
     tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,
                        **{k: v for k, v in staging.items() if k in STAGING})
-    plan = _finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
+    plan = finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
                           staged=True, symmetric=True, **budget, **staging))
     assert plan.into_ring == ("A", "B") and plan.cache == ()
     assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)
@@ -522,6 +521,6 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     assert len(reads) == 62
     # finished again for blocks that reload panels (a replan, a resume): decided anew, so
     # the chunks are kept or windowed again, never counted as decoded into a ring
-    again = _finished(dataclasses.replace(plan, tile=(1024, 1024, 98304)))
+    again = finished(dataclasses.replace(plan, tile=(1024, 1024, 98304)))
     assert again.into_ring == () and (again.cache or again.decode_window > 0)
     assert again.buffers.ring == 32 << 20

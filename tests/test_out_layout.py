@@ -56,11 +56,9 @@ def test_staged_writes_cover_whole_chunks(inputs):
     plan = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 25, 30))
     plan = dataclasses.replace(plan, staged=True, stripe=4 * 25, n_stage=3, n_out=2,
                                min_stripes=2)
-    from oocgemm.api import _out_layout, _Prepared
+    from oocgemm.storage.outputs import output_layout
 
-    prep = _Prepared(plan=plan, sources={}, out="c.zarr", in_place=False, device=None,
-                     out_options={})
-    rows, cols = _out_layout(prep)["chunks"]
+    rows, cols = output_layout(plan, {})["chunks"]
     writes = [op for op in plan.schedule.ops if op.kind.value == "write"]
     assert len(writes) > plan.n_blocks  # C leaves in stripes
     for op in writes:

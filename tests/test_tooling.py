@@ -76,3 +76,45 @@ def test_the_package_has_no_import_cycle():
         if module not in state:
             visit(module, [module])
 
+
+
+def _imported_by(prefix: str) -> dict[str, set[str]]:
+    return {module: deps for module, deps in _imports().items()
+            if module == prefix or module.startswith(prefix + ".")}
+
+
+@pytest.mark.parametrize("importer, forbidden", [
+    ("oocgemm.storage", "oocgemm.api"),  # the run's I/O is assembled below the API
+    ("oocgemm.planning", "oocgemm.storage"),  # the planner never touches storage
+    ("oocgemm.runtime", "oocgemm.api"),
+])
+def test_the_way_through_goes_down_only(importer, forbidden):
+    for module, deps in _imported_by(importer).items():
+        wrong = sorted(d for d in deps if d == forbidden or d.startswith(forbidden + "."))
+        assert not wrong, f"{module} imports {wrong}"
+
+
+def test_nothing_in_the_library_imports_benchmarks():
+    import ast
+
+    for path in (ROOT / "oocgemm").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n.split(".")[0] == "benchmarks" for n in names), path
+
+
+def test_the_api_reads_at_once():
+    """api.py tells a run's story: no function longer than 60 lines of code (its docstring
+    aside), so that each reads at once."""
+    import ast
+
+    tree = ast.parse((ROOT / "oocgemm" / "api.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                body = body[1:]  # the docstring
+            lines = (body[-1].end_lineno - body[0].lineno + 1) if body else 0
+            assert lines <= 60, f"api.{node.name} has {lines} lines of code"

@@ -1,6 +1,7 @@
 """Pure planning: tiling, memory model, the schedule as data. No I/O, no GPU."""
 
 from .check import ScheduleError, check_schedule
+from .finish import STAGING, finished, smaller
 from .model import DeviceModel, cpu_model, cuda_model
 from .problem import Operand, Problem
 from .schedule import (
@@ -16,7 +17,7 @@ from .schedule import (
 )
 from .tiling import Plan, Prediction, choose_tile, predict, with_ring_decodes
 
-__all__ = ["ORDERED_LANES", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
+__all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
-           "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model",
-           "ordered_lane", "predict", "serpentine", "with_ring_decodes"]
+           "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model", "finished",
+           "ordered_lane", "predict", "serpentine", "smaller", "with_ring_decodes"]

@@ -127,6 +127,11 @@ class Executor:
     def run(self) -> EventLog:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def cancel(self) -> None:
+        """Stop the run under way (from another thread) at its next operation; its
+        ``run()`` then raises."""
+        self._cancel.set()
+
     def _report(self, op, lane: str, start: float, end: float, *, wanted: bool,
                 nbytes: int | None = None) -> None:
         """Log ``op`` (the log only counts its bytes when it records nothing and the event is

@@ -133,6 +133,43 @@ class MergedLog:
             return dict(self._moved)
 
 
+def run_on_devices(plan, kind: str, devices: list[str], sources: dict, sink, *, readers,
+                   writer, on_event=None, record: bool = True, resources=None) -> MergedLog:
+    """The product of ``plan`` on several executors of ``kind``, named ``devices``: its K
+    split when it has one C block (:func:`k_parts`; C written once, into ``sink``), else its
+    C blocks handed out in groups (:func:`run_split`) into ``writer(plan)``, the sink written
+    at its grain (the groups' blocks share no chunk row band cell). ``readers(plan,
+    sources)`` gives the sources read at their grain for one executor's run."""
+    from .base import executor_class
+
+    running: set = set()
+
+    def run(device_plan, sources_: dict, sink_) -> object:
+        opened = readers(device_plan, sources_)
+        executor = executor_class(kind)(device_plan, opened, sink_, on_event=on_event,
+                                        record=record, resources=resources)
+        running.add(executor)
+        try:
+            return executor.run()
+        finally:
+            running.discard(executor)
+            for src in opened.values():
+                src.close()
+
+    def stop() -> None:
+        for executor in list(running):
+            executor.cancel()
+
+    parts = k_parts(plan, len(devices))
+    if parts:  # one C block: its K split, the partials summed once
+        return run_k_parts(plan, sources, devices, parts, sink, run, stop)
+    written = writer(plan)
+    log = run_split(plan, devices, lambda device_plan, name: run(device_plan, sources, written),
+                    stop)
+    written.flush()
+    return log
+
+
 def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
     """Run ``plan``'s blocks over ``devices`` (names: a device, or 'cpu#1' for a second CPU
     executor): ``run_group(device_plan, name)`` runs one group's plan (``device`` and

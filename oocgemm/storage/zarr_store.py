@@ -378,7 +378,7 @@ def parent_group(path: str):
     return node if isinstance(node, zarr.Group) else None
 
 
-def check_out_options(options, shape, dtype, path: str | None) -> dict:
+def check_zarr_options(options, shape, dtype, path: str | None) -> dict:
     """``out_options`` checked before any work: known keywords that ``zarr.create_array``
     accepts for this shape and dtype (tried on an in-memory store). Fills in the Zarr format of
     the group the output goes into (a v2 group gets a v2 array it can see)."""
@@ -473,7 +473,7 @@ class ZarrSink(MatrixSink):
     """Writes into a new Zarr array under a temporary name, renamed on commit; or into a
     given ``zarr.Array`` in place, flagged incomplete in its attributes until commit.
 
-    ``options`` are the checked ``out_options`` (:func:`check_out_options`) with ``chunks``
+    ``options`` are the checked ``out_options`` (:func:`check_zarr_options`) with ``chunks``
     filled in; a new array is uncompressed unless they say otherwise. An output inside a Zarr
     group (``g.zarr/C``) is of the group's format, and a group with consolidated metadata is
     consolidated again on commit, so that the group lists it.

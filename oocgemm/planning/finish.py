@@ -1,0 +1,68 @@
+"""A plan made ready to run once its tile is chosen (by the planner, the user, a resume or a
+replan after memory ran short): stripes no larger than its regions, validated against its
+budgets, and the operands it decodes straight into the ring or keeps whole in host memory
+chosen for that tile."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import BudgetError
+from .tiling import Plan, choose_tile, with_ring_decodes
+
+#: The plan's staging settings that choose_tile takes (the buffers it must fit).
+STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",
+           "min_stripes")
+
+
+def finished(plan: Plan) -> Plan:
+    """``plan`` with its tile chosen, ready to run (a plan finished again, for another tile,
+    decides its ring decodes and kept operands anew)."""
+    if plan.staged:  # small products need no 32 MB stripes
+        w, h, r = plan.tile
+        default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
+        plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
+    return with_cache(with_ring_decodes(
+        dataclasses.replace(plan, cache=(), into_ring=()).validate()))
+
+
+def with_cache(plan: Plan) -> Plan:
+    """Keep the decoded chunks of chunked on-disk operands (Zarr) in host memory for the whole
+    run where they fit in what the rest leaves of host_memory_limit (a kept operand no longer
+    needs its streaming window): every chunk is then read and decoded once, and the decoders
+    run ahead of the executor as far as storage allows (on the H100: storage is 25-40x slower
+    than PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
+    by panel edges) come first, the most repeated decode bytes first; then the larger. A .npy
+    memmap is left to the OS page cache, which already is that cache: a copy of it cost the
+    GPU benchmark 60% of its rate from warm .npy files."""
+    priority = {}
+    for report in plan.chunk_reports():
+        if report.operand in ("A", "B"):
+            repeated = (report.decodes - report.n_chunks) * report.chunks[0] * report.chunks[1]
+            priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
+    chosen: tuple[str, ...] = ()
+    ringed = set(plan.into_ring)  # decoded into the ring: nothing to keep
+    for name in sorted((x for x in priority if x not in ringed), key=lambda x: priority[x],
+                       reverse=True):
+        kept = ("A", "B") if plan.problem.shared else (name,)  # one matrix: kept for both
+        trial = dataclasses.replace(plan, cache=tuple(sorted(set(chosen + kept))))
+        if trial.host_bytes <= plan.host_memory_limit:
+            chosen = trial.cache
+    if not chosen:
+        return plan
+    return dataclasses.replace(plan, cache=chosen).validate()
+
+
+def smaller(plan: Plan, memory_limit: int, host_memory_limit: int, why: str) -> Plan:
+    """The plan to go on with after memory ran short (``why``): the best tile under the
+    smaller budgets, every block to compute."""
+    staging = {k: getattr(plan, k) for k in STAGING}
+    try:
+        tile = choose_tile(plan.problem, plan.model, memory_limit, host_memory_limit,
+                           staged=plan.staged, kernel=plan.kernel, symmetric=plan.symmetric,
+                           **staging)
+    except BudgetError as budget:
+        raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
+    return finished(dataclasses.replace(
+        plan, tile=tile, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
+        done=(), chosen_by="planner, again after running out of memory"))

@@ -1,0 +1,378 @@
+"""The I/O of one run, assembled in one place and owned until it ends.
+
+:func:`open_run` turns what the user passed into a :class:`RunIO` before anything is planned:
+the operands opened and checked against each other (shapes, dtypes, ``c`` and an update in
+place, one matrix in both roles), the output target checked, and that it shares no storage
+with an input (:func:`~oocgemm.storage.identity.check_output`). The planner takes its facts
+(:meth:`RunIO.operands`) and never touches storage. With the plan, :meth:`RunIO.begin` opens
+the output: its layout, its journal (resuming an interrupted run when asked). Executors read
+through :meth:`RunIO.readers` and write through :meth:`RunIO.writer`, each at the storage's
+grain. :meth:`RunIO.commit` publishes the output. Used as a context manager, it closes the
+sources and, when the run ends by an error before its commit, removes what it wrote, or
+keeps the journaled blocks of an interrupted run for ``resume=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import hostinfo
+from ..checks import check_dtype, check_matrix
+from ..errors import DTypeError, OptionError, OutputError, ShapeError
+from ..planning import Operand, Plan
+from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls
+from ._files import signals_deferred
+from .identity import check_output, one_matrix
+from .outputs import check_out, check_out_options, output_layout
+
+
+@dataclass
+class RunIO:
+    """The sources, the output and (once begun) the sink of one run."""
+
+    sources: dict[str, MatrixSource]
+    """'A', 'B', and 'C' when C is read (beta != 0)."""
+    out: Any
+    """What the user passed as ``out`` (a local path resolved through links)."""
+    out_operand: Operand
+    in_place: bool
+    """C is read from ``out`` itself (beta != 0 without ``c``)."""
+    shared: bool
+    """a and b are one matrix (each chunk read and decoded once for both roles)."""
+    shape: tuple[int, int, int]
+    """(M, N, K)."""
+    dtype: np.dtype
+    out_options: dict
+    """Checked ``out_options`` of a new Zarr output (empty otherwise)."""
+    given: dict
+    """What the user passed as a, b and c (local paths for ``file://`` URLs)."""
+    storage_options: dict | None = None
+    sink: Any = None
+    """The output being written, once :meth:`begin` opened it."""
+    committed: bool = False
+    _opened: list = field(default_factory=list)
+    """Every source opened, used or not: closed at the end."""
+    _journal: Any = None
+    """The journal of a resumed run, until its sink is made."""
+    _signatures: dict | None = None
+    """The inputs' signatures of a journaled run."""
+    _plan: Any = None
+    """The plan being run."""
+
+    # -- before the plan ---------------------------------------------------------------
+    def operands(self) -> tuple[Operand, Operand, Operand | None, Operand]:
+        """What the planner knows of a, b, c (None when not read) and out."""
+        c = self.sources.get("C")
+        return (self._operand(self.sources["A"]), self._operand(self.sources["B"]),
+                None if c is None else self._operand(c), self.out_operand)
+
+    def _operand(self, src: MatrixSource) -> Operand:
+        rows, cols = src.shape
+        zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None
+        return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=zero_copy,
+                       sliced=src.sliced, decodes_into=src.decodes_into)
+
+    def layout(self, plan: Plan) -> dict:
+        """The layout of the output a run of ``plan`` writes (:func:`output_layout`)."""
+        original = self.sources.get("C") if self.in_place else None
+        return output_layout(plan, self.out_options, original)
+
+    # -- the run -----------------------------------------------------------------------
+    def begin(self, plan: Plan, *, overwrite: bool, resume_: bool, attributes: dict) -> Plan:
+        """Open the output for a run of ``plan``, with its journal where the output is a
+        path of inputs stored as files; with ``resume_``, continue the interrupted run of
+        this product. The plan to run (the interrupted run's, with its blocks done)."""
+        inputs = {"A": self.given["a"], "B": self.given["b"]}
+        if plan.problem.reads_c:
+            inputs["C"] = self.out if self.in_place else self.given["c"]
+        signatures = resume.signatures(self.out, inputs)
+        journal = temporary = None
+        if resume_:
+            if signatures is None:
+                raise OptionError("resume=True needs an output path and inputs stored as local "
+                                  "files (.npy, .zarr)")
+            plan, journal, temporary = resume.resumable(
+                plan, self.out, lambda p: self._fingerprint(p, signatures))
+        elif signatures is not None:
+            resume.warn_kept(os.fspath(self.out))
+        self._journal = journal  # closed by __exit__ when the sink is never made
+        with signals_deferred():
+            self.sink = self._open_sink(plan, overwrite, attributes, temporary)
+            if signatures is not None:
+                from .journal import Journal, JournaledSink
+
+                if journal is None:
+                    journal = Journal(self.sink.temporary_path, resume.header(
+                        plan, self._fingerprint(plan, signatures)))
+                self.sink = JournaledSink(self.sink, journal, plan.row_splits, plan.col_splits)
+        self._signatures, self._plan = signatures, plan
+        return plan
+
+    def _fingerprint(self, plan: Plan, signatures: dict) -> dict:
+        return resume.fingerprint(plan, signatures, self.out, self.in_place, self.layout(plan))
+
+    def _open_sink(self, plan: Plan, overwrite: bool, attributes: dict, temporary):
+        prob = plan.problem
+        sink = open_sink(self.out, shape=(prob.m, prob.n), dtype=prob.dtype,
+                         options=self.layout(plan), overwrite=overwrite, in_place=self.in_place,
+                         attributes=attributes, storage_options=self.storage_options,
+                         temporary=temporary)
+        c_in = self.sources.get("C")
+        if self.in_place and hasattr(sink, "guard") and sink.path is None and \
+                hasattr(c_in, "lock"):  # a given zarr.Array read as C and written
+            sink.guard(c_in)
+        return sink
+
+    def replanned(self, plan: Plan) -> None:
+        """The run starts again with ``plan`` (other blocks): the journal follows."""
+        from .journal import JournaledSink
+
+        self._plan = plan
+        if isinstance(self.sink, JournaledSink):
+            assert self._signatures is not None  # a journal: inputs stored as files
+            self.sink = self.sink.regrid(plan.row_splits, plan.col_splits, resume.header(
+                plan, self._fingerprint(plan, self._signatures)))
+
+    def readers(self, plan: Plan, sources: dict | None = None) -> dict:
+        """The sources read at their grain for ``plan`` (:func:`chunk_readers`)."""
+        return chunk_readers(plan, self.sources if sources is None else sources)
+
+    def writer(self, plan: Plan):
+        """The sink written at its grain for ``plan`` (:func:`chunk_writer`)."""
+        return chunk_writer(plan, self.sink)
+
+    def commit(self):
+        """Publish the output (an interrupt waits for the commit to end); what the run
+        returns as ``result.out``."""
+        with signals_deferred():  # a signal that arrives here is raised as the block ends
+            result = self.sink.commit()
+            self.committed = True
+        if self._signatures is not None:
+            resume.name_left_behind(os.fspath(self.out))
+        return result
+
+    @property
+    def name(self) -> str:
+        """The output, for messages and ``result.out_name``."""
+        return os.fspath(self.out) if is_path(self.out) else self.sink.name
+
+    def storage_bytes(self) -> dict:
+        """What the run took from storage, apart from what its READs copied into slots: the
+        stored bytes read (compressed chunks, or a file's pages) and the bytes decoded, summed
+        over the distinct sources (one matrix in both roles counts once)."""
+        distinct = {id(src): src for src in self.sources.values()}.values()
+        return {"storage_read": sum(src.bytes_read for src in distinct),
+                "decoded": sum(src.decoded_bytes for src in distinct)}
+
+    # -- the end -----------------------------------------------------------------------
+    def __enter__(self) -> RunIO:
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        try:
+            if exc is not None:
+                self._failed(exc)
+        finally:
+            for src in self._opened:
+                src.close()
+
+    def _failed(self, exc: BaseException) -> None:
+        """The run ends by ``exc``: a committed output stays (and the exception says so); an
+        interrupt keeps the journaled blocks for resume=True; anything else removes what the
+        run wrote."""
+        from .journal import JournaledSink
+
+        if self.committed:  # an interrupt after the commit: the output is whole, and stays
+            exc.oocgemm_committed = self.name  # type: ignore[attr-defined]
+            exc.add_note(f"oocgemm: {self.name} was complete and committed before this "
+                         f"interrupt")
+            return
+        if self.sink is None:
+            if self._journal is not None:
+                self._journal.close()
+            return
+        with signals_deferred():
+            sink = self.sink
+            if isinstance(exc, KeyboardInterrupt) and isinstance(sink, JournaledSink) \
+                    and sink.keep():  # finished blocks stay, for resume=True
+                p, q, _ = self._plan.grid
+                blocks = p * q
+                exc.oocgemm_resumable = (  # type: ignore[attr-defined]
+                    sink.journal.temporary, len(sink.journal.blocks), blocks)
+                exc.add_note(f"oocgemm: {len(sink.journal.blocks)} of {blocks} C blocks "
+                             f"are kept in {sink.journal.temporary}; resume=True finishes "
+                             f"the product")
+            else:
+                sink.abort()
+
+
+def open_run(a, b, out, *, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+             out_options=None, storage_options=None) -> RunIO:
+    """The operands of ``out = alpha * op(a) @ op(b) + beta * c`` opened and checked against
+    each other, and the output target checked, before any work.
+
+    Raises
+    ------
+    OOCGemmError
+        InputError, ShapeError, DTypeError, OptionError, OutputError (an output that cannot
+        be written, or shares storage with an input).
+    """
+    a, b, c, out = (urls.local(os.fspath(x)) if is_path(x) else x for x in (a, b, c, out))
+    if is_path(out) and not out.strip():
+        raise OutputError("out is an empty path; name a .zarr or .npy output")
+    if is_path(out) and not urls.is_url(out) and os.path.islink(out):
+        out = os.path.realpath(out)  # the output goes where the link points; the link stays
+    opened: list[MatrixSource] = []
+    try:
+        return _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options,
+                       storage_options, opened)
+    except BaseException:
+        for src in opened:
+            src.close()
+        raise
+
+
+def _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options, storage_options,
+            opened: list) -> RunIO:
+    def source(x, role: str, name: str | None = None) -> MatrixSource:
+        src = open_source(x, role, storage_options)
+        opened.append(src)
+        check_matrix(name or role, src)
+        return src
+
+    src_a, src_b = source(a, "a"), source(b, "b")
+    shared = one_matrix(a, src_a, b, src_b)  # by what is behind them, never by name
+    if shared:  # one source for both roles: each chunk read and decoded once
+        opened.remove(src_b)
+        src_b.close()
+        src_b = src_a
+    m, k, n = _dimensions(src_a, src_b, trans_a, trans_b)
+    src_c, in_place = None, False
+    if c is not None:  # its shape is checked whenever it is given, read only when beta != 0
+        src_c = source(c, "c")
+        _check_c_shape(src_c, (m, n, k), "c")
+    if beta != 0 and c is None:
+        if out is None or (is_path(out) and not exists(out, storage_options)):
+            raise OptionError("beta != 0 reads C: pass c=..., or an existing out to update in "
+                              "place")
+        src_c = source(out, "out (read as c, beta != 0)", "out")
+        _check_c_shape(src_c, (m, n, k), f"out {os.fspath(out)!r}" if is_path(out) else "out",
+                       in_place=True)
+        in_place = True
+    reads_c = src_c is not None and beta != 0
+    if out is not None:  # by what is behind out and the inputs, never by name
+        read_c = ("c", c, src_c) if (c is not None and beta != 0) else None
+        in_place |= check_output(out, [("a", a, src_a), ("b", b, src_b)], read_c)
+    dtype = _dtype(src_a, src_b, src_c if reads_c else None, alpha, beta)
+    out_operand = check_out(out, (m, n), dtype)
+    out_options = check_out_options(out, out_options, (m, n), dtype, in_place)
+    if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
+        out_operand = dataclasses.replace(
+            out_operand, chunks=out_options.get("shards") or out_options["chunks"])
+    sources = {"A": src_a, "B": src_b}
+    if src_c is not None and reads_c:
+        sources["C"] = src_c
+    return RunIO(sources=sources, out=out, out_operand=out_operand, in_place=in_place,
+                 shared=shared, shape=(m, n, k), dtype=dtype, out_options=out_options,
+                 given={"a": a, "b": b, "c": c}, storage_options=storage_options,
+                 _opened=list(opened))
+
+
+def _dimensions(src_a, src_b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """(M, K, N) of op(a) @ op(b)."""
+    m, k = src_a.shape[::-1] if trans_a else src_a.shape
+    k2, n = src_b.shape[::-1] if trans_b else src_b.shape
+    if k != k2:
+        raise ShapeError(
+            "inner dimensions differ: a is "
+            f"{tuple(src_a.shape)}{' (transposed)' if trans_a else ''}, "
+            f"b is {tuple(src_b.shape)}{' (transposed)' if trans_b else ''}: op(a) has {k} "
+            f"columns, op(b) has {k2} rows")
+    return m, k, n
+
+
+def _check_c_shape(src: MatrixSource, mnk: tuple[int, int, int], what: str,
+                   in_place: bool = False) -> None:
+    m, n, k = mnk
+    if tuple(src.shape) != (m, n):
+        note = "it is updated in place as c; " if in_place else ""
+        raise ShapeError(f"{what} has shape {tuple(src.shape)}, expected {(m, n)} ({note}op(a) "
+                         f"is {(m, k)}, op(b) is {(k, n)})")
+
+
+def _dtype(src_a, src_b, src_c, alpha, beta) -> np.dtype:
+    """The compute dtype: the operands' (C's where it is read), checked."""
+    dtypes = [check_dtype("a", src_a.dtype), check_dtype("b", src_b.dtype)]
+    if src_c is not None:
+        dtypes.append(check_dtype("c", src_c.dtype))
+    dtype = np.result_type(*dtypes)
+    if (isinstance(alpha, complex) or isinstance(beta, complex)) and dtype.kind != "c":
+        raise DTypeError(f"alpha={alpha!r}, beta={beta!r}: complex scalars need complex operands, "
+                         f"got {dtype}")
+    return dtype
+
+
+def chunk_readers(plan: Plan, sources: dict) -> dict:
+    """The sources with every chunked on-disk one read at its grain
+    (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
+    once per run for the operands the plan keeps."""
+    from ..planning.chunks import loads
+    from .base import ChunkedSource
+    from .chunked import ChunkReader
+
+    # The CUDA executor's host threads mostly wait on copies: decode on every core there.
+    decoders = max(plan.readers, hostinfo.cores()) if plan.staged else plan.readers
+    wrapped = dict(sources)
+    for name, src in sources.items():
+        if name == "B" and plan.problem.shared:
+            wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
+        elif (src.on_disk and src.chunks is not None and not src.sliced
+              and isinstance(src, ChunkedSource)):
+            roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
+            wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
+                                        kept=name in plan.cache, decoders=decoders,
+                                        gap=len(roles), into=name in plan.into_ring)
+    return wrapped
+
+
+def chunk_writer(plan: Plan, sink):
+    """The sink written at its grain (:class:`~oocgemm.storage.chunked.ChunkWriter`) where
+    the plan writes C blocks in row stripes that cut the output's chunks: each chunk encoded
+    once, whole, instead of once per stripe. Else the sink itself."""
+    from ..planning.tiling import assembly_window
+    from .chunked import ChunkWriter
+
+    if not plan.staged or not sink.on_disk or not sink.chunks:
+        return sink
+    budget = assembly_window(plan.problem, plan.tile,
+                             plan.buffers.out_ring // plan.problem.itemsize,
+                             plan.min_stripes, sink.chunks)
+    if not budget:
+        return sink
+    return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)
+
+
+def chunk_counts(readers: dict) -> dict:
+    """What the chunk readers did, per operand: chunks, decodes, decoded and peak bytes, the
+    readers' time copying out of decoded chunks."""
+    from .chunked import ChunkReader
+
+    counts: dict = {}
+    seen: dict[int, str] = {}  # one reader for one matrix in both roles: reported once, as A
+    for name, src in readers.items():
+        if not isinstance(src, ChunkReader):
+            continue
+        if id(src) in seen:
+            counts[seen[id(src)]]["roles"] += name
+            continue
+        seen[id(src)] = name
+        counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
+                        "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
+                        "kept": src.kept, "into_ring": src.into,
+                        "copy_seconds": src.copy_seconds, "roles": name}
+    return counts
