@@ -469,7 +469,8 @@ def _execute(plan_: Plan, io: RunIO, dev: Device, devices: list[str] | None, *, 
                 log = run_on_devices(plan_, dev.kind, devices, io.sources, io.sink,
                                      readers=io.readers, writer=io.writer, on_event=on_event,
                                      record=record, resources=resources)
-                return _Run(plan_, log, time.perf_counter() - start, readers, [], log.share)
+                return _Run(plan_, log, time.perf_counter() - start, readers, replanned,
+                            log.share)
             readers = io.readers(plan_)
             writer = io.writer(plan_)
             log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,

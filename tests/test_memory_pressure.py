@@ -44,6 +44,22 @@ def test_out_of_memory_midway_plans_again_and_finishes(rng, workdir, monkeypatch
     assert leftovers(".") == []
 
 
+@pytest.mark.parametrize("out", [None, "c.zarr"])
+def test_out_of_memory_on_one_of_several_devices_plans_again(rng, workdir, monkeypatch, out):
+    """README: memory pressure plans again with smaller blocks, with several devices too:
+    the device that ran out stops the others, and the product starts again on all."""
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=5)
+    with pytest.warns(RuntimeWarning, match="host memory ran out"):
+        r = oocgemm.multiply(a, b, out, device=["cpu", "cpu"], memory_limit="400KB")
+    assert len(r.replanned) == 1
+    assert r.plan.memory_limit <= 400_000 // 2
+    assert set(r.devices) == {"cpu#0", "cpu#1"}
+    got = r.out if out is None else zarr.open_array(out, mode="r")[...]
+    assert_gemm(got, a, b)
+    assert leftovers(".") == []
+
+
 def test_memory_that_keeps_running_out_is_an_error_in_the_end(rng, workdir, monkeypatch):
     a, b = rand(rng, (200, 150)), rand(rng, (150, 120))
     _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=1, times=100)
