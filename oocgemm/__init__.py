@@ -13,6 +13,7 @@ from .errors import (
                      DTypeError,
                      ExecutionError,
                      InputError,
+                     KernelError,
                      MemoryPressureError,
                      OOCGemmError,
                      OptionError,
@@ -25,7 +26,6 @@ from .result import Result
 from .version import __version__
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engine",
-           "ExecutionError",
-           "InputError", "MemoryPressureError", "OOCGemmError", "OptionError", "OutputError",
-           "Plan", "Result",
-           "ShapeError", "VerifyReport", "gram", "multiply", "plan", "verify", "__version__"]
+           "ExecutionError", "InputError", "KernelError", "MemoryPressureError", "OOCGemmError",
+           "OptionError", "OutputError", "Plan", "Result", "ShapeError", "VerifyReport", "gram",
+           "multiply", "plan", "verify", "__version__"]

@@ -130,7 +130,7 @@ def plan(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     """Plan ``out = alpha * op(a) @ op(b) + beta * c`` without reading any data.
 
     Takes the same arguments as :func:`multiply`; returns the validated
-    :class:`~oocgemm.plan.Plan` (print it for a summary; ``plan.schedule`` lists the block
+    :class:`~oocgemm.planning.Plan` (print it for a summary; ``plan.schedule`` lists the block
     operations).
 
     Raises
@@ -203,7 +203,9 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     kernel
         The per-block GEMM on a GPU: 'cublas' (the default, the fastest measured) or one of
         the kernels of ``kernels/``: 'naive', 'tiled', 'opt', 'regblock' (float32/float64),
-        'dmma' (float64, FP64 tensor cores, compute capability 8.0+). Not for the CPU.
+        'dmma' (float64, FP64 tensor cores, compute capability 8.0+); those are not for the
+        CPU. 'ozaki' or 'ozaki:N' (float64, on a GPU or the CPU): float64 products emulated
+        with Ozaki scheme II from int8 GEMMs (N moduli; README, Python API: `kernel`).
     overwrite
         Replace an existing output path.
     progress

@@ -24,7 +24,7 @@ class Result:
     """The product: the committed Zarr array / memmap for a path, the given array, or a new
     numpy array for ``out=None``."""
     plan: Any
-    """The :class:`~oocgemm.plan.Plan` that ran."""
+    """The :class:`~oocgemm.planning.Plan` that ran."""
     seconds: float
     """Wall time of the execution (planning and opening excluded), seconds."""
     flops: int

@@ -18,7 +18,8 @@ from oocgemm.planning.tiling import SLOW_FLOOR
 def test_error_hierarchy():
     for cls in (oocgemm.InputError, oocgemm.ShapeError, oocgemm.DTypeError, oocgemm.OutputError,
                 oocgemm.BudgetError, oocgemm.OptionError, oocgemm.DeviceError,
-                oocgemm.ExecutionError):
+                oocgemm.ExecutionError, oocgemm.KernelError, oocgemm.DependencyError,
+                oocgemm.MemoryPressureError):
         assert issubclass(cls, oocgemm.OOCGemmError)
     assert issubclass(oocgemm.OOCGemmError, ValueError)
 

@@ -445,7 +445,7 @@ def _wrap(prefix: str, parts: list[str], width: int = 100) -> str:
 
 
 def plan_figures(plan) -> tuple[dict, dict]:
-    """(predicted, meta) of a :class:`~oocgemm.plan.Plan`, for :meth:`Timeline.from_events`."""
+    """(predicted, meta) of a :class:`~oocgemm.planning.Plan`, for :meth:`Timeline.from_events`."""
     pred = plan.prediction
     predicted = {"seconds": pred.total, "bound": pred.bound, "compute": pred.compute,
                  "h2d": pred.h2d, "d2h": pred.d2h, "storage_read": pred.storage_read,
