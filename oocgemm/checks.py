@@ -11,7 +11,9 @@ import numpy as np
 from .errors import DTypeError, InputError, OptionError
 from .storage.base import MatrixSource
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
+#: The dtypes oocgemm multiplies (the one list: operands, options and ``oocgemm random``).
+DTYPES = ("float32", "float64", "complex64", "complex128")
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in DTYPES)
 
 
 def scalar(name: str, value: Any) -> float | complex:
@@ -40,8 +42,7 @@ def check_dtype(role: str, dtype) -> np.dtype:
     except TypeError:  # not a numpy dtype, or one without a byte order (strings)
         supported = False
     if not supported:  # '>f8' is float64 too
-        raise DTypeError(f"{role} has dtype {dtype}; supported: float32, float64, complex64, "
-                         f"complex128")
+        raise DTypeError(f"{role} has dtype {dtype}; supported: {', '.join(DTYPES)}")
     return dtype
 
 

@@ -21,11 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from . import hostinfo
+from .checks import DTYPES
 from .errors import OptionError, OutputError
 from .storage import _files
-
-#: The dtypes oocgemm multiplies (and ``random`` writes).
-DTYPES = ("float32", "float64", "complex64", "complex128")
 
 #: Default chunk edge of ``random`` .zarr outputs (chunks are min(shape, 2048x2048)).
 DEFAULT_CHUNK = 2048
@@ -35,7 +33,8 @@ RANDOM_BLOCK_BYTES = 64 << 20
 
 
 def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it."""
+    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it (an option's value;
+    an operand's dtype is :func:`oocgemm.checks.check_dtype`'s, a DTypeError)."""
     try:
         dt = np.dtype(dtype)
     except TypeError:

@@ -8,8 +8,9 @@ pipelined run takes about the largest of them plus the fill and drain that nothi
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .. import hostinfo
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,11 @@ def cuda_model() -> DeviceModel:
 
 def cpu_model() -> DeviceModel:
     """numpy BLAS on this host: about 35 GFLOP/s per core in float64 (0.56 TFLOP/s on 16)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = hostinfo.cores()
     # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
     # for copies between warm buffers.
     # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on
     # the 2-core VM; 0.5 GB/s a core through zarr-python's pipeline).
-    return DeviceModel(name="cpu", flops=35e9 * (cores or 1), h2d=0.0, d2h=0.0, half_size=16,
+    return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
-                       decode=1.0e9 * (cores or 1), decode_on_compute_cores=True)
+                       decode=1.0e9 * cores, decode_on_compute_cores=True)
