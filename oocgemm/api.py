@@ -350,27 +350,16 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     dev = resolve_device(options.device if device is None else device)
     io = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                   out_options=options.out_options, storage_options=options.storage_options)
-    with _closed_on_error(io):
+    try:
         m, n, k = io.shape
         op_a, op_b, op_c, op_out = io.operands()
         problem = Problem(m=m, n=n, k=k, itemsize=io.dtype.itemsize, dtype=io.dtype.name,
                           a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
                           trans_a=bool(trans_a), trans_b=bool(trans_b), shared=io.shared)
         return io, _plan(problem, options, dev), dev
-
-
-class _closed_on_error:
-    """Close a run's I/O when what follows its opening fails (it is the caller's after)."""
-
-    def __init__(self, io: RunIO):
-        self.io = io
-
-    def __enter__(self) -> RunIO:
-        return self.io
-
-    def __exit__(self, kind, exc, traceback) -> None:
-        if exc is not None:
-            self.io.__exit__(kind, exc, traceback)
+    except BaseException as exc:  # no plan: the sources are closed here, not by the caller
+        io.__exit__(type(exc), exc, exc.__traceback__)
+        raise
 
 
 def _plan(problem: Problem, options: Options, dev: Device) -> Plan:
