@@ -510,13 +510,13 @@ class _Check:
     it is committed."""
 
     def __init__(self, plan: Plan, io: RunIO):
-        from .freivalds import _vectors, prepare_c_in
+        from .freivalds import prepare_c_in, random_vectors
 
         prob = plan.problem
         self.prob, self.io = prob, io
         complex_ = (prob.dtype.startswith("complex") or isinstance(prob.alpha, complex)
                     or isinstance(prob.beta, complex))
-        self.x = _vectors(prob.n, 2, complex_, None)
+        self.x = random_vectors(prob.n, 2, complex_, None)
         c_in = (io.out if io.in_place else io.given["c"]) if prob.reads_c else None
         self.side = prepare_c_in(c_in, self.x, storage_options=io.storage_options)
 

@@ -99,7 +99,7 @@ def _apply(src, x: np.ndarray, transposed: bool, dtype, x_abs: np.ndarray | None
     return y, y_abs
 
 
-def _vectors(n: int, rounds: int, complex_: bool, seed) -> np.ndarray:
+def random_vectors(n: int, rounds: int, complex_: bool, seed) -> np.ndarray:
     """Random signs (and signs times i): every entry of x has the same magnitude, so an error
     in one element of C shows in full in its row of ``C x``. (Gaussian entries near zero hid
     an error of a fifth of max|C| in one element from two rounds in 1.4% of the draws.)"""
@@ -172,7 +172,7 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
         complex_ = (compute.kind == "c" or np.dtype(srcs["c"].dtype).kind == "c"
                     or isinstance(alpha, complex) or isinstance(beta, complex))
         wide = _wide(complex_)
-        x = _x if _x is not None else _vectors(n, rounds, complex_, seed)
+        x = _x if _x is not None else random_vectors(n, rounds, complex_, seed)
         bx, bx_abs = _apply(srcs["b"], x, trans_b, wide)
         abx, abx_abs = _apply(srcs["a"], bx, trans_a, wide, x_abs=bx_abs)
         cx, cx_abs = _apply(srcs["c"], x, False, wide)

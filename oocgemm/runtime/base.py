@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib
 import threading
+from concurrent.futures import CancelledError, InvalidStateError
 
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..errors import DeviceError
+from ..errors import DeviceError, ExecutionError, MemoryPressureError, OOCGemmError
 
 #: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
 _EXECUTORS = {"cpu": "oocgemm.runtime.cpu:CpuExecutor", "cuda": "oocgemm.runtime.cuda:CudaExecutor"}
@@ -139,3 +140,41 @@ class Executor:
         event = self.log.add(op, lane, start, end, nbytes, wanted=wanted)
         if wanted:
             self.on_event(event)
+
+
+def failure(exc: BaseException, futures) -> BaseException:
+    """What a run that failed with ``exc`` raises: the first real failure among the
+    ``futures`` of its operations (not a dependent's echo of it), as an OOCGemmError (an
+    allocation failure as a MemoryPressureError, which the API answers with a replan);
+    an interrupt as itself."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    first = exc
+    for fut in futures:
+        if fut is not None and fut.done() and not fut.cancelled():
+            err = fut.exception()
+            if err is not None and not isinstance(err, (Cancelled, CancelledError,
+                                                        InvalidStateError)):
+                first = err
+                break
+    if isinstance(first, OOCGemmError):
+        return first
+    where = out_of_memory(first)
+    if where is not None:
+        return MemoryPressureError(f"{where} memory ran out: {type(first).__name__}: {first}",
+                                   where)
+    return ExecutionError(f"the run failed: {type(first).__name__}: {first}")
+
+
+def out_of_memory(err: BaseException) -> str | None:
+    """Which memory an allocation failure ran out of: 'host' (numpy's MemoryError), 'device'
+    (CuPy's OutOfMemoryError, from its GPU memory pool), 'pinned' (a CUDA allocation error:
+    page-locked host memory, or a library's own GPU allocation); None for other errors."""
+    if type(err).__name__ == "OutOfMemoryError":  # CuPy's is a MemoryError too
+        return "device"
+    if isinstance(err, MemoryError):
+        return "host"
+    text = str(err)
+    if "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text:
+        return "pinned"
+    return None

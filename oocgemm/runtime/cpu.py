@@ -19,18 +19,18 @@ The schedule, its order and its dependencies stay the same; only the bytes do no
 from __future__ import annotations
 
 import threading
-from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
-from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..planning.schedule import OpKind
 from .base import (
     Cancelled,
     Executor,
     block_shape,
+    failure,
     mirror_lower,
     panel_shapes,
     thread_lane,
@@ -289,45 +289,10 @@ class CpuExecutor(Executor):
                     fut.cancel()
             for workers in pools.values():
                 workers.shutdown(wait=True, cancel_futures=True)
-            raise _translate(exc, futures) from None
+            raise failure(exc, futures) from None
         finally:
             for workers in pools.values():
                 workers.shutdown(wait=True)
             self._buffers.clear()
             self._bound.clear()
         return self.log
-
-
-def _translate(exc: BaseException, futures) -> BaseException:
-    """The first real failure (not a dependent's echo of it), as an OOCGemmError."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return exc
-    first = exc
-    for fut in futures:
-        if fut is not None and fut.done() and not fut.cancelled():
-            err = fut.exception()
-            if err is not None and not isinstance(err, (Cancelled, CancelledError,
-                                                        InvalidStateError)):
-                first = err
-                break
-    if isinstance(first, OOCGemmError):
-        return first
-    where = _out_of_memory(first)
-    if where is not None:
-        return MemoryPressureError(f"{where} memory ran out: {type(first).__name__}: {first}",
-                                   where)
-    return ExecutionError(f"the run failed: {type(first).__name__}: {first}")
-
-
-def _out_of_memory(err: BaseException) -> str | None:
-    """Which memory an allocation failure ran out of: 'host' (numpy's MemoryError), 'device'
-    (CuPy's OutOfMemoryError, from its GPU memory pool), 'pinned' (a CUDA allocation error:
-    page-locked host memory, or a library's own GPU allocation); None for other errors."""
-    if type(err).__name__ == "OutOfMemoryError":  # CuPy's is a MemoryError too
-        return "device"
-    if isinstance(err, MemoryError):
-        return "host"
-    text = str(err)
-    if "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text:
-        return "pinned"
-    return None

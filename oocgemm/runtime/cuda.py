@@ -32,8 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
-from .base import Cancelled, Executor, block_shape, panel_shapes, thread_lane, with_c
-from .cpu import _translate
+from .base import Cancelled, Executor, block_shape, failure, panel_shapes, thread_lane, with_c
 
 
 def _settle(future: Future, task) -> None:
@@ -317,7 +316,7 @@ class CudaExecutor(Executor):
                 self._stop(device_futures, host_futures)
                 for pool in pools.values():
                     pool.shutdown(wait=True, cancel_futures=True)
-                raise _translate(exc, list(host_futures.values()) + lane_futures) from None
+                raise failure(exc, list(host_futures.values()) + lane_futures) from None
             finally:
                 if feeder is not None:  # done, or stopped by the shut-down pools
                     feeder.join()
