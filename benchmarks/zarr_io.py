@@ -8,13 +8,13 @@ Three subcommands (``python -m benchmarks.zarr_io SUBCOMMAND --help`` for the op
     zarr,zarrs,tensorstore,numcodecs]
 
 ``make`` writes a test store the way a user with zarr-python's defaults would (random float64,
-zstd, chunk-aligned parallel writes); the data of each stored object is ``default_rng([seed,
-*index])``,
-recorded in the attributes, so ``decode`` can check every decoder against regenerated data.
+zstd, chunk-aligned parallel writes; the shards of ``v3-sharded`` hold 512² chunks); the data of
+each stored object is ``default_rng([seed, *index])``, the seed recorded in the attributes, so
+``decode`` can check every decoder against regenerated data.
 
 ``floor`` measures the disk under the stores: parallel os-level reads of every chunk file, cold
-(after
-dropping the page cache) and warm, and parallel writes of N files with fsync (C's storage floor).
+(after dropping the page cache) and warm, and parallel writes with fsync of as many files as
+threads, the largest store's bytes in all, beside the first store (C's storage floor).
 
 ``decode`` reads each whole store into a preallocated array, every stored chunk decoded once, with
 each decoder that imports here: zarr-python's own pipeline (under several concurrency settings),
@@ -24,15 +24,16 @@ Each case runs in a fresh interpreter so that zarr's event loop and thread pools
 tensorstore pools, start from that case's own settings.
 
 Variants of ``decode`` (each fills one preallocated row-major array, timed from the first read):
-``whole`` one call for the whole array into it; ``whole-alloc`` the library allocates (``a[...]``);
-``chunks`` N threads share the stored objects (chunks, or shards), each read into its place;
-``bands`` N threads share row bands of whole stored objects (C-contiguous places); ``inner`` N
-threads share the inner chunks of a sharded array (a partial read of a shard each); ``direct``
-(numcodecs) decodes each chunk straight into a chunk-major destination, no copy.
+``whole`` one call for the whole array into it; ``chunks`` N threads share the stored objects
+(chunks, or shards), each read into its place; ``bands`` N threads share row bands of whole
+stored objects (C-contiguous places); ``inner`` N threads share the inner chunks of a sharded
+array (a partial read of a shard each); ``direct`` (numcodecs) decodes each chunk straight into
+a chunk-major destination, no copy.
 
 Rates are GB/s, 1e9 bytes per second. ``decode`` divides the decoded bytes (the dtype's bytes, the
 array in memory) by the median time of ``--repeat`` reads, and shows the stored bytes beside them.
 ``floor`` needs only numpy; ``make`` needs zarr; each decoder is imported only in its own cases.
+``decode`` reads only stores that ``make`` wrote: the check needs their seed.
 """
 
 from __future__ import annotations
@@ -71,15 +72,17 @@ METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmet
 _UINT64_MASK = (1 << 64) - 1
 
 LAYOUTS = ("v3", "v3-sharded", "v2")
-CODECS = ("zstd", "none", "blosc")
+INNER = 512
+"""Side of the inner chunks of a ``v3-sharded`` store (elements)."""
+CASE_TIMEOUT = 600
+"""Seconds one decode case may take in its own interpreter."""
 DECODERS = ("zarr", "zarr-fused", "zarrs", "tensorstore", "numcodecs")
-VARIANTS = ("whole", "whole-alloc", "chunks", "bands", "inner", "direct")
-DEFAULT_VARIANTS = ("whole", "chunks", "bands", "inner", "direct")
+VARIANTS = ("whole", "chunks", "bands", "inner", "direct")
 _VARIANTS_OF = {
-    "zarr": ("whole", "whole-alloc", "chunks", "bands", "inner"),
-    "zarr-fused": ("whole", "whole-alloc", "chunks", "bands", "inner"),
-    "zarrs": ("whole", "whole-alloc", "chunks", "bands", "inner"),
-    "tensorstore": ("whole", "whole-alloc", "chunks", "bands", "inner"),
+    "zarr": ("whole", "chunks", "bands", "inner"),
+    "zarr-fused": ("whole", "chunks", "bands", "inner"),
+    "zarrs": ("whole", "chunks", "bands", "inner"),
+    "tensorstore": ("whole", "chunks", "bands", "inner"),
     "numcodecs": ("chunks", "inner", "direct"),
 }
 _INSTALL_HINT = {
@@ -149,20 +152,11 @@ class StoreInfo:
         return f"v{self.zarr_format} {codec} {unit} chunks"
 
     def key(self, index: Sequence[int]) -> str:
-        """Path of the stored object at grid ``index``."""
+        """Path of the stored object at grid ``index``, under zarr's default chunk key encoding
+        (``make`` writes no other)."""
         if self.zarr_format == 2:
-            sep = self.meta.get("dimension_separator") or "."
-            name = sep.join(map(str, index)) if index else "0"
-        else:
-            enc = self.meta.get("chunk_key_encoding", {"name": "default"})
-            conf = enc.get("configuration") or {}
-            if enc.get("name") == "v2":
-                sep = conf.get("separator", ".")
-                name = sep.join(map(str, index)) if index else "0"
-            else:
-                sep = conf.get("separator", "/")
-                name = sep.join(["c", *map(str, index)])
-        return os.path.join(self.path, *name.split("/"))
+            return os.path.join(self.path, ".".join(map(str, index)))
+        return os.path.join(self.path, "c", *map(str, index))
 
     def units(self) -> list[tuple[tuple[int, ...], tuple[slice, ...]]]:
         """Every stored object as (grid index, its region of the array), in C order."""
@@ -234,13 +228,8 @@ def describe_store(path: str) -> StoreInfo:
         if meta.get("node_type") != "array":
             raise BenchError(f"{path} is a Zarr {meta.get('node_type')}, expected an array")
         shape = tuple(meta["shape"])
-        if not isinstance(meta["data_type"], str):
-            raise BenchError(f"{path}: data type {meta['data_type']!r} is not a plain numeric type")
         dtype = np.dtype(meta["data_type"]).newbyteorder("=").str
-        grid = meta["chunk_grid"]
-        if grid.get("name") != "regular":
-            raise BenchError(f"{path}: chunk grid {grid.get('name')!r}, expected 'regular'")
-        unit = tuple(grid["configuration"]["chunk_shape"])
+        unit = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
         codecs = meta["codecs"]
         sharded = any(c["name"] == "sharding_indexed" for c in codecs)
         inner = unit
@@ -290,20 +279,10 @@ def describe_store(path: str) -> StoreInfo:
 # ----------------------------------------------------------------------------------------------
 
 
-def unit_data(seed: int, index: Sequence[int], shape: Sequence[int], dtype: str) -> np.ndarray:
-    """The data ``make`` writes into the stored object at grid ``index`` (clipped ``shape``)."""
-    rng = np.random.default_rng([seed, *map(int, index)])
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return (
-            rng.random(tuple(shape), dtype=dt.type)
-            if dt.itemsize in (4, 8)
-            else rng.random(tuple(shape)).astype(dt)
-        )
-    if dt.kind in "iu":
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, size=tuple(shape), dtype=dt, endpoint=True)
-    raise BenchError(f"make writes float or integer data, got dtype {dtype}")
+def unit_data(seed: int, index: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """The float64 data ``make`` writes into the stored object at grid ``index`` (clipped
+    ``shape``): a stream of its own per object, so that any object can be regenerated alone."""
+    return np.random.default_rng([seed, *map(int, index)]).random(tuple(shape))
 
 
 def checksum(a: np.ndarray) -> int:
@@ -325,7 +304,7 @@ def expected_checksum(info: StoreInfo, threads: int) -> int:
 
     def one(item):
         idx, sl = item
-        return checksum(unit_data(info.seed, idx, [s.stop - s.start for s in sl], info.dtype))
+        return checksum(unit_data(info.seed, idx, [s.stop - s.start for s in sl]))
 
     with ThreadPoolExecutor(threads) as ex:
         return sum(ex.map(one, info.units())) & _UINT64_MASK
@@ -373,16 +352,10 @@ def drop_caches(files: Iterable[str]) -> str:
         return ""
 
 
-_BLOCK = 64 << 20
-
-
-def _read_whole_file(path: str, local: threading.local) -> memoryview | None:
-    """The file's bytes in this thread's reusable buffer (valid until its next call); None if
-       absent."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+def _read_whole_file(path: str, local: threading.local) -> memoryview:
+    """The file's bytes in this thread's reusable buffer (valid until its next call): a buffer
+    faulted in once per thread, not a fresh allocation per file."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         buf = getattr(local, "buf", None)
@@ -476,109 +449,42 @@ def write_files(folder: str, total: int, threads: int) -> tuple[int, float]:
 # ----------------------------------------------------------------------------------------------
 
 
-def make_store(
-    path: str,
-    *,
-    n: int,
-    chunk: int,
-    layout: str,
-    inner: int = 512,
-    codec: str = "zstd",
-    dtype: str = "float64",
-    seed: int = 0,
-    threads: int = 1,
-) -> dict:
-    """Write an n x n array of random data the way a zarr-python user with its defaults would.
+def make_store(path: str, *, n: int, chunk: int, layout: str, seed: int = 0,
+               threads: int = 1) -> dict:
+    """Write an n x n float64 array of random data the way a zarr-python user with its defaults
+    would (zstd, ``zarr.create_array``), one stored object per write, on ``threads`` threads.
 
-    Parameters
-    ----------
-    path : str
-        Folder of the new array; replaced if it exists.
-    n : int
-        Rows and columns (elements).
-    chunk : int
-        Side of a chunk (``v3``, ``v2``) or of a shard (``v3-sharded``), elements.
-    layout : {"v3", "v3-sharded", "v2"}
-        Zarr format 3 chunked, format 3 sharded (``chunk``-sided shards of ``inner``-sided chunks),
-        or format 2.
-    inner : int
-        Side of the inner chunks of a sharded layout (elements).
-    codec : {"zstd", "none", "blosc"}
-        zstd is zarr-python's default for both formats (numcodecs' Zstd for format 2).
-    dtype, seed, threads
-        Element type, seed of the data, threads writing stored objects in parallel.
-
-    Returns
-    -------
-    dict
-        What was written, with the seconds it took and the stored bytes.
+    ``chunk`` is the side of a chunk (``v3``, ``v2``) or of a shard of `INNER`-sided chunks
+    (``v3-sharded``); ``path`` is replaced if it exists. Returns what was written, with the
+    seconds it took and the stored bytes.
     """
     import zarr
 
     if layout not in LAYOUTS:
         raise BenchError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
-    if codec not in CODECS:
-        raise BenchError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
-    if layout == "v3-sharded" and chunk % inner:
-        raise BenchError(
-            f"the shard side {chunk} is not a multiple of the inner chunk side {inner}"
-        )
-    fmt = 2 if layout == "v2" else 3
-    if codec == "zstd":
-        compressors = "auto"
-    elif codec == "none":
-        compressors = None
-    elif fmt == 2:
-        import numcodecs
-
-        compressors = numcodecs.Blosc()
-    else:
-        compressors = zarr.codecs.BloscCodec()
-    kwargs = (
-        {"chunks": (inner, inner), "shards": (chunk, chunk)}
-        if layout == "v3-sharded"
-        else {"chunks": (chunk, chunk)}
-    )
-    arr = zarr.create_array(
-        store=path,
-        shape=(n, n),
-        dtype=dtype,
-        zarr_format=fmt,
-        compressors=compressors,
-        overwrite=True,
-        attributes={ATTR: {"seed": seed, "unit": [chunk, chunk]}},
-        **kwargs,
-    )
-    info_units = [
-        (idx, tuple(slice(i * chunk, min((i + 1) * chunk, n)) for i in idx))
-        for idx in np.ndindex(-(-n // chunk), -(-n // chunk))
-    ]
+    sharded = layout == "v3-sharded"
+    if sharded and chunk % INNER:
+        raise BenchError(f"the shard side {chunk} is not a multiple of the inner chunk side "
+                         f"{INNER}")
+    shape = {"chunks": (INNER, INNER), "shards": (chunk, chunk)} if sharded else {
+        "chunks": (chunk, chunk)}
+    arr = zarr.create_array(store=path, shape=(n, n), dtype="float64",
+                            zarr_format=2 if layout == "v2" else 3, overwrite=True,
+                            attributes={ATTR: {"seed": seed, "unit": [chunk, chunk]}}, **shape)
+    units = [(idx, tuple(slice(i * chunk, min((i + 1) * chunk, n)) for i in idx))
+             for idx in np.ndindex(-(-n // chunk), -(-n // chunk))]
 
     def one(item) -> None:
         idx, sl = item
-        arr[sl] = unit_data(seed, idx, [s.stop - s.start for s in sl], dtype)
+        arr[sl] = unit_data(seed, idx, [s.stop - s.start for s in sl])
 
     t0 = time.perf_counter()
-    _parallel(one, info_units, threads)
+    _parallel(one, units, threads)
     seconds = time.perf_counter() - t0
     info = describe_store(path)
-    return {
-        "path": info.path,
-        "layout": layout,
-        "label": info.label,
-        "n": n,
-        "chunk": chunk,
-        "inner": inner if layout == "v3-sharded" else chunk,
-        "codec": codec,
-        "dtype": dtype,
-        "seed": seed,
-        "threads": threads,
-        "seconds": seconds,
-        "decoded_bytes": info.decoded_bytes,
-        "stored_bytes": info.stored_bytes,
-        "files": len(info.files),
-        "zarr": _version("zarr"),
-    }
+    return {"path": info.path, "label": info.label, "n": n, "threads": threads,
+            "seconds": seconds, "decoded_bytes": info.decoded_bytes,
+            "stored_bytes": info.stored_bytes, "files": len(info.files)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -631,11 +537,11 @@ class Reader:
 class ZarrReader(Reader):
     """zarr-python's own API: ``get_basic_selection(region, out=NDBuffer)``, under a codec pipeline.
 
-    ``whole`` reads the array in one call into ``out``; ``whole-alloc`` is ``array[...]`` (zarr
-    allocates); ``chunks``/``inner``/``bands`` share stored objects / innermost chunks / row bands
-    of whole stored objects out to ``threads`` Python threads, each reading into its place of
-    ``out``. The ``zarrs`` pipeline decodes only into C-contiguous arrays: its ``chunks`` and
-    ``inner`` read into a per-thread scratch array and copy into place.
+    ``whole`` reads the array in one call into ``out``; ``chunks``/``inner``/``bands`` share
+    stored objects / innermost chunks / row bands of whole stored objects out to ``threads``
+    Python threads, each reading into its place of ``out``. The ``zarrs`` pipeline decodes only
+    into C-contiguous arrays: its ``chunks`` and ``inner`` read into a per-thread scratch array
+    and copy into place.
     """
 
     def __init__(
@@ -670,8 +576,6 @@ class ZarrReader(Reader):
     def run(self) -> None:
         if self.variant == "whole":
             self.array.get_basic_selection(Ellipsis, out=self._ndbuffer.from_numpy_array(self.out))
-        elif self.variant == "whole-alloc":
-            self.out = self.array[...]
         else:
             _parallel(self._into, self.pieces(), self.threads)
 
@@ -680,7 +584,7 @@ class TensorstoreReader(Reader):
     """tensorstore's ``zarr3``/``zarr`` drivers on a ``file`` kvstore, no cache, ``threads`` as its
     data-copy and file-I/O concurrency. ``whole``: ``ts.array(out).write(source)``; the piecewise
     variants write each region of the source into the same region of ``ts.array(out)``, one Python
-    thread waiting per region; ``whole-alloc``: ``source.read()``."""
+    thread waiting per region."""
 
     def __init__(self, info: StoreInfo, variant: str, threads: int) -> None:
         super().__init__(info, variant, threads)
@@ -699,9 +603,6 @@ class TensorstoreReader(Reader):
         self.source = ts.open(spec, context=ctx, read=True).result()
 
     def run(self) -> None:
-        if self.variant == "whole-alloc":
-            self.out = self.source.read().result()
-            return
         dest = self._ts.array(self.out, copy=False, write=True)
         if self.variant == "whole":
             dest.write(self.source).result()
@@ -721,89 +622,15 @@ def _scratch(local: threading.local, shape: tuple[int, ...], dtype) -> np.ndarra
     return cache[key]
 
 
-class _Chain:
-    """Decode of one innermost chunk's bytes into a C-contiguous chunk-shaped array, by
-    numcodecs."""
-
-    def __init__(self, ops: list, swap: bool, filters: list) -> None:
-        self.ops = ops
-        """bytes->bytes decode steps in decode order: a numcodecs codec, or ``"crc32c"`` (strip 4 "
-                                                                                     "bytes)."""
-        self.swap = swap
-        """Whether the stored elements are big-endian."""
-        self.filters = filters
-        """Version 2 filters (numcodecs codecs), decoded after the compressor, last one first."""
-
-    @property
-    def raw(self) -> bool:
-        """Stored bytes are the elements themselves (no compression, no checksum, no swap)."""
-        return not self.ops and not self.swap and not self.filters
-
-    def decode_into(self, data, dest: np.ndarray) -> None:
-        flat = dest.reshape(-1).view(np.uint8)
-        buf = data
-        wrote = False
-        for i, op in enumerate(self.ops):
-            last = i == len(self.ops) - 1 and not self.filters
-            if op == "crc32c":
-                buf = buf[:-4]
-            elif last:
-                op.decode(buf, out=flat)
-                wrote = True
-            else:
-                buf = op.decode(buf)
-        if self.filters:
-            arr = np.frombuffer(buf, dtype=dest.dtype)
-            for f in reversed(self.filters):
-                arr = f.decode(arr)
-            dest.reshape(-1)[...] = np.frombuffer(memoryview(arr).cast("B"), dtype=dest.dtype)
-            wrote = True
-        if not wrote:
-            flat[...] = np.frombuffer(buf, dtype=np.uint8)
-        if self.swap:
-            dest.byteswap(inplace=True)
-
-
-def _fill_value(fill, dtype: str) -> np.ndarray:
-    """The fill value of missing chunks as a 0-d array (JSON spells NaN and infinities as
-       strings)."""
-    if fill is None:
-        fill = 0
-    elif isinstance(fill, str):
-        named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
-        if fill not in named:
-            raise BenchError(
-                f"fill value {fill!r}: the direct reader handles numbers, NaN and infinities"
-            )
-        fill = named[fill]
-    return np.array(fill).astype(dtype)
-
-
-def _v3_bytes_chain(codecs: list[dict]) -> _Chain:
+def _zstd(info: StoreInfo):
+    """The numcodecs codec of the store's innermost chunks: zstd, as ``make`` writes them
+    (little-endian ``bytes``, no filters); anything else is refused."""
     import numcodecs
 
-    ab = [c for c in codecs if c["name"] in ("bytes", "endian")]
-    other = [c for c in codecs if c["name"] not in ("bytes", "endian")]
-    if len(ab) != 1:
-        raise BenchError(f"codec chain {[c['name'] for c in codecs]}: expected one 'bytes' codec")
-    swap = (ab[0].get("configuration") or {}).get("endian", sys.byteorder) != sys.byteorder
-    ops: list = []
-    for c in reversed(other):
-        name = c["name"]
-        if name == "zstd":
-            ops.append(numcodecs.Zstd())
-        elif name == "blosc":
-            ops.append(numcodecs.Blosc())
-        elif name == "gzip":
-            ops.append(numcodecs.GZip())
-        elif name == "crc32c":
-            ops.append("crc32c")
-        else:
-            raise BenchError(
-                "the direct reader handles bytes, zstd, blosc, gzip, crc32c, sharding_indexed; "
-                f"got {name!r}"
-            )
-    return _Chain(ops, swap, [])
+    if info.codecs not in (("zstd",), ("sharding[zstd]",)):
+        raise BenchError(f"{info.path}: chunks coded {'+'.join(info.codecs) or 'raw'}; the "
+                         f"direct reader decodes zstd, as make writes it")
+    return numcodecs.Zstd()
 
 
 class NumcodecsReader(Reader):
@@ -812,62 +639,18 @@ class NumcodecsReader(Reader):
     ``chunks``: ``threads`` threads share the stored objects; each reads the whole file and decodes
     it (every inner chunk of a shard, through the shard index) into a per-thread scratch chunk,
     then copies it into its place. ``inner`` (sharded only): each inner chunk on its own, reading
-    the
-    shard index and then the chunk's byte range, as a reader of tiles smaller than a shard would.
-    ``direct``: the destination is laid out chunk by chunk (a blocked array), so each chunk is
-    decoded straight into its block, no copy; uncompressed chunks are read straight into it.
+    the shard index and then the chunk's byte range, as a reader of tiles smaller than a shard
+    would. ``direct``: the destination is laid out chunk by chunk (a blocked array), so each chunk
+    is decoded straight into its block, no copy.
     """
 
     def __init__(self, info: StoreInfo, variant: str, threads: int) -> None:
         super().__init__(info, variant, threads)
-        meta = info.meta
-        self.index_size = 0
-        if info.zarr_format == 2:
-            import numcodecs
-
-            if meta.get("order", "C") != "C":
-                raise BenchError(
-                    f"{info.path}: order {meta.get('order')!r}, the direct reader handles 'C'"
-                )
-            comp = meta.get("compressor")
-            ops = [numcodecs.get_codec(comp)] if comp else []
-            filters = [numcodecs.get_codec(f) for f in meta.get("filters") or []]
-            swap = np.dtype(meta["dtype"]).byteorder not in (
-                "=",
-                "|",
-                "<" if sys.byteorder == "little" else ">",
-            )
-            self.chain = _Chain(ops, swap, filters)
-            fill = meta.get("fill_value")
-        else:
-            codecs = meta["codecs"]
-            if any(c["name"] == "transpose" for c in codecs):
-                raise BenchError(
-                    f"{info.path}: the direct reader does not handle the transpose codec"
-                )
-            if info.sharded:
-                if len(codecs) != 1:
-                    raise BenchError(
-                        f"{info.path}: sharding_indexed must be the only codec, got "
-                        f"{[c['name'] for c in codecs]}"
-                    )
-                conf = codecs[0]["configuration"]
-                self.chain = _v3_bytes_chain(conf["codecs"])
-                index_codecs = [
-                    c["name"]
-                    for c in conf.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])
-                ]
-                if [c for c in index_codecs if c not in ("bytes", "crc32c")]:
-                    raise BenchError(
-                        f"{info.path}: shard index codecs {index_codecs}, expected bytes and crc32c"
-                    )
-                self.cps = tuple(u // c for u, c in zip(info.unit, info.inner))
-                self.index_size = 16 * math.prod(self.cps) + 4 * index_codecs.count("crc32c")
-                self.index_at_end = conf.get("index_location", "end") == "end"
-            else:
-                self.chain = _v3_bytes_chain(codecs)
-            fill = meta.get("fill_value")
-        self.fill = _fill_value(fill, info.dtype)
+        self.codec = _zstd(info)
+        self.cps = tuple(u // c for u, c in zip(info.unit, info.inner))
+        """Inner chunks per shard along each axis (ones when unsharded)."""
+        self.index_size = 16 * math.prod(self.cps) + 4
+        """Bytes of a shard's index at its end: an offset and a size per chunk, and a crc32c."""
         self._local = threading.local()
         self.blocks = None
         if variant == "direct":
@@ -879,8 +662,6 @@ class NumcodecsReader(Reader):
             grid = tuple(s // c for s, c in zip(info.shape, info.inner))
             self.out = None
             self.blocks = alloc_out(grid + info.inner, info.dtype)
-        elif variant == "inner" and not info.sharded:
-            raise BenchError("inner is for sharded arrays; for others it is 'chunks'")
 
     def poison(self) -> None:
         target = self.blocks if self.blocks is not None else self.out
@@ -899,29 +680,17 @@ class NumcodecsReader(Reader):
         full = sub.transpose(axes).reshape([sub.shape[i] * c[i] for i in range(d)])
         return full[tuple(slice(0, s.stop - s.start) for s in sl)]
 
-    # -- one innermost chunk ---------------------------------------------------------------------
-
     def _place(self, data, grid_index: tuple[int, ...]) -> None:
-        """Decode one innermost chunk (``data`` None: missing, fill) at innermost-grid
-           ``grid_index``."""
-        info = self.info
+        """Decode one innermost chunk at innermost-grid ``grid_index``: into its block
+        (``direct``), else into a scratch chunk copied into its region, clipped at the edge."""
         if self.blocks is not None:
-            dest = self.blocks[grid_index]
-            if data is None:
-                dest[...] = self.fill
-            else:
-                self.chain.decode_into(data, dest)
+            self.codec.decode(data, out=self.blocks[grid_index].reshape(-1).view(np.uint8))
             return
+        info = self.info
         sl = info.region(grid_index, info.inner)
-        if any(s.start >= s.stop for s in sl):
-            return
-        dest = self.out[sl]
-        if data is None:
-            dest[...] = self.fill
-            return
         scratch = _scratch(self._local, info.inner, info.dtype)
-        self.chain.decode_into(data, scratch)
-        dest[...] = scratch[tuple(slice(0, s.stop - s.start) for s in sl)]
+        self.codec.decode(data, out=scratch.reshape(-1).view(np.uint8))
+        self.out[sl] = scratch[tuple(slice(0, s.stop - s.start) for s in sl)]
 
     def _index(self, index_bytes) -> np.ndarray:
         return np.frombuffer(index_bytes, dtype="<u8", count=2 * math.prod(self.cps)).reshape(
@@ -929,63 +698,30 @@ class NumcodecsReader(Reader):
         )
 
     def _unit(self, idx: tuple[int, ...]) -> None:
+        """One stored object read whole: a chunk, or every inner chunk of a shard."""
         info = self.info
-        if (
-            self.blocks is not None and not info.sharded and self.chain.raw
-        ):  # read straight into the block: the read is the decode
-            self._read_into(info.key(idx), self.blocks[idx])
-            return
         data = _read_whole_file(info.key(idx), self._local)
         if not info.sharded:
             self._place(data, idx)
             return
+        index = self._index(data[-self.index_size :])
         base = tuple(i * k for i, k in zip(idx, self.cps))
-        if data is None:
-            for j in np.ndindex(*self.cps):
-                self._place(None, tuple(b + k for b, k in zip(base, j)))
-            return
-        index = self._index(
-            data[-self.index_size :] if self.index_at_end else data[: self.index_size]
-        )
         for j in np.ndindex(*self.cps):
-            off, nb = (int(v) for v in index[j])
             gi = tuple(b + k for b, k in zip(base, j))
             if any(g * c >= s for g, c, s in zip(gi, info.inner, info.shape)):
-                continue  # entirely past the array's edge
-            self._place(None if off == _UINT64_MASK else data[off : off + nb], gi)
-
-    def _read_into(self, path: str, dest: np.ndarray) -> None:
-        flat = dest.reshape(-1).view(np.uint8)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            dest[...] = self.fill
-            return
-        try:
-            got = 0
-            while got < flat.nbytes:
-                n = os.readv(fd, [flat[got:]])
-                if n == 0:
-                    raise BenchError(f"{path}: {got} bytes, expected {flat.nbytes}")
-                got += n
-        finally:
-            os.close(fd)
+                continue  # entirely past the array's edge: not stored
+            off, nb = (int(v) for v in index[j])
+            self._place(data[off : off + nb], gi)
 
     def _inner(self, gi: tuple[int, ...]) -> None:
         """One inner chunk of a shard read on its own: the index, then the chunk's bytes."""
-        info = self.info
         idx = tuple(g // k for g, k in zip(gi, self.cps))
         j = tuple(g % k for g, k in zip(gi, self.cps))
+        fd = os.open(self.info.key(idx), os.O_RDONLY)
         try:
-            fd = os.open(info.key(idx), os.O_RDONLY)
-        except FileNotFoundError:
-            self._place(None, gi)
-            return
-        try:
-            size = os.fstat(fd).st_size
-            at = size - self.index_size if self.index_at_end else 0
+            at = os.fstat(fd).st_size - self.index_size
             off, nb = (int(v) for v in self._index(os.pread(fd, self.index_size, at))[j])
-            data = None if off == _UINT64_MASK else os.pread(fd, nb, off)
+            data = os.pread(fd, nb, off)
         finally:
             os.close(fd)
         self._place(data, gi)
@@ -1027,33 +763,17 @@ def make_reader(info: StoreInfo, decoder: str, variant: str, threads: int, confi
 
 
 def zarr_configs(spec: str, threads: int) -> list[tuple[str, dict]]:
-    """Parse ``--zarr-configs``: ``default`` (zarr's own settings), ``tuned`` (async.concurrency =
-    4 x threads, threading.max_workers = threads), or ``C:W`` (W may be ``none``)."""
-    out = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        if item == "default":
-            out.append(("default", {}))
-        elif item == "tuned":
-            out.append(
-                (
-                    f"c={4 * threads} w={threads}",
-                    {"async.concurrency": 4 * threads, "threading.max_workers": threads},
-                )
-            )
-        elif ":" in item:
-            c, w = item.split(":", 1)
-            workers = None if w.lower() in ("none", "") else int(w)
-            out.append(
-                (
-                    f"c={int(c)} w={workers or 'auto'}",
-                    {"async.concurrency": int(c), "threading.max_workers": workers},
-                )
-            )
-        else:
-            raise BenchError(
-                f"zarr config {item!r}: expected default, tuned or CONCURRENCY:WORKERS"
-            )
-    return out
+    """Parse ``--zarr-configs``: ``default`` (zarr's own settings) and ``tuned``
+    (async.concurrency = 4 x threads, threading.max_workers = threads), as a label and the
+    settings of each."""
+    known = {"default": ("default", {}),
+             "tuned": (f"c={4 * threads} w={threads}",
+                       {"async.concurrency": 4 * threads, "threading.max_workers": threads})}
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for name in names:
+        if name not in known:
+            raise BenchError(f"zarr config {name!r}: expected default or tuned")
+    return [known[name] for name in names]
 
 
 def _available(decoder: str) -> str:
@@ -1135,13 +855,9 @@ def _sample_units(info: StoreInfo) -> list[tuple[slice, ...]]:
 
 
 def _expected_region(info: StoreInfo, sl: tuple[slice, ...]) -> np.ndarray:
-    if info.seed is not None:
-        idx = tuple(s.start // u for s, u in zip(sl, info.unit))
-        return unit_data(info.seed, idx, [s.stop - s.start for s in sl], info.dtype)
-    import zarr
-
-    with zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline"}):
-        return zarr.open_array(info.path, mode="r")[sl]
+    """The data ``make`` wrote into the stored object whose region is ``sl``, regenerated."""
+    idx = tuple(s.start // u for s, u in zip(sl, info.unit))
+    return unit_data(info.seed, idx, [s.stop - s.start for s in sl])
 
 
 def run_case(case: dict) -> dict:
@@ -1166,21 +882,12 @@ def run_case(case: dict) -> dict:
     )
     result["note"] = reader.note
     result["checksum"] = reader.checksum()
-    bad = []
-    for sl in _sample_units(info):
-        got, want = reader.region(sl), _expected_region(info, sl)
-        same = (
-            np.array_equal(got, want, equal_nan=True)
-            if want.dtype.kind in "fc"
-            else np.array_equal(got, want)
-        )
-        if not same:
-            bad.append([[s.start, s.stop] for s in sl])
-    result["samples_bad"] = bad
+    result["samples_bad"] = [[[s.start, s.stop] for s in sl] for sl in _sample_units(info)
+                             if not np.array_equal(reader.region(sl), _expected_region(info, sl))]
     return result
 
 
-def _run_case_subprocess(case: dict, timeout: float) -> dict:
+def _run_case_subprocess(case: dict, timeout: float = CASE_TIMEOUT) -> dict:
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -1240,151 +947,58 @@ def _rate(nbytes: float, seconds: float | None) -> str:
     return "-" if not seconds else f"{nbytes / seconds / GB:.2f}"
 
 
-def _threads_list(spec: str) -> list[int]:
-    try:
-        vals = [int(s) for s in spec.split(",") if s.strip()]
-    except ValueError:
-        raise BenchError(
-            f"--threads {spec!r}: expected a number or a comma list like 1,4,16"
-        ) from None
-    if not vals or min(vals) < 1:
-        raise BenchError(f"--threads {spec!r}: expected numbers of at least 1")
-    return vals
+def cmd_make(args) -> None:
+    rec = make_store(args.dir, n=args.n, chunk=args.chunk, layout=args.layout,
+                     threads=os.cpu_count() or 1)
+    print(f"{rec['path']}: {rec['label']}, {rec['n']}x{rec['n']} float64, {rec['files']} files, "
+          f"{rec['stored_bytes'] / GB:.3f} GB stored of {rec['decoded_bytes'] / GB:.3f} GB, "
+          f"written in {rec['seconds']:.2f} s on {rec['threads']} threads "
+          f"({_rate(rec['decoded_bytes'], rec['seconds'])} GB/s)")
 
 
-def _parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
-    try:
-        return int(float(num) * units[unit])
-    except ValueError:
-        raise BenchError(f"size {text!r}: expected bytes like 2G, 512M or 1000000") from None
-
-
-def _write_json(path: str | None, doc: dict) -> None:
-    write_json(path, doc)
-    if path:
-        print(f"wrote {path}")
-
-
-def cmd_make(args) -> dict:
-    rec = make_store(
-        args.dir,
-        n=args.n,
-        chunk=args.chunk,
-        layout=args.layout,
-        inner=args.inner,
-        codec=args.codec,
-        dtype=args.dtype,
-        seed=args.seed,
-        threads=args.threads,
-    )
-    print(
-        f"{rec['path']}: {rec['label']}, {rec['n']}x{rec['n']} {rec['dtype']}, {rec['files']} "
-        "files, "
-        f"{rec['stored_bytes'] / GB:.3f} GB stored of {rec['decoded_bytes'] / GB:.3f} GB, "
-        f"written in {rec['seconds']:.2f} s on {rec['threads']} threads "
-        f"({_rate(rec['decoded_bytes'], rec['seconds'])} GB/s)"
-    )
-    return {"environment": environment(), "make": [rec]}
-
-
-def cmd_floor(args) -> dict:
+def cmd_floor(args) -> None:
     infos = [describe_store(d) for d in args.dirs]
-    notes, records = [], []
+    records = []
     for threads in _threads_list(args.threads):
         for info in infos:
-            rec = {
-                "path": info.path,
-                "label": info.label,
-                "files": len(info.files),
-                "stored_bytes": info.stored_bytes,
-                "threads": threads,
-            }
+            rec = {"path": info.path, "label": info.label, "files": len(info.files),
+                   "stored_bytes": info.stored_bytes, "threads": threads}
             if args.drop_caches:
                 how = drop_caches(info.files)
                 if how:
                     n, s = read_files(info.files, threads)
                     rec.update(cold_bytes=n, cold_seconds=s, cold_how=how)
-                else:
-                    notes.append(
-                        "page cache could not be dropped (not root, no fadvise): no cold figures"
-                    )
             else:
                 read_files(info.files, threads)  # bring the files into the cache
             n, s = read_files(info.files, threads)
             rec.update(warm_bytes=n, warm_seconds=s)
             records.append(rec)
-    rows = [
-        [
-            Path(r["path"]).name,
-            r["label"],
-            r["files"],
-            f"{r['stored_bytes'] / GB:.3f}",
-            r["threads"],
-            _rate(r.get("cold_bytes", 0), r.get("cold_seconds"))
-            + (f" ({r['cold_how']})" if r.get("cold_how") else ""),
-            _rate(r["warm_bytes"], r["warm_seconds"]),
-        ]
-        for r in records
-    ]
-    print(
-        _table(
-            rows,
-            [
-                "store",
-                "layout",
-                "files",
-                "stored GB",
-                "threads",
-                "cold read GB/s",
-                "warm read GB/s",
-            ],
-        )
-    )
+    rows = [[Path(r["path"]).name, r["label"], r["files"], f"{r['stored_bytes'] / GB:.3f}",
+             r["threads"],
+             _rate(r.get("cold_bytes", 0), r.get("cold_seconds"))
+             + (f" ({r['cold_how']})" if r.get("cold_how") else ""),
+             _rate(r["warm_bytes"], r["warm_seconds"])] for r in records]
+    print(_table(rows, ["store", "layout", "files", "stored GB", "threads", "cold read GB/s",
+                        "warm read GB/s"]))
+    total = max(i.stored_bytes for i in infos)
+    folder = os.path.dirname(infos[0].path)
     writes = []
-    if not args.no_write:
-        total = (
-            _parse_size(args.write_bytes)
-            if args.write_bytes
-            else max(i.stored_bytes for i in infos)
-        )
-        folder = args.write_dir or os.path.dirname(infos[0].path)
-        for threads in _threads_list(args.threads):
-            n, s = write_files(folder, total, threads)
-            writes.append(
-                {"folder": os.path.abspath(folder), "bytes": n, "threads": threads, "seconds": s}
-            )
-        print()
-        print(
-            _table(
-                [
-                    [
-                        w["folder"],
-                        f"{w['bytes'] / GB:.3f}",
-                        w["threads"],
-                        f"{w['seconds']:.2f}",
-                        _rate(w["bytes"], w["seconds"]),
-                    ]
-                    for w in writes
-                ],
-                ["write folder", "GB", "files = threads", "s (to last fsync)", "write GB/s"],
-            )
-        )
-    return _finish(notes, floor=records, write=writes)
+    for threads in _threads_list(args.threads):
+        n, s = write_files(folder, total, threads)
+        writes.append([folder, f"{n / GB:.3f}", threads, f"{s:.2f}", _rate(n, s)])
+    print()
+    print(_table(writes, ["write folder", "GB", "files = threads", "s (to last fsync)",
+                          "write GB/s"]))
+    if args.drop_caches and not any("cold_how" in r for r in records):
+        print("note: page cache could not be dropped (not root, no fadvise): no cold figures")
 
 
-def _finish(notes: list[str], **results) -> dict:
-    """Print each distinct note once; the command's record: environment, results, notes."""
-    notes = list(dict.fromkeys(notes))
-    for note in notes:
-        print("note:", note)
-    return {"environment": environment(), **results, "notes": notes}
-
-
-def cmd_decode(args) -> dict:
+def cmd_decode(args) -> None:
     infos = [describe_store(d) for d in args.dirs]
+    for info in infos:
+        if info.seed is None:
+            raise BenchError(f"{info.path} was not written by make: decode checks every decoder "
+                             f"against make's regenerated data")
     decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     for d in decoders:
         if d not in DECODERS:
@@ -1398,55 +1012,35 @@ def cmd_decode(args) -> dict:
         print(f"skipping {d}: {why}", flush=True)
     run_decoders = [d for d in decoders if d not in skipped]
     thread_counts = _threads_list(args.threads)
-    records, notes = [], []
+    records = []
     for info in infos:
-        expected = expected_checksum(info, max(thread_counts)) if info.seed is not None else None
-        reference = "regenerated data" if expected is not None else ""
-        print(
-            f"{info.path}: {info.label}, {'x'.join(map(str, info.shape))} {info.dtype}, "
-            f"{len(info.files)} files, {info.stored_bytes / GB:.3f} GB stored of "
-            f"{info.decoded_bytes / GB:.3f} GB; checked against "
-            f"{reference or 'the first case that runs'}",
-            flush=True,
-        )
+        expected = expected_checksum(info, max(thread_counts))
+        print(f"{info.path}: {info.label}, {'x'.join(map(str, info.shape))} {info.dtype}, "
+              f"{len(info.files)} files, {info.stored_bytes / GB:.3f} GB stored of "
+              f"{info.decoded_bytes / GB:.3f} GB; checked against regenerated data", flush=True)
         if not args.drop_caches:
             read_files(info.files, max(thread_counts))  # warm: the files start in the page cache
         if "direct" in variants and any(n % c for n, c in zip(info.shape, info.inner)):
             print(f"  direct skipped: the shape is not a multiple of the chunk {info.inner}")
         for threads in thread_counts:
-            for case in build_cases(
-                info,
-                run_decoders,
-                threads,
-                variants,
-                args.zarr_configs,
-                args.repeat,
-                args.drop_caches,
-            ):
-                res = _run_case_subprocess(case, args.case_timeout)
-                res.update(
-                    path=info.path,
-                    label=info.label,
-                    decoded_bytes=info.decoded_bytes,
-                    stored_bytes=info.stored_bytes,
-                )
+            for case in build_cases(info, run_decoders, threads, variants, args.zarr_configs,
+                                    args.repeat, args.drop_caches):
+                res = _run_case_subprocess(case)
+                res.update(path=info.path, label=info.label, decoded_bytes=info.decoded_bytes,
+                           stored_bytes=info.stored_bytes)
                 if "error" not in res:
-                    if expected is None:
-                        expected, reference = (
-                            res["checksum"],
-                            f"first case ({res['decoder']} {res['variant']})",
-                        )
-                    res["reference"] = reference
                     res["ok"] = not res["samples_bad"] and res["checksum"] == expected
                     res["median_seconds"] = statistics.median(res["seconds"])
                     res["best_seconds"] = min(res["seconds"])
-                    if res["cache"].startswith("warm") and args.drop_caches:
-                        notes.append("page cache could not be dropped: figures marked warm")
                 records.append(res)
                 _print_progress(res)
     print()
     print(decode_table(records))
-    return _finish(notes, decode=records, skipped=skipped)
+    if args.drop_caches and any(r.get("cache") == "warm" for r in records):
+        print("note: page cache could not be dropped: figures marked warm")
+    write_json(args.json, {"environment": environment(), "decode": records, "skipped": skipped})
+    if args.json:
+        print(f"wrote {args.json}")
 
 
 def _print_progress(r: dict) -> None:
@@ -1514,6 +1108,19 @@ def decode_table(records: list[dict]) -> str:
     )
 
 
+def _threads_list(spec: str) -> list[int]:
+    """``--threads``: a number or a comma list like 1,4,16."""
+    try:
+        vals = [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        raise BenchError(
+            f"--threads {spec!r}: expected a number or a comma list like 1,4,16"
+        ) from None
+    if not vals or min(vals) < 1:
+        raise BenchError(f"--threads {spec!r}: expected numbers of at least 1")
+    return vals
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.zarr_io",
@@ -1523,86 +1130,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     cpus = os.cpu_count() or 1
 
-    m = sub.add_parser("make", help="write a test store of random data with zarr-python's defaults")
+    m = sub.add_parser("make", help="write a test store of random float64 with zarr-python's "
+                                    "defaults, on every core")
     m.add_argument("dir")
     m.add_argument("--n", type=int, default=8192, help="rows and columns (default 8192)")
-    m.add_argument(
-        "--chunk",
-        type=int,
-        default=4096,
-        help="chunk side; the shard side for v3-sharded (default 4096)",
-    )
-    m.add_argument(
-        "--inner", type=int, default=512, help="inner chunk side of v3-sharded (default 512)"
-    )
+    m.add_argument("--chunk", type=int, default=4096,
+                   help=f"chunk side; the shard side for v3-sharded, whose chunks are {INNER}² "
+                        f"(default 4096)")
     m.add_argument("--layout", choices=LAYOUTS, default="v3")
-    m.add_argument(
-        "--codec", choices=CODECS, default="zstd", help="zstd is zarr's default (default zstd)"
-    )
-    m.add_argument("--dtype", default="float64")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--threads", type=int, default=cpus, help=f"parallel writers (default {cpus})")
-    m.add_argument("--json", metavar="FILE")
 
-    f = sub.add_parser(
-        "floor", help="raw parallel read rate of the stores' chunk files, and a write rate"
-    )
+    f = sub.add_parser("floor", help="raw parallel read rate of the stores' chunk files, and a "
+                                     "write rate")
     f.add_argument("dirs", nargs="+", metavar="DIR")
-    f.add_argument(
-        "--threads",
-        default=str(cpus),
-        help=f"a number or a comma list like 1,4,16 (default {cpus})",
-    )
-    f.add_argument(
-        "--drop-caches", action="store_true", help="also a cold read, after dropping the page cache"
-    )
-    f.add_argument(
-        "--write-bytes",
-        help="total of the write test, e.g. 2G (default: the largest store's stored bytes)",
-    )
-    f.add_argument(
-        "--write-dir", help="folder of the write test (default: the first store's parent folder)"
-    )
-    f.add_argument("--no-write", action="store_true", help="skip the write test")
-    f.add_argument("--json", metavar="FILE")
+    f.add_argument("--threads", default=str(cpus),
+                   help=f"a number or a comma list like 1,4,16 (default {cpus})")
+    f.add_argument("--drop-caches", action="store_true",
+                   help="also a cold read, after dropping the page cache")
 
-    d = sub.add_parser("decode", help="whole-store parallel read + decode into memory, per decoder")
+    d = sub.add_parser("decode", help="whole-store parallel read + decode into memory, per "
+                                      "decoder (stores make wrote)")
     d.add_argument("dirs", nargs="+", metavar="DIR")
-    d.add_argument(
-        "--threads", default=str(cpus), help=f"a number or a comma list (default {cpus})"
-    )
-    d.add_argument(
-        "--decoders",
-        default=",".join(DECODERS),
-        help=f"comma list of {', '.join(DECODERS)} (default all; those not installed are skipped)",
-    )
-    d.add_argument(
-        "--variants",
-        default=",".join(DEFAULT_VARIANTS),
-        help=f"comma list of {', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})",
-    )
-    d.add_argument(
-        "--zarr-configs",
-        default="default,tuned",
-        help="zarr-python settings to try: default, tuned (async.concurrency 4 x threads, "
-        "threading.max_workers threads) or CONCURRENCY:WORKERS (default default,tuned)",
-    )
-    d.add_argument(
-        "--repeat",
-        type=int,
-        default=3,
-        help="timed reads per case; the table shows the median (default 3)",
-    )
-    d.add_argument(
-        "--drop-caches",
-        action="store_true",
-        help="drop the page cache before every timed read (cold)",
-    )
-    d.add_argument(
-        "--case-timeout", type=float, default=600, help="seconds a case may take (default 600)"
-    )
+    d.add_argument("--threads", default=str(cpus),
+                   help=f"a number or a comma list (default {cpus})")
+    d.add_argument("--decoders", default=",".join(DECODERS),
+                   help=f"comma list of {', '.join(DECODERS)} (default all; those not installed "
+                        f"are skipped)")
+    d.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma list of {', '.join(VARIANTS)} (default all)")
+    d.add_argument("--zarr-configs", default="default,tuned",
+                   help="zarr-python settings to try: default, tuned (async.concurrency 4 x "
+                        "threads, threading.max_workers threads) (default default,tuned)")
+    d.add_argument("--repeat", type=int, default=3,
+                   help="timed reads per case; the table shows the median (default 3)")
+    d.add_argument("--drop-caches", action="store_true",
+                   help="drop the page cache before every timed read (cold)")
     d.add_argument("--json", metavar="FILE")
-
     return p
 
 
@@ -1613,8 +1175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     try:
-        doc = {"make": cmd_make, "floor": cmd_floor, "decode": cmd_decode}[args.command](args)
-        _write_json(args.json, doc)
+        {"make": cmd_make, "floor": cmd_floor, "decode": cmd_decode}[args.command](args)
         return 0
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)

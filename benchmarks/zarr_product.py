@@ -5,7 +5,7 @@
 
 For one layout of float64 n x n inputs written the way a zarr-python user with its defaults
 would (zstd; ``v3``: chunks of ``--chunk``; ``v3-sharded``: shards of ``--chunk`` holding
-``--inner`` chunks), it measures in this order:
+512² chunks), it measures in this order:
 
 - the storage floor: the stored input bytes over the raw parallel cold read rate of their
   files, plus C's bytes over the raw parallel write rate (fsync);
@@ -211,7 +211,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=32768)
     parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--inner", type=int, default=512)
     parser.add_argument("--layout", choices=("v3", "v3-sharded", "v2"), default="v3")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--memory-limit", default="16GB")
@@ -246,7 +245,6 @@ def main(argv=None) -> int:
         "n": args.n,
         "layout": args.layout,
         "chunk": args.chunk,
-        "inner": args.inner,
         "memory_limit": args.memory_limit,
     }
 
@@ -259,7 +257,6 @@ def main(argv=None) -> int:
             n=args.n,
             chunk=args.chunk,
             layout=args.layout,
-            inner=args.inner,
             seed=seed,
             threads=args.threads,
         )
