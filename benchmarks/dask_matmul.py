@@ -28,8 +28,9 @@ import sys
 import time
 
 from benchmarks.common import write_json
-from benchmarks.zarr_io import make_store, read_files
-from benchmarks.zarr_product import _chunk_files, check, run_dask
+from benchmarks.storage_floor import read_files
+from benchmarks.zarr_product import check, run_dask
+from benchmarks.zarr_stores import make_store, store_files
 
 
 def _timed(fn) -> float:
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     doc["out_compressor"] = args.out_compressor
 
     def warm():
-        read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+        read_files(store_files(a, b), args.threads)
 
     def out(name):
         path = os.path.join(work, name)

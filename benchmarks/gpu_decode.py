@@ -30,15 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .zarr_io import (
-    GB,
-    BenchError,
-    StoreInfo,
-    _write_json,
-    checksum,
-    describe_store,
-    expected_checksum,
-)
+from benchmarks.common import GB, BenchError, write_json
+from benchmarks.zarr_stores import StoreInfo, checksum, describe_store, expected_checksum
 
 _MISSING = (1 << 64) - 1
 
@@ -200,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{s['decode']:.3f} | {r['decode_gbps']:.2f} | {r['end_to_end_gbps']:.2f} |")
     for r in rows:
         print(f"{r['store']}: {r['checked']} (nvCOMP {r['nvcomp']})")
-    _write_json(args.json, {"gpu_decode": rows})
+    write_json(args.json, {"gpu_decode": rows})
     return 0
 
 

@@ -186,7 +186,7 @@ def write_x(path: str, stored: np.ndarray, chunks: tuple[int, int], threads: int
     zstd) and ``chunks``, one whole chunk per write, on ``threads`` threads."""
     import zarr
 
-    from benchmarks.zarr_io import describe_store
+    from benchmarks.zarr_stores import describe_store
 
     arr = zarr.create_array(store=path, shape=stored.shape, dtype=stored.dtype, chunks=chunks,
                             overwrite=True)
@@ -209,7 +209,7 @@ def write_x(path: str, stored: np.ndarray, chunks: tuple[int, int], threads: int
 
 def prepare(files: list[str], cold: bool, threads: int) -> None:
     """Before a timed run: the page cache dropped (``cold``), or every chunk file read once."""
-    from benchmarks.zarr_io import read_files
+    from benchmarks.storage_floor import read_files
 
     if cold:
         drop_page_cache()

@@ -159,8 +159,9 @@ def from_host(args, table: Table, counts: list[int]) -> None:
 
 def from_zarr(args, table: Table, counts: list[int]) -> dict:
     import oocgemm
-    from benchmarks.zarr_io import make_store, read_files
-    from benchmarks.zarr_product import _chunk_files, check, storage_floor
+    from benchmarks.storage_floor import product_floor, read_files
+    from benchmarks.zarr_product import check
+    from benchmarks.zarr_stores import make_store, store_files
 
     work = os.path.abspath(args.zarr)
     os.makedirs(work, exist_ok=True)
@@ -170,12 +171,12 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
         made = make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed,
                           threads=threads)
         print(f"made {path}: {made['stored_bytes'] / 1e9:.2f} GB stored", flush=True)
-    floor = storage_floor([a, b], args.n * args.n * 8, work, threads)
+    floor = product_floor([a, b], args.n * args.n * 8, work, threads)
     print(f"storage floor ({floor['cold'] or 'not cold'}): reads {floor['read_rate'] / 1e9:.2f} "
           f"GB/s, writes {floor['write_rate'] / 1e9:.2f} GB/s: {floor['seconds']:.2f} s for "
           f"the inputs' {floor['stored_bytes'] / 1e9:.1f} GB and the output's "
           f"{args.n * args.n * 8 / 1e9:.1f} GB", flush=True)
-    files = _chunk_files(a) + _chunk_files(b)
+    files = store_files(a, b)
     out_options = {"chunks": (args.chunk, args.chunk), "compressors": "zstd:0"}
 
     def output(name):

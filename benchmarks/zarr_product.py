@@ -36,29 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.zarr_io import describe_store, drop_caches, make_store, read_files, write_files
-
-GB = 1e9
-
-
-def _chunk_files(path: str) -> list[str]:
-    return describe_store(path).files
-
-
-def storage_floor(stores: list[str], c_bytes: int, workdir: str, threads: int) -> dict:
-    files = [f for s in stores for f in _chunk_files(s)]
-    how = drop_caches(files)
-    nbytes, seconds = read_files(files, threads)
-    read_rate = nbytes / seconds
-    wrote, wseconds = write_files(os.path.join(workdir, "write-floor"), c_bytes, threads)
-    write_rate = wrote / wseconds
-    return {
-        "cold": how,
-        "stored_bytes": nbytes,
-        "read_rate": read_rate,
-        "write_rate": write_rate,
-        "seconds": nbytes / read_rate + c_bytes / write_rate,
-    }
+from benchmarks.common import GB
+from benchmarks.storage_floor import drop_caches, product_floor, read_files
+from benchmarks.zarr_stores import make_store, store_files
 
 
 def read_whole(path: str, threads: int) -> tuple[int, float]:
@@ -135,7 +115,7 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
 
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
-    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    how = drop_caches(store_files(a, b)) if cold else ""
     start = time.perf_counter()
     r = oocgemm.multiply(
         a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
@@ -176,7 +156,7 @@ def run_dask(a: str, b: str, c: str, threads: int, cold: bool, limit: float) -> 
     ``limit`` seconds of its clock (then ``wall`` is None: it took longer than ``limit``)."""
     shutil.rmtree(c, ignore_errors=True)
     os.sync()
-    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    how = drop_caches(store_files(a, b)) if cold else ""
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.zarr_product", "_dask", a, b, c, str(threads)],
         stdout=subprocess.PIPE, text=True)
@@ -265,7 +245,7 @@ def main(argv=None) -> int:
     if args.dask_only:
         doc["dask"] = dask_runs(a, b, cd, args, say)
         return finish(doc, args, (a, b, c, cd))
-    floor = storage_floor([a, b], c_bytes, work, args.threads)
+    floor = product_floor([a, b], c_bytes, work, args.threads)
     doc["storage_floor"] = floor
     say(
         f"storage floor ({floor['cold'] or 'NOT cold'}): read {floor['read_rate'] / GB:.2f} GB/s, "
@@ -308,7 +288,7 @@ def main(argv=None) -> int:
     runs = []
     for cold in (True, False) if args.cold else (False,):
         if not cold:  # warm the page cache the way a user's second run would find it
-            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+            read_files(store_files(a, b), args.threads)
         r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold)
         result = r.pop("result")
         r["error"] = check(c, a, b)
@@ -334,7 +314,7 @@ def dask_runs(a: str, b: str, c: str, args, say) -> list[dict]:
     runs = []
     for cold in (True, False) if args.cold else (False,):
         if not cold:
-            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+            read_files(store_files(a, b), args.threads)
         d = run_dask(a, b, c, args.threads, cold, args.dask_limit)
         runs.append(d)
         took = (f"{d['wall']:.2f} s" if d["wall"] is not None else
