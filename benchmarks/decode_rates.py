@@ -169,7 +169,7 @@ def run_case(case: dict) -> dict:
     """Run one case here (in this interpreter): time ``repeat`` reads, then check the result."""
     info = describe_store(case["path"])
     result = {k: case[k] for k in ("decoder", "variant", "threads", "config_label", "repeat")}
-    result["config"] = {k: v for k, v in case["config"].items()}
+    result["config"] = dict(case["config"])
     reader = make_reader(info, case["decoder"], case["variant"], case["threads"], case["config"])
     times, evicted = [], []
     for _ in range(case["repeat"]):
@@ -192,7 +192,7 @@ def run_case(case: dict) -> dict:
     return result
 
 
-def _run_case_subprocess(case: dict, timeout: float = CASE_TIMEOUT) -> dict:
+def _run_case_subprocess(case: dict) -> dict:
     """`run_case` in a fresh interpreter: its record, or the error that ended it."""
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
@@ -201,10 +201,11 @@ def _run_case_subprocess(case: dict, timeout: float = CASE_TIMEOUT) -> dict:
     base = {k: case[k] for k in ("decoder", "variant", "threads", "config_label", "repeat")}
     try:
         p = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=root, env=env, check=False
+            cmd, capture_output=True, text=True, timeout=CASE_TIMEOUT, cwd=root, env=env,
+            check=False
         )
     except subprocess.TimeoutExpired:
-        return {**base, "error": f"timed out after {timeout:.0f} s"}
+        return {**base, "error": f"timed out after {CASE_TIMEOUT} s"}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         tail = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
