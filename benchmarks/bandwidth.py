@@ -47,13 +47,12 @@ def gpu_transfer_bandwidth(index: int, nbytes: int | None = None, repeat: int = 
         "bytes": nbytes, "repeat": repeat}
 
 
-def measure_bandwidth(*, gpus: bool = True, nbytes: int | None = None, repeat: int = 5) -> dict:
-    """``{"host_memcpy": {...}, "gpus": [{"device": "cuda:0", ...}]}``."""
-    result: dict = {"host_memcpy": host_memcpy_bandwidth(nbytes, repeat)}
-    result["gpus"] = []
-    if gpus:
-        for index in range(cuda.device_count()):
-            measured = gpu_transfer_bandwidth(index, nbytes, repeat)
-            result["gpus"].append({"device": f"cuda:{index}", "measured": measured is not None,
-                                   **(measured or {})})
+def measure_bandwidth() -> dict:
+    """``{"host_memcpy": {...}, "gpus": [{"device": "cuda:0", ...}]}``, each at its default
+    size and count of copies."""
+    result: dict = {"host_memcpy": host_memcpy_bandwidth(), "gpus": []}
+    for index in range(cuda.device_count()):
+        measured = gpu_transfer_bandwidth(index)
+        result["gpus"].append({"device": f"cuda:{index}", "measured": measured is not None,
+                               **(measured or {})})
     return result

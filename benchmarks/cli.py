@@ -7,7 +7,6 @@
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
-                                                    # zarr_write, scaling, ozaki_moduli,
                                                     # ozaki_gpu, gram
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
@@ -68,17 +67,13 @@ def _seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-_dtype = click.option("--dtype", default="float64", show_default=True,
-                      help="float32, float64, complex64 or complex128.")
-_seed = click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="Seed of the operands.")
 _as_json = click.option("--json", "as_json", is_flag=True,
                         help="Print the results as JSON on stdout.")
 
 
 def _common(command):
-    """The options every benchmark takes (--dtype, --seed, --json), and the click context."""
-    return _dtype(_seed(_as_json(click.pass_context(command))))
+    """The option every benchmark takes (--json), and the click context."""
+    return _as_json(click.pass_context(command))
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,8 +84,10 @@ def _common(command):
               help="N: the operands are NxN.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed rounds (each times numpy then oocgemm); medians are reported.")
+@click.option("--dtype", default="float64", show_default=True,
+              help="float32, float64, complex64 or complex128.")
 @_common
-def cpu(ctx, size, repeat, dtype, seed, as_json):
+def cpu(ctx, size, repeat, dtype, as_json):
     """oocgemm.multiply(device='cpu') against numpy.matmul on in-memory operands."""
     from .products import cpu_benchmark
 
@@ -100,7 +97,7 @@ def cpu(ctx, size, repeat, dtype, seed, as_json):
 
     if not as_json:
         click.echo(f"cpu: {size}x{size} {dtype}, {repeat} round(s)...", err=True)
-    res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype, seed=seed,
+    res = cpu_benchmark(size=size, repeat=repeat, dtype=dtype,
                         on_step=None if as_json else on_step)
     if as_json:
         echo_json(res)
@@ -130,27 +127,26 @@ def cpu(ctx, size, repeat, dtype, seed, as_json):
 # ------------------------------------------------------------------------------------------
 # gpu
 # ------------------------------------------------------------------------------------------
+GPU_SIZE, GPU_MEMORY_LIMIT, GPU_REPEAT = 32768, "16GB", 3
+"""``gpu``'s product (N^3, float64), the GPU memory the CUDA executor may use, and the timed
+runs of each oocgemm case (the best is reported): those of docs/performance.md's figures."""
+
+
 @main.command()
-@click.option("--size", type=click.IntRange(min=1), default=32768, show_default=True,
-              help="N: the operands are NxN.")
 @click.option("--big", type=click.IntRange(min=1), default=None,
               help="One product of this size instead (operands beyond GPU memory).")
-@click.option("--memory-limit", default="16GB", show_default=True,
-              help="GPU memory the CUDA executor may use.")
 @click.option("--cases", default=None,
               help="Comma-separated subset of incore,numpy,npy,cublasxt,dask.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where the .npy operands are written (default: a temp dir).")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Timed runs of each oocgemm case (the best is reported).")
 @_common
-def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_json):
+def gpu(ctx, big, cases, workdir, as_json):
     """The CUDA executor against in-core cuBLAS on one block, cuBLASXt and dask with CuPy
-    chunks, on one GPU."""
+    chunks, on one GPU: 32768^3 float64 under a 16 GB limit, the best of 3 runs each."""
     from .products import gpu_benchmark, gpu_big_benchmark
 
     if big:
-        res = gpu_big_benchmark(big, dtype=dtype, seed=seed)
+        res = gpu_big_benchmark(big)
         if as_json:
             echo_json(res)
         else:
@@ -166,13 +162,14 @@ def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_js
         click.echo(f"  {name:<24} {entry['tflops']:7.2f} TFLOP/s  "
                    f"({_seconds(entry['seconds'])})", err=True)
 
-    res = gpu_benchmark(size, memory_limit=memory_limit, dtype=dtype, seed=seed, repeat=repeat,
+    res = gpu_benchmark(GPU_SIZE, memory_limit=GPU_MEMORY_LIMIT, repeat=GPU_REPEAT,
                         workdir=workdir, cases=_case_names(cases),
                         on_step=None if as_json else on_step)
     if as_json:
         echo_json(res)
     else:
-        lines = [f"GPU benchmark: {size}^3 {res['dtype']}, GPU memory limit {memory_limit}, "
+        lines = [f"GPU benchmark: {GPU_SIZE}^3 {res['dtype']}, GPU memory limit "
+                 f"{GPU_MEMORY_LIMIT}, "
                  f"tile {res['plan']['tile']} (grid {res['plan']['grid']})"]
         for name, entry in res["cases"].items():
             check = entry.get("correct")
@@ -192,16 +189,19 @@ def gpu(ctx, size, big, memory_limit, cases, workdir, repeat, dtype, seed, as_js
 # ------------------------------------------------------------------------------------------
 # kernels, power
 # ------------------------------------------------------------------------------------------
+KERNEL_REPEAT = 5
+"""``kernels``' interleaved rounds; medians are reported."""
+
+
 @main.command()
 @click.option("--size", type=click.IntRange(min=1), default=None,
               help="One size N (default: 1024, 2048, 4096 and 8192).")
 @click.option("--cases", default=None, help="Comma-separated kernels (default: all).")
-@click.option("--repeat", type=click.IntRange(min=5), default=5, show_default=True,
-              help="Interleaved rounds; medians are reported.")
 @_common
-def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
-    """Each kernel of kernels/ against cuBLAS on N^3 products, the FMA peak of the CUDA cores,
-    and each kernel's registers, shared and local memory (GPU)."""
+def kernels(ctx, size, cases, as_json):
+    """Each kernel of kernels/ against cuBLAS on N^3 float64 products (medians of 5
+    interleaved rounds), the FMA peak of the CUDA cores, and each kernel's registers, shared
+    and local memory (GPU)."""
     from .kernel_rates import kernel_benchmark
 
     def on_step(n, rates):
@@ -209,8 +209,8 @@ def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
                    + " GFLOP/s", err=True)
 
     sizes = (size,) if size else (1024, 2048, 4096, 8192)
-    res = kernel_benchmark(sizes, kernels=_case_names(cases), dtype=dtype, repeat=repeat,
-                           seed=seed, on_step=None if as_json else on_step)
+    res = kernel_benchmark(sizes, kernels=_case_names(cases), repeat=KERNEL_REPEAT,
+                           on_step=None if as_json else on_step)
     if as_json:
         echo_json(res)
     else:
@@ -219,7 +219,7 @@ def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
         if res["fma_nominal_gflops"]:
             peak += (f" ({res['fma_peak_gflops'] / res['fma_nominal_gflops']:.3f} of the nominal "
                      f"{res['fma_nominal_gflops']:.0f}: all FMA units busy at the top clock)")
-        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {repeat}); {peak}",
+        lines = [f"Kernel benchmark: {res['dtype']}, GFLOP/s (median of {KERNEL_REPEAT}); {peak}",
                  f"  {'kernel':<9}" + "".join(f"{n:>9}" for n in sizes)
                  + "   regs  shared  local"]
         for name in names:
@@ -238,16 +238,18 @@ def kernels(ctx, size, cases, repeat, dtype, seed, as_json):
         ctx.exit(1)
 
 
+POWER_SECONDS = 2.5
+"""How long each case of ``power`` runs alone."""
+
+
 @main.command()
 @click.option("--size", type=click.IntRange(min=1), default=8192, show_default=True,
               help="N: each kernel runs N^3 products.")
 @click.option("--cases", default=None,
               help="Comma-separated kernels (default: opt, regblock, dmma).")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=2.5,
-              show_default=True, help="How long each case runs alone.")
 @_common
-def power(ctx, size, cases, seconds, dtype, seed, as_json):
-    """Each kernel alone for a few seconds while nvidia-smi samples SM clock and board power:
+def power(ctx, size, cases, as_json):
+    """Each kernel alone for about 2.5 s while nvidia-smi samples SM clock and board power:
     energy per flop, and what opt and regblock reach when their operands cost less to move
     (GPU)."""
     from .kernel_rates import KERNEL_BOUNDS, THROUGHPUT_ROWS, kernel_power
@@ -255,8 +257,8 @@ def power(ctx, size, cases, seconds, dtype, seed, as_json):
     def on_entry(name, e):
         click.echo(f"  {name}: {e['tflops']:.2f} TFLOP/s", err=True)
 
-    res = kernel_power(size, kernels=_case_names(cases), seconds=seconds, dtype=dtype,
-                       seed=seed, on_entry=None if as_json else on_entry)
+    res = kernel_power(size, kernels=_case_names(cases), seconds=POWER_SECONDS,
+                       on_entry=None if as_json else on_entry)
     if as_json:
         echo_json(res)
     else:
@@ -290,17 +292,13 @@ def power(ctx, size, cases, seconds, dtype, seed, as_json):
 # bandwidth
 # ------------------------------------------------------------------------------------------
 @main.command()
-@click.option("--bytes", "nbytes", type=click.IntRange(min=1 << 20), default=None,
-              help="Bytes copied at a time (default: 256 MiB on the host, 1 GiB to a GPU).")
-@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Copies timed.")
 @_as_json
-def bandwidth(nbytes, repeat, as_json):
-    """Host memcpy bandwidth, and each GPU's host<->device bandwidth from pinned and pageable
-    memory."""
+def bandwidth(as_json):
+    """Host memcpy bandwidth (256 MiB copies), and each GPU's host<->device bandwidth (1 GiB)
+    from pinned and pageable memory; the best and the median of 5 copies."""
     from .bandwidth import measure_bandwidth
 
-    res = measure_bandwidth(nbytes=nbytes, repeat=repeat)
+    res = measure_bandwidth()
     if as_json:
         echo_json(res)
         return
@@ -324,9 +322,6 @@ _OWN_MAINS = {
     "zarr-product": ("zarr_product", "oocgemm on Zarr stores against dask on the same."),
     "dask-matmul": ("dask_matmul", "oocgemm.dask.matmul against oocgemm.multiply and dask's own."),
     "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
-    "zarr-write": ("zarr_write", "Zarr writes: the sink's whole-chunk rate under each pipeline."),
-    "scaling": ("scaling", "One product on 1, 2, ... GPUs, beside cuBLASXt on the same."),
-    "ozaki-moduli": ("ozaki_moduli", "Ozaki scheme II: the error per number of moduli."),
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
     "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),
 }

@@ -1,8 +1,12 @@
-"""What the benchmarks share: option checks, error measures, sizes in words."""
+"""What the benchmarks share: option checks, error measures, sizes and rates in words, tables,
+threads."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 
 import numpy as np
 
@@ -10,7 +14,15 @@ from oocgemm import cuda
 from oocgemm.errors import OptionError
 from oocgemm.testing import check_dtype, tolerance
 
-__all__ = ["check_dtype", "check_room", "gib", "max_relative_error", "tolerance", "write_json"]
+__all__ = ["GB", "BenchError", "check_dtype", "check_room", "gbps", "gib", "markdown_table",
+           "max_relative_error", "package_version", "run_parallel", "tolerance", "write_json"]
+
+GB = 1e9
+"""Bytes in the GB of every rate printed (GB/s)."""
+
+
+class BenchError(ValueError):
+    """A store, option or decoder that a benchmark cannot handle; the message says which."""
 
 
 def max_relative_error(result, reference) -> float:
@@ -43,3 +55,42 @@ def write_json(path: str | None, doc: dict) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1, default=str)
+
+
+def gbps(nbytes: float, seconds: float | None) -> str:
+    """``nbytes / seconds`` in GB/s with two decimals; ``-`` where nothing was timed."""
+    return "-" if not seconds else f"{nbytes / seconds / GB:.2f}"
+
+
+def markdown_table(rows: list[list], header: list[str]) -> str:
+    """``rows`` under ``header`` as a Markdown table, columns padded to line up in a terminal
+    too."""
+    cells = [header] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def fmt(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+    return "\n".join(
+        [fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        + [fmt(r) for r in cells[1:]]
+    )
+
+
+def run_parallel(fn: Callable, items: Sequence, threads: int) -> None:
+    """Run ``fn`` over ``items`` on ``threads`` threads; the first exception is raised."""
+    if threads <= 1 or len(items) <= 1:
+        for it in items:
+            fn(it)
+        return
+    with ThreadPoolExecutor(min(threads, len(items))) as ex:
+        for _ in ex.map(fn, items):
+            pass
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``; None where it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

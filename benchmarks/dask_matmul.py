@@ -1,7 +1,7 @@
 """oocgemm inside dask against dask's own matmul and against oocgemm.multiply, in one run.
 
     python -m benchmarks.dask_matmul --n 32768 --chunk 4096 --workdir DIR [--memory-limit 16GB]
-        [--dask-limit 300 (0: no dask baseline)] [--cluster] [--json FILE]
+        [--dask-limit 300 (0: no dask baseline)] [--cluster] [--out-compressor zstd:0|none]
 
 On Zarr inputs written as a zarr-python user would (zstd, ``--chunk`` square chunks), warm, each
 product writing the same output layout (``--chunk`` chunks; ``--out-compressor``: zarr's
@@ -9,9 +9,9 @@ default zstd, as ``to_zarr`` writes, or none, as ``multiply`` writes by default)
 
 - ``oocgemm.multiply(a, b, c)``, paths in, path out;
 - ``oocgemm.dask.matmul(da.from_zarr(a), da.from_zarr(b)).to_zarr(c)`` under the threaded
-  scheduler (with each engine run's start and end, from the tasks' events), and with
-  ``--cluster`` under a ``dask.distributed.LocalCluster`` of one worker process with
-  ``--threads`` threads and the GPU (``resources={"GPU": 1}``);
+  scheduler (16 threads; with each engine run's start and end, from the tasks' events), and
+  with ``--cluster`` under a ``dask.distributed.LocalCluster`` of one worker process with 16
+  threads and the GPU (``resources={"GPU": 1}``);
 - dask's own ``(x @ y).to_zarr(c)`` with CuPy chunks, stopped after ``--dask-limit`` seconds.
 
 Targets (issue 19): >= 5x dask's own, within 10% of ``oocgemm.multiply``.
@@ -27,9 +27,12 @@ import shutil
 import sys
 import time
 
-from benchmarks.common import write_json
-from benchmarks.zarr_io import make_store, read_files
-from benchmarks.zarr_product import _chunk_files, check, run_dask
+from benchmarks.storage_floor import read_files
+from benchmarks.zarr_product import check, run_dask
+from benchmarks.zarr_stores import make_store, store_files
+
+THREADS = 16
+"""Threads of the stores' writers, of dask's threaded scheduler and of the cluster's worker."""
 
 
 def _timed(fn) -> float:
@@ -41,8 +44,6 @@ def _timed(fn) -> float:
 def _phases(trace_dir: str, zero: float) -> list[tuple[float, float]]:
     """Each engine task's (start, end), in seconds from ``zero`` (a ``time.time()``), from the
     events the tasks left in ``trace_dir``."""
-    import glob
-
     spans = []
     for path in glob.glob(os.path.join(trace_dir, "task-*.json")):
         with open(path) as f:
@@ -62,14 +63,12 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--memory-limit", default="16GB")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu to check this script")
     parser.add_argument("--out-compressor", choices=("zstd:0", "none"), default="zstd:0",
                         help="the outputs' compressor, the same for every product: zarr's "
                              "default for to_zarr (zstd level 0), or none (multiply's default)")
     parser.add_argument("--dask-limit", type=float, default=300)
     parser.add_argument("--cluster", action="store_true")
-    parser.add_argument("--json", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
 
@@ -84,17 +83,15 @@ def main(argv=None) -> int:
     a, b = os.path.join(work, "a.zarr"), os.path.join(work, "b.zarr")
     for seed, path in ((1, a), (2, b)):
         made = make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed,
-                          threads=args.threads)
+                          threads=THREADS)
         print(f"made {path}: {made['stored_bytes'] / 1e9:.2f} GB stored", flush=True)
-    doc = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "chunk": args.chunk,
-           "memory_limit": args.memory_limit}
+    doc: dict = {}
 
     # Every product writes the same layout: chunks of --chunk, compressed alike.
     to_zarr = {"compressors": None} if args.out_compressor == "none" else {}
-    doc["out_compressor"] = args.out_compressor
 
     def warm():
-        read_files(_chunk_files(a) + _chunk_files(b), args.threads)
+        read_files(store_files(a, b), THREADS)
 
     def out(name):
         path = os.path.join(work, name)
@@ -109,7 +106,6 @@ def main(argv=None) -> int:
                                            "compressors": args.out_compressor},
                               progress=False)
     doc["multiply"] = time.perf_counter() - start
-    doc["multiply_run"] = result.seconds
     print(f"  its engine run: {result.seconds:.2f} s, tile {result.plan.tile}, kept "
           f"{result.plan.cache}, decodes {_decodes(result.chunks)}; {result.timeline}",
           flush=True)
@@ -123,10 +119,9 @@ def main(argv=None) -> int:
     z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.device,
                      memory_limit=args.memory_limit, trace_dir=trace_dir)
     doc["tasks"] = len(z.dask.layers[z.name + "-groups"])
-    doc["chunks"] = list(z.chunksize)
     from dask.diagnostics import Profiler
 
-    with dask.config.set(scheduler="threads", num_workers=args.threads), Profiler() as prof:
+    with dask.config.set(scheduler="threads", num_workers=THREADS), Profiler() as prof:
         zero, zero_profile = time.time(), time.perf_counter()  # the profiler's clock
         doc["dask_matmul"] = _timed(lambda: z.to_zarr(c2, **to_zarr))
     doc["blocks"] = _phases(trace_dir, zero)
@@ -152,7 +147,7 @@ def main(argv=None) -> int:
 
         warm()
         c3 = out("c-cluster.zarr")
-        with distributed.LocalCluster(n_workers=1, threads_per_worker=args.threads,
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=THREADS,
                                       processes=True, resources={"GPU": 1},
                                       dashboard_address=None) as cluster, \
                 distributed.Client(cluster):
@@ -160,14 +155,13 @@ def main(argv=None) -> int:
                              memory_limit=args.memory_limit, resources={"GPU": 1})
             doc["cluster_tasks"] = len(z.dask.layers[z.name + "-groups"])
             doc["cluster"] = _timed(lambda: z.to_zarr(c3, **to_zarr))
-        print(f"  the same through a LocalCluster of one worker process ({args.threads} "
+        print(f"  the same through a LocalCluster of one worker process ({THREADS} "
               f"threads, resources GPU=1): {doc['cluster']:.2f} s, {doc['cluster_tasks']} engine "
               f"tasks, rel. error {check(c3, a, b):.1e}", flush=True)
 
     if args.dask_limit > 0:
         warm()
-        own = run_dask(a, b, out("c-dask.zarr"), args.threads, False, args.dask_limit)
-        doc["dask_own"] = own["wall"]
+        own = run_dask(a, b, out("c-dask.zarr"), THREADS, False, args.dask_limit)
         print("dask's own x @ y (CuPy chunks) -> to_zarr: "
               + (f"{own['wall']:.2f} s" if own["wall"] else
                  f"not finished after {args.dask_limit:.0f} s"), flush=True)
@@ -176,7 +170,6 @@ def main(argv=None) -> int:
               + ("" if own["wall"] else " (at least)"), flush=True)
     print(f"oocgemm.dask.matmul: {doc['dask_matmul'] / doc['multiply']:.2f} x the time of "
           f"oocgemm.multiply", flush=True)
-    write_json(args.json, doc)
     for p in (a, b):
         shutil.rmtree(p, ignore_errors=True)
     return 0

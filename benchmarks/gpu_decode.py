@@ -1,6 +1,6 @@
 """GPU decompression (nvCOMP) of a Zarr store's zstd chunks, against the CPU decoders.
 
-    python -m benchmarks.gpu_decode DIR... [--threads 16] [--repeat 3] [--json FILE]
+    python -m benchmarks.gpu_decode DIR... [--threads 16] [--repeat 3]
 
 One measurement for the question of issue 17: would decoding the inputs on the GPU, which needs
 the decoded data anyway, beat decoding them on the host? For each store (Zarr v3, zstd chunks, or
@@ -30,15 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .zarr_io import (
-    GB,
-    BenchError,
-    StoreInfo,
-    _write_json,
-    checksum,
-    describe_store,
-    expected_checksum,
-)
+from benchmarks.common import GB, BenchError
+from benchmarks.zarr_stores import StoreInfo, checksum, describe_store, expected_checksum
 
 _MISSING = (1 << 64) - 1
 
@@ -185,7 +178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", metavar="DIR")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     try:
         rows = [measure(describe_store(d), args.threads, args.repeat) for d in args.dirs]
@@ -200,7 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{s['decode']:.3f} | {r['decode_gbps']:.2f} | {r['end_to_end_gbps']:.2f} |")
     for r in rows:
         print(f"{r['store']}: {r['checked']} (nvCOMP {r['nvcomp']})")
-    _write_json(args.json, {"gpu_decode": rows})
     return 0
 
 

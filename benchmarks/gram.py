@@ -4,7 +4,7 @@ in one run.
     python -m benchmarks.gram [--rows 400000] [--cols 1024] [--chunk-rows 16384]
         [--device auto|cpu|cuda] [--memory-limit 16GB] [--host-memory-limit SIZE] [--repeat N]
         [--cold] [--skip decode,memory,oocgemm,dask] [--transpose-side a|b] [--dir DIR]
-        [--keep] [--json FILE]
+        [--json FILE]
     python -m benchmarks.gram --square N [--device cuda] [--memory-limit 16GB] [--repeat N]
 
 X (rows x cols, float64, standard normal) is written once the way a zarr-python user with its
@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import GB, max_relative_error, write_json
 from oocgemm import hostinfo
 from oocgemm.errors import OOCGemmError, OptionError
 
@@ -61,8 +61,10 @@ MEASUREMENTS = ("decode", "memory", "oocgemm", "dask")
 TOLERANCE = 1e-10
 """Largest ``max|C - C_memory| / max|C_memory|`` accepted for float64."""
 
+SEED = 0
+"""Seed of X (and, with ``--square``, of y and the sampled rows)."""
+
 DROP_CACHES = "/proc/sys/vm/drop_caches"
-GB = 1e9
 
 
 # ------------------------------------------------------------------------------------------
@@ -142,13 +144,6 @@ def _is_gpu(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def _sync_gpu(device: str) -> None:
-    if _is_gpu(device):
-        import cupy
-
-        cupy.cuda.Device().synchronize()
-
-
 def _free_gpu(device: str) -> None:
     """Give CuPy's cached blocks back, so that the next measurement finds the GPU empty."""
     if _is_gpu(device):
@@ -171,13 +166,6 @@ def _seconds(s: float | None) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _rel_error(got: np.ndarray, want: np.ndarray) -> float:
-    """``max|got - want| / max|want|``."""
-    scale = float(np.max(np.abs(want)))
-    diff = float(np.max(np.abs(got - want)))
-    return diff / scale if scale else diff
-
-
 # ------------------------------------------------------------------------------------------
 # X on disk
 # ------------------------------------------------------------------------------------------
@@ -186,7 +174,7 @@ def write_x(path: str, stored: np.ndarray, chunks: tuple[int, int], threads: int
     zstd) and ``chunks``, one whole chunk per write, on ``threads`` threads."""
     import zarr
 
-    from benchmarks.zarr_io import describe_store
+    from benchmarks.zarr_stores import describe_store
 
     arr = zarr.create_array(store=path, shape=stored.shape, dtype=stored.dtype, chunks=chunks,
                             overwrite=True)
@@ -209,7 +197,7 @@ def write_x(path: str, stored: np.ndarray, chunks: tuple[int, int], threads: int
 
 def prepare(files: list[str], cold: bool, threads: int) -> None:
     """Before a timed run: the page cache dropped (``cold``), or every chunk file read once."""
-    from benchmarks.zarr_io import read_files
+    from benchmarks.storage_floor import read_files
 
     if cold:
         drop_page_cache()
@@ -432,7 +420,7 @@ def run_zarr(args, device: str, skip: frozenset[str], say) -> dict:
            "trans_b=True") + f", device {device}")
     say(f"machine: {_machine_line(doc['machine'])}")
     try:
-        stored = random_matrix(shape, "float64", seed=args.seed)
+        stored = random_matrix(shape, "float64", seed=SEED)
         written = write_x(path, stored, chunks, threads)
         files = written.pop("files")
         doc["stored_bytes"] = written["stored_bytes"]
@@ -443,12 +431,9 @@ def run_zarr(args, device: str, skip: frozenset[str], say) -> dict:
         doc["measurements"] = measure_all(args, doc, path, stored, files, device, skip,
                                           threads, written["chunks"], say)
     finally:
-        if args.keep:
-            say(f"kept {path}")
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-            if made_dir:
-                shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        if made_dir:
+            shutil.rmtree(folder, ignore_errors=True)
     doc["ratios"] = ratios(doc["measurements"])
     return doc
 
@@ -477,7 +462,7 @@ def measure_all(args, doc, path, stored, files, device, skip, threads, n_chunks,
         ooc = measure_oocgemm(path, side, device, files, repeat=repeat, cold=cold,
                               threads=threads, memory_limit=args.memory_limit,
                               host_memory_limit=args.host_memory_limit, n_chunks=n_chunks)
-        ooc["error"] = _rel_error(ooc.pop("c"), reference)
+        ooc["error"] = max_relative_error(ooc.pop("c"), reference)
         ooc["correct"] = ooc["error"] < TOLERANCE
         ooc["tflops"] = doc["flops"] / ooc["seconds"] / 1e12
         found["oocgemm"] = ooc
@@ -485,7 +470,7 @@ def measure_all(args, doc, path, stored, files, device, skip, threads, n_chunks,
     if "dask" not in skip:
         dsk = measure_dask(path, side, device, files, repeat=repeat, cold=cold, threads=threads)
         if "skipped" not in dsk:
-            dsk["error"] = _rel_error(dsk.pop("c"), reference)
+            dsk["error"] = max_relative_error(dsk.pop("c"), reference)
             dsk["correct"] = dsk["error"] < TOLERANCE
             dsk["tflops"] = doc["flops"] / dsk["seconds"] / 1e12
         found["dask"] = dsk
@@ -575,13 +560,13 @@ def run_square(args, device: str, say) -> dict:
                  "host_memory_limit": args.host_memory_limit, "tolerance": TOLERANCE}
     say(f"Gram against general product: {n} x {n} float64 in host memory, device {device}")
     say(f"machine: {_machine_line(doc['machine'])}")
-    x = random_matrix((n, n), "float64", seed=args.seed)
-    y = random_matrix((n, n), "float64", seed=args.seed + 1)
+    x = random_matrix((n, n), "float64", seed=SEED)
+    y = random_matrix((n, n), "float64", seed=SEED + 1)
     options = {"trans_a": True, "device": device, "memory_limit": args.memory_limit,
                "host_memory_limit": args.host_memory_limit, "progress": False}
     small = np.ones((64, 64))
     oocgemm.multiply(small, small, **options)  # a CUDA context and handles outside the clock
-    sample = np.sort(np.random.default_rng(args.seed + 2).choice(n, size=min(n, 16),
+    sample = np.sort(np.random.default_rng(SEED + 2).choice(n, size=min(n, 16),
                                                                  replace=False))
     found: dict = {name: {"times": [], "run_times": []} for name in ("gram", "general")}
     for _ in range(args.repeat):
@@ -593,7 +578,7 @@ def run_square(args, device: str, say) -> dict:
             entry["times"].append(wall)
             entry["run_times"].append(result.seconds)
             c = np.asarray(result.out)
-            entry["error"] = _rel_error(c[sample], x[:, sample].T @ other)
+            entry["error"] = max_relative_error(c[sample], x[:, sample].T @ other)
             entry["correct"] = entry["error"] < TOLERANCE
             entry["tile"] = list(result.plan.tile)
             entry["flops_result"] = result.flops
@@ -661,8 +646,6 @@ def parser() -> argparse.ArgumentParser:
                    help="a: X stored, X^T X with trans_a=True; b: X^T stored (chunks "
                         "cols x chunk-rows), the same product as Y Y^T with trans_b=True")
     p.add_argument("--dir", default=None, help="where the Zarr store goes (default a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the Zarr store afterwards")
-    p.add_argument("--seed", type=int, default=0, help="seed of X (default 0)")
     p.add_argument("--square", type=_positive, default=None, metavar="N",
                    help="instead: gram against general product of N x N numpy operands")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results here")

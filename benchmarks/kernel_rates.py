@@ -118,13 +118,13 @@ POWER_KERNELS = ("opt", "regblock", "dmma")
 
 
 def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype="float64",
-                 seed: int = 0, bounds: bool = True, on_entry=None) -> dict:
+                 seed: int = 0, on_entry=None) -> dict:
     """Rate, SM clock and board power of each kernel run alone, back to back on one size³
     product for about ``seconds``, while ``nvidia-smi`` samples the GPU; likewise cuBLAS and the
     CUDA cores' throughput kernels (:data:`THROUGHPUT_ROWS`: the FMA peak, and a GEMM's FMAs in
-    registers on random and on constant operands, which shows what the data costs). With
-    ``bounds``, also the measuring builds of opt and regblock (:data:`KERNEL_BOUNDS`): how fast
-    they run when their operands cost less or nothing to move.
+    registers on random and on constant operands, which shows what the data costs), and the
+    measuring builds of opt and regblock (:data:`KERNEL_BOUNDS`): how fast they run when their
+    operands cost less or nothing to move.
 
     Each entry: TFLOP/s, its fraction of the FMA peak, median SM clock and board power over the
     run (its first 0.6 s left out, while the clock settles), the fraction of samples under the power
@@ -146,7 +146,7 @@ def kernel_power(size: int = 8192, *, kernels=None, seconds: float = 2.5, dtype=
     cases, bound_of = {}, {}
     for name in names:
         cases[name] = (name, ())
-        if bounds and name in BOUNDED_KERNELS:
+        if name in BOUNDED_KERNELS:
             for tag, (macro, value, _) in KERNEL_BOUNDS.items():
                 cases[f"{name}:{tag}"] = (name, ((macro, value),))
                 bound_of[f"{name}:{tag}"] = tag

@@ -2,7 +2,6 @@
 
     python -m benchmarks ozaki-gpu [--sizes 8192,16384] [--n 32768] [--memory-limit 16GB]
                                    [--kernel ozaki:16] [--spreads 0,8,30] [--json out.json]
-    python -m benchmarks ozaki-gpu --ceilings-only
 
 1. **Ceilings**: DGEMM and the int8 GEMM each repeated back to back for some seconds (the
    clocks settle under the power cap within a few), the median rate of the second half. The
@@ -294,8 +293,7 @@ def _compute_busy(run) -> float:
 
 
 def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernels=("ozaki:16",),
-              memory_limits=("16GB",), spreads=(0, 8, 30), seconds: float = 4.0,
-              ceilings_only: bool = False) -> dict:
+              memory_limits=("16GB",), spreads=(0, 8, 30), seconds: float = 4.0) -> dict:
     """Every case in one process."""
     import cupy
 
@@ -303,8 +301,6 @@ def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernels=("ozaki:16",),
 
     out: dict = {"benchmark": "ozaki-gpu", "gpu": gpu_info(), "date": time.strftime("%Y-%m-%d"),
                  "kernels": list(kernels), "ceilings": ceilings(seconds)}
-    if ceilings_only:
-        return out
     out["in_core"] = []
     for size in sizes:
         out["in_core"].append(in_core(size, kernels, spreads, seconds))
@@ -312,20 +308,6 @@ def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernels=("ozaki:16",),
     if n:
         out["out_of_core"] = out_of_core(n, kernels, memory_limits, spreads)
     return out
-
-
-def profile_once(n: int, kernel: str) -> int:
-    """One warm-up and one emulated product of n³ in core (for a profiler)."""
-    import cupy
-
-    from oocgemm.cuda.ozaki import InCore
-
-    a, b, c = device_spread((n, n), 0, 1), device_spread((n, n), 0, 2), cupy.empty((n, n))
-    emulate = InCore(n, n, n, kernel)
-    for _ in range(2):
-        emulate(a, b, c)
-    cupy.cuda.Device().synchronize()
-    return 0
 
 
 def report(res: dict) -> str:
@@ -401,20 +383,14 @@ def main(argv=None) -> int:
     parser.add_argument("--spreads", default="0,8,30")
     parser.add_argument("--seconds", type=float, default=4.0,
                         help="seconds each sustained rate runs")
-    parser.add_argument("--ceilings-only", action="store_true")
-    parser.add_argument("--profile", type=int, metavar="N",
-                        help="only one emulated product of N^3 in core after a warm-up, for "
-                             "a profiler (ncu -k regex:ozaki ...)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    if args.profile:
-        return profile_once(args.profile, args.kernel.split(",")[0])
     sizes = tuple(int(x) for x in args.sizes.split(",") if x)
     spreads = tuple(int(x) for x in args.spreads.split(",") if x)
     limits = tuple(x for x in args.memory_limit.split(",") if x)
     kernels = tuple(x for x in args.kernel.split(",") if x)
     res = benchmark(sizes, args.n, kernels=kernels, memory_limits=limits,
-                    spreads=spreads, seconds=args.seconds, ceilings_only=args.ceilings_only)
+                    spreads=spreads, seconds=args.seconds)
     write_json(args.json, res)
     print(report(res))
     return 0

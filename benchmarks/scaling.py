@@ -1,7 +1,7 @@
 """One product on 1, 2, ... GPUs of one machine, in one run (issue 22).
 
-    python -m benchmarks.scaling --n 65536 [--gpus 1,2,4] [--repeat 2] [--memory-limit SIZE]
-        [--xt (cuBLASXt on the same GPUs, operands pinned in place)] [--xt-block 8192]
+    python -m benchmarks.scaling --n 65536 [--gpus 1,2,4] [--repeat 2]
+        [--xt (cuBLASXt on the same GPUs, operands pinned in place, block dim 8192)]
         [--zarr DIR (the same from Zarr stores in DIR, beside the storage floor)] [--chunk 4096]
         [--dask (with --zarr: oocgemm.dask.matmul on a cluster of one worker per GPU)]
         [--trace DIR (the widest runs' timelines)] [--json FILE] [--cpu (CPU executors, a check
@@ -37,6 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks.common import max_relative_error, write_json
+
+XT_BLOCK = 8192
+"""cuBLASXt's block dim."""
 
 
 def operands(n: int, seed: int = 0, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +141,7 @@ def from_host(args, table: Table, counts: list[int]) -> None:
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            r = oocgemm.multiply(a, b, c, device=devices(args.kind, g),
-                                 memory_limit=args.memory_limit, progress=False)
+            r = oocgemm.multiply(a, b, c, device=devices(args.kind, g), progress=False)
             times.append(time.perf_counter() - start)
         table.add("multiply", g, times, error(), tile=list(r.plan.tile), shares=_shares(r))
         if g == max(counts):
@@ -152,15 +154,16 @@ def from_host(args, table: Table, counts: list[int]) -> None:
         with pinned_in_place(a, b, c):
             print(f"  pinned in place in {time.perf_counter() - start:.1f} s", flush=True)
             for g in counts:
-                times = [cublasxt_dgemm(a, b, c, args.xt_block, device=list(range(g)))
+                times = [cublasxt_dgemm(a, b, c, XT_BLOCK, device=list(range(g)))
                          for _ in range(args.repeat)]
-                table.add("cublasxt", g, times, error(), block=args.xt_block)
+                table.add("cublasxt", g, times, error(), block=XT_BLOCK)
 
 
 def from_zarr(args, table: Table, counts: list[int]) -> dict:
     import oocgemm
-    from benchmarks.zarr_io import make_store, read_files
-    from benchmarks.zarr_product import _chunk_files, check, storage_floor
+    from benchmarks.storage_floor import product_floor, read_files
+    from benchmarks.zarr_product import check
+    from benchmarks.zarr_stores import make_store, store_files
 
     work = os.path.abspath(args.zarr)
     os.makedirs(work, exist_ok=True)
@@ -170,12 +173,12 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
         made = make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed,
                           threads=threads)
         print(f"made {path}: {made['stored_bytes'] / 1e9:.2f} GB stored", flush=True)
-    floor = storage_floor([a, b], args.n * args.n * 8, work, threads)
+    floor = product_floor([a, b], args.n * args.n * 8, work, threads)
     print(f"storage floor ({floor['cold'] or 'not cold'}): reads {floor['read_rate'] / 1e9:.2f} "
           f"GB/s, writes {floor['write_rate'] / 1e9:.2f} GB/s: {floor['seconds']:.2f} s for "
           f"the inputs' {floor['stored_bytes'] / 1e9:.1f} GB and the output's "
           f"{args.n * args.n * 8 / 1e9:.1f} GB", flush=True)
-    files = _chunk_files(a) + _chunk_files(b)
+    files = store_files(a, b)
     out_options = {"chunks": (args.chunk, args.chunk), "compressors": "zstd:0"}
 
     def output(name):
@@ -190,8 +193,7 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
             c = output(f"c-{g}.zarr")
             start = time.perf_counter()
             r = oocgemm.multiply(a, b, c, device=devices(args.kind, g),
-                                 memory_limit=args.memory_limit, out_options=out_options,
-                                 progress=False)
+                                 out_options=out_options, progress=False)
             times.append(time.perf_counter() - start)
         table.add("zarr", g, times, check(c, a, b), floor=floor["seconds"],
                   shares=_shares(r))
@@ -214,7 +216,7 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
                     read_files(files, threads)
                     c = output(f"c-dask-{g}.zarr")
                     z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.kind,
-                                     memory_limit=args.memory_limit, resources={"GPU": 1})
+                                     resources={"GPU": 1})
                     start = time.perf_counter()
                     z.to_zarr(c)
                     times.append(time.perf_counter() - start)
@@ -230,14 +232,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=65536)
     parser.add_argument("--gpus", default="1,2")
-    parser.add_argument("--memory-limit", default=None)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--xt", action="store_true")
-    parser.add_argument("--xt-block", type=int, default=8192)
     parser.add_argument("--zarr", default=None)
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--dask", action="store_true")
-    parser.add_argument("--no-host", action="store_true", help="only the Zarr cases")
     parser.add_argument("--cpu", dest="kind", action="store_const", const="cpu", default="cuda")
     parser.add_argument("--trace", default=None)
     parser.add_argument("--json", default=None)
@@ -252,8 +251,7 @@ def main(argv=None) -> int:
             return 2
     table = Table(2.0 * args.n ** 3)
     doc: dict = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "kind": args.kind}
-    if not args.no_host:
-        from_host(args, table, counts)
+    from_host(args, table, counts)
     if args.zarr:
         doc["floor"] = from_zarr(args, table, counts)
     doc["cases"] = table.cases

@@ -1,11 +1,11 @@
 """Zarr -> Zarr at the speed of storage: oocgemm against its floors and against dask, in one run.
 
-    python -m benchmarks.zarr_product --n 32768 --chunk 4096 --layout v3 --workdir DIR \\
-        --memory-limit 16GB [--cold] [--dask] [--json FILE] [--plot FILE]
+    python -m benchmarks.zarr_product --n 32768 --layout v3 --workdir DIR [--cold] [--dask]
+        [--dask-limit 540] [--write-codecs none,zstd] [--plot FILE] [--trace FILE]
 
 For one layout of float64 n x n inputs written the way a zarr-python user with its defaults
-would (zstd; ``v3``: chunks of ``--chunk``; ``v3-sharded``: shards of ``--chunk`` holding
-``--inner`` chunks), it measures in this order:
+would (zstd; ``v3``: 4096² chunks; ``v3-sharded``: 4096² shards of 512² chunks), 16 threads
+wherever threads are used and a GPU memory limit of 16 GB, it measures in this order:
 
 - the storage floor: the stored input bytes over the raw parallel cold read rate of their
   files, plus C's bytes over the raw parallel write rate (fsync);
@@ -24,8 +24,6 @@ oocgemm >= 5x faster than dask.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import shutil
 import subprocess
@@ -36,29 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.zarr_io import describe_store, drop_caches, make_store, read_files, write_files
+from benchmarks.common import GB
+from benchmarks.storage_floor import drop_caches, product_floor, read_files
+from benchmarks.zarr_stores import LAYOUTS, make_store, store_files
 
-GB = 1e9
-
-
-def _chunk_files(path: str) -> list[str]:
-    return describe_store(path).files
-
-
-def storage_floor(stores: list[str], c_bytes: int, workdir: str, threads: int) -> dict:
-    files = [f for s in stores for f in _chunk_files(s)]
-    how = drop_caches(files)
-    nbytes, seconds = read_files(files, threads)
-    read_rate = nbytes / seconds
-    wrote, wseconds = write_files(os.path.join(workdir, "write-floor"), c_bytes, threads)
-    write_rate = wrote / wseconds
-    return {
-        "cold": how,
-        "stored_bytes": nbytes,
-        "read_rate": read_rate,
-        "write_rate": write_rate,
-        "seconds": nbytes / read_rate + c_bytes / write_rate,
-    }
+CHUNK = 4096
+"""Side of the inputs' chunks (or shards), elements."""
+THREADS = 16
+"""Threads of every parallel read, decode, write and of dask's scheduler."""
+MEMORY_LIMIT = "16GB"
+"""GPU memory oocgemm may use."""
 
 
 def read_whole(path: str, threads: int) -> tuple[int, float]:
@@ -135,7 +120,7 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
 
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
-    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    how = drop_caches(store_files(a, b)) if cold else ""
     start = time.perf_counter()
     r = oocgemm.multiply(
         a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
@@ -176,7 +161,7 @@ def run_dask(a: str, b: str, c: str, threads: int, cold: bool, limit: float) -> 
     ``limit`` seconds of its clock (then ``wall`` is None: it took longer than ``limit``)."""
     shutil.rmtree(c, ignore_errors=True)
     os.sync()
-    how = drop_caches(_chunk_files(a) + _chunk_files(b)) if cold else ""
+    how = drop_caches(store_files(a, b)) if cold else ""
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.zarr_product", "_dask", a, b, c, str(threads)],
         stdout=subprocess.PIPE, text=True)
@@ -210,25 +195,17 @@ def check(c: str, a: str, b: str, rows: int = 64) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=32768)
-    parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--inner", type=int, default=512)
-    parser.add_argument("--layout", choices=("v3", "v3-sharded", "v2"), default="v3")
+    parser.add_argument("--layout", choices=LAYOUTS, default="v3")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--memory-limit", default="16GB")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu to check this script")
     parser.add_argument("--cold", action="store_true", help="also run cold (drops caches)")
     parser.add_argument("--dask", action="store_true", help="also run the dask baseline")
     parser.add_argument("--dask-limit", type=float, default=540,
                         help="seconds after which a dask run is stopped and reported as "
                              "taking longer (default 540)")
-    parser.add_argument("--dask-only", action="store_true",
-                        help="make the stores and run only the dask baseline")
-    parser.add_argument("--keep", action="store_true", help="keep the stores afterwards")
     parser.add_argument("--write-codecs", default="none",
                         help="output codecs whose write of C to time, comma list; the first "
                              "is the decode floor's (oocgemm's default output: none)")
-    parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -241,119 +218,83 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     a, b = os.path.join(work, "a.zarr"), os.path.join(work, "b.zarr")
     c, cd = os.path.join(work, "c.zarr"), os.path.join(work, "c-dask.zarr")
-    doc = {
-        "date": datetime.date.today().isoformat(),
-        "n": args.n,
-        "layout": args.layout,
-        "chunk": args.chunk,
-        "inner": args.inner,
-        "memory_limit": args.memory_limit,
-    }
+    try:
+        for seed, path in ((1, a), (2, b)):
+            made = make_store(path, n=args.n, chunk=CHUNK, layout=args.layout, seed=seed,
+                              threads=THREADS)
+            say(f"made {path}: {made['stored_bytes'] / GB:.2f} GB stored in "
+                f"{made['seconds']:.1f} s")
+        floors(a, b, c, work, args)
+        oocgemm_runs(a, b, c, args)
+        if args.dask:
+            dask_runs(a, b, cd, args)
+    finally:
+        for p in (a, b, c, cd):
+            shutil.rmtree(p, ignore_errors=True)
+    return 0
 
-    def say(text):
-        print(text, flush=True)
 
-    for seed, path in ((1, a), (2, b)):
-        made = make_store(
-            path,
-            n=args.n,
-            chunk=args.chunk,
-            layout=args.layout,
-            inner=args.inner,
-            seed=seed,
-            threads=args.threads,
-        )
-        say(f"made {path}: {made['stored_bytes'] / GB:.2f} GB stored in {made['seconds']:.1f} s")
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def floors(a: str, b: str, c: str, work: str, args) -> None:
+    """The storage floor, the decode floor and (on a GPU) the in-core GEMM time, printed."""
     c_bytes = args.n * args.n * 8
-    if args.dask_only:
-        doc["dask"] = dask_runs(a, b, cd, args, say)
-        return finish(doc, args, (a, b, c, cd))
-    floor = storage_floor([a, b], c_bytes, work, args.threads)
-    doc["storage_floor"] = floor
-    say(
-        f"storage floor ({floor['cold'] or 'NOT cold'}): read {floor['read_rate'] / GB:.2f} GB/s, "
-        f"write {floor['write_rate'] / GB:.2f} GB/s -> {floor['seconds']:.2f} s"
-    )
-
-    decoded = [read_whole(p, args.threads) for p in (a, b)]
+    floor = product_floor([a, b], c_bytes, work, THREADS)
+    say(f"storage floor ({floor['cold'] or 'NOT cold'}): read {floor['read_rate'] / GB:.2f} "
+        f"GB/s, write {floor['write_rate'] / GB:.2f} GB/s -> {floor['seconds']:.2f} s")
+    decoded = [read_whole(p, THREADS) for p in (a, b)]
     decode_s = sum(s for _, s in decoded)
     probe = None
     if args.device != "cpu":
         import oocgemm
 
-        probe = oocgemm.plan(a, b, c, device=args.device, memory_limit=args.memory_limit)
-    tile = probe.tile[:2] if probe else (args.chunk, args.chunk)
+        probe = oocgemm.plan(a, b, c, device=args.device, memory_limit=MEMORY_LIMIT)
+    tile = probe.tile[:2] if probe else (CHUNK, CHUNK)
     writes = {codec: write_like_output(os.path.join(work, "write-probe.zarr"), args.n, tile,
-                                       args.threads, codec)
+                                       THREADS, codec)
               for codec in args.write_codecs.split(",")}
     for codec, (seconds, stored) in writes.items():
         say(f"write C with {codec}: {seconds:.2f} s, {stored / GB:.2f} GB stored "
             f"({c_bytes / seconds / GB:.2f} GB/s of data)")
-    doc["write_codecs"] = {k: {"seconds": v[0], "stored_bytes": v[1]} for k, v in writes.items()}
     write_s = next(iter(writes.values()))[0]
-    doc["decode_floor"] = {
-        "read_decode": decode_s,
-        "write": write_s,
-        "rate": sum(x for x, _ in decoded) / decode_s,
-        "seconds": decode_s + write_s,
-    }
-    say(
-        f"decode floor (warm): read+decode {decode_s:.2f} s "
-        f"({doc['decode_floor']['rate'] / GB:.2f} GB/s), write C {write_s:.2f} s "
-        f"-> {decode_s + write_s:.2f} s"
-    )
-    if args.device != "cpu":
+    say(f"decode floor (warm): read+decode {decode_s:.2f} s "
+        f"({sum(x for x, _ in decoded) / decode_s / GB:.2f} GB/s), write C {write_s:.2f} s "
+        f"-> {decode_s + write_s:.2f} s")
+    if probe is not None:
         rate = gemm_rate()
-        doc["gemm"] = {"rate": rate, "seconds": 2 * args.n**3 / rate}
-        say(f"in-core DGEMM {rate / 1e12:.1f} TFLOP/s -> {doc['gemm']['seconds']:.2f} s")
+        say(f"in-core DGEMM {rate / 1e12:.1f} TFLOP/s -> {2 * args.n**3 / rate:.2f} s")
         say(str(probe))
 
-    runs = []
+
+def oocgemm_runs(a: str, b: str, c: str, args) -> None:
+    """oocgemm cold (with ``--cold``) and warm, each checked; the warm run's timeline."""
     for cold in (True, False) if args.cold else (False,):
         if not cold:  # warm the page cache the way a user's second run would find it
-            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
-        r = run_oocgemm(a, b, c, args.memory_limit, args.device, cold)
+            read_files(store_files(a, b), THREADS)
+        r = run_oocgemm(a, b, c, MEMORY_LIMIT, args.device, cold)
         result = r.pop("result")
-        r["error"] = check(c, a, b)
-        runs.append(r)
-        say(
-            f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} TFLOP/s, "
-            f"predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error {r['error']:.1e}, "
-            f"tile {r['tile']}, chunks {r['chunks']}"
-        )
+        say(f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} "
+            f"TFLOP/s, predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error "
+            f"{check(c, a, b):.1e}, tile {r['tile']}, chunks {r['chunks']}")
         if not cold:
             say(str(result.timeline))
             if args.trace:
                 result.timeline.save(args.trace)
             if args.plot:
                 result.timeline.plot(args.plot)
-    doc["oocgemm"] = runs
-    if args.dask:
-        doc["dask"] = dask_runs(a, b, cd, args, say)
-    return finish(doc, args, (a, b, c, cd))
 
 
-def dask_runs(a: str, b: str, c: str, args, say) -> list[dict]:
-    runs = []
+def dask_runs(a: str, b: str, c: str, args) -> None:
+    """dask's own product cold (with ``--cold``) and warm, each stopped after ``--dask-limit``."""
     for cold in (True, False) if args.cold else (False,):
         if not cold:
-            read_files(_chunk_files(a) + _chunk_files(b), args.threads)
-        d = run_dask(a, b, c, args.threads, cold, args.dask_limit)
-        runs.append(d)
+            read_files(store_files(a, b), THREADS)
+        d = run_dask(a, b, c, THREADS, cold, args.dask_limit)
         took = (f"{d['wall']:.2f} s" if d["wall"] is not None else
                 f"not finished after {d['limit']:.0f} s")
         say(f"dask {'cold' if cold else 'warm'}: {took}")
-    return runs
-
-
-def finish(doc: dict, args, paths) -> int:
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-    if not args.keep:
-        for p in paths:
-            shutil.rmtree(p, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -2,15 +2,16 @@
 settings oocgemm reads with, beside the disk's own write rate.
 
     python -m benchmarks.zarr_write --n 32768 --chunk 4096 --band-width 16384 --workdir DIR
-        [--threads 8] [--compressors none,zstd:0] [--configs default,oocgemm,zarrs]
+        [--threads 8]
 
-Each case writes an n x n float64 array (normal random numbers, as a product's output looks)
+Each case (compressor none, then zstd:0, each under the settings ``default``, ``oocgemm`` and
+``zarrs``) writes an n x n float64 array (normal random numbers, as a product's output looks)
 through ``ZarrSink.write`` from ``--threads`` threads, one cell at a time: a chunk row band of
 ``--band-width`` columns, whole chunks, as ``ChunkWriter`` hands them on. ``default`` creates
 the array under zarr's own settings (what the sink does today); ``oocgemm`` under
 ``pipeline_config`` (the fused codec pipeline on zarr 3.4+, else zarrs where installed);
-``zarrs`` under the zarrs pipeline. Every
-case runs in a fresh interpreter, so that zarr's event loop and pools start from its settings.
+``zarrs`` under the zarrs pipeline. Every case runs in a fresh interpreter, so that zarr's
+event loop and pools start from its settings.
 The floor: the same bytes written as plain files from the same threads (no fsync).
 """
 
@@ -27,7 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.common import write_json
+COMPRESSORS = ("none", "zstd:0")
+"""The output compressors of the cases: multiply's default, and zarr's default for to_zarr."""
+CONFIGS = ("default", "oocgemm", "zarrs")
+"""The zarr settings of the cases (the module's docstring says what each is)."""
 
 
 def _case(n: int, chunk: int, width: int, threads: int, compressor: str, config: str,
@@ -91,10 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--band-width", type=int, default=16384)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--compressors", default="none,zstd:0")
-    parser.add_argument("--configs", default="default,oocgemm,zarrs")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a child
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     path = os.path.join(os.path.abspath(args.workdir), "c.zarr")
@@ -106,9 +107,8 @@ def main(argv=None) -> int:
     floor = _floor(args.n, args.chunk, args.threads, os.path.join(args.workdir, "files"))
     print(f"n={args.n}, chunks {args.chunk}², cells of {args.chunk}x{args.band_width}, "
           f"{args.threads} threads; plain files: {floor['gbps']:.2f} GB/s", flush=True)
-    doc = {"floor": floor, "cases": []}
-    for compressor in args.compressors.split(","):
-        for config in args.configs.split(","):
+    for compressor in COMPRESSORS:
+        for config in CONFIGS:
             child = subprocess.run(
                 [sys.executable, "-m", "benchmarks.zarr_write", "--n", str(args.n), "--chunk",
                  str(args.chunk), "--band-width", str(args.band_width), "--threads",
@@ -118,11 +118,8 @@ def main(argv=None) -> int:
                 print(f"{compressor:8} {config:8} failed: {child.stderr.strip()[-400:]}")
                 continue
             case = json.loads(child.stdout.strip().splitlines()[-1])
-            case.update(compressor=compressor, config=config)
-            doc["cases"].append(case)
             print(f"{compressor:8} {config:8} {case['pipeline']:28} {case['seconds']:7.2f} s "
                   f"{case['gbps']:6.2f} GB/s  stored {case['stored'] / 1e9:.2f} GB", flush=True)
-    write_json(args.json, doc)
     return 0
 
 

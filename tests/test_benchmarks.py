@@ -190,3 +190,31 @@ def test_gram_transposed_side_square_mode_and_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(gram, "DROP_CACHES", str(tmp_path / "missing" / "drop_caches"))
     assert "--cold" in fails("gram", "--rows", "100", "--cols", "8", "--device", "cpu", "--cold",
                              "--dir", tmp_path)
+
+
+def test_zarr_io_makes_floors_and_decodes_its_stores(tmp_path, capsys):
+    """python -m benchmarks.zarr_io end to end at small sizes: make writes a chunked and a
+    sharded store, floor reads and writes beside them, and decode checks every case of the
+    decoders here (each in its own interpreter) against make's regenerated data."""
+    from benchmarks import zarr_io
+
+    v3, sharded, out = tmp_path / "v3", tmp_path / "sharded", tmp_path / "decode.json"
+    assert zarr_io.main(["make", "--n", "300", "--chunk", "128", "--layout", "v3", str(v3)]) == 0
+    assert zarr_io.main(["make", "--n", "1024", "--chunk", "1024", "--layout", "v3-sharded",
+                         str(sharded)]) == 0
+    assert zarr_io.main(["floor", str(v3), str(sharded), "--threads", "1,2"]) == 0
+    assert "warm read GB/s" in capsys.readouterr().out
+    assert zarr_io.main(["decode", str(v3), str(sharded), "--threads", "2", "--repeat", "1",
+                         "--decoders", "zarr,numcodecs", "--zarr-configs", "tuned",
+                         "--json", str(out)]) == 0
+    records = json.loads(out.read_text())["decode"]
+    assert all(r.get("ok") for r in records), records
+    cases = {(Path(r["path"]).name, r["decoder"], r["variant"]) for r in records}
+    assert {("sharded", "numcodecs", "inner"), ("sharded", "numcodecs", "direct")} <= cases
+    assert ("v3", "zarr", "bands") in cases and ("v3", "numcodecs", "direct") not in cases
+    foreign = tmp_path / "foreign"
+    import zarr
+
+    zarr.create_array(str(foreign), shape=(8, 8), dtype="f8", chunks=(4, 4))
+    assert zarr_io.main(["decode", str(foreign)]) == 2
+    assert "not written by make" in capsys.readouterr().err
