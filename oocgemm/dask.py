@@ -794,6 +794,7 @@ class _Pending:
 #: inputs changed never meets chunks decoded before.
 GRACE = 0.0
 _SHARED: dict[str, SharedChunks] = {}
+_SHARED_LOCK = threading.Lock()  # of _SHARED, and of its entries' active counts and timers
 
 
 @contextlib.contextmanager
@@ -801,7 +802,7 @@ def _shared_chunks(graph: str):
     """This process's shared chunks of ``graph``, held for the duration of one task."""
     from . import hostinfo
 
-    with _LOCKS_LOCK:
+    with _SHARED_LOCK:
         shared = _SHARED.get(graph)
         if shared is None:
             shared = _SHARED[graph] = SharedChunks(hostinfo.total_memory() // 4)
@@ -812,7 +813,7 @@ def _shared_chunks(graph: str):
     try:
         yield shared
     finally:
-        with _LOCKS_LOCK:
+        with _SHARED_LOCK:
             shared.active -= 1
             if shared.active == 0 and GRACE <= 0:
                 del _SHARED[graph]
@@ -823,7 +824,7 @@ def _shared_chunks(graph: str):
 
 
 def _drop(graph: str, shared: SharedChunks) -> None:
-    with _LOCKS_LOCK:
+    with _SHARED_LOCK:
         if _SHARED.get(graph) is shared and shared.active == 0:
             del _SHARED[graph]
 
