@@ -22,6 +22,7 @@ from test_dask_inputs import Counter, counted
 import oocgemm
 import oocgemm.dask as odask
 from oocgemm import cuda
+from oocgemm.dask import partition, sharing
 
 
 def _groups(z):
@@ -49,7 +50,7 @@ def test_groups_are_bands_of_whole_block_rows_that_fit_in_memory(rng, monkeypatc
     x, y = da.from_array(a, chunks=(64, 50)), da.from_array(b, chunks=(50, 64))
     p = oocgemm.plan(x, y, device="cpu", memory_limit="200KB")
     fits = 120  # rows of C that a group may hold
-    monkeypatch.setattr(odask, "GROUP_MEMORY", fits * 250 * 8)
+    monkeypatch.setattr(partition, "GROUP_MEMORY", fits * 250 * 8)
     z = odask.matmul(x, y, device="cpu", memory_limit="200KB")
     bounds = np.cumsum((0,) + z.chunks[0]).tolist()
     assert len(bounds) > 2 and set(bounds) <= set(p.row_splits)
@@ -59,7 +60,7 @@ def test_groups_are_bands_of_whole_block_rows_that_fit_in_memory(rng, monkeypatc
 
 
 def test_the_result_is_chunked_like_the_inputs_within_the_groups(rng, workdir, monkeypatch):
-    monkeypatch.setattr(odask, "MIN_CHUNK_SIDE", 1)  # the grain of these small inputs
+    monkeypatch.setattr(partition, "MIN_CHUNK_SIDE", 1)  # the grain of these small inputs
     a, b = rand(rng, (160, 100)), rand(rng, (100, 120))
     zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(20, 50))[...] = a
     zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(50, 30))[...] = b
@@ -76,7 +77,7 @@ def test_the_result_is_chunked_like_the_inputs_within_the_groups(rng, workdir, m
     assert z.chunks == ((20,) * 8, (30,) * 4)
     assert len(_groups(z)) == 1
     assert_gemm(z.compute(), a, b)
-    monkeypatch.setattr(odask, "GROUP_MEMORY", 50 * 120 * 8)
+    monkeypatch.setattr(partition, "GROUP_MEMORY", 50 * 120 * 8)
     z = odask.matmul("a.zarr", "b.zarr", chunks=(20, 30), device="cpu", memory_limit="200KB")
     assert len(_groups(z)) == 4  # bands of 40 rows: two chunks each, under 50
     assert_gemm(z.compute(), a, b)
@@ -174,12 +175,12 @@ def test_tasks_of_a_process_share_their_decoded_chunks(rng, workdir, monkeypatch
     zarr.create_array("b.zarr", shape=b.shape, dtype="f8", chunks=(16, 20))[...] = b
     z = odask.matmul("a.zarr", da.from_zarr("b.zarr"), groups=(40, 20), device="cpu")
     decodes = []  # of each graph's shared chunks, when its last task here is done
-    monkeypatch.setattr(odask, "_SHARED", _Watched(decodes))
+    monkeypatch.setattr(sharing, "_SHARED", _Watched(decodes))
     with dask.config.set(scheduler="threads", num_workers=9):  # all 9 tasks at once
         got = z.compute()
     assert_gemm(got, a, b)
     assert decodes == [5 * 5 + 5 * 3]  # each chunk decoded once, for 3 x 3 = 9 groups
-    assert z.name not in odask._SHARED
+    assert z.name not in sharing._SHARED
 
 
 class _Watched(dict):
@@ -383,11 +384,11 @@ def test_gram_bands_compute_half_and_give_an_exactly_symmetric_result(
         rng, workdir, monkeypatch, kind, outer, dtype):
     """X^T X (X X^T) cut into bands of rows: each band computes its part on and right of
     the diagonal, and the chunks below it are the transposes of those above it."""
-    monkeypatch.setattr(odask, "MIN_CHUNK_SIDE", 1)  # chunks at the inputs' grain, in bands
+    monkeypatch.setattr(partition, "MIN_CHUNK_SIDE", 1)  # chunks at the inputs' grain, in bands
     x = rand(rng, (301, 77), dtype)  # ragged: neither tile nor chunks divide it
     tile = 48 if outer else 16
     n = x.shape[0] if outer else x.shape[1]
-    monkeypatch.setattr(odask, "GROUP_MEMORY", 2 * tile * n * x.itemsize)  # 2 block rows
+    monkeypatch.setattr(partition, "GROUP_MEMORY", 2 * tile * n * x.itemsize)  # 2 block rows
     xs = _stored_gram_input(kind, x, (24, 8))
     z = odask.matmul(xs, xs, trans_a=not outer, trans_b=outer, device="cpu",
                      tile=(tile, tile, 64), trace_dir="trace")
@@ -424,7 +425,7 @@ def test_gram_bands_under_a_distributed_local_cluster(rng, workdir):
 
 
 def test_gram_with_beta_groups_or_chunks_computes_the_full_product(rng, workdir, monkeypatch):
-    monkeypatch.setattr(odask, "GROUP_MEMORY", 10 * 40 * 8)  # bands of one block row
+    monkeypatch.setattr(partition, "GROUP_MEMORY", 10 * 40 * 8)  # bands of one block row
     x, c = rand(rng, (120, 40)), rand(rng, (40, 40))
     zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(30, 10))[...] = x
     full = _gram_flops(x, False)

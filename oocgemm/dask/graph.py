@@ -1,0 +1,188 @@
+"""The graph of :func:`oocgemm.dask.matmul`: its arguments checked, C cut into groups (one engine
+run each) and chunks, and three layers: an engine task per group, per group a chain of links
+each done when a block is written, and a task per chunk of the result behind the link of its
+last block. It only lays the tasks out: what they do in a worker is :mod:`.runner`'s, where C
+is cut :mod:`.partition`'s, and which half of a Gram product is computed :mod:`.gram`'s."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import OptionError, ShapeError
+from ..planning.schedule import serpentine
+from .gram import _boxes, _gram, _held, _seen_through
+from .operands import _Operand
+from .partition import (
+    _cut,
+    _owners,
+    _plan_blocks,
+    _row_band,
+    _spanned,
+    _splits,
+    _whole_chunks,
+    _within,
+)
+from .runner import _group, _written
+
+if TYPE_CHECKING:
+    import dask.array
+
+    from ..api import MatrixLike, Scalar
+
+    #: Sizes along (rows, cols): each a size, or a list of sizes; or one size for both.
+    Bounds = int | tuple[int | Sequence[int], int | Sequence[int]]
+
+
+def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: Scalar = 1.0,
+           beta: Scalar = 0.0, trans_a: bool = False, trans_b: bool = False,
+           groups: Bounds | None = None, chunks: Bounds | None = None,
+           resources: Mapping[str, float] | None = None, **options: Any) -> dask.array.Array:
+    """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one engine task per group
+    of C blocks.
+
+    Parameters
+    ----------
+    x, y, c
+        Dask arrays, numpy arrays, ``zarr.Array`` objects, or ``.zarr`` / ``.npy`` paths
+        (``c`` with ``beta != 0`` only).
+    groups
+        The parts of C, one engine run (one task) each, as ``(rows, cols)`` (each a size, or a
+        list of sizes) or one size for both. Default: bands of whole rows of the plan's C
+        blocks (they share their A panels), as few as host memory allows (a band is held in
+        memory until its chunks are used), and under a ``dask.distributed`` Client at least
+        two per worker, so that the workers balance; with ``chunks`` given, whole chunks.
+        For ``X^T X`` or ``X X^T`` of one matrix (beta == 0, neither ``groups`` nor
+        ``chunks`` given) a band computes only its part on and right of the diagonal (about
+        half the flops); the chunks below the diagonal are the transposes of those above
+        it, and the result's chunks are square on it (C == C.T bit for bit).
+    chunks
+        The result's chunks, each within one group; a light task hands out each as soon as the
+        engine has written the blocks under it. Default: the groups cut at the inputs' chunk
+        grid (A's row chunks, B's column chunks) where that grid divides them, so that
+        ``to_zarr`` writes chunks like the inputs', while the engine goes on.
+    resources
+        dask resource annotations of the engine tasks, e.g. ``{"GPU": 1}`` for workers started
+        with ``--resources GPU=1``. An engine task holds them until its run has the device
+        (then the run goes on in the worker while the next task waits for the device).
+    options
+        Keywords of :func:`oocgemm.multiply` for each task's run: ``device``,
+        ``memory_limit``, ``host_memory_limit``, ``tile``, ``kernel``; and ``trace_dir``, a
+        folder every worker can write, where each run leaves its events for
+        :func:`timeline` to merge.
+    """
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    from ..api import plan as plan_product
+    from ..checks import scalar
+    from ..options import Options
+
+    trace_dir = options.pop("trace_dir", None)
+    checked = Options.of("oocgemm.dask.matmul", **options)  # here, not in every task
+    if checked.out_options is not None or checked.storage_options is not None:
+        raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
+                          "(the result is a dask array; inputs are read as given)")
+    options = checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
+    alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
+    x, trans_a, y, trans_b = _seen_through(x, trans_a, y, trans_b)
+    ops = {"A": _Operand.of(x, "x", trans_a), "B": _Operand.of(y, "y", trans_b)}
+    (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
+    if k != k2:
+        raise ShapeError(f"op(x) is {m}x{k} and op(y) is {k2}x{n}: inner dimensions differ")
+    if beta != 0:
+        if c is None:
+            raise OptionError("beta != 0 needs c")
+        ops["C"] = _Operand.of(c, "c", False)
+        if ops["C"].shape != (m, n):
+            raise ShapeError(f"c has shape {ops['C'].shape}, expected {(m, n)}")
+    dtype = np.dtype(np.result_type(*(op.dtype for op in ops.values()),
+                                    *([np.complex64] if isinstance(alpha, complex) or
+                                      isinstance(beta, complex) else [])))
+    extents = (m, n)
+    groups, chunks = (((v, v) if isinstance(v, (int, np.integer)) else v)
+                      for v in (groups, chunks))
+    chunk_bounds = None if chunks is None else [
+        _splits(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
+    planned = None
+    if groups is not None:
+        group_bounds = [_splits(groups[d], extents[d], "groups", ("rows", "cols")[d])
+                        for d in (0, 1)]
+    elif chunk_bounds is not None:
+        group_bounds = [_whole_chunks(chunk_bounds[0], _row_band(
+            planned := _plan_blocks(plan_product, ops, alpha, beta, options), n, dtype)),
+            [0, n]]
+    else:
+        planned = _plan_blocks(plan_product, ops, alpha, beta, options)
+        group_bounds = [_row_band(planned, n, dtype), [0, n]]
+    # X^T X cut into bands: each band computes its part on and right of the diagonal only
+    # (one group too: its engine run may see parts of a dask array as two matrices)
+    symmetric = groups is None and chunk_bounds is None and _gram(ops, options)
+    if chunk_bounds is None:
+        grain = (ops["A"].grain[0], ops["B"].grain[1])
+        sizes = planned or group_bounds
+        chunk_bounds = [_cut(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
+        if symmetric:  # a chunk below the diagonal is the transpose of one above it
+            chunk_bounds[1] = chunk_bounds[0]
+    for d, what in enumerate(("rows", "cols")):
+        if not set(group_bounds[d]) <= set(chunk_bounds[d]):
+            raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
+                              f"(group bounds {group_bounds[d]}, chunk bounds "
+                              f"{chunk_bounds[d]})")
+    rows, cols = group_bounds
+    name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
+                                        cols, chunk_bounds, symmetric, sorted(options.items()))
+    group_name = name + "-groups"
+    row_of, col_of = (_owners(group_bounds[d], chunk_bounds[d]) for d in (0, 1))
+    boxes = _boxes(rows, cols, symmetric)
+    # Each result chunk: the chunk of a group's product that holds it, and how it is taken
+    held = {(ci, cj): _held(ci, cj, symmetric) for ci in range(len(chunk_bounds[0]) - 1)
+            for cj in range(len(chunk_bounds[1]) - 1)}
+    takes = collections.Counter((row_of[ti], col_of[tj]) for ti, tj, _ in held.values())
+    layer = {}
+    for (i, j), (r, q) in boxes.items():
+        layer[(group_name, i, j)] = (
+            _group, ops["A"].part(r, None), ops["B"].part(None, q),
+            ops["C"].part(r, q) if "C" in ops else None,
+            alpha, beta, str(dtype), dict(options), name, takes[(i, j)],
+            len(rows) == len(cols) == 2)
+    # Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
+    # order), as a chain of tasks, each done when its block is written: a chunk's task waits
+    # for the chain's link of its last block, so it starts only once its data is there (at
+    # most one task a group waits for the engine, whatever order the scheduler picks).
+    wait_name = name + "-written"
+    waits: dict = {}
+    link: dict[tuple[int, int, int, int], int] = {}  # (group, block) -> its link in the chain
+    inner_of: dict[tuple[int, int], list[list[int]]] = {}  # group -> its block bounds, inside
+    block_splits = planned or group_bounds
+    for (i, j), box in boxes.items():
+        inner = inner_of[(i, j)] = [_within(block_splits[d], *box[d]) for d in (0, 1)]
+        before: tuple = (group_name, i, j)
+        for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
+            link[(i, j, bi, bj)] = t
+            waits[(wait_name, i, j, t)] = (
+                _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
+                inner[1][bj + 1])
+            before = (wait_name, i, j, t)
+    pieces = {}
+    for (ci, cj), (ti, tj, take) in held.items():
+        i, j = row_of[ti], col_of[tj]
+        (top, _), (left, _) = boxes[(i, j)]
+        r0, r1 = chunk_bounds[0][ti] - top, chunk_bounds[0][ti + 1] - top
+        c0, c1 = chunk_bounds[1][tj] - left, chunk_bounds[1][tj + 1] - left
+        inner = inner_of[(i, j)]
+        last = max(link[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
+                   for bj in _spanned(inner[1], c0, c1))
+        pieces[(name, ci, cj)] = (take, (wait_name, i, j, last), r0, r1, c0, c1)
+    deps = [op.array for op in ops.values() if op.array is not None]
+    annotations = {"resources": dict(resources)} if resources else None
+    graph = HighLevelGraph.from_collections(
+        group_name, MaterializedLayer(layer, annotations=annotations), dependencies=deps)
+    graph = HighLevelGraph(
+        {**graph.layers, wait_name: MaterializedLayer(waits), name: MaterializedLayer(pieces)},
+        {**graph.dependencies, wait_name: {group_name}, name: {wait_name}})
+    return da.Array(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)

@@ -1,0 +1,149 @@
+"""Where C is cut: the groups, one engine run each (by default bands of whole rows of the plan's
+C blocks, as few as ``GROUP_MEMORY`` holds and at least two per worker of a Client), the
+result's chunks (the groups cut at the inputs' grain), and which parts of a list of bounds a
+span covers. Arithmetic on bounds, and the one plan made where the graph is built: it makes no
+tasks and reads no data."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import DeviceError, OptionError
+
+
+def _within(splits, lo: int, hi: int) -> list[int]:
+    """The bounds of ``splits`` (sorted) inside ``lo:hi``, from ``lo`` (0) to ``hi``."""
+    inner = splits[bisect.bisect_right(splits, lo):bisect.bisect_left(splits, hi)]
+    return [0, *(int(v) - lo for v in inner), hi - lo]
+
+
+def _spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
+    """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
+    span)."""
+    return range(*_covering(bounds, (lo, hi)))
+
+
+def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
+    if isinstance(sizes, (int, np.integer)):
+        sizes = [int(sizes)] * max(1, math.ceil(extent / max(int(sizes), 1)))
+        sizes[-1] = extent - sum(sizes[:-1])
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != extent or any(s < 0 for s in sizes):
+        raise OptionError(f"{what}: {dim} {sizes} do not add up to {extent}")
+    return [0, *np.cumsum(sizes).tolist()] if sizes else [0, 0]
+
+
+def _owners(blocks: list[int], chunks: list[int]) -> list[int]:
+    """For each chunk (bounds nested in ``blocks``): the block it lies in."""
+    of = np.searchsorted(blocks, chunks[:-1], side="right") - 1
+    return of.clip(0, len(blocks) - 2).tolist()
+
+
+#: The smallest side of a result chunk cut at the inputs' grain, and the most chunks per side
+#: of a C block of the plan: chunks large enough that a task per chunk costs nothing, small
+#: enough that the chunks of a block are written by several threads at once.
+MIN_CHUNK_SIDE = 1024
+MAX_CHUNKS_PER_SIDE = 8
+
+
+def _cut(groups: list[int], grain: int | None, blocks: list[int]) -> list[int]:
+    """The result's chunk bounds along one dimension: ``groups`` cut every ``side`` elements,
+    where ``side`` is the smallest multiple of ``grain`` (the inputs' chunk size) that
+    divides every inner group bound and is at least ``MIN_CHUNK_SIDE`` and a block side (of
+    ``blocks``) over ``MAX_CHUNKS_PER_SIDE``; so the chunks are regular, as ``to_zarr``
+    needs. The groups themselves where no such side exists."""
+    extent = groups[-1]
+    largest = max(np.diff(groups).tolist() or [0])
+    if not grain or largest <= grain:
+        return groups
+    inner = math.gcd(*groups[1:-1]) if len(groups) > 2 else 0
+    if inner % grain:
+        return groups
+    least = max(MIN_CHUNK_SIDE, math.ceil(max(np.diff(blocks).tolist() or [0]) /
+                                          MAX_CHUNKS_PER_SIDE))
+    if inner:  # a multiple of the grain that divides every inner bound
+        side = next((grain * f for f in sorted(_divisors(inner // grain))
+                     if grain * f >= least), None)
+    else:  # one group: any multiple of the grain
+        side = grain * math.ceil(least / grain)
+    if side is None or side >= largest:
+        return groups
+    return [*range(0, extent, side), extent]
+
+
+def _divisors(x: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(x) + 1) if x % d == 0]
+    return small + [x // d for d in small]
+
+
+def _whole_chunks(chunks: list[int], planned: list[int]) -> list[int]:
+    """Groups of whole chunks, each as large as the largest of ``planned`` or one chunk."""
+    size = max(np.diff(planned).tolist() or [0])
+    bounds = [0]
+    for lo, hi in zip(chunks[:-1], chunks[1:]):
+        if hi - bounds[-1] > size and lo > bounds[-1]:
+            bounds.append(lo)
+    return bounds + [chunks[-1]] if chunks[-1] > bounds[-1] else bounds
+
+
+#: Bytes of C one group may hold (a group's product is held until its chunks are used);
+#: None: a quarter of host memory.
+GROUP_MEMORY: int | None = None
+
+
+def _row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
+    """Row bounds of the default groups: bands of whole rows of the plan's C blocks, as few as
+    ``GROUP_MEMORY`` holds, and at least two per worker of an active ``dask.distributed``
+    Client."""
+    from .. import hostinfo
+
+    rows = planned[0]
+    blocks = len(rows) - 1
+    if blocks < 1:  # no rows: one empty group
+        return [0, 0]
+    budget = GROUP_MEMORY if GROUP_MEMORY is not None else hostinfo.total_memory() // 4
+    fits = budget // max(1, n * dtype.itemsize)
+    per_band = max(1, fits // max(max(np.diff(rows).tolist()), 1))  # whole blocks that fit
+    count = min(max(2 * _workers(), math.ceil(blocks / per_band), 1), blocks)
+    per = math.ceil(blocks / count)  # as many bands, evened out
+    return [*rows[:-1:per], rows[-1]]
+
+
+def _workers() -> int:
+    """The workers of the active ``dask.distributed`` Client; 0 without one."""
+    import sys
+
+    if "distributed" not in sys.modules:
+        return 0
+    from distributed import default_client
+
+    try:
+        return len(default_client().nthreads())
+    except ValueError:  # no Client
+        return 0
+
+
+def _plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:
+    """The plan's C block bounds for these inputs (planned here, where the graph is built)."""
+    args = {name: op.for_plan() for name, op in ops.items()}
+    kw = dict(alpha=alpha, beta=beta, c=args.get("C"), trans_a=ops["A"].transposed,
+              trans_b=ops["B"].transposed,
+              **{k: v for k, v in options.items() if k != "trace_dir"})
+    try:
+        p = plan_product(args["A"], args["B"], **kw)
+    except DeviceError:  # no GPU where the graph is built: the blocks of a CPU plan
+        p = plan_product(args["A"], args["B"], **{**kw, "device": "cpu"})
+    return [[int(v) for v in p.row_splits], [int(v) for v in p.col_splits]]
+
+
+def _covering(bounds, span) -> tuple[int, int]:
+    """The chunk indices whose union covers ``span`` (a nonempty range of chunks for empty
+    spans, so that a block of a 0-size dimension still has its shape)."""
+    lo, hi = span
+    i0 = max(0, int(np.searchsorted(bounds, lo, side="right")) - 1)
+    i1 = max(i0 + 1, int(np.searchsorted(bounds, hi, side="left")))
+    return min(i0, len(bounds) - 2), min(i1, len(bounds) - 1)

@@ -1,0 +1,208 @@
+"""What the tasks do in a worker process. An engine task (:func:`_group`) starts oocgemm's run of
+its group in a thread, one run per device at a time in a process, and returns a
+:class:`_Handle` once the run has the device; the chain's links (:func:`_written`) and the
+chunk tasks (:func:`_chunk`) wait on the handle for the blocks the run has written. It builds
+no graph, and hands a chunk out as the run wrote it (the Gram half's mirrored chunks are
+:mod:`.gram`'s)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+import numpy as np
+
+from .operands import _narrow, _resolve
+from .partition import _spanned
+from .sharing import _shared_chunks
+from .traces import _leave_events
+
+#: One engine run at a time per device in a process (a GPU's memory is planned for one run).
+_DEVICE_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
+           alone: bool = False) -> _Handle:
+    """One engine task: starts the run of its group on this worker's device and returns, once
+    the run has the device, a handle from which :func:`_chunk` takes the group's ``chunks``
+    chunks, each as soon as the blocks under it are written (the run goes on in a thread of
+    this process; the last chunk taken waits for its end). ``alone``: the group is the whole
+    product, and shares no decoded chunks with others."""
+    trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
+    spec = (a, b, c, alpha, beta, dtype, options, graph)
+    # the whole product in one run: the engine's own reads and cache, as multiply's
+    shared_cm = contextlib.nullcontext() if alone else _shared_chunks(graph)
+    shared = shared_cm.__enter__()  # left when the run ends
+    try:
+        a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
+        c_src = _resolve(c, shared, "C") if c is not None else None
+    except BaseException:
+        shared_cm.__exit__(None, None, None)
+        raise
+    shape = (a_src.shape[1] if trans_a else a_src.shape[0],
+             b_src.shape[0] if trans_b else b_src.shape[1])
+    run = _Run(np.empty(shape, dtype=dtype), chunks)
+    thread = threading.Thread(target=run.run, name="oocgemm-group", daemon=True, args=(
+        a_src, b_src, c_src, alpha, beta, trans_a, trans_b, dict(options), shared_cm))
+    thread.start()
+    run.wait_started()
+    return _Handle(run, spec)
+
+
+def _written(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> _Handle:
+    """A link of a group's chain: done (handing on the handle) when the engine has written
+    rows r0:r1, columns c0:c1 of the group."""
+    handle.wait(r0, r1, c0, c1)
+    return handle
+
+
+def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+    """One chunk of the result, a view of its group's product, when the engine has written
+    it."""
+    return handle.chunk(r0, r1, c0, c1)
+
+
+class _Cancelled(Exception):
+    """The group's handle is gone (its graph was released): the run stops."""
+
+
+class _Run:
+    """A group's engine run in a thread: its product, and which of its blocks are written."""
+
+    def __init__(self, out: np.ndarray, chunks: int):
+        self.out = out
+        self._left = chunks
+        self._cond = threading.Condition()
+        self._rows, self._cols = (0, out.shape[0]), (0, out.shape[1])
+        self._written: dict = {}  # C block -> bytes of it written
+        self._started = self._finished = self.cancelled = False
+        self._error: BaseException | None = None
+
+    def run(self, a, b, c, alpha, beta, trans_a, trans_b, options, shared_cm) -> None:
+        from ..api import multiply
+
+        trace_dir = options.pop("trace_dir", None)
+        try:
+            if 0 in self.out.shape:
+                result = None
+            else:
+                with _device_lock(str(options.get("device", "auto"))):
+                    with self._cond:
+                        self._started = True
+                        self._cond.notify_all()
+                    if self.cancelled:
+                        raise _Cancelled()
+                    result = multiply(a, b, self.out, c=c, alpha=alpha, beta=beta,
+                                      trans_a=trans_a, trans_b=trans_b, progress=self,
+                                      events=trace_dir is not None, **options)
+            if trace_dir is not None and result is not None:
+                _leave_events(trace_dir, result)
+        except BaseException as exc:  # handed to every chunk of the group
+            with self._cond:
+                self._error = exc
+        finally:
+            shared_cm.__exit__(None, None, None)
+            for src in (a, b, c):
+                if src is not None:
+                    src.close()
+            with self._cond:
+                self._started = self._finished = True
+                self._cond.notify_all()
+
+    # the engine's progress callable: planned(plan), then each finished event
+    def planned(self, plan) -> None:
+        """The plan the run's C blocks belong to (again after a replan: all blocks anew)."""
+        with self._cond:
+            self._rows, self._cols = plan.row_splits, plan.col_splits
+            self._written = {}
+
+    def __call__(self, event) -> None:
+        with self._cond:
+            if event.kind == "write" and event.operand == "C":
+                # A staged run writes a block in row stripes, an event each; a block computed
+                # in place is written by one event that moves nothing.
+                key = tuple(event.key)
+                self._written[key] = (self._bytes(*key) if event.nbytes == 0 else
+                                      self._written.get(key, 0) + event.nbytes)
+                self._cond.notify_all()
+            elif self.cancelled and not self._covered(0, self.out.shape[0], 0,
+                                                      self.out.shape[1]):
+                raise _Cancelled()
+
+    def wait_started(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._started)
+
+    def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
+        """Until rows r0:r1, columns c0:c1 of the product are written, or the run is over."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._ready(r0, r1, c0, c1))
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        """Rows r0:r1, columns c0:c1 of the product, when written; the last chunk, when the
+        run is over (its events left, its sources closed), so that a graph is not done before
+        its runs are."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._ready(r0, r1, c0, c1))
+            self._left -= 1
+            if self._left <= 0:
+                self._cond.wait_for(lambda: self._finished)
+            if self._error is not None:
+                raise self._error
+        return self.out[r0:r1, c0:c1]
+
+    def _ready(self, r0, r1, c0, c1) -> bool:
+        """Rows r0:r1, columns c0:c1 written, or the run over (its error for every chunk)."""
+        return self._finished or self._covered(r0, r1, c0, c1)
+
+    def _covered(self, r0, r1, c0, c1) -> bool:
+        """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
+        if r0 >= r1 or c0 >= c1:
+            return True
+        rows = _spanned(self._rows, r0, r1)
+        cols = _spanned(self._cols, c0, c1)
+        return all(self._written.get((i, j), 0) >= self._bytes(i, j) for i in rows for j in cols)
+
+    def _bytes(self, i: int, j: int) -> int:
+        """The bytes of C block (i, j)."""
+        return ((self._rows[i + 1] - self._rows[i]) * (self._cols[j + 1] - self._cols[j]) *
+                self.out.itemsize)
+
+
+class _Handle:
+    """What an engine task returns: its run going on in this process. Released (its graph
+    is done or cancelled), the run stops if it is still going. Pickled (moved to another
+    worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
+    computed there by itself."""
+
+    def __init__(self, run: _Run | None, spec):
+        self.run, self.spec = run, spec
+        if run is not None:
+            weakref.finalize(self, setattr, run, "cancelled", True)
+
+    def __reduce__(self):
+        return (_Handle, (None, self.spec))
+
+    def __sizeof__(self) -> int:
+        return self.run.out.nbytes if self.run is not None else 0
+
+    def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
+        if self.run is not None:  # elsewhere, the chunk is computed when it is taken
+            self.run.wait(r0, r1, c0, c1)
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        if self.run is not None:
+            return self.run.chunk(r0, r1, c0, c1)
+        a, b, c, alpha, beta, dtype, options, graph = self.spec
+        a, b = _narrow(a, (r0, r1), None), _narrow(b, None, (c0, c1))
+        c = _narrow(c, (r0, r1), (c0, c1)) if c is not None else None
+        return _group(a, b, c, alpha, beta, dtype, options, graph).chunk(
+            0, r1 - r0, 0, c1 - c0)
+
+
+def _device_lock(device: str) -> threading.Lock:
+    """This process's lock of ``device``."""
+    with _LOCKS_LOCK:
+        return _DEVICE_LOCKS.setdefault(device, threading.Lock())

@@ -1,0 +1,57 @@
+"""The events of a graph's engine runs: each task leaves its run's events in a file of its own
+under ``trace_dir``, and :func:`timeline` merges the files onto one clock. It reads and writes
+those files only; the runs record their events themselves (``events=True``)."""
+
+from __future__ import annotations
+
+import os
+
+
+def _leave_events(trace_dir: str, result) -> None:
+    """The task's events, in a file of its own in ``trace_dir`` (for :func:`timeline`)."""
+    import json
+    import socket
+    import uuid
+
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    doc = {"worker": worker, "device": result.plan.device, "started_at": result.started_at,
+           "flops": result.flops, "seconds": result.seconds,
+           "tile": list(result.plan.tile), "cache": list(result.plan.cache),
+           "chunks": result.chunks,
+           "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,
+                       e.nbytes, e.flops] for e in result.events]}
+    os.makedirs(trace_dir, exist_ok=True)
+    path = os.path.join(trace_dir, f"task-{uuid.uuid4().hex}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def timeline(trace_dir: str):
+    """The tasks' events that :func:`matmul` left in ``trace_dir`` (``trace_dir=`` option),
+    merged onto one clock: a :class:`~oocgemm.diagnostics.Timeline` with a lane group per
+    worker and device ('host:pid/cuda:0/compute'), and its ``devices`` line for the share of
+    each and the balance."""
+    import glob
+    import json
+
+    from ..diagnostics.events import Event
+    from ..diagnostics.timeline import Timeline
+    from ..errors import InputError
+
+    docs = []
+    for path in sorted(glob.glob(os.path.join(trace_dir, "task-*.json"))):
+        with open(path, encoding="utf-8") as f:
+            docs.append(json.load(f))
+    if not docs:
+        raise InputError(f"{trace_dir}: no task events (pass trace_dir= to matmul, and run it)")
+    zero = min(d["started_at"] for d in docs)
+    events = []
+    for d in docs:
+        shift = d["started_at"] - zero
+        for index, kind, operand, key, q, lane, start, end, nbytes, flops in d["events"]:
+            events.append(Event(index=index, kind=kind, operand=operand, key=tuple(key), q=q,
+                                lane=f"{d['worker']}/{d['device']}/{lane}",
+                                start=start + shift, end=end + shift, nbytes=nbytes,
+                                flops=flops))
+    return Timeline.from_events(events, meta={"tasks": len(docs)})
