@@ -290,6 +290,9 @@ def test_bad_inputs_fail_when_the_graph_is_built(rng, workdir):
         odask.matmul(a, a.T, groups=((5, 4), (10,)))
     with pytest.raises(oocgemm.OptionError, match="within one group"):
         odask.matmul(a, a.T, groups=(5, 5), chunks=(4, 5))
+    for empty in (dict(groups=0), dict(chunks=(0, 5)), dict(groups=((10, 0), (10,)))):
+        with pytest.raises(oocgemm.OptionError, match="at least 1|parts of no"):
+            odask.matmul(a, a.T, **empty)  # once: tasks of nothing, most of the graph
     with pytest.raises(oocgemm.InputError):
         odask.matmul("missing.zarr", a.T)
     with pytest.raises(oocgemm.OptionError, match="beta != 0 needs c"):

@@ -29,11 +29,15 @@ def _spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
 
 def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
     if isinstance(sizes, (int, np.integer)):
-        sizes = [int(sizes)] * max(1, math.ceil(extent / max(int(sizes), 1)))
+        if sizes < 1:  # parts of no rows would be tasks that do nothing
+            raise OptionError(f"{what}: the {dim} of a part must be at least 1, got {sizes}")
+        sizes = [int(sizes)] * max(1, math.ceil(extent / int(sizes)))
         sizes[-1] = extent - sum(sizes[:-1])
     sizes = [int(s) for s in sizes]
     if sum(sizes) != extent or any(s < 0 for s in sizes):
         raise OptionError(f"{what}: {dim} {sizes} do not add up to {extent}")
+    if extent > 0 and 0 in sizes:
+        raise OptionError(f"{what}: {dim} {sizes} has parts of no {dim}")
     return [0, *np.cumsum(sizes).tolist()] if sizes else [0, 0]
 
 
