@@ -179,10 +179,14 @@ def test_multiply_is_right_or_an_oocgemm_error(data):
 
 
 def test_fuzz_draws_both_outcomes():
-    """The strategy is worth its name: it draws damaged inputs and good ones."""
+    """The strategy is worth its name: it draws damaged inputs and good ones.
+
+    A statement about the strategy, not a search: derandomized, so that it draws the same 60
+    cases on every run (random ones drew no damaged input in about 2 runs of 100)."""
     seen = set()
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
     @given(st.data())
     def probe(data):
         with _in_a_new_folder():
