@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, leftovers
+from _helpers import assert_gemm, fuzz_examples, leftovers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -142,7 +142,7 @@ def _in_a_new_folder():
             os.chdir(here)
 
 
-@settings(max_examples=int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES", "80")), deadline=None,
+@settings(max_examples=fuzz_examples(ci=80, thorough=400), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_multiply_is_right_or_an_oocgemm_error(data):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from _helpers import assert_gemm, poisoned, rand
+from _helpers import assert_gemm, examples, poisoned, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +62,7 @@ def plans(draw, max_extent=40):
                      model=draw(st.sampled_from([cpu_model(), cuda_model()])), **slots)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_random_plans_pass_the_checker(plan):
     schedule = plan.schedule
@@ -404,7 +404,7 @@ def executed_plans(draw):
                 dtype=draw(st.sampled_from(["float64", "float32", "complex128"])), **slots)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(ci=30, thorough=200))
 @given(executed_plans(), st.integers(0, 2**32 - 1))
 def test_cpu_executor_replays_random_plans(spec, seed):
     rng = np.random.default_rng(seed)
@@ -461,7 +461,7 @@ def test_cpu_executor_on_a_staged_plan_from_the_api(rng):
 
 
 # -- lane order ------------------------------------------------------------------------------
-@settings(max_examples=150)
+@settings(max_examples=examples(ci=100, thorough=400))
 @given(plans(max_extent=16), st.data())
 def test_checker_agrees_with_an_element_wise_replay(plan, data):
     """Drop a dependency, move one to another earlier op, or drop them all: the checker says
@@ -542,7 +542,7 @@ def test_no_lane_order_is_assumed_where_executors_have_none():
     assert (OpKind.READ, None, None) in caught and (OpKind.WRITE, None, None) in caught
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_dependencies_are_few_and_one_per_lane(plan):
     """No dependency on the op's own in-order lane, at most one on each other one, and few on
@@ -557,7 +557,7 @@ def test_dependencies_are_few_and_one_per_lane(plan):
         assert len(op.deps) <= 3, op
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_counts_without_building_equal_the_schedule(plan):
     assert plan.counts == plan.schedule.counts()
