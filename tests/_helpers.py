@@ -8,7 +8,7 @@ import numpy as np
 
 from oocgemm.storage._files import PARTIAL
 
-#: How far the property-based and exhaustive tests go: OOCGEMM_TEST_PROFILE, "ci" (the
+#: How far the property-based (hypothesis) tests go: OOCGEMM_TEST_PROFILE, "ci" (the
 #: default, sized for a 2-core machine) or "thorough" (full breadth); tests/conftest.py says more.
 PROFILES = ("ci", "thorough")
 PROFILE = os.environ.get("OOCGEMM_TEST_PROFILE", "ci").strip().lower() or "ci"

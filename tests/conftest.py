@@ -3,11 +3,11 @@
 Every test gets its own seeded generator (the seed is derived from the test's id), so inputs are
 fresh random matrices, different from test to test, and reproducible.
 
-How far the property-based (hypothesis) and exhaustive tests go is set by the environment
-variable ``OOCGEMM_TEST_PROFILE`` (``_helpers.PROFILE``):
+How far the property-based (hypothesis) tests go is set by the environment variable
+``OOCGEMM_TEST_PROFILE`` (``_helpers.PROFILE``):
 
 ``ci`` (the default)
-    sized so that the whole suite runs in a few minutes on a 2-core machine
+    sized so that the whole suite runs in about two minutes on a 2-core machine
     (``python3 -m pytest -q -n auto``, as README.md and .ci/run give it);
 ``thorough``
     the hypothesis tests at full breadth, 2 to 7 times their ``ci`` examples (each test names
@@ -26,6 +26,7 @@ folder of its own), opens no fixed port, and changes no state that outlives it.
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
@@ -40,6 +41,19 @@ for _name in PROFILES:
                               suppress_health_check=[HealthCheck.too_slow],
                               max_examples=100 if _name == "ci" else 500)
 settings.load_profile(f"oocgemm-{PROFILE}")
+
+
+#: What keeps each pytest-xdist worker's BLAS on one thread (one worker per core already).
+ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """Under ``-n``, before the workers start (they inherit this environment): one BLAS thread
+    each, as many workers as cores; threads that wait for a busy core spin and slow the run. A
+    value set by the user stands."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ONE_THREAD:
+            os.environ.setdefault(name, "1")
 
 
 def pytest_report_header(config):
