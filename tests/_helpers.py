@@ -8,6 +8,24 @@ import numpy as np
 
 from oocgemm.storage._files import PARTIAL
 
+#: How far the property-based (hypothesis) tests go: OOCGEMM_TEST_PROFILE, "ci" (the
+#: default, sized for a 2-core machine) or "thorough" (full breadth); tests/conftest.py says more.
+PROFILES = ("ci", "thorough")
+PROFILE = os.environ.get("OOCGEMM_TEST_PROFILE", "ci").strip().lower() or "ci"
+if PROFILE not in PROFILES:
+    raise ValueError(f"OOCGEMM_TEST_PROFILE={PROFILE!r}: give one of {', '.join(PROFILES)}")
+THOROUGH = PROFILE == "thorough"
+
+
+def examples(ci: int, thorough: int) -> int:
+    """The number of examples of a hypothesis test in the chosen profile."""
+    return thorough if THOROUGH else ci
+
+
+def fuzz_examples(ci: int, thorough: int) -> int:
+    """The examples of a fuzzer: OOCGEMM_FUZZ_EXAMPLES where it is set, else :func:`examples`."""
+    return int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES") or examples(ci, thorough))
+
 
 def rand(rng: np.random.Generator, shape, dtype="float64") -> np.ndarray:
     """Random normal entries (never zeros); complex dtypes get a random imaginary part."""

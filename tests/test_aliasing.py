@@ -12,7 +12,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from _helpers import rand
+from _helpers import fuzz_examples, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -148,7 +148,7 @@ def test_separate_arrays_of_one_folder_or_buffer_are_not_aliases(rng, workdir):
     np.testing.assert_allclose(big[N:], big[:N] @ y, rtol=1e-12)
 
 
-@settings(max_examples=int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES", "40")), deadline=None,
+@settings(max_examples=fuzz_examples(ci=40, thorough=200), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_two_handles_on_one_store_give_the_right_answer_or_an_output_error(data):

@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, leftovers
+from _helpers import assert_gemm, fuzz_examples, leftovers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,9 +90,9 @@ def cases(draw):
         b, xb, bad_b = draw(matrices((n, k) if trans_b else (k, n), "b"))
     alpha = draw(st.sampled_from([1.0, -0.5, 0.0, 2 + 1j]))
     beta = draw(st.sampled_from([0.0, 0.0, 1.0, -2.5]))
-    c = xc = None
+    c = xc = bad_c = None
     if beta != 0:
-        c, xc, _ = draw(matrices((m, n), "c"))
+        c, xc, bad_c = draw(matrices((m, n), "c"))
     out = draw(st.sampled_from([None, "out.zarr", "out.npy", "nowhere/out.zarr", "array",
                                 "wrong-array", "existing-dir", "alias-a", "alias-c"]))
     tile = draw(st.one_of(st.none(), st.tuples(*(st.integers(1, 30) for _ in range(3)))))
@@ -102,7 +102,7 @@ def cases(draw):
     damaged = "missing" in (bad_a, bad_b) or (read and bool(bad_a or bad_b))
     return dict(m=m, n=n, k=k, a=a, b=b, xa=xa, xb=xb, c=c, xc=xc, alpha=alpha, beta=beta,
                 trans_a=trans_a, trans_b=trans_b, out=out, tile=tile,
-                memory_limit=memory_limit, damaged=damaged)
+                memory_limit=memory_limit, damaged=damaged, bad_a=bad_a, bad_c=bad_c)
 
 
 def _outputs(case, xa, xb, xc):
@@ -117,7 +117,10 @@ def _outputs(case, xa, xb, xc):
         if not (isinstance(stored, str) and os.path.exists(stored)):
             return None
         if stored.endswith(".npy"):
-            return np.load(stored, mmap_mode="r+")
+            try:
+                return np.load(stored, mmap_mode="r+")
+            except ValueError:  # an empty matrix's file cut into its header: no handle on it
+                return None
         return zarr.open_array(stored, mode="r+")
     if out == "existing-dir":
         os.mkdir("existing.zarr")
@@ -139,7 +142,7 @@ def _in_a_new_folder():
             os.chdir(here)
 
 
-@settings(max_examples=int(os.environ.get("OOCGEMM_FUZZ_EXAMPLES", "80")), deadline=None,
+@settings(max_examples=fuzz_examples(ci=80, thorough=400), deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_multiply_is_right_or_an_oocgemm_error(data):
@@ -153,8 +156,10 @@ def test_multiply_is_right_or_an_oocgemm_error(data):
                                  memory_limit=case["memory_limit"], device="cpu",
                                  overwrite=False)
         except oocgemm.OOCGemmError:
-            aliased = {"alias-a": ("a", "xa"), "alias-c": ("c", "xc")}.get(case["out"])
-            if aliased and out is not None and not case["damaged"]:  # refused: input intact
+            aliased = {"alias-a": ("a", "xa", "bad_a"),
+                       "alias-c": ("c", "xc", "bad_c")}.get(case["out"])
+            # refused: the input is intact (one damaged on purpose cannot be read back)
+            if aliased and out is not None and not case["damaged"] and not case[aliased[2]]:
                 stored = case[aliased[0]]
                 kept = np.load(stored) if stored.endswith(".npy") else zarr.open_array(
                     stored, mode="r")[...]
@@ -179,10 +184,14 @@ def test_multiply_is_right_or_an_oocgemm_error(data):
 
 
 def test_fuzz_draws_both_outcomes():
-    """The strategy is worth its name: it draws damaged inputs and good ones."""
+    """The strategy is worth its name: it draws damaged inputs and good ones.
+
+    A statement about the strategy, not a search: derandomized, so that it draws the same 60
+    cases on every run (random ones drew no damaged input in about 2 runs of 100)."""
     seen = set()
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
     @given(st.data())
     def probe(data):
         with _in_a_new_folder():

@@ -1,9 +1,15 @@
 """The kernels of kernels/ without a GPU: every instance compiles with nvcc for sm_80 and sm_90,
 the plain instances do not spill, and dmma's machine code holds FP64 tensor-core instructions.
-Skipped where nvcc is not on the PATH. The GPU tests run them (tests/test_gpu_kernels.py)."""
+Skipped where nvcc is not on the PATH. The GPU tests run them (tests/test_gpu_kernels.py).
+
+A build that several tests need (the plain build of a kernel: its own test, the measuring
+builds' comparison, the dmma SASS test) is compiled once per test run, by whichever test gets
+there first, and shared through the ``builds`` folder (all pytest-xdist workers of the run see
+it); each build is named by a hash of everything that goes into it, source and command line."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
 import os
@@ -35,17 +41,41 @@ def _instances(spec: catalog.KernelSpec) -> list[tuple[str, str]]:
     return out
 
 
-def _compile(spec, arch: str, tmp_path: Path, defines=()) -> tuple[Path, str]:
-    """Compile the source with all its instances to a cubin; returns it and ptxas's report."""
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory) -> Path:
+    """A folder of this test run's nvcc builds, shared by its pytest-xdist workers (the
+    parent of each worker's base folder is the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "nvcc-builds"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _compile(spec, arch: str, tmp_path: Path, builds: Path, defines=()) -> tuple[Path, str]:
+    """Compile the source with all its instances to a cubin; returns it (in ``tmp_path``) and
+    ptxas's report. A build already made in this run with the same source, nvcc and options
+    (in ``builds``) is copied instead of compiled again."""
     tag = "".join(f"_{k}{v}" for k, v in defines)
     src = tmp_path / f"{spec.name}_{arch}{tag}.cu"
     src.write_text(catalog.source_text(spec) + "\n"
                    + "\n".join(inst for _, inst in _instances(spec)) + "\n")
     cubin = tmp_path / f"{spec.name}_{arch}{tag}.cubin"
-    proc = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
-                           *(f"-D{k}={v}" for k, v in defines),
-                           "-o", str(cubin), str(src)], capture_output=True, text=True)
+    options = ["-std=c++17", f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+               *(f"-D{k}={v}" for k, v in defines)]
+    key = hashlib.sha256("\0".join([os.path.realpath(NVCC), *options, src.read_text()])
+                         .encode()).hexdigest()[:32]
+    done, report = builds / f"{key}.cubin", builds / f"{key}.ptxas"
+    if report.exists():  # written last: the cubin beside it is whole
+        shutil.copyfile(done, cubin)
+        return cubin, report.read_text()
+    proc = subprocess.run([NVCC, *options, "-o", str(cubin), str(src)], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
+    for path, write in ((done, lambda p: shutil.copyfile(cubin, p)),
+                        (report, lambda p: p.write_text(proc.stderr))):
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        write(partial)
+        os.replace(partial, path)  # atomic: another worker may publish the same build
     return cubin, proc.stderr
 
 
@@ -78,9 +108,9 @@ def _report(ptxas: str) -> dict[str, dict]:
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", list(catalog.KERNELS))
-def test_every_instance_compiles(name, arch, tmp_path):
+def test_every_instance_compiles(name, arch, tmp_path, builds):
     spec = catalog.KERNELS[name]
-    _, ptxas = _compile(spec, arch, tmp_path)
+    _, ptxas = _compile(spec, arch, tmp_path, builds)
     report = _report(ptxas)
     assert len(report) == len(_instances(spec)), ptxas
     # The instance the pipeline runs most (double, no transposes, 16-byte access) must keep
@@ -132,7 +162,7 @@ def test_symmetric_kernels_compile(arch, tmp_path):
 @needs_nvcc
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
-def test_measuring_builds_compile(name, tag, tmp_path):
+def test_measuring_builds_compile(name, tag, tmp_path, builds):
     """The builds of `python -m benchmarks power` compile for every instance, and differ from
     the product's build (the define reaches the code)."""
     from benchmarks.kernel_rates import BOUNDED_KERNELS, KERNEL_BOUNDS
@@ -140,9 +170,9 @@ def test_measuring_builds_compile(name, tag, tmp_path):
     assert name in BOUNDED_KERNELS
     macro, value, _ = KERNEL_BOUNDS[tag]
     spec = catalog.KERNELS[name]
-    cubin, ptxas = _compile(spec, "sm_90", tmp_path, ((macro, value),))
+    cubin, ptxas = _compile(spec, "sm_90", tmp_path, builds, ((macro, value),))
     assert len(_report(ptxas)) == len(_instances(spec)), ptxas
-    plain, _ = _compile(spec, "sm_90", tmp_path)
+    plain, _ = _compile(spec, "sm_90", tmp_path, builds)
     assert cubin.read_bytes() != plain.read_bytes()
 
 
@@ -160,12 +190,12 @@ def _sass_tool() -> str | None:
 
 
 @needs_nvcc
-def test_dmma_runs_on_fp64_tensor_cores(tmp_path):
+def test_dmma_runs_on_fp64_tensor_cores(tmp_path, builds):
     tool = _sass_tool()
     if tool is None:
         pytest.skip("cuobjdump/nvdisasm not installed (the test extra brings them)")
     for arch, instruction in (("sm_80", "DMMA.884"), ("sm_90", "DMMA.16x8x8")):
-        cubin, _ = _compile(catalog.KERNELS["dmma"], arch, tmp_path)
+        cubin, _ = _compile(catalog.KERNELS["dmma"], arch, tmp_path, builds)
         env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
                               env=env, check=True).stdout

@@ -19,10 +19,12 @@ import pytest
 from oocgemm import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
-#: What a clean copy leaves out: version control, build outputs, caches, test data.
+#: What a clean copy leaves out: version control, build outputs, caches, test data. The
+#: caches matter under pytest-xdist too: another worker may be rewriting one (mypy's, in
+#: tests/test_tooling.py) while this copy is made.
 IGNORED = shutil.ignore_patterns(".git", ".whl", ".venv", "build", "dist", "*.egg-info",
                                  "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache",
-                                 ".benchmarks", "*.zarr", "*.npy")
+                                 ".mypy_cache", ".benchmarks", "*.zarr", "*.npy")
 
 
 def _setuptools_can_build() -> bool:

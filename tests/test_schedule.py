@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from _helpers import assert_gemm, poisoned, rand
+from _helpers import assert_gemm, examples, poisoned, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +62,7 @@ def plans(draw, max_extent=40):
                      model=draw(st.sampled_from([cpu_model(), cuda_model()])), **slots)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_random_plans_pass_the_checker(plan):
     schedule = plan.schedule
@@ -126,64 +126,68 @@ def lane_of(op) -> str | None:
     return None
 
 
-def predecessors(schedule, index) -> list[int]:
-    """The deps of op ``index`` and the op before it on its in-order lane."""
-    op = schedule.ops[index]
-    preds = list(op.deps)
-    lane = lane_of(op)
-    if lane is not None:
-        earlier = [o.index for o in schedule.ops[:index] if lane_of(o) == lane]
-        preds += earlier[-1:]
+def predecessors(schedule, upto=None) -> list[list[int]]:
+    """For each op (the first ``upto``): its deps and the op before it on its in-order lane."""
+    ops = schedule.ops[:upto]
+    preds, last = [], {}
+    for op in ops:
+        lane = lane_of(op)
+        preds.append(list(op.deps) + ([last[lane]] if lane in last else []))
+        if lane is not None:
+            last[lane] = op.index
     return preds
 
 
 def ancestors(schedule, index) -> set[int]:
     """Everything that happens before op ``index``: an independent closure of the deps and of
     program order on each in-order lane."""
-    seen, todo = set(), predecessors(schedule, index)
+    preds = predecessors(schedule, index + 1)
+    seen, todo = set(), list(preds[index])
     while todo:
         d = todo.pop()
         if d not in seen:
             seen.add(d)
-            todo.extend(predecessors(schedule, d))
+            todo.extend(preds[d])
     return seen
 
 
 def hazard_free(schedule) -> bool:
     """The checker's hazard rules, element by element with whole ancestor sets: slow, and
-    independent of its bookkeeping. Reads and writes touch ``op_span`` clipped to the slot."""
+    independent of its bookkeeping. Reads and writes touch ``op_span`` clipped to the slot.
+    Sets of ops are bit masks (bit ``i``: op ``i``)."""
     ops = schedule.ops
-    before: list[set[int]] = []
+    before: list[int] = []  # the ops that happen before each op
     last: dict[str, int] = {}
     for op in ops:
-        seen = set()
+        seen = 0
         lane = lane_of(op)
         for d in list(op.deps) + ([last[lane]] if lane in last else []):
-            seen |= before[d] | {d}
+            seen |= before[d] | (1 << d)
         before.append(seen)
         if lane is not None:
             last[lane] = op.index
     writer = {slot: [None] * size for slot, size in schedule.slots.items()}
-    readers = {slot: [set() for _ in range(size)] for slot, size in schedule.slots.items()}
+    readers = {slot: [0] * size for slot, size in schedule.slots.items()}
 
     def span(op, slot, writing):
         lo, hi = op_span(op, slot, writing)
         return range(lo, min(hi, schedule.slots[slot]))
 
     for op in ops:
+        me, seen = 1 << op.index, before[op.index]
         for slot in op.src:
             wrote = {writer[slot][e] for e in span(op, slot, False)} - {None}
-            if not wrote or not wrote <= before[op.index]:
+            if not wrote or not all(seen >> w & 1 for w in wrote):
                 return False
             for e in span(op, slot, False):
-                readers[slot][e].add(op.index)
+                readers[slot][e] |= me
         if op.dst is not None:
             for e in span(op, op.dst, True):
-                if not readers[op.dst][e] - {op.index} <= before[op.index]:
+                if readers[op.dst][e] & ~me & ~seen:  # a reader, not itself, not before it
                     return False
-                if writer[op.dst][e] is not None and writer[op.dst][e] not in before[op.index]:
+                if writer[op.dst][e] is not None and not seen >> writer[op.dst][e] & 1:
                     return False
-                writer[op.dst][e], readers[op.dst][e] = op.index, set()
+                writer[op.dst][e], readers[op.dst][e] = op.index, 0
     return True
 
 
@@ -400,7 +404,7 @@ def executed_plans(draw):
                 dtype=draw(st.sampled_from(["float64", "float32", "complex128"])), **slots)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(ci=30, thorough=200))
 @given(executed_plans(), st.integers(0, 2**32 - 1))
 def test_cpu_executor_replays_random_plans(spec, seed):
     rng = np.random.default_rng(seed)
@@ -457,7 +461,7 @@ def test_cpu_executor_on_a_staged_plan_from_the_api(rng):
 
 
 # -- lane order ------------------------------------------------------------------------------
-@settings(max_examples=150)
+@settings(max_examples=examples(ci=100, thorough=400))
 @given(plans(max_extent=16), st.data())
 def test_checker_agrees_with_an_element_wise_replay(plan, data):
     """Drop a dependency, move one to another earlier op, or drop them all: the checker says
@@ -538,7 +542,7 @@ def test_no_lane_order_is_assumed_where_executors_have_none():
     assert (OpKind.READ, None, None) in caught and (OpKind.WRITE, None, None) in caught
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_dependencies_are_few_and_one_per_lane(plan):
     """No dependency on the op's own in-order lane, at most one on each other one, and few on
@@ -553,7 +557,7 @@ def test_dependencies_are_few_and_one_per_lane(plan):
         assert len(op.deps) <= 3, op
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(ci=100, thorough=300))
 @given(plans())
 def test_counts_without_building_equal_the_schedule(plan):
     assert plan.counts == plan.schedule.counts()

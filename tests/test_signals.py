@@ -25,8 +25,16 @@ def test_sigterm_mid_run_commits_nothing(rng, workdir):
     a = rng.standard_normal((1500, 1500))
     np.save("a.npy", a)
     np.save("b.npy", a.T.copy())
-    code = ("from oocgemm.cli import main; main(['multiply', 'a.npy', 'b.npy', '-o', 'c.zarr', "
-            "'--device', 'cpu', '--tile', '100,100,100', '-q'])")
+    # Each block's write slowed down (225 blocks: about 7 s in all), so that the run is still
+    # under way when the signal comes, however late a loaded machine lets this test send it
+    # (unslowed, the run takes about 1 s once it has started writing).
+    code = ("import time\nfrom oocgemm.storage import zarr_store\nfrom oocgemm.cli import main\n"
+            "def write(self, rows, cols, block, _write=zarr_store.ZarrSink.write):\n"
+            "    _write(self, rows, cols, block)\n"
+            "    time.sleep(0.05)\n"
+            "zarr_store.ZarrSink.write = write\n"
+            "main(['multiply', 'a.npy', 'b.npy', '-o', 'c.zarr', "
+            "'--device', 'cpu', '--tile', '100,100,100', '-q'])\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                             env=ENV)
     deadline = time.monotonic() + 60
