@@ -149,6 +149,10 @@ def test_multiply_is_right_or_an_oocgemm_error(data):
     with _in_a_new_folder():
         case = data.draw(cases())
         out = _outputs(case, case["xa"], case["xb"], case["xc"])
+        if case["out"] == "alias-c" and isinstance(out, np.memmap):
+            # numpy maps a short file r+ by extending it with zeros: C is what the file holds
+            # now, before the product (a truncated c.npy is whole again, its tail zeros)
+            case["xc"] = np.array(out)
         try:
             r = oocgemm.multiply(case["a"], case["b"], out, c=case["c"], alpha=case["alpha"],
                                  beta=case["beta"], trans_a=case["trans_a"],
