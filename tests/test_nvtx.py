@@ -260,3 +260,48 @@ def test_ranges_reach_an_nvtx_tool(fake_tool, tmp_path, backend, reject):
     assert problems == [], problems
     assert check(ranges, events, colors=True) == [], summary(ranges)
     assert len({r.thread for r in ranges}) > 1  # the pool's threads and the calling one
+
+
+# -- the CUPTI probe's analysis (tests/nvtx_cupti_probe.py), on records made up here ------------
+def _cupti_data(events, same=True, drop_end=False):
+    """What the probe's run step writes, as CUPTI would record the ranges of ``events``:
+    host copies on thread 2, the rest on thread 1; an end's id is its start's, with no name."""
+    records, time = [], 1000
+    for i, (kind, operand, key, q) in enumerate(events):
+        thread = 2 if kind in ("read", "write") else 1
+        name = onvtx.range_name(_op(kind, operand, tuple(key), q))
+        records.append({"kind": "marker", "flags": 2, "id": i + 1, "time": time,
+                        "thread": thread, "object_kind": 2, "domain": "oocgemm", "name": name})
+        records.append({"kind": "marker_data", "id": i + 1, "flags": 2,
+                        "color": onvtx.COLORS[kind]})
+        if not (drop_end and i == 3):
+            records.append({"kind": "marker", "flags": 4, "id": i + 1, "time": time + 5,
+                            "thread": thread, "object_kind": 2, "domain": None, "name": None})
+        time += 10
+    return {"injected": "/x/libcupti.so.13", "loaded_cupti": ["/x/libcupti.so.13"],
+            "same_cupti": same, "backend": "nvtx", "reason": "nvtx: the nvtx package",
+            "correct": True, "plan": {"ops": len(events)}, "failures": [],
+            "events": [[k, o, list(key), q, "lane"] for k, o, key, q in events],
+            "records": records, "counts": {"CONCURRENT_KERNEL": 3}, "versions": {}}
+
+
+def test_probe_analysis():
+    from nvtx_cupti_probe import analyse
+
+    events = [("read", "A", (0, 0), -1), ("upload", "A", (0, 0), -1), ("gemm", "C", (0, 0), 0),
+              ("download", "C", (0, 0), -1), ("write", "C", (0, 0), -1)]
+    problems, notes, text = analyse(_cupti_data(events))
+    assert problems == [] and notes == [], text
+    assert "range starts by domain: {'oocgemm': 5}" in text
+    problems = analyse(_cupti_data(events, same=False, drop_end=True))[0]
+    assert "is not the libcupti that cupti-python loaded" in problems[0]
+    assert any("'D2H C(0,0)' (id 4) never ended" in p for p in problems)
+    assert any("4 ranges in the 'oocgemm' domain for 5" in p for p in problems)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupti") is not None, reason="cupti-python is here")
+def test_probe_without_cupti_says_missing():
+    from nvtx_cupti_probe import probe
+
+    result = probe(size=64, tile=32)
+    assert result["status"] == "missing" and "cupti-python" in result["problems"][0]
