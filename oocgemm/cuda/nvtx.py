@@ -193,7 +193,12 @@ class Ranges:
             push_range(a)
 
         self.backend, self.push, self.pop = "nvtx", push, domain.pop_range
-        return f"nvtx: the nvtx package {getattr(nvtx, '__version__', '')}".rstrip()
+        try:
+            from importlib.metadata import version
+
+            return f"nvtx: the nvtx package {version('nvtx')}"
+        except Exception:  # not installed as a distribution (a source tree on sys.path)
+            return "nvtx: the nvtx package"
 
     def _use_lib(self) -> str:
         lib, handle, path = _library_domain()
