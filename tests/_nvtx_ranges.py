@@ -51,35 +51,45 @@ def _order(m: Mark):
 def pair(marks: list[Mark], domain: str | None = DOMAIN) -> tuple[list[Range], list[str]]:
     """The ranges of ``domain`` (all domains where None) and what is wrong with their nesting.
 
-    An end belongs to the start of its id where the tool gives ids, else to its own domain.
-    On each thread, in time order, every end must close the innermost range still open (of
-    its domain: NVTX keeps one stack per domain and thread), and every range must end."""
+    An end belongs to the domain of the start of its id where the tool gives matching ids,
+    else to its own domain if it has one, else to the innermost range still open on its
+    thread. On each thread, in time order, every end must close the innermost range still open
+    of its domain (NVTX keeps one stack per domain and thread), and every range must end."""
     starts = {m.id: m for m in marks if m.what == "start" and m.id is not None}
-
-    def domain_of(m: Mark) -> str | None:
-        if m.what == "end" and m.id is not None and m.id in starts:
-            return starts[m.id].domain
-        return m.domain
-
+    open_: dict[int, list[Mark]] = defaultdict(list)  # starts still open, by thread
     stacks: dict[tuple[int, str | None], list[Mark]] = defaultdict(list)
     ranges: list[Range] = []
     problems: list[str] = []
     for m in sorted(marks, key=lambda m: (m.thread, *_order(m))):
-        d = domain_of(m)
+        if m.what == "start":
+            open_[m.thread].append(m)
+            d = m.domain
+        elif m.what == "end":
+            by_id = starts.get(m.id) if m.id is not None else None
+            if by_id is not None:
+                d = by_id.domain
+            elif m.domain is not None or not open_[m.thread]:
+                d = m.domain
+            else:
+                d = open_[m.thread][-1].domain
+            closed = by_id if by_id in open_[m.thread] else next(
+                (s for s in reversed(open_[m.thread]) if s.domain == d), None)
+            if closed is not None:
+                open_[m.thread].remove(closed)
+        else:
+            problems.append(f"thread {m.thread}: a mark of kind {m.what!r}")
+            continue
         if domain is not None and d != domain:
             continue
         stack = stacks[(m.thread, d)]
         if m.what == "start":
             stack.append(m)
             continue
-        if m.what != "end":
-            problems.append(f"thread {m.thread}: a mark of kind {m.what!r}")
-            continue
         if not stack:
             problems.append(f"thread {m.thread}: an end (#{m.seq}, id {m.id}) with no open range")
             continue
         s = stack.pop()
-        if m.id is not None and s.id is not None and m.id != s.id:
+        if m.id in starts and m.id != s.id:
             problems.append(f"thread {m.thread}: the end of id {m.id} closes {s.name!r} (id "
                             f"{s.id}): ranges overlap instead of nesting")
         if m.time is not None and s.time is not None and m.time < s.time:

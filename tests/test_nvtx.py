@@ -305,3 +305,14 @@ def test_probe_without_cupti_says_missing():
 
     result = probe(size=64, tile=32)
     assert result["status"] == "missing" and "cupti-python" in result["problems"][0]
+
+
+def test_pair_ends_without_ids_or_domains():
+    """Ends that name neither their start's id nor a domain close the innermost open range of
+    their thread."""
+    marks = _marks(("start", 1, "oocgemm", "a", 1, 1), ("start", 1, None, "x", 2, 2),
+                   ("end", 1, None, None, 90, 3), ("end", 1, None, None, 91, 4),
+                   ("start", 2, "oocgemm", "b", 3, 5), ("end", 2, None, None, None, 6))
+    ranges, problems = pair(marks)
+    assert problems == [] and sorted(r.name for r in ranges) == ["a", "b"]
+    assert [r.name for r in pair(marks, domain=None)[0] if r.domain is None] == ["x"]
