@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from . import hostinfo
-from .checks import scalar
+from .checks import flag, scalar
 from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
 from .cuda.catalog import check_kernel, is_ozaki
 from .errors import BudgetError, DeviceError, ExecutionError, MemoryPressureError, OptionError
@@ -310,9 +310,8 @@ def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,
     given = sorted({"trans_a", "trans_b"} & set(options))
     if given:
         raise OptionError(f"gram() takes outer=True or False, not {', '.join(given)}")
-    if not isinstance(outer, (bool, np.bool_)):
-        raise OptionError(f"outer must be True or False, got {outer!r}")
-    return multiply(x, x, out, trans_a=not outer, trans_b=bool(outer), **options)
+    outer = flag("outer", outer)
+    return multiply(x, x, out, trans_a=not outer, trans_b=outer, **options)
 
 
 def _check_run_options(unknown: dict, *, engine, **flags) -> None:
@@ -320,9 +319,8 @@ def _check_run_options(unknown: dict, *, engine, **flags) -> None:
     if unknown:
         raise OptionError(f"multiply() got unknown keyword arguments {sorted(unknown)}; "
                           f"see help(oocgemm.multiply)")
-    for name, flag in flags.items():
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OptionError(f"{name} must be True or False, got {flag!r}")
+    for name, value in flags.items():
+        flag(name, value)
     if engine is not None and not hasattr(engine, "resources"):
         raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")
 
@@ -344,9 +342,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
     for ``device`` (default: ``options.device``)."""
     alpha = scalar("alpha", alpha)
     beta = scalar("beta", beta)
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise OptionError(f"{name} must be True or False, got {flag!r}")
+    trans_a, trans_b = flag("trans_a", trans_a), flag("trans_b", trans_b)
     dev = resolve_device(options.device if device is None else device)
     io = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                   out_options=options.out_options, storage_options=options.storage_options)
@@ -355,7 +351,7 @@ def _prepare(a, b, out, *, c, alpha, beta, trans_a, trans_b, options: Options,
         op_a, op_b, op_c, op_out = io.operands()
         problem = Problem(m=m, n=n, k=k, itemsize=io.dtype.itemsize, dtype=io.dtype.name,
                           a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
-                          trans_a=bool(trans_a), trans_b=bool(trans_b), shared=io.shared)
+                          trans_a=trans_a, trans_b=trans_b, shared=io.shared)
         return io, _plan(problem, options, dev), dev
     except BaseException as exc:  # no plan: the sources are closed here, not by the caller
         io.__exit__(type(exc), exc, exc.__traceback__)

@@ -16,6 +16,13 @@ DTYPES = ("float32", "float64", "complex64", "complex128")
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in DTYPES)
 
 
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool; OptionError unless it is True or False (numpy's too)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise OptionError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def scalar(name: str, value: Any) -> float | complex:
     """``value`` as a float or complex; OptionError for booleans, non-numbers, NaN, and what a
     float64 cannot hold."""

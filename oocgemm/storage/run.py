@@ -101,14 +101,16 @@ class RunIO:
         elif signatures is not None:
             resume.warn_kept(os.fspath(self.out))
         self._journal = journal  # closed by __exit__ when the sink is never made
+        layout = self.layout(plan)
         with signals_deferred():
-            self.sink = self._open_sink(plan, overwrite, attributes, temporary)
+            self.sink = self._open_sink(plan, layout, overwrite, attributes, temporary)
             if signatures is not None:
                 from .journal import Journal, JournaledSink
 
                 if journal is None:
                     journal = Journal(self.sink.temporary_path, resume.header(
-                        plan, self._fingerprint(plan, signatures)))
+                        plan, resume.fingerprint(plan, signatures, self.out, self.in_place,
+                                                 layout)))
                 self.sink = JournaledSink(self.sink, journal, plan.row_splits, plan.col_splits)
         self._signatures, self._plan = signatures, plan
         return plan
@@ -116,10 +118,11 @@ class RunIO:
     def _fingerprint(self, plan: Plan, signatures: dict) -> dict:
         return resume.fingerprint(plan, signatures, self.out, self.in_place, self.layout(plan))
 
-    def _open_sink(self, plan: Plan, overwrite: bool, attributes: dict, temporary):
+    def _open_sink(self, plan: Plan, layout: dict, overwrite: bool, attributes: dict,
+                   temporary):
         prob = plan.problem
         sink = open_sink(self.out, shape=(prob.m, prob.n), dtype=prob.dtype,
-                         options=self.layout(plan), overwrite=overwrite, in_place=self.in_place,
+                         options=layout, overwrite=overwrite, in_place=self.in_place,
                          attributes=attributes, storage_options=self.storage_options,
                          temporary=temporary)
         c_in = self.sources.get("C")
