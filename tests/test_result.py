@@ -69,6 +69,7 @@ def test_result_bytes_in_memory(rng):
 @pytest.mark.parametrize("on_disk", [True, False])
 def test_events_match_the_schedule(rng, workdir, on_disk):
     a, b, c = rand(rng, (19, 14)), rand(rng, (14, 16)), rand(rng, (19, 16))
+    size = c.size
     if on_disk:
         for name, x in (("a", a), ("b", b), ("c", c)):
             np.save(f"{name}.npy", x)
@@ -93,7 +94,13 @@ def test_events_match_the_schedule(rng, workdir, on_disk):
             assert by_index[d].end <= by_index[op.index].start
     kinds = Counter(e.kind for e in r.events)
     p, q, nk = r.plan.grid
-    assert kinds["gemm"] == p * q * nk and kinds["write"] == p * q
+    # every (block, panel) computed; the run's last block leaves in the row stripes its
+    # last panel ran in, each block before it whole
+    assert len({(e.key, e.q) for e in r.events if e.kind == "gemm"}) == p * q * nk
+    last = ops[-1].key
+    assert kinds["write"] == p * q - 1 + sum(op.kind.value == "write" and op.key == last
+                                             for op in ops)
+    assert sum(e.planned for e in r.events if e.kind == "write") == size * 8
     assert sum(e.flops for e in r.events) == r.flops
 
 

@@ -121,11 +121,12 @@ class _Run:
     def __call__(self, event) -> None:
         with self._cond:
             if event.kind == "write" and event.operand == "C":
-                # A staged run writes a block in row stripes, an event each; a block computed
-                # in place is written by one event that moves nothing.
+                # A run writes a block whole, or in row stripes (staged; the run's last
+                # block), an event each; one computed in place moves nothing: count the
+                # bytes its write stands for.
                 key = tuple(event.key)
-                self._written[key] = (self._bytes(*key) if event.nbytes == 0 else
-                                      self._written.get(key, 0) + event.nbytes)
+                moved = event.nbytes or event.planned
+                self._written[key] = self._written.get(key, 0) + moved
                 self._cond.notify_all()
             elif self.cancelled and not self._covered(0, self.out.shape[0], 0,
                                                       self.out.shape[1]):

@@ -33,6 +33,8 @@ class Event:
     """Bytes the operation moved (0 for data used in place, and for GEMM/FILL)."""
     flops: int = 0
     """Floating-point operations (GEMM)."""
+    planned: int = 0
+    """Bytes the operation stands for (its region's), even where it moved none."""
 
     @property
     def seconds(self) -> float:
@@ -115,7 +117,8 @@ class EventLog:
             self.count(op, moved)
             return None
         event = Event(index=op.index, kind=op.kind.value, operand=op.operand, key=op.key, q=op.q,
-                      lane=lane, start=start, end=end, nbytes=moved, flops=op.flops)
+                      lane=lane, start=start, end=end, nbytes=moved, flops=op.flops,
+                      planned=op.nbytes)
         with self._lock:
             self._moved[event.kind] = self._moved.get(event.kind, 0) + moved
             if self.record:

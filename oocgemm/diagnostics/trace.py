@@ -56,7 +56,8 @@ def chrome_trace(timeline) -> dict:
                 "ph": "X", "pid": pid, "tid": tid, "name": op_name(e.kind, e.operand),
                 "cat": e.kind, "ts": start / 1000, "dur": (max(ns(e.end), start) - start) / 1000,
                 "args": {"block": list(e.key), "q": e.q, "operand": e.operand,
-                         "bytes": e.nbytes, "flops": e.flops, "index": e.index,
+                         "bytes": e.nbytes, "planned": e.planned, "flops": e.flops,
+                         "index": e.index,
                          "lane": e.lane, "start_s": e.start, "end_s": e.end},
             })
     return {
@@ -131,7 +132,8 @@ def read_chrome_trace(path) -> dict:
                 index=int(args["index"]), kind=str(item["cat"]), operand=str(args["operand"]),
                 key=(int(key[0]), int(key[1])), q=int(args["q"]), lane=str(args["lane"]),
                 start=float(args["start_s"]), end=float(args["end_s"]),
-                nbytes=int(args["bytes"]), flops=int(args["flops"])))
+                nbytes=int(args["bytes"]), flops=int(args["flops"]),
+                planned=int(args.get("planned", 0))))
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise InputError(f"{path!r}: event {item.get('name')!r} at ts={item.get('ts')} "
                              f"lacks what oocgemm writes in its args ({exc!r})") from None

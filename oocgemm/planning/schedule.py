@@ -157,13 +157,14 @@ WHOLE = 1 << 62  # "to the end of the slot"
 def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
 
-    Stripes (UPLOAD into a device slot, DOWNLOAD out of one) and GEMM/FILL on a C slot touch
-    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole; a MIRROR writes
-    its row stripe and reads every row up to the stripe's last (the transposes of what it
-    writes); a TRANSPOSE reads its C slot whole; a host buffer or a storage read/write
-    touches the first ``elements``.
+    Stripes (UPLOAD into a device slot, DOWNLOAD out of one, an unstaged WRITE of a row
+    stripe of its C slot) and GEMM/FILL on a C slot touch ``[offset, offset + elements)``; a
+    GEMM reads its A and B panels whole; a MIRROR writes its row stripe and reads every row
+    up to the stripe's last (the transposes of what it writes); a TRANSPOSE reads its C slot
+    whole; a host buffer or a storage read/write touches the first ``elements``.
     """
-    if op.kind is OpKind.UPLOAD and writing or op.kind is OpKind.DOWNLOAD and not writing:
+    if (op.kind is OpKind.UPLOAD and writing
+            or op.kind in (OpKind.DOWNLOAD, OpKind.WRITE) and not writing):
         return (op.offset, op.offset + op.elements)
     if op.kind is OpKind.MIRROR:
         return (op.offset if writing else 0, op.offset + op.elements)
@@ -530,6 +531,11 @@ class _Builder:
                 self.store(c_key, c_slot, c_region)
                 across = (j, i)
                 self.store(across, t_slot, self.region("C", across))
+            elif t == order[-1][0] and prob.computes_product:
+                # The run's last block leaves in the row stripes it became final in, each
+                # as soon as it is (an unstaged plan writes its other blocks whole: they
+                # leave while the next block computes).
+                self.store(c_key, c_slot, c_region, parts=parts)
             else:
                 self.store(c_key, c_slot, c_region)
 
@@ -582,14 +588,20 @@ class _Builder:
         self.emit(OpKind.TRANSPOSE, "C", key[::-1], (c_slot,), t_slot, deps, ((c0, c1), (r0, r1)))
         return t_slot
 
-    def store(self, key, c_slot, region) -> None:
-        """C slot -> storage; through the output ring, stripe by stripe, when staged. A
-        symmetric product's blocks meet C here (``beta``: the writer adds beta times C's
-        region as read)."""
+    def store(self, key, c_slot, region, parts=None) -> None:
+        """C slot -> storage; through the output ring, stripe by stripe, when staged; else
+        whole, or in the row ``parts`` given (the run's last block), each waiting for its own
+        rows only. A symmetric product's blocks meet C here (``beta``: the writer adds beta
+        times C's region as read)."""
         beta = self.prob.beta if (self.prob.reads_c and self.plan.symmetric) else 0.0
         if not self.plan.staged:
-            self.emit(OpKind.WRITE, "C", key, (c_slot,), None, self.read_dep(c_slot), region,
-                      nbytes=self.nbytes(region), beta=beta)
+            (r0, _), cols = region
+            h = cols[1] - cols[0]
+            for x0, x1 in parts or [(0, region[0][1] - r0)]:
+                lo, hi = x0 * h, x1 * h
+                self.emit(OpKind.WRITE, "C", key, (c_slot,), None,
+                          self.read_dep(c_slot, lo=lo, hi=hi), ((r0 + x0, r0 + x1), cols),
+                          nbytes=(hi - lo) * self.s, beta=beta, offset=lo)
             return
         for stripe, offset in self.stripes(region, down=True):
             stage = self.next_stage("sO")
@@ -664,9 +676,10 @@ class _Counter(_Builder):
         self.counted[OpKind.TRANSPOSE] += 1
         return self.next_stage("T")
 
-    def store(self, key, c_slot, region) -> None:
+    def store(self, key, c_slot, region, parts=None) -> None:
         nbytes = self.nbytes(region)
-        stripes = self._stripes(region, down=True) if self.plan.staged else 1
+        stripes = (self._stripes(region, down=True) if self.plan.staged
+                   else len(parts or [None]))
         if self.plan.staged:
             self.counted[OpKind.DOWNLOAD] += stripes
             self.moved["d2h"] += nbytes

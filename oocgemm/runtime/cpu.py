@@ -62,8 +62,12 @@ class CpuExecutor(Executor):
 
     @staticmethod
     def staging(problem, model, kernel: str = "cublas") -> dict:
-        """The plan's staging settings for this executor: 4 reader threads."""
-        return {"readers": 4}
+        """The plan's staging settings for this executor: 4 reader threads; the last K
+        panel of a block runs in 4 row stripes (the run's last block in tapering ones), so
+        that the run's last block is written stripe by stripe as its rows become final
+        rather than all after its last GEMM. Emulated products (``kernel='ozaki'``) run
+        each panel whole: a stripe would be an emulated product of its own."""
+        return {"readers": 4, "split_last": 1 if is_ozaki(kernel) else 4}
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
                  record: bool = True, resources=None):
@@ -149,8 +153,13 @@ class CpuExecutor(Executor):
             (r0, r1), (c0, c1) = op.region
             if op.src[0] in self._bound:  # a bound C slot is the output's region already
                 return 0
-            self.sink.write((r0, r1), (c0, c1),
-                            with_c(op, self.view(op.src[0], op.shape), self.sources))
+            if op.offset:  # a row stripe of its block (the run's last block, unstaged)
+                w, h = block_shape(self.plan, op.key)
+                x0 = op.offset // h
+                data = self.view(op.src[0], (w, h))[x0:x0 + op.shape[0]]
+            else:
+                data = self.view(op.src[0], op.shape)
+            self.sink.write((r0, r1), (c0, c1), with_c(op, data, self.sources))
         elif kind is OpKind.MIRROR:
             w, h = block_shape(self.plan, op.key)
             x0 = op.offset // h
