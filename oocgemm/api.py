@@ -460,8 +460,12 @@ def _execute(plan_: Plan, io: RunIO, dev: Device, devices: list[str] | None, *, 
                             log.share)
             readers = io.readers(plan_)
             writer = io.writer(plan_)
-            log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,
-                                           record=record, resources=resources).run()
+            try:
+                log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,
+                                               record=record, resources=resources).run()
+            except BaseException:
+                writer.settle()  # nothing stored behind the run after this
+                raise
             writer.flush()
             return _Run(plan_, log, time.perf_counter() - start, readers, replanned, {})
         except MemoryPressureError as exc:  # less memory than planned: smaller blocks

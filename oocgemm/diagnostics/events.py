@@ -16,7 +16,9 @@ class Event:
     index: int
     """The operation's index in the schedule."""
     kind: str
-    """'read', 'upload', 'fill', 'gemm', 'download', 'write'."""
+    """'read', 'upload', 'fill', 'gemm', 'download', 'write' (an operation of the schedule),
+    or 'store': a chunk of C encoded and stored behind the run by the output's writer
+    (index -1)."""
     operand: str
     """'A', 'B' or 'C': whose data the operation moved or produced."""
     key: tuple[int, int]
@@ -44,18 +46,19 @@ class Event:
 #: Kinds of operation that compute (on the compute lane: a symmetric product's mirror and
 #: transpose of C blocks too) and that move data.
 COMPUTE_KINDS = ("gemm", "fill", "mirror", "transpose")
-COPY_KINDS = ("read", "upload", "download", "write")
+COPY_KINDS = ("read", "upload", "download", "write", "store")
 
 #: What each kind is called on a timeline: the issue's vocabulary (an UPLOAD is a host->device
 #: copy, H2D; a DOWNLOAD device->host, D2H; a READ fills a staging or working buffer from the
 #: source, a WRITE stores to the output).
 KIND_NAMES = {"read": "read", "upload": "H2D", "fill": "fill", "gemm": "gemm",
-              "download": "D2H", "write": "write", "mirror": "mirror", "transpose": "transpose"}
+              "download": "D2H", "write": "write", "mirror": "mirror", "transpose": "transpose",
+              "store": "store"}
 
 #: One colour per kind (plots, NVTX ranges), '#rrggbb'.
 KIND_COLORS = {"gemm": "#2ca02c", "fill": "#98df8a", "read": "#ff7f0e", "upload": "#1f77b4",
                "download": "#9467bd", "write": "#d62728", "mirror": "#bcbd22",
-               "transpose": "#17becf"}
+               "transpose": "#17becf", "store": "#8c564b"}
 
 
 def op_name(kind: str, operand: str) -> str:
@@ -124,6 +127,17 @@ class EventLog:
             if self.record:
                 self._events.append(event)
         return event
+
+    def add_store(self, key: tuple[int, int], lane: str, start: float, end: float,
+                  nbytes: int) -> None:
+        """Record a chunk of C's block ``key`` encoded and stored by the output's writer
+        behind the run (a 'store' event, no operation of the schedule: index -1). Its bytes
+        are the WRITE operations' already, so the traffic does not count them again."""
+        if self.record:
+            event = Event(index=-1, kind="store", operand="C", key=(key[0], key[1]), q=-1,
+                          lane=lane, start=start, end=end, nbytes=nbytes, planned=nbytes)
+            with self._lock:
+                self._events.append(event)
 
     def count(self, op, nbytes: int | None = None) -> None:
         """Count the bytes ``op`` moved without recording an event."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 #: Display order of lane families (anything else comes last, by name).
-_LANE_ORDER = {"compute": 0, "h2d": 1, "c": 2, "d2h": 3, "copy": 4, "read": 5, "write": 6}
+_LANE_ORDER = {"compute": 0, "h2d": 1, "c": 2, "d2h": 3, "copy": 4, "read": 5, "write": 6,
+               "encode": 7}
 
 
 def lane_family(lane: str) -> str:

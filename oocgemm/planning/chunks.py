@@ -252,20 +252,21 @@ def most_touched(extent: int, chunk: int, total: int | None = None, step: int | 
 
 def assembly_bytes(block: tuple[int, int], chunks: tuple[int, int] | None, stripe: int,
                    itemsize: int) -> int:
-    """Bytes a sink holds to write a staged output at its grain: a C block of ``block``
-    leaves the ring in row stripes of ``stripe`` rows, and where a stripe is not whole
-    chunk rows, the rows of each chunk row band (``cell``: the band within the block) wait in
-    host memory until the band is complete, then go out as whole chunks
-    (:class:`~oocgemm.storage.chunked.ChunkWriter`). At most two blocks are being written at
-    once (the ring holds the end of one and the start of the next), each with at most two
-    bands open (a stripe ends in one band and the next begins it). ``stripe`` 0: whole
-    blocks are written at once, nothing waits."""
-    if not chunks or stripe <= 0:
+    """Bytes a sink holds to write an output stored in chunks at its grain, behind compute
+    (:class:`~oocgemm.storage.chunked.ChunkWriter`): the rows of each chunk row band of a C
+    block (a *cell*: the band within the block) wait in host memory until the band is
+    complete and its chunks are stored by the encoder threads. A C block of ``block`` leaves
+    a staged ring in row stripes of ``stripe`` rows (``stripe`` 0: whole blocks, or the
+    row stripes of an unstaged plan's last block). Where stripes are not whole chunk rows, at
+    most two blocks are being written at once (the ring holds the end of one and the start of
+    the next), each with at most two bands open (a stripe ends in one band and the next
+    begins it): four cells. Else two: one being copied while the one before it is stored."""
+    if not chunks:
         return 0
     w, h = block
     band = min(chunks[0], w)
-    if stripe % band == 0 and w % band == 0:
-        return 0
+    if stripe <= 0 or (stripe % band == 0 and w % band == 0):
+        return 2 * band * h * itemsize
     return 4 * band * h * itemsize
 
 

@@ -537,15 +537,16 @@ def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ..
 def assembly_window(prob: Problem, tile: tuple[int, int, int], ring: int, min_stripes: int,
                     chunks: tuple[int, int] | None = None) -> int:
     """Bytes of output chunks assembled in host memory (:func:`.chunks.assembly_bytes`) when
-    C blocks of ``tile`` leave a staged ring of ``ring`` elements (0: not staged, whole blocks
-    are written) in stripes; ``chunks``: the output's (default: the problem's output
+    C blocks of ``tile`` leave a staged ring of ``ring`` elements in stripes (0: not staged,
+    blocks are written whole); ``chunks``: the output's (default: the problem's output
     operand's, where it is on disk)."""
     if chunks is None and prob.out is not None and prob.out.on_disk:
         chunks = prob.out.chunks
     block = (min(tile[0], prob.m), min(tile[1], prob.n))
-    if not ring or not chunks or min(block) == 0:  # an empty product writes nothing
+    if not chunks or min(block) == 0:  # an empty product writes nothing
         return 0
-    return assembly_bytes(block, chunks, stripe_rows(*block, ring, min_stripes), prob.itemsize)
+    stripe = stripe_rows(*block, ring, min_stripes) if ring else 0
+    return assembly_bytes(block, chunks, stripe, prob.itemsize)
 
 
 def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:

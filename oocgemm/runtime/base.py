@@ -123,6 +123,7 @@ class Executor:
         """Called with each finished :class:`~oocgemm.diagnostics.Event` (progress bars)."""
         self.log = EventLog(record)
         """Events of the run (none kept with ``record=False``) and the bytes it moved."""
+        sink.attach(self.log)  # a writer that stores behind the run records it here
         self._cancel = threading.Event()
 
     def run(self) -> EventLog:  # pragma: no cover - abstract

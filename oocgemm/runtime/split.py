@@ -164,8 +164,12 @@ def run_on_devices(plan, kind: str, devices: list[str], sources: dict, sink, *, 
     if parts:  # one C block: its K split, the partials summed once
         return run_k_parts(plan, sources, devices, parts, sink, run, stop)
     written = writer(plan)
-    log = run_split(plan, devices, lambda device_plan, name: run(device_plan, sources, written),
-                    stop)
+    try:
+        log = run_split(plan, devices,
+                        lambda device_plan, name: run(device_plan, sources, written), stop)
+    except BaseException:
+        written.settle()  # nothing stored behind the run after this
+        raise
     written.flush()
     return log
 

@@ -118,6 +118,14 @@ class MatrixSink(abc.ABC):
     def flush(self) -> None:
         """Write out what the sink holds back (at the end of a run; most hold nothing)."""
 
+    def settle(self) -> None:
+        """The run failed or was interrupted: stop writing in the background (what is not
+        begun is dropped, what runs ends) before the output is cleaned up or kept."""
+
+    def attach(self, log) -> None:
+        """An executor's event log, for the sink to record its own work in (a sink that
+        stores behind the run); most record nothing."""
+
     def abort(self) -> None:
         """Remove whatever a failed run wrote under a temporary name."""
 

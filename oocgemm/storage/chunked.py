@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..errors import OOCGemmError, OutputError
 from ..planning.chunks import Load, chunk_ends, chunk_range, chunk_region, chunks_of
 from .base import ChunkedSource, MatrixSink, MatrixSource
 
@@ -269,7 +270,6 @@ class ChunkReader(MatrixSource):
 _ENCODERS: ThreadPoolExecutor | None = None
 _ENCODERS_LOCK = threading.Lock()
 
-
 def _encoders() -> ThreadPoolExecutor:
     """The process's chunk encoder threads, one per core, shared by every run in it."""
     global _ENCODERS
@@ -279,6 +279,9 @@ def _encoders() -> ThreadPoolExecutor:
 
             _ENCODERS = ThreadPoolExecutor(hostinfo.cores(), thread_name_prefix="oocgemm-encode")
         return _ENCODERS
+
+
+_WAIT = object()  # ChunkWriter._take: no room until a store ends
 
 
 class _Cell:
@@ -296,26 +299,35 @@ class _Cell:
 
 
 class ChunkWriter(MatrixSink):
-    """Writes at the grain of the storage: whole chunks, each encoded once.
+    """Writes at the grain of the storage: whole chunks, each encoded once, behind compute.
 
     A staged schedule writes a C block in row stripes; a chunked store encodes whole chunks,
     so a stripe that covers part of a chunk makes the store read, decode, update, encode and
     write the whole chunk again, once per stripe (and under the sink's lock, since the other
     stripes rewrite the same chunk). The writer sits between the two: the rows a stripe
     brings to a chunk row band of its block (a *cell*) wait in a host buffer until the cell
-    is complete, and the cell goes out in one write of whole chunks. Parts of a stripe that
-    are whole cells go straight through.
+    is complete, and the cell's chunks then go to the encoder threads, each chunk encoded and
+    stored by one of them, while the write that completed the cell returns: the staging
+    buffer it came from goes back to the run at once, and encoding (zstd stores ~0.3 GB/s a
+    thread) runs behind compute on every core. A write that covers whole cells is copied
+    into a buffer of its own and handed on the same way.
 
-    A cell lies inside one C block, so when a block's last stripe is written, all of its
-    cells are too (a journal over this writer may record it). ``budget`` bounds the buffered
-    bytes (the plan's ``assembly_window``): a cell that would go over it is written straight
-    through, stripe by stripe, as without this writer. :meth:`flush` writes the pieces of
-    cells left incomplete (a run that did not write whole blocks).
+    ``budget`` bounds the buffered bytes, those of cells being gathered and those of cells
+    waiting for the encoders: a write that needs a buffer waits while the encoders free
+    one, and a cell that cannot get one at all (larger than the budget) is written straight
+    through, stripe by stripe. A cell lies inside one C block, so once a block's last cell
+    is stored, the block is (a journal under this writer records it then). :meth:`flush`
+    waits for the encoders and writes the pieces of cells left incomplete (a run that did
+    not write whole blocks); :meth:`settle` drops what waits for an encoder and waits for
+    what runs (a failed or interrupted run). An encoder's failure fails the next write, or
+    the flush. With an event log attached (:meth:`attach`), every chunk stored is a 'store'
+    event on its encoder's lane.
     """
 
     chunks: tuple[int, int]
 
-    def __init__(self, inner: MatrixSink, rows, cols, *, budget: int):
+    def __init__(self, inner: MatrixSink, rows, cols, *, budget: int,
+                 encoders: ThreadPoolExecutor | None = None):
         self.inner = inner
         self.shape, self.dtype, self.name = inner.shape, inner.dtype, inner.name
         self.on_disk, self.path = inner.on_disk, inner.path
@@ -323,15 +335,27 @@ class ChunkWriter(MatrixSink):
         self.chunks = inner.chunks
         self._rows, self._cols = tuple(rows), tuple(cols)
         self.budget = budget
+        self._encoders = encoders
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a store ended (a buffer came back)
         self._cells: dict[tuple[int, int, int], _Cell] = {}
         self._spare: list[np.ndarray] = []  # buffers of written cells, for the next ones
+        self._stores: set[Future] = set()  # chunk stores handed to the encoders, not ended
+        self._error: BaseException | None = None
+        self._log = None
         self.held_bytes = 0
-        """Bytes of the buffers held: those of open cells and the spare ones."""
+        """Bytes of the buffers held: those of open cells, of cells being stored, and the
+        spare ones."""
         self.peak_bytes = 0
         """Most bytes of buffers held at once."""
         self.cells_written = 0
         """Cells gathered and written whole."""
+
+    def attach(self, log) -> None:
+        """Record each chunk stored in ``log`` (an :class:`~oocgemm.diagnostics.EventLog`;
+        the first attached keeps them: one writer under several executors)."""
+        if self._log is None:
+            self._log = log
 
     def _block(self, rows, cols) -> tuple[int, int] | None:
         """The C block that holds the region, or None when it spans several."""
@@ -342,6 +366,7 @@ class ChunkWriter(MatrixSink):
         return (i, j) if inside else None
 
     def write(self, rows, cols, block) -> None:
+        self._raise()
         key = self._block(rows, cols)
         if key is None:  # not a piece of one C block: nothing to gather it with
             self.inner.write(rows, cols, block)
@@ -350,42 +375,101 @@ class ChunkWriter(MatrixSink):
         top, bottom = self._rows[i], self._rows[i + 1]
         left, right = self._cols[j], self._cols[j + 1]
         band = self.chunks[0]
-        whole: list[int] = []  # bands whose cell this write covers whole
         for b in chunk_range(rows[0], rows[1], band):
             lo, hi = max(rows[0], b * band), min(rows[1], (b + 1) * band)
             cell = (max(top, b * band), min(bottom, (b + 1) * band))
-            if (lo, hi) == cell and cols == (left, right):
-                whole.append(b)
+            piece = block[lo - rows[0]:hi - rows[0]]
+            if (lo, hi) == cell and cols == (left, right):  # a whole cell: copied and on
+                with self._lock:
+                    while (buffer := self._take(piece.shape)) is _WAIT:
+                        self._freed.wait()
+                if buffer is None:
+                    self._store(((lo, hi), cols), piece, key)
+                else:
+                    np.copyto(buffer, piece, casting="same_kind")
+                    self._hand_on(((lo, hi), cols), buffer, key)
             else:
-                self._gather((i, j, b), (cell, (left, right)), (lo, hi), cols,
-                             block[lo - rows[0]:hi - rows[0]])
-        if whole:  # consecutive bands: one write of their rows
-            lo = max(rows[0], whole[0] * band)
-            hi = min(rows[1], (whole[-1] + 1) * band)
-            self._store(((lo, hi), cols), block[lo - rows[0]:hi - rows[0]])
+                self._gather((i, j, b), (cell, (left, right)), (lo, hi), cols, piece)
 
-    def _store(self, region, data: np.ndarray) -> None:
-        """Write whole cells: their chunks encoded side by side on the encoder threads (one
-        thread encodes one chunk at a time; zstd stores ~0.3 GB/s a thread), this thread
-        taking the first; returns when all are stored."""
+    def _parts(self, region, data: np.ndarray):
+        """The chunks of a cell: (rows, cols) and data of each."""
         rows, (c0, c1) = region
         step = self.chunks[1]
         edges = [c0, *range((c0 // step + 1) * step, c1, step), c1]
-        parts = [((rows, (lo, hi)), data[:, lo - c0:hi - c0]) for lo, hi in zip(edges, edges[1:])]
-        futures = [_encoders().submit(self.inner.write, *where, part)
+        return [((rows, (lo, hi)), data[:, lo - c0:hi - c0]) for lo, hi in zip(edges, edges[1:])]
+
+    def _store_chunk(self, where, data: np.ndarray, key) -> None:
+        """Encode and store one chunk (on an encoder thread, or the caller's)."""
+        log = self._log
+        start = log.now() if log is not None else 0.0
+        rows, cols = where
+        try:
+            self.inner.write(rows, cols, data)
+        except OOCGemmError:
+            raise
+        except Exception as exc:  # a full disk, a store gone: the run's error
+            raise OutputError(f"{self.name}: cannot store rows {rows[0]}:{rows[1]}, columns "
+                              f"{cols[0]}:{cols[1]} ({type(exc).__name__}: {exc})") from exc
+        if log is not None:
+            lane = "encode-" + threading.current_thread().name.rsplit("_", 1)[-1]
+            log.add_store(key, lane, start, log.now(), data.nbytes)
+
+    def _store(self, region, data: np.ndarray, key) -> None:
+        """Write whole cells now, from ``data`` (which the caller keeps): their chunks
+        encoded side by side on the encoder threads and this one; returns when all are
+        stored."""
+        parts = self._parts(region, data)
+        futures = [self._pool().submit(self._store_chunk, where, part, key)
                    for where, part in parts[1:]]
         try:
-            self.inner.write(*parts[0][0], parts[0][1])
+            self._store_chunk(parts[0][0], parts[0][1], key)
         finally:
             for future in futures:
                 future.result()
 
+    def _pool(self) -> ThreadPoolExecutor:
+        return self._encoders or _encoders()
+
+    def _hand_on(self, region, buffer: np.ndarray, key) -> None:
+        """Hand a complete cell in ``buffer`` to the encoders: each chunk stored by one of
+        them; the buffer becomes spare when the last is."""
+        parts = self._parts(region, buffer)
+        left = [len(parts)]
+
+        def ended(future: Future) -> None:
+            with self._lock:
+                self._stores.discard(future)
+                if not future.cancelled() and future.exception() is not None:
+                    self._error = self._error or future.exception()
+                left[0] -= 1
+                if left[0] == 0:
+                    self._spare.append(buffer)
+                    self.cells_written += 1
+                self._freed.notify_all()
+
+        with self._lock:
+            futures = [self._pool().submit(self._store_chunk, where, part, key)
+                       for where, part in parts]
+            self._stores.update(futures)
+        for future in futures:
+            future.add_done_callback(ended)
+
+    def _raise(self) -> None:
+        """An encoder's failure, raised in the run (once)."""
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
     def _gather(self, key, region, rows, cols, piece: np.ndarray) -> None:
         (r0, r1), (c0, c1) = region
         with self._lock:
-            cell = self._cells.get(key)
-            if cell is None:
-                cell = self._cells[key] = _Cell(region, self._take((r1 - r0, c1 - c0)))
+            while (cell := self._cells.get(key)) is None:
+                buffer = self._take((r1 - r0, c1 - c0))
+                if buffer is not _WAIT:  # (a wait lets the cell's other pieces in first)
+                    cell = self._cells[key] = _Cell(region, buffer)
+                    break
+                self._freed.wait()
         if cell.buffer is None:  # over the budget: this cell goes out stripe by stripe
             self.inner.write(rows, cols, piece)
         else:  # pieces of one cell are disjoint: copied outside the lock
@@ -397,29 +481,41 @@ class ChunkWriter(MatrixSink):
             if done:
                 del self._cells[key]
         if done and cell.buffer is not None:
-            self._store(region, cell.buffer)
-            with self._lock:
-                self.cells_written += 1
-                self._spare.append(cell.buffer)
+            self._hand_on(region, cell.buffer, key[:2])
 
-    def _take(self, shape) -> np.ndarray | None:
-        """A buffer of ``shape`` within the budget, or None (under the lock): a spare one of
-        that shape (its pages are mapped already), else a new one, in room that spares of
-        other shapes give up."""
+    def _take(self, shape):
+        """A buffer of ``shape`` within the budget (under the lock): a spare one of that
+        shape (its pages are mapped already), else a new one, in room that spares of other
+        shapes give up; :data:`_WAIT` while the budget is held by cells being stored (the
+        caller waits for one to end, and asks again); None when there is no room at all."""
+        nbytes = shape[0] * shape[1] * self.dtype.itemsize
         for at, spare in enumerate(self._spare):
             if spare.shape == shape:
                 return self._spare.pop(at)
-        nbytes = shape[0] * shape[1] * self.dtype.itemsize
         while self._spare and self.held_bytes + nbytes > self.budget:
             self.held_bytes -= self._spare.pop(0).nbytes
-        if self.held_bytes + nbytes > self.budget:
-            return None
-        self.held_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-        return np.empty(shape, dtype=self.dtype)
+        if self.held_bytes + nbytes <= self.budget:
+            self.held_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+            return np.empty(shape, dtype=self.dtype)
+        return _WAIT if self._stores else None
+
+    def wait(self, cancel: bool = False) -> None:
+        """Until every cell handed to the encoders is stored; ``cancel``: those not begun
+        are dropped."""
+        with self._lock:
+            stores = list(self._stores)
+        if cancel:
+            for future in stores:
+                future.cancel()
+        with self._lock:
+            self._freed.wait_for(lambda: not self._stores)
 
     def flush(self) -> None:
-        """Write what incomplete cells hold, piece by piece, and let go of the buffers."""
+        """Wait for the encoders, write what incomplete cells hold, piece by piece, and let
+        go of the buffers."""
+        self.wait()
+        self._raise()
         with self._lock:
             cells, self._cells = list(self._cells.values()), {}
             self._spare.clear()
@@ -433,15 +529,22 @@ class ChunkWriter(MatrixSink):
         with self._lock:
             self.held_bytes = 0
 
+    def settle(self) -> None:
+        """The run failed or was interrupted: drop the stores not begun, wait for those
+        under way (nothing writes into the output after this returns)."""
+        self.wait(cancel=True)
+
     def commit(self):
         self.flush()
         return self.inner.commit()
 
     def abort(self) -> None:
+        self.settle()
         with self._lock:
             self._cells.clear()
             self._spare.clear()
             self.held_bytes = 0
+            self._error = None
         self.inner.abort()
 
     def array(self):

@@ -345,16 +345,15 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
 
 def chunk_writer(plan: Plan, sink):
     """The sink written at its grain (:class:`~oocgemm.storage.chunked.ChunkWriter`) where
-    the plan writes C blocks in row stripes that cut the output's chunks: each chunk encoded
-    once, whole, instead of once per stripe. Else the sink itself."""
+    the output is stored in chunks on disk: each chunk encoded once, whole (not once per row
+    stripe that cuts it), on the encoder threads, behind compute. Else the sink itself."""
     from ..planning.tiling import assembly_window
     from .chunked import ChunkWriter
 
-    if not plan.staged or not sink.on_disk or not sink.chunks:
+    if not sink.on_disk or not sink.chunks:
         return sink
-    budget = assembly_window(plan.problem, plan.tile,
-                             plan.buffers.out_ring // plan.problem.itemsize,
-                             plan.min_stripes, sink.chunks)
+    ring = plan.buffers.out_ring // plan.problem.itemsize if plan.staged else 0
+    budget = assembly_window(plan.problem, plan.tile, ring, plan.min_stripes, sink.chunks)
     if not budget:
         return sink
     return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)

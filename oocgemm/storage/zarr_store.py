@@ -73,9 +73,10 @@ def fast_reader(array: zarr.Array, threads: int = 0) -> zarr.Array:
 class _Direct:
     """Whole chunks of a local, unsharded Zarr array whose chunks are plain C-order bytes,
     compressed or not, decoded straight into the caller's buffer: the chunk file read, its
-    codec (numcodecs) run on it. On the H100 machine 16 threads decode the zstd chunks of a
-    16.4 GB matrix at 8.1 GB/s this way, against 2.7 GB/s through zarr's fused codec pipeline
-    (docs/performance.md, Gram products). :func:`direct` says which arrays qualify; every
+    codec (numcodecs) run on it; and written the other way (:meth:`write`). On the H100
+    machine 16 threads decode the zstd chunks of a 16.4 GB matrix at 8.1 GB/s this way,
+    against 2.7 GB/s through zarr's fused codec pipeline (docs/performance.md, Gram
+    products). :func:`direct` says which arrays qualify; every
     other layout goes through zarr."""
 
     def __init__(self, array: zarr.Array, codec):
@@ -113,6 +114,21 @@ class _Direct:
         if not whole:
             np.copyto(out, target[:out.shape[0], :out.shape[1]], casting="same_kind")
 
+
+    def write(self, index, data: np.ndarray) -> None:
+        """Chunk ``index`` from ``data`` (its region, clipped at the array's edges): padded
+        to the whole chunk with the fill value (as zarr stores edge chunks), encoded by the
+        codec, and stored as the chunk's file. For the arrays oocgemm creates only (a new
+        output under its temporary name): nothing else reads the file while it is written."""
+        if data.shape != self.chunks or data.dtype != self.dtype or not data.flags.c_contiguous:
+            whole = np.full(self.chunks, self.fill or 0, dtype=self.dtype)
+            whole[:data.shape[0], :data.shape[1]] = data
+            data = whole
+        payload = data.data if self.codec is None else self.codec.encode(data)
+        path = self.path(index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(payload)
 
     def read_part(self, index, rows, cols, out: np.ndarray) -> None:
         """Rows ``rows`` and columns ``cols`` (within chunk ``index``) of an uncompressed
@@ -160,11 +176,17 @@ def direct(array: zarr.Array) -> _Direct | None:
             return _Direct(array, None)
         name, level = type(compressor).__name__, getattr(compressor, "level", 0)
         if name == "ZstdCodec":
-            return _Direct(array, numcodecs.Zstd(level=level))
+            return _Direct(array, numcodecs.Zstd(
+                level=level, checksum=bool(getattr(compressor, "checksum", False))))
         if name == "GzipCodec":
             return _Direct(array, numcodecs.GZip(level=level))
-        if name == "BloscCodec":  # the frame says how it was shuffled
-            return _Direct(array, numcodecs.Blosc())
+        if name == "BloscCodec":  # (a decode reads how it was shuffled from the frame)
+            blosc = cast(Any, compressor)
+            shuffle = getattr(getattr(blosc, "shuffle", None), "value", "shuffle")
+            cname = getattr(blosc.cname, "value", blosc.cname)
+            return _Direct(array, numcodecs.Blosc(
+                cname=cname, clevel=blosc.clevel, blocksize=blosc.blocksize,
+                shuffle={"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[shuffle]))
         return None
     except Exception:  # a layout this does not know: zarr reads it
         return None
@@ -541,6 +563,11 @@ class ZarrSink(MatrixSink):
         # The unit a write rewrites: the shard of a sharded array (its inner chunks share one
         # object), else the chunk. Blocks aligned to inner chunks only would race on a shard.
         self.chunks = tuple(getattr(self._array, "shards", None) or self._array.chunks)
+        # Whole chunks of an output this run creates on a local disk are encoded by the
+        # calling thread and stored as files, not through zarr's codec pipeline (whose
+        # event loop serialises what the writer threads hand it).
+        self._writer = (direct(self._array)
+                        if self._temporary is not None and not self._url else None)
 
     def _aligned(self, rows, cols) -> bool:
         ok = True
@@ -556,6 +583,12 @@ class ZarrSink(MatrixSink):
 
     def write(self, rows, cols, block):
         selection = (slice(*rows), slice(*cols))
+        if self._writer is not None and self._aligned(rows, cols):
+            for index in chunks_of((tuple(rows), tuple(cols)), self.chunks):
+                (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+                self._writer.write(index, block[r0 - rows[0]:r1 - rows[0],
+                                                c0 - cols[0]:c1 - cols[0]])
+            return
         if self._aligned(rows, cols):
             self._array[selection] = block
         else:  # blocks that share a chunk would lose each other's updates
