@@ -354,7 +354,7 @@ def chunk_writer(plan: Plan, sink):
         return sink
     budget = assembly_window(plan.problem, plan.tile,
                              plan.buffers.out_ring // plan.problem.itemsize,
-                             plan.min_stripes, sink.chunks)
+                             plan.out_stripes, sink.chunks)
     if not budget:
         return sink
     return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)
