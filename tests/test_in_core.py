@@ -232,3 +232,32 @@ def test_products_of_other_dtypes_and_thin_shapes(fake_gpu, rng, dtype, shape):
     assert plan.in_core
     out, _ = replay(plan, a, b, c)
     assert_gemm(out, a, b, c, beta=-0.5, dtype=dtype)
+
+
+# -- start-up, without a GPU -----------------------------------------------------------------
+def test_start_up_steps_are_kept_once_and_summed():
+    from oocgemm.cuda import startup
+
+    index = 97  # no such GPU: the bookkeeping alone
+    startup.record(index, "context", 0.25)
+    startup.record(index, "context", 9.0)  # the first measurement stays
+    startup.pinned(index, 0.125, 64 << 20)
+    steps = startup.times(index)
+    assert steps["context"] == 0.25 and steps["pinned"] == 0.125
+    assert steps["total"] == pytest.approx(0.375 + steps.get("driver", 0.0))
+    assert steps["pinned_bytes"] == 64 << 20
+
+
+def test_info_without_a_gpu_says_so():
+    import json
+
+    from click.testing import CliRunner
+
+    from oocgemm.cli import main
+
+    if cuda.device_count():
+        pytest.skip("a GPU is present")
+    out = CliRunner().invoke(main, ["info"])
+    assert out.exit_code == 0 and "CUDA start-up: none (no GPU)" in out.output
+    data = json.loads(CliRunner().invoke(main, ["info", "--json"]).output)
+    assert data["gpus"]["startup"] is None
