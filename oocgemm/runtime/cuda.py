@@ -141,6 +141,12 @@ class CudaExecutor(Executor):
             raise ValueError("the CUDA executor replays staged plans only")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
+        index = int(plan.device.partition(":")[2] or 0)
+        from ..cuda import startup
+
+        # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.engine)
+        # and makes a handle, timed as a start-up step (oocgemm info shows it).
+        startup.cublas(index, self.resources)
         if self.resources is None:  # a run without an engine: the process's
             from ..cuda.engine import PROCESS
 
@@ -151,7 +157,7 @@ class CudaExecutor(Executor):
 
             self.readers = max(self.readers, min(hostinfo.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
-        self.index = int(plan.device.partition(":")[2] or 0)
+        self.index = index
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
             import cupy
@@ -250,12 +256,10 @@ class CudaExecutor(Executor):
     def run(self) -> EventLog:
         """Replay the schedule; device and pinned buffers are freed on return, also on error.
         The threads (readers, writers, the lanes) are the resources' kept ones."""
-        from ..cuda import startup
         from ..cuda.engine import GpuContext
         from ..cuda.nvtx import Ranges
 
         self._nvtx = Ranges()
-        startup.cublas(self.index, self.resources)  # the process's first run: cuBLAS loads
         ops = self.schedule.ops
         host_futures, device_futures = _Futures(), _Futures()  # device: (start, end) events
         lane_futures: list[Future] = []
