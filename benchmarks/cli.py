@@ -2,6 +2,7 @@
 
     python -m benchmarks cpu --size 4096            # oocgemm on the CPU against numpy.matmul
     python -m benchmarks gpu                        # against in-core cuBLAS, cuBLASXt, dask + CuPy
+    python -m benchmarks small                      # small products against CuPy (or numpy)
     python -m benchmarks kernels                    # the kernels of kernels/ against cuBLAS
     python -m benchmarks power                      # their SM clock, board power, energy per flop
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
@@ -183,6 +184,60 @@ def gpu(ctx, big, cases, workdir, as_json):
                 lines.append(f"  {key:<24} {res[key]:.3f}")
         click.echo("\n".join(lines))
     if any(entry.get("correct") is False for entry in res["cases"].values()):
+        ctx.exit(1)
+
+
+# ------------------------------------------------------------------------------------------
+# small
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--sizes", default="1024,2048,4096", show_default=True,
+              help="Comma-separated N: the operands are NxN float64.")
+@click.option("--repeat", type=click.IntRange(min=1), default=7, show_default=True,
+              help="Timed rounds of each case after one warm-up; medians are reported.")
+@click.option("--device", default="cuda", show_default=True,
+              help="'cuda' or 'cuda:N' (against CuPy), or 'cpu' (against numpy).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the results as JSON to this file.")
+@click.pass_context
+def small(ctx, sizes, repeat, device, json_path):
+    """Small products from numpy operands: oocgemm.multiply's whole call (a new result, and
+    out= a preallocated one) against CuPy's upload + matmul + download (numpy's matmul on
+    the CPU), and the process's first call, which pays for CUDA's start-up."""
+    from oocgemm.sysinfo import describe_startup
+
+    from .common import write_json
+    from .small import small_benchmark
+
+    try:
+        ns = tuple(int(x) for x in sizes.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected N,N,... got {sizes!r}", param_hint="--sizes"
+                                 ) from None
+    click.echo(f"small: {', '.join(map(str, ns))} on {device}, {repeat} round(s)...", err=True)
+    res = small_benchmark(ns, repeat, device, on_size=lambda e: click.echo(
+        f"  n={e['n']}: oocgemm {_seconds(e['oocgemm']['median_seconds'])}, "
+        f"baseline {_seconds(e['baseline']['median_seconds'])}", err=True))
+    base = res["baseline"]
+    lines = [f"small products, float64, {res['device']}, median of {repeat} "
+             f"(ratio = oocgemm / {base}: under 1 is faster)",
+             f"  {'n':>6}  {'oocgemm':>9}  {base:>9}  {'ratio':>6}  {'out=':>9}  "
+             f"{base + ' out=':>11}  {'ratio':>6}  in core  error"]
+    for e in res["sizes"]:
+        lines.append(
+            f"  {e['n']:>6}  {_seconds(e['oocgemm']['median_seconds']):>9}  "
+            f"{_seconds(e['baseline']['median_seconds']):>9}  {e['ratio']:6.3f}  "
+            f"{_seconds(e['oocgemm_out']['median_seconds']):>9}  "
+            f"{_seconds(e['baseline_out']['median_seconds']):>11}  {e['ratio_out']:6.3f}  "
+            f"{'yes' if e['in_core'] else 'no':>7}  {e['max_rel_error']:.2g} "
+            f"{'ok' if e['correct'] else 'FAILED'}")
+    lines.append(f"  first call (n={ns[0]}): {_seconds(res['first_call_seconds'])}")
+    if res["startup"] is not None:
+        lines.append(f"  CUDA start-up: {describe_startup({'startup': res['startup']})}")
+    click.echo("\n".join(lines))
+    write_json(json_path, res)
+    if not all(e["correct"] for e in res["sizes"]):
+        click.echo("error: a result differs from numpy's beyond the tolerance", err=True)
         ctx.exit(1)
 
 

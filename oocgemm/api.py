@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -27,7 +27,16 @@ from .cuda.catalog import check_kernel, is_ozaki
 from .errors import BudgetError, DeviceError, ExecutionError, MemoryPressureError, OptionError
 from .hints import DeviceLike, MatrixLike, Scalar, Size
 from .options import Options
-from .planning import STAGING, Plan, Problem, choose_tile, cpu_model, cuda_model, finished
+from .planning import (
+    STAGING,
+    Plan,
+    Problem,
+    choose_tile,
+    cpu_model,
+    cuda_model,
+    finished,
+    in_core_shape,
+)
 from .planning import smaller as smaller_plan
 from .result import Result
 from .runtime.base import executor_class
@@ -378,6 +387,14 @@ def _plan(problem: Problem, options: Options, dev: Device) -> Plan:
                     symmetric=symmetric, **staging)
     if tile is not None:
         return finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
+    shape = in_core_shape(problem, model, mem, staged=executor.STAGED, kernel=kernel,
+                          symmetric=symmetric, split_last=staging.get("split_last", 1),
+                          min_stripes=staging.get("min_stripes", 1))
+    if shape is not None:  # A, B and C on the device at once: no tile to search for
+        try:
+            return finished(Plan(**{**settings, **shape}))
+        except BudgetError:  # its staging does not fit the host budget
+            pass
     try:
         tile = choose_tile(problem, model, mem, host, staged=executor.STAGED, kernel=kernel,
                            symmetric=symmetric, **{k: v for k, v in staging.items()
@@ -491,6 +508,9 @@ def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
     """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
     no more than the GPU has free now), every block to compute."""
     mem, host = plan.memory_limit, plan.host_memory_limit
+    if plan.in_core:  # panels again, with the executor's staging
+        plan = replace(plan, in_core=False, **executor_class(device.kind).staging(
+            plan.problem, plan.model, plan.kernel))
     if exc.where == "device" or (exc.where == "host" and device.kind == "cpu"):
         mem //= 2  # on the CPU, the working buffers are host memory
     if exc.where in ("host", "pinned"):

@@ -521,8 +521,10 @@ def random(path, shape, dtype, chunks, seed, overwrite, quiet):
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 def info(as_json):
-    """Versions, host cores and memory, the numpy BLAS, GPUs."""
-    from .sysinfo import system_info
+    """Versions, host cores and memory, the numpy BLAS, GPUs, and how long CUDA's start-up
+    took (the context, cuBLAS, the first pinned buffers: what a process's first product
+    pays once)."""
+    from .sysinfo import describe_startup, system_info
 
     data = system_info()
     if as_json:
@@ -562,6 +564,7 @@ def info(as_json):
                          f"{dev['compute_capability']}")
     else:
         lines.append(f"  none ({gpus.get('note', 'no CUDA GPU')})")
+    lines.append(f"  CUDA start-up: {describe_startup(gpus)}")
     if gpus.get("error"):
         lines.append(f"  error while querying GPUs: {gpus['error']}")
     click.echo("\n".join(lines))

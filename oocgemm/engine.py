@@ -1,5 +1,6 @@
 """A long-lived engine: products that share their options and the device resources kept
-between runs (pinned host memory, cuBLAS handles, compiled kernels), freed when it closes.
+between runs (pinned host memory, cuBLAS handles, compiled kernels, threads), freed when it
+closes.
 
 :func:`oocgemm.multiply` is the one-shot form: its runs share the process's resources,
 which live until the process exits. An engine gives them a lifetime::

@@ -89,7 +89,7 @@ def gpu_info() -> dict:
     installed = cuda.cupy_installed()
     driver = cuda.driver_present()
     info: dict = {"cupy": _cupy_distribution_version() if installed else None,
-                  "driver": driver, "devices": []}
+                  "driver": driver, "devices": [], "startup": None}
     count = cuda.device_count()
     if count == 0:
         if not installed:
@@ -114,9 +114,39 @@ def gpu_info() -> dict:
                 "name": name.decode() if isinstance(name, bytes) else str(name),
                 "compute_capability": f"{props.get('major')}.{props.get('minor')}",
                 "memory_total": int(total), "memory_free": int(free)})
+        info["startup"] = startup_info(0)
     except Exception as exc:  # report, do not crash `oocgemm info`
         info["error"] = f"{type(exc).__name__}: {exc}"
     return info
+
+
+def startup_info(index: int) -> dict:
+    """What CUDA's start-up took on GPU ``index`` in this process (taking what is not taken
+    yet now): ``{"device": "cuda:N", "seconds": {step: s, ..., "total": s}, "pinned_bytes":
+    n}``; the steps are ``driver`` (CuPy imported, the driver initialised), ``context``,
+    ``cublas`` (the library loaded, a handle made) and ``pinned`` (the first pinned ring, or
+    a probe of :data:`oocgemm.cuda.startup.PINNED_PROBE` bytes)."""
+    from .cuda import startup
+
+    steps = startup.times(index, start=True)
+    pinned = int(steps.pop("pinned_bytes", 0))
+    return {"device": f"cuda:{index}", "seconds": steps, "pinned_bytes": pinned}
+
+
+def describe_startup(gpus: dict) -> str:
+    """``gpu_info()``'s start-up in words: 'cuda:0 412 ms (driver ..., context ..., ...)',
+    or why there is none."""
+    from .units import format_seconds, format_size
+
+    found = gpus.get("startup")
+    if not found:
+        return "none (no GPU)" if not gpus.get("devices") else "not measured"
+    seconds = dict(found["seconds"])
+    total = seconds.pop("total")
+    names = {"driver": "CuPy and driver", "context": "context", "cublas": "cuBLAS",
+             "pinned": f"pinned {format_size(found.get('pinned_bytes', 0))}"}
+    parts = ", ".join(f"{names.get(k, k)} {format_seconds(v)}" for k, v in seconds.items())
+    return f"{found['device']} {format_seconds(total)} ({parts})"
 
 
 def system_info() -> dict:

@@ -218,3 +218,19 @@ def test_zarr_io_makes_floors_and_decodes_its_stores(tmp_path, capsys):
     zarr.create_array(str(foreign), shape=(8, 8), dtype="f8", chunks=(4, 4))
     assert zarr_io.main(["decode", str(foreign)]) == 2
     assert "not written by make" in capsys.readouterr().err
+
+
+def test_small_products_against_numpy_on_the_cpu(tmp_path):
+    """python -m benchmarks small, run small on the CPU: a table, every result checked, the
+    JSON file."""
+    path = tmp_path / "small.json"
+    result = run("small", "--sizes", "32,100", "--repeat", "2", "--device", "cpu",
+                 "--json", path)
+    assert "ratio" in result.stdout and "first call" in result.stdout
+    data = json.loads(path.read_text())
+    assert data["baseline"] == "numpy" and data["startup"] is None
+    assert [e["n"] for e in data["sizes"]] == [32, 100]
+    for entry in data["sizes"]:
+        assert entry["correct"] and len(entry["oocgemm_out"]["seconds"]) == 2
+        assert entry["ratio"] > 0 and entry["ratio_out"] > 0
+    assert "--sizes" in fails("small", "--sizes", "a,b", "--device", "cpu")

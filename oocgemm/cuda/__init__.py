@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import time
 
 
 def cupy_installed() -> bool:
@@ -20,17 +21,26 @@ def device_count() -> int:
     """GPUs that CuPy sees; 0 without importing CuPy where no driver or no CuPy is found."""
     if not (cupy_installed() and driver_present()):
         return 0
+    from . import startup
+
     try:
+        begin = time.perf_counter()
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount()
+        count = cupy.cuda.runtime.getDeviceCount()
+        startup.record(-1, "driver", time.perf_counter() - begin)  # the first call's: CuPy
+        return count  # imported, the driver initialised
     except Exception:
         return 0
 
 
 def memory_info(index: int) -> tuple[int, int]:
-    """(free, total) bytes of GPU ``index``."""
+    """(free, total) bytes of GPU ``index`` (its context created first, where the process has
+    none yet: the first product's start-up, :mod:`oocgemm.cuda.startup`)."""
     import cupy
 
+    from . import startup
+
+    startup.context(index)
     with cupy.cuda.Device(index):
         return cupy.cuda.runtime.memGetInfo()

@@ -15,9 +15,10 @@ from .schedule import (
                        ordered_lane,
                        serpentine,
 )
-from .tiling import Plan, Prediction, choose_tile, predict, with_ring_decodes
+from .tiling import Plan, Prediction, choose_tile, in_core_shape, predict, with_ring_decodes
 
 __all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
            "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model", "finished",
+           "in_core_shape",
            "ordered_lane", "predict", "serpentine", "smaller", "with_ring_decodes"]

@@ -18,7 +18,7 @@ STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "
 def finished(plan: Plan) -> Plan:
     """``plan`` with its tile chosen, ready to run (a plan finished again, for another tile,
     decides its ring decodes and kept operands anew)."""
-    if plan.staged:  # small products need no 32 MB stripes
+    if plan.staged and not plan.in_core:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))

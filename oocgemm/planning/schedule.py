@@ -18,6 +18,12 @@ The order: keep C_{ij} resident, stream the K panels of A and
 B through ping-pong slots, store C_{ij}, move on. C blocks run in serpentine order (rows left to
 right, then right to left) and K panels alternate direction, so consecutive blocks share a
 panel; a panel already in a slot is never loaded again.
+
+The in-core shape (:attr:`Plan.in_core <oocgemm.planning.tiling.Plan.in_core>`: A, B and C fit
+on the device at once, one slot each): B goes up whole, then A in row stripes cut where C's
+stripes are; the GEMM runs C stripe by C stripe, each waiting only for the A stripes of its
+own rows (the whole of A when A is stored transposed: its rows are not contiguous), and each
+C stripe goes down and out as soon as its GEMM is done, while the next computes.
 """
 
 from __future__ import annotations
@@ -78,6 +84,9 @@ class Op:
     """GEMM on a diagonal block of a symmetric product: it computes the elements of its row
     stripe on and above the block's diagonal only (an executor may also compute the part of
     the stripe's own square below the diagonal; the block's MIRROR overwrites it)."""
+    a_span: tuple[int, int] | None = None
+    """GEMM: the element range ``[lo, hi)`` of its A slot that it reads, where that is its
+    own rows only (the in-core shape, A not stored transposed); None: the whole panel."""
 
     @property
     def lane(self) -> str:
@@ -157,11 +166,20 @@ WHOLE = 1 << 62  # "to the end of the slot"
 def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
 
+<<<<<<< HEAD
     Stripes (UPLOAD into a device slot, DOWNLOAD out of one, an unstaged WRITE of a row
     stripe of its C slot) and GEMM/FILL on a C slot touch ``[offset, offset + elements)``; a
     GEMM reads its A and B panels whole; a MIRROR writes its row stripe and reads every row
     up to the stripe's last (the transposes of what it writes); a TRANSPOSE reads its C slot
     whole; a host buffer or a storage read/write touches the first ``elements``.
+=======
+    Stripes (UPLOAD into a device slot, DOWNLOAD out of one) and GEMM/FILL on a C slot touch
+    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole, or its A slot's
+    ``a_span`` where it has one (its rows of A, in the in-core shape); a MIRROR writes
+    its row stripe and reads every row up to the stripe's last (the transposes of what it
+    writes); a TRANSPOSE reads its C slot whole; a host buffer or a storage read/write
+    touches the first ``elements``.
+>>>>>>> small
     """
     if (op.kind is OpKind.UPLOAD and writing
             or op.kind in (OpKind.DOWNLOAD, OpKind.WRITE) and not writing):
@@ -173,6 +191,8 @@ def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     if op.kind in (OpKind.GEMM, OpKind.FILL):
         if slot == op.dst:
             return (op.offset, op.offset + op.elements)
+        if op.a_span is not None and slot == op.src[0]:
+            return op.a_span
         return (0, WHOLE)
     return (0, op.elements)
 
@@ -359,22 +379,38 @@ class _Builder:
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
 
-    def stripe_rows(self, region, down: bool = False) -> int:
+    def stripe_rows(self, region, down: bool = False, least: int | None = None) -> int:
         """Rows of each stripe of a stored region (:func:`stripe_rows`) going up, or coming
-        down (``down``: C through the output ring)."""
+        down (``down``: C through the output ring), in ``least`` stripes at least (default:
+        the plan's)."""
         (r0, r1), (c0, c1) = region
-        # a ring of whole chunks (Plan.into_ring) moves a chunk in one stripe
-        least = 1 if (self.plan.into_ring and not down) else self.plan.min_stripes
+        if least is None:  # a ring of whole chunks (Plan.into_ring) moves a chunk in one stripe
+            least = (self.plan.out_stripes if down
+                     else 1 if self.plan.into_ring else self.plan.min_stripes)
         return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring, least)
 
-    def stripes(self, region, down: bool = False):
+    def stripes(self, region, down: bool = False, least: int | None = None):
         """Row stripes of a stored region that fit one ring buffer: (sub-region, offset)."""
         (r0, r1), (c0, c1) = region
         cols = max(c1 - c0, 1)
-        step = self.stripe_rows(region, down)
+        step = self.stripe_rows(region, down, least)
         for lo in range(r0, r1, step):
             hi = min(lo + step, r1)
             yield ((lo, hi), (c0, c1)), (lo - r0) * cols
+
+    def load_stripes(self, region, cuts=None):
+        """The stripes in which a region goes up: (sub-region, offset). With ``cuts`` (row
+        ranges of the region, in order) no stripe crosses a cut's edge, and each cut goes up
+        in its share of the plan's least number of stripes (the in-core shape: A's stripes
+        end where C's do, so that a C stripe's GEMM waits for its own rows)."""
+        if cuts is None:
+            yield from self.stripes(region)
+            return
+        (r0, _), (c0, c1) = region
+        least = -(-self.plan.min_stripes // max(len(cuts), 1))
+        for x0, x1 in cuts:
+            for stripe, offset in self.stripes(((r0 + x0, r0 + x1), (c0, c1)), least=least):
+                yield stripe, offset + x0 * (c1 - c0)
 
     # -- regions ---------------------------------------------------------------------------
     def region(self, operand: str, key: tuple[int, int]):
@@ -394,8 +430,9 @@ class _Builder:
         return (r1 - r0) * (c1 - c0) * self.s
 
     # -- loading -----------------------------------------------------------------------------
-    def load(self, operand: str, key: tuple[int, int], dst: str) -> None:
-        """Storage -> dst; through the staging ring, stripe by stripe, when staged."""
+    def load(self, operand: str, key: tuple[int, int], dst: str, cuts=None) -> None:
+        """Storage -> dst; through the staging ring, stripe by stripe, when staged (``cuts``:
+        :meth:`load_stripes`)."""
         region = self.region(operand, key)
         hazards = self.state[dst].refill()  # every stripe waits for the old content's readers
         if not self.plan.staged:
@@ -408,7 +445,7 @@ class _Builder:
         lane = _lane(OpKind.UPLOAD, operand)
         waits = self.reduce(hazards, lane)  # besides its read, what every upload waits for
         target, ops, lanes = self.state[dst], self.ops, self.lanes
-        for stripe, offset in self.stripes(region):
+        for stripe, offset in self.load_stripes(region, cuts):
             stage = self.next_stage("sR")
             ring = self.state[stage]
             elements = self.nbytes(stripe) // self.s
@@ -428,8 +465,9 @@ class _Builder:
             target._memo = None
             target.last_use = self.clock
 
-    def ensure(self, operand: str, key: tuple[int, int], pinned: set[str]) -> str:
-        """The slot holding (operand, key), loading it into the least recently used slot."""
+    def ensure(self, operand: str, key: tuple[int, int], pinned: set[str], cuts=None) -> str:
+        """The slot holding (operand, key), loading it into the least recently used slot
+        (``cuts``: :meth:`load_stripes`)."""
         # One stored matrix in both roles: a panel is what it holds, whichever role loaded it
         # (a diagonal block of X^T X takes A(i, q) and B(q, i), the same rows of X, from one
         # slot: read, staged and uploaded once).
@@ -444,7 +482,7 @@ class _Builder:
         # The walk never asks for a new panel with every slot pinned (it pins the tail panels
         # one by one, at most as many as the operand has slots).
         assert victim is not None, f"every {operand} slot is pinned"
-        self.load(operand, key, victim.name)
+        self.load(operand, key, victim.name, cuts)
         if victim.content is not None:
             self.holding.pop(victim.content, None)
         victim.content = content
@@ -475,6 +513,9 @@ class _Builder:
             c_slot = f"C{t % plan.n_c}"
             c_key = (i, j)
             c_region = self.region("C", c_key)
+            if plan.in_core:
+                self.in_core(c_key, c_slot, c_region)
+                continue
             w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
             # A symmetric product computes the blocks on and above the diagonal: a diagonal
             # block its upper triangle (then mirrored), one above it whole (then transposed
@@ -539,6 +580,29 @@ class _Builder:
             else:
                 self.store(c_key, c_slot, c_region)
 
+    def in_core(self, c_key, c_slot, c_region) -> None:
+        """The in-core shape's block (the whole product: one K panel, one slot each): B up
+        whole, then A in row stripes that end where C's stripes do (C's rows too, when
+        beta != 0); per C stripe its GEMM, waiting for its own rows of A only (all of A when
+        A is stored transposed: its rows are not contiguous), then its download and write,
+        which overlap the next stripes' GEMMs."""
+        i, j = c_key
+        (r0, _), (c0, c1) = c_region
+        h = c1 - c0
+        parts = [(s0 - r0, s1 - r0)
+                 for ((s0, s1), _), _ in self.stripes(c_region, down=True)]
+        self.ensure("B", (0, j), pinned=set())
+        self.ensure("A", (i, 0), pinned=set(), cuts=None if self.prob.trans_a else parts)
+        if self.reads_c_first():
+            self.load("C", c_key, c_slot, cuts=parts)
+            self.c_hazards = []
+        else:
+            self.c_hazards = self.state[c_slot].refill()
+        for x0, x1 in parts:
+            self.gemm(i, j, 0, first=True, rows=(x0, x1), c_slot=c_slot, c_region=c_region,
+                      h=h, pinned=set())
+            self.store(c_key, c_slot, ((r0 + x0, r0 + x1), (c0, c1)), base=x0 * h, least=1)
+
     def fill(self, c_key, c_slot, c_region) -> None:
         """C = beta * C (or zero): no product to compute."""
         reads_c = self.prob.reads_c
@@ -564,13 +628,16 @@ class _Builder:
         x0, x1 = rows
         lo, hi = x0 * h, x1 * h
         src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
-        deps = self.read_dep(a_slot) + (self.read_dep(b_slot) if b_slot != a_slot else [])
+        # In the in-core shape a row-major A's stripe is contiguous: wait for its rows only.
+        a_span = (x0 * r, x1 * r) if self.plan.in_core and not prob.trans_a else None
+        deps = (self.read_dep(a_slot, *(a_span or ()))
+                + (self.read_dep(b_slot) if b_slot != a_slot else []))
         deps += (self.read_dep(c_slot, lo=lo, hi=hi) if beta != 0
                  else self.write_deps(c_slot, *self.c_hazards, lo=lo, hi=hi))
         region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
         self.emit(OpKind.GEMM, "C", (i, j), src, c_slot, deps, region, q=q, alpha=prob.alpha,
                   beta=beta, offset=lo, flops=gemm_flops(prob.dtype, x1 - x0, h, r, upper, x1),
-                  upper=upper)
+                  upper=upper, a_span=a_span)
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""
@@ -588,11 +655,19 @@ class _Builder:
         self.emit(OpKind.TRANSPOSE, "C", key[::-1], (c_slot,), t_slot, deps, ((c0, c1), (r0, r1)))
         return t_slot
 
+<<<<<<< HEAD
     def store(self, key, c_slot, region, parts=None) -> None:
         """C slot -> storage; through the output ring, stripe by stripe, when staged; else
         whole, or in the row ``parts`` given (the run's last block), each waiting for its own
         rows only. A symmetric product's blocks meet C here (``beta``: the writer adds beta
         times C's region as read)."""
+=======
+    def store(self, key, c_slot, region, base: int = 0, least: int | None = None) -> None:
+        """C slot -> storage; through the output ring, stripe by stripe (in ``least`` at
+        least), when staged; ``region`` starts ``base`` elements into the slot. A symmetric
+        product's blocks meet C here (``beta``: the writer adds beta times C's region as
+        read)."""
+>>>>>>> small
         beta = self.prob.beta if (self.prob.reads_c and self.plan.symmetric) else 0.0
         if not self.plan.staged:
             (r0, _), cols = region
@@ -603,7 +678,8 @@ class _Builder:
                           self.read_dep(c_slot, lo=lo, hi=hi), ((r0 + x0, r0 + x1), cols),
                           nbytes=(hi - lo) * self.s, beta=beta, offset=lo)
             return
-        for stripe, offset in self.stripes(region, down=True):
+        for stripe, offset in self.stripes(region, down=True, least=least):
+            offset += base
             stage = self.next_stage("sO")
             nbytes = self.nbytes(stripe)
             produced = self.read_dep(c_slot, lo=offset, hi=offset + self.nbytes(stripe) // self.s)
@@ -635,20 +711,25 @@ class _Counter(_Builder):
         self.gemms = 0
         self.flops = 0
         # (region shape, coming down) -> its stripes
-        self.stripe_counts: dict[tuple[int, int, bool], int] = {}
+        self.stripe_counts: dict[tuple[int, int, bool, int | None], int] = {}
 
-    def _stripes(self, region, down: bool = False) -> int:
+    def _stripes(self, region, down: bool = False, least: int | None = None) -> int:
         (r0, r1), (c0, c1) = region
-        shape = (r1 - r0, c1 - c0, down)
+        shape = (r1 - r0, c1 - c0, down, least)
         count = self.stripe_counts.get(shape)
         if count is None:
-            count = self.stripe_counts[shape] = -(-shape[0] // self.stripe_rows(region, down))
+            count = self.stripe_counts[shape] = -(-shape[0] // self.stripe_rows(region, down,
+                                                                                least))
         return count
 
-    def load(self, operand, key, dst) -> None:
+    def load(self, operand, key, dst, cuts=None) -> None:
         region = self.region(operand, key)
         nbytes = self.nbytes(region)
-        stripes = self._stripes(region) if self.plan.staged else 1
+        stripes = 1
+        if self.plan.staged and cuts is None:
+            stripes = self._stripes(region)
+        elif self.plan.staged:  # a few cuts (the in-core shape's C stripes): listed
+            stripes = sum(1 for _ in self.load_stripes(region, cuts))
         self.counted[OpKind.READ] += stripes
         self.moved["read"] += nbytes
         if self.plan.staged:
@@ -676,10 +757,16 @@ class _Counter(_Builder):
         self.counted[OpKind.TRANSPOSE] += 1
         return self.next_stage("T")
 
+<<<<<<< HEAD
     def store(self, key, c_slot, region, parts=None) -> None:
         nbytes = self.nbytes(region)
         stripes = (self._stripes(region, down=True) if self.plan.staged
                    else len(parts or [None]))
+=======
+    def store(self, key, c_slot, region, base: int = 0, least: int | None = None) -> None:
+        nbytes = self.nbytes(region)
+        stripes = self._stripes(region, down=True, least=least) if self.plan.staged else 1
+>>>>>>> small
         if self.plan.staged:
             self.counted[OpKind.DOWNLOAD] += stripes
             self.moved["d2h"] += nbytes

@@ -135,6 +135,11 @@ class Plan:
     those on and above the diagonal computed (a diagonal block's upper triangle, then
     mirrored), each block above the diagonal also written transposed across it. ``done``
     and ``blocks`` then name blocks on and above the diagonal."""
+    in_core: bool = False
+    """The in-core shape (:func:`in_core_shape`): A, B and C on the device at once, one slot
+    each, one C block and one K panel; B goes up first, A in row stripes, and C is computed,
+    downloaded and written stripe by stripe (``split_last`` stripes at least), each GEMM
+    waiting for its own rows of A only."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -186,12 +191,18 @@ class Plan:
         symmetric plan about half of them."""
         return self.counts.flops if self.symmetric else self.problem.flops
 
+    @property
+    def out_stripes(self) -> int:
+        """Stripes a staged C block comes down in at the least: ``min_stripes``, or in the
+        in-core shape ``split_last`` (a GEMM and a download per stripe)."""
+        return self.split_last if self.in_core else self.min_stripes
+
     def stripe_rows(self, rows: int, cols: int) -> int:
         """Rows of each stripe in which a staged C block of ``rows`` x ``cols`` moves down
-        through the output ring: as many as one ring buffer holds, and at most a
-        ``min_stripes``-th."""
+        through the output ring: as many as one ring buffer holds, and at most an
+        ``out_stripes``-th."""
         return stripe_rows(rows, cols, self.buffers.out_ring // self.problem.itemsize,
-                           self.min_stripes)
+                           self.out_stripes)
 
     # ---- memory ---------------------------------------------------------------------------
     @property
@@ -220,7 +231,7 @@ class Plan:
         return assembly_window(self.problem, self.tile,
                                self.buffers.out_ring // self.problem.itemsize if self.staged
                                else 0,
-                               self.min_stripes)
+                               self.out_stripes)
 
     @property
     def cache_bytes(self) -> int:
@@ -273,7 +284,7 @@ class Plan:
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
-                       stripe=self.stripe, min_stripes=self.min_stripes)
+                       stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core)
 
     def validate(self) -> Plan:
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -283,6 +294,10 @@ class Plan:
         if self.symmetric and (not self.problem.gram or w != h):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): a symmetric product takes square C "
                               f"blocks (w == h)")
+        if self.in_core and (self.grid[:2] != (1, 1) or self.grid[2] > 1
+                             or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
+            raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
+                              f"block and one K panel, one slot each")
         if self.staged and is_ozaki(self.kernel) and r > MAX_DEPTH:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
                               f"at most {MAX_DEPTH} (its int32 products stay exact up to there)")
@@ -334,6 +349,7 @@ class Plan:
             "flops": self.flops,
             "symmetric": self.symmetric,
             "shared": self.problem.shared,
+            "in_core": self.in_core,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
@@ -359,6 +375,9 @@ class Plan:
               if prob.shared else []),
             f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
             + (f" ({len(self.done)} blocks done before, resumed)" if self.done else ""),
+            *([f"  in core     A, B and C on the device at once: B up, then A in row stripes; "
+               f"{self.counts.ops[OpKind.GEMM]} GEMMs, each C stripe down as its GEMM ends"]
+              if self.in_core else []),
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
@@ -559,7 +578,8 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
-            kernel: str = "cublas", symmetric: bool = False) -> Prediction:
+            kernel: str = "cublas", symmetric: bool = False, in_core: bool = False
+            ) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
@@ -568,7 +588,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     cut into, which set how many operations each load takes. ``kernel='ozaki[:N]'`` on a GPU
     (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`). ``symmetric``:
     a Gram product computed as one (the blocks on and above the diagonal, half of each
-    diagonal block)."""
+    diagonal block). ``in_core``: the in-core shape, whose first GEMM waits for all of B and
+    A's first stripe."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -652,7 +673,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     first_panels = 0
     if prob.computes_product:
         r_first = max(r >> ramp, 1) if nk > 1 else r
-        first_panels = sum(nbytes for nbytes, operand in ((w * r_first * s, prob.a),
+        a_first = w * r_first * s // (max(split_last, 1) if in_core else 1)
+        first_panels = sum(nbytes for nbytes, operand in ((a_first, prob.a),
                                                           (r_first * h * s, prob.b))
                            if not (operand.zero_copy and not staged))
     fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
@@ -781,6 +803,56 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
         if lo - step >= 0:
             picks.add(rs[lo - step])
     return sorted(picks)
+
+
+#: Rows of C that a GEMM of the in-core shape computes at the least: each stripe's GEMM stays
+#: large enough to run near the device's rate (the H100 does 2·2048³ flops in ~0.35 ms; at
+#: these sizes the copies take the time).
+IN_CORE_ROWS = 256
+
+
+def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, staged: bool,
+                  kernel: str = "cublas", symmetric: bool = False, split_last: int = 1,
+                  min_stripes: int = 1) -> dict | None:
+    """The plan settings of the in-core shape (:attr:`Plan.in_core`) for ``prob``, or None
+    where it does not apply.
+
+    It applies to a staged plan of a product (not emulated, not a symmetric or one-matrix
+    product) when A, B and C fit in ``memory_limit`` at once, and when computing it takes no
+    longer than moving A up (at the slowest of storage or host copies and host-to-device):
+    then loading B whole before the first GEMM costs nothing that the panelled shape would
+    not, and the product is one upload, one GEMM and one download, overlapped in stripes.
+    Larger products keep the panelled shape, whose first GEMM starts after a piece of a
+    panel.
+
+    Notes
+    -----
+    C comes down in ``max(1, min(split_last, M // IN_CORE_ROWS))`` stripes at the least (a
+    GEMM each); the ring buffers hold the largest stripe, rounded up to a power of two (so
+    that products of nearby shapes reuse the same pinned buffers) and no larger than the
+    default stripe.
+    """
+    if not (staged and prob.computes_product and not symmetric and not prob.shared
+            and not is_ozaki(kernel)):
+        return None
+    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    if (m * k + k * n + m * n) * s > memory_limit:
+        return None
+    up = model.storage_read if prob.a.on_disk else model.memory_copy
+    if model.h2d:
+        up = min(up, model.h2d)
+    compute = model.gemm_seconds(m, n, k, s, prob.dtype.startswith("complex"))
+    if compute > prob.operand_bytes("A") / up:
+        return None
+    parts = max(1, min(split_last, m // IN_CORE_ROWS))
+    rows = -(-m // parts)
+    share = -(-min_stripes // parts)
+    needed = max(rows * n,  # a C stripe coming down (or going up)
+                 stripe_rows(rows, k, m * k, share) * k,  # a stripe of A's rows
+                 stripe_rows(k, n, k * n, min_stripes) * n)  # a stripe of B
+    stripe = min(1 << (needed - 1).bit_length(), DEFAULT_STRIPE)
+    return dict(tile=(m, n, k), in_core=True, n_a=1, n_b=1, n_c=1, tail_panels=1, ramp=0,
+                split_last=parts, stripe=stripe)
 
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,

@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import time
+from concurrent.futures import Future, wait
 
 from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, block_shape, failure, panel_shapes, thread_lane, with_c
+
+#: Threads of a run's lanes: a dispatcher per stream (three), the feeder and the clock.
+LANE_THREADS = 5
+#: Device bytes up to which an in-core product's buffers stay in CuPy's pool for the next
+#: run (larger runs give theirs back to the GPU, which a later plan's budget then sees free).
+KEEP_DEVICE_BYTES = 4 << 30
 
 
 def _settle(future: Future, task) -> None:
@@ -134,6 +141,12 @@ class CudaExecutor(Executor):
             raise ValueError("the CUDA executor replays staged plans only")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
+        index = int(plan.device.partition(":")[2] or 0)
+        from ..cuda import startup
+
+        # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.engine)
+        # and makes a handle, timed as a start-up step (oocgemm info shows it).
+        startup.cublas(index, self.resources)
         if self.resources is None:  # a run without an engine: the process's
             from ..cuda.engine import PROCESS
 
@@ -144,7 +157,7 @@ class CudaExecutor(Executor):
 
             self.readers = max(self.readers, min(hostinfo.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
-        self.index = int(plan.device.partition(":")[2] or 0)
+        self.index = index
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
             import cupy
@@ -166,8 +179,9 @@ class CudaExecutor(Executor):
                                  device=self.index, cache=self.resources.kernels)
 
     # -- host lanes ---------------------------------------------------------------------------
-    def _feed(self, ops, pools, gpu, host_futures, device_futures) -> None:
-        """Hand the host operations to their pools in schedule order. (Feeding the first
+    def _feed(self, ops, pools, gpu, host_futures, device_futures, submitted) -> None:
+        """Hand the host operations to their pools in schedule order (``submitted``: the
+        pools' futures, which the run waits for before its buffers go). (Feeding the first
         GEMM's reads first, alone, was measured twice on the H100: no gain beyond the run to
         run noise of host memory bandwidth.)"""
         for op in ops:
@@ -178,8 +192,8 @@ class CudaExecutor(Executor):
                 target = host_futures[op.index]
                 task = self._host_task(op, gpu, host_futures, device_futures)
                 try:
-                    pool.submit(_settle, target, task)
-                except RuntimeError:  # the pools shut down: the run is being torn down
+                    submitted.append(pool.submit(_settle, target, task))
+                except RuntimeError:  # the pools shut down: the process is exiting
                     target.cancel()
                     return
 
@@ -240,46 +254,37 @@ class CudaExecutor(Executor):
             raise AssertionError(op.kind)
 
     def run(self) -> EventLog:
-        """Replay the schedule; device and pinned buffers are freed on return, also on error."""
+        """Replay the schedule; device and pinned buffers are freed on return, also on error.
+        The threads (readers, writers, the lanes) are the resources' kept ones."""
         from ..cuda.engine import GpuContext
         from ..cuda.nvtx import Ranges
 
         self._nvtx = Ranges()
-
         ops = self.schedule.ops
         host_futures, device_futures = _Futures(), _Futures()  # device: (start, end) events
         lane_futures: list[Future] = []
-        pools = {
-            "read": ThreadPoolExecutor(self.readers, thread_name_prefix="oocgemm-read"),
-            "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
-        }
+        submitted: list[Future] = []  # the pools' futures of this run's host tasks
+        crew = self.resources.crews.acquire(self.readers, self.writers, LANE_THREADS)
+        pools = {"read": crew.read, "write": crew.write}
         # (op, stream, start, end, reported) of each device operation the clock thread is to
         # time; reported: on_event hears of it (GEMMs and FILLs, for the progress bars).
         timed: queue.SimpleQueue = queue.SimpleQueue()
         clock = feeder = None
+        keep = self.plan.in_core and self.plan.device_bytes <= KEEP_DEVICE_BYTES
         with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel,
-                        self.resources) as gpu:
+                        self.resources, keep_device=keep) as gpu:
             try:
-                for name, elements in self.schedule.slots.items():
-                    if name.startswith("s"):
-                        gpu.pinned_buffer(name, elements)
-                    else:
-                        gpu.device_buffer(name, elements)
-                if is_ozaki(self.plan.kernel):
-                    gpu.emulate(self.plan, timing=self.log.record)
-                # Host tasks are handed to their pools by a feeder thread, in schedule order,
-                # while the dispatchers already run: thousands of submissions would otherwise
+                self._allocate(gpu)
+                # Host tasks are handed to their pools by a feeder, in schedule order, while
+                # the dispatchers already run: thousands of submissions would otherwise
                 # stand before the first GEMM.
-                feeder = threading.Thread(target=self._feed, daemon=True, name="oocgemm-feed",
-                                          args=(ops, pools, gpu, host_futures, device_futures))
-                feeder.start()
+                feeder = crew.lanes.submit(self._feed, ops, pools, gpu, host_futures,
+                                           device_futures, submitted)
                 reference = gpu.event("compute")
                 reference.synchronize()
                 origin = self.log.now()
                 if self.log.record or self.on_event is not None:
-                    clock = threading.Thread(target=self._clock, daemon=True, name="oocgemm-clock",
-                                             args=(timed, reference, origin, gpu))
-                    clock.start()
+                    clock = crew.lanes.submit(self._clock, timed, reference, origin, gpu)
                 # One dispatcher per stream, each enqueuing its own operations in schedule
                 # order: a stream held up on the host (the C stream waiting for writers to free
                 # the output ring) never holds up the uploads of the next panels.
@@ -287,11 +292,9 @@ class CudaExecutor(Executor):
                 for op in ops:
                     if not _on_host(op):
                         lanes.setdefault(_stream_of(op), []).append(op)
-                dispatchers = ThreadPoolExecutor(len(lanes) or 1,
-                                                 thread_name_prefix="oocgemm-dispatch")
                 try:
-                    lane_futures += [dispatchers.submit(self._dispatch, gpu, stream, lane_ops, ops,
-                                                        host_futures, device_futures, timed)
+                    lane_futures += [crew.lanes.submit(self._dispatch, gpu, stream, lane_ops, ops,
+                                                       host_futures, device_futures, timed)
                                      for stream, lane_ops in lanes.items()]
                     wait(lane_futures)  # all of them: a failed lane makes the others stop
                     for fut in lane_futures:
@@ -302,8 +305,8 @@ class CudaExecutor(Executor):
                     self._stop(device_futures, host_futures)
                     raise
                 finally:
-                    dispatchers.shutdown(wait=True)
-                feeder.join()  # every host task is in its pool: each one's future exists
+                    wait(lane_futures)
+                feeder.result()  # every host task is in its pool: each one's future exists
                 for op in ops:
                     if _on_host(op):
                         host_futures[op.index].result()
@@ -314,18 +317,37 @@ class CudaExecutor(Executor):
                         self.log.add_time(phase, seconds)
             except BaseException as exc:
                 self._stop(device_futures, host_futures)
-                for pool in pools.values():
-                    pool.shutdown(wait=True, cancel_futures=True)
                 raise failure(exc, list(host_futures.values()) + lane_futures) from None
             finally:
-                if feeder is not None:  # done, or stopped by the shut-down pools
-                    feeder.join()
-                for pool in pools.values():
-                    pool.shutdown(wait=True)
+                # Nothing of this run may run on once its buffers go: the feeder has stopped,
+                # and every host task it handed on is over (cancelled ones return at once).
+                if feeder is not None:
+                    wait([feeder])
+                wait(submitted)
                 if clock is not None:
                     timed.put(None)
-                    clock.join()
+                    wait([clock])
+                self.resources.crews.give_back(crew)
         return self.log
+
+    def _allocate(self, gpu) -> None:
+        """The schedule's slots: device buffers, and the pinned ring (the first run on the
+        GPU in the process times its pinning, part of the start-up)."""
+        from ..cuda import startup
+
+        pinned_bytes, begin = 0, time.perf_counter()
+        for name, elements in self.schedule.slots.items():
+            if name.startswith("s"):
+                gpu.pinned_buffer(name, elements)
+                pinned_bytes += elements * self.plan.problem.itemsize
+        seconds = time.perf_counter() - begin
+        for name, elements in self.schedule.slots.items():
+            if not name.startswith("s"):
+                gpu.device_buffer(name, elements)
+        if not startup.measured(self.index, "pinned"):
+            startup.pinned(self.index, seconds, pinned_bytes)
+        if is_ozaki(self.plan.kernel):
+            gpu.emulate(self.plan, timing=self.log.record)
 
     def _clock(self, timed, reference, origin, gpu) -> None:
         """Put each device operation on the log's clock as the GPU finishes it (and report it,

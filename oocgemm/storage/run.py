@@ -353,7 +353,7 @@ def chunk_writer(plan: Plan, sink):
     if not sink.on_disk or not sink.chunks:
         return sink
     ring = plan.buffers.out_ring // plan.problem.itemsize if plan.staged else 0
-    budget = assembly_window(plan.problem, plan.tile, ring, plan.min_stripes, sink.chunks)
+    budget = assembly_window(plan.problem, plan.tile, ring, plan.out_stripes, sink.chunks)
     if not budget:
         return sink
     return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)

@@ -1,0 +1,129 @@
+"""Small products from numpy operands (``python -m benchmarks small``): oocgemm's whole call
+against the baseline a user would write.
+
+On a GPU the baseline is CuPy's upload, matmul and download, ``(cupy.asarray(a) @
+cupy.asarray(b)).get()`` (and ``.get(out=out)``); on the CPU it is ``a @ b`` (and
+``numpy.matmul(a, b, out=out)``). oocgemm's side is ``oocgemm.multiply(a, b,
+device=..., progress=False)``, numpy in and numpy out (and with ``out=`` a preallocated
+array). Each size takes fresh random operands, one untimed warm-up of each case, then
+``repeat`` interleaved rounds; medians are reported. The process's first product (the first
+size's first oocgemm call) is timed apart: it pays for CUDA's start-up, which
+``oocgemm.cuda.startup`` breaks down. Every result is checked against numpy on sampled rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+import oocgemm
+from oocgemm.api import resolve_device
+from oocgemm.errors import OptionError
+
+from .common import max_relative_error, tolerance
+
+#: Rows of each result compared with numpy's.
+SAMPLED_ROWS = 16
+CASES = ("oocgemm", "oocgemm_out", "baseline", "baseline_out")
+
+
+def _cases(device: str, a: np.ndarray, b: np.ndarray, out: np.ndarray, spare: np.ndarray):
+    """The four timed calls, each returning its product as a numpy array."""
+    def ours():
+        return oocgemm.multiply(a, b, device=device, progress=False).out
+
+    def ours_out():
+        oocgemm.multiply(a, b, out, device=device, progress=False)
+        return out
+
+    if device == "cpu":
+        def base():
+            return a @ b
+
+        def base_out():
+            return np.matmul(a, b, out=spare)
+    else:
+        import cupy
+
+        def base():
+            return (cupy.asarray(a) @ cupy.asarray(b)).get()
+
+        def base_out():
+            return (cupy.asarray(a) @ cupy.asarray(b)).get(out=spare)
+
+    return dict(zip(CASES, (ours, ours_out, base, base_out)))
+
+
+def _check(result: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray) -> float:
+    return max_relative_error(np.asarray(result)[rows], a[rows] @ b)
+
+
+def _one_size(n: int, repeat: int, device: str, rng: np.random.Generator, first: dict
+              ) -> dict:
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    out, spare = np.empty((n, n)), np.empty((n, n))
+    rows = rng.choice(n, size=min(SAMPLED_ROWS, n), replace=False)
+    calls = _cases(device, a, b, out, spare)
+    errors = {}
+    if not first:  # the process's first product: start-up included
+        begin = time.perf_counter()
+        result = calls["oocgemm"]()
+        first["seconds"] = time.perf_counter() - begin
+        errors["first"] = _check(result, a, b, rows)
+    for name, call in calls.items():  # warm-up, checked
+        errors[name] = _check(call(), a, b, rows)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, call in calls.items():
+            begin = time.perf_counter()
+            result = call()
+            times[name].append(time.perf_counter() - begin)
+            errors[name] = max(errors[name], _check(result, a, b, rows))
+    plan = oocgemm.plan(a, b, device=device)
+    worst = max(errors.values())
+    entry = {"n": n, "in_core": plan.in_core, "operations": plan.counts.total,
+             "max_rel_error": worst, "tolerance": tolerance(np.float64, n),
+             "correct": worst <= tolerance(np.float64, n)}
+    for name, seconds in times.items():
+        entry[name] = {"median_seconds": statistics.median(seconds), "seconds": seconds}
+    entry["ratio"] = entry["oocgemm"]["median_seconds"] / entry["baseline"]["median_seconds"]
+    entry["ratio_out"] = (entry["oocgemm_out"]["median_seconds"]
+                          / entry["baseline_out"]["median_seconds"])
+    return entry
+
+
+def small_benchmark(sizes=(1024, 2048, 4096), repeat: int = 7, device: str = "cuda", *,
+                    seed: int = 0, on_size=None) -> dict:
+    """oocgemm against the baseline (CuPy on a GPU, numpy on the CPU) on n x n float64
+    products from numpy operands, for each n of ``sizes``, in this process.
+
+    Returns plain data: per size the median wall time of each case (``oocgemm``,
+    ``oocgemm_out``, ``baseline``, ``baseline_out``), the ratios (oocgemm / baseline: under 1
+    is faster), whether the plan was in core, and the sampled check; the first call's time
+    and, on a GPU, CUDA's start-up steps. ``on_size(entry)`` hears of each size.
+    """
+    sizes = tuple(sizes)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise OptionError(f"sizes must be positive integers, got {sizes!r}")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise OptionError(f"repeat must be a positive integer, got {repeat!r}")
+    dev = resolve_device(device)
+    name = str(dev)
+    rng = np.random.default_rng(seed)
+    first: dict = {}
+    results = []
+    for n in sizes:
+        entry = _one_size(n, repeat, name, rng, first)
+        results.append(entry)
+        if on_size is not None:
+            on_size(entry)
+    doc = {"device": name, "baseline": "numpy" if dev.kind == "cpu" else "cupy",
+           "dtype": "float64", "repeat": repeat, "first_call_seconds": first.get("seconds"),
+           "startup": None, "sizes": results}
+    if dev.kind == "cuda":
+        from oocgemm.sysinfo import startup_info
+
+        doc["startup"] = startup_info(dev.index)
+    return doc

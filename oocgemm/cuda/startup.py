@@ -1,0 +1,94 @@
+"""CUDA's start-up, paid once per process and GPU, and how long each step took.
+
+The first product on a GPU pays for steps that later ones do not: CuPy imported and the
+driver initialised (:func:`oocgemm.cuda.device_count`), the GPU's primary context (created
+by the planner's first question, :func:`oocgemm.cuda.memory_info`), cuBLAS loaded and a
+handle made (left in the run's handle pool, so the run takes it), and the first run's pinned
+ring (page-locked host buffers, kept for later runs). Each step is timed where it happens, once,
+and kept here for ``oocgemm info`` (:func:`oocgemm.sysinfo.gpu_info`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+#: GPU index -> step -> seconds; "driver" under -1 (one per process, not per GPU).
+_TIMES: dict[int, dict[str, float]] = {}
+_LOCK = threading.RLock()
+#: What ``oocgemm info`` pins when no run has pinned a ring yet in the process (bytes).
+PINNED_PROBE = 64 << 20
+
+
+def record(index: int, step: str, seconds: float) -> None:
+    """Keep the first measurement of ``step`` on GPU ``index``."""
+    with _LOCK:
+        _TIMES.setdefault(index, {}).setdefault(step, seconds)
+
+
+def measured(index: int, step: str) -> bool:
+    with _LOCK:
+        return step in _TIMES.get(index, {})
+
+
+def context(index: int) -> None:
+    """Create GPU ``index``'s primary context, timed, once (``cudaFree(0)``: the idiom that
+    makes the runtime create it; instant where it exists)."""
+    if measured(index, "context"):
+        return
+    import cupy
+
+    with _LOCK:
+        if measured(index, "context"):
+            return
+        start = time.perf_counter()
+        with cupy.cuda.Device(index):
+            cupy.cuda.runtime.free(0)
+        record(index, "context", time.perf_counter() - start)
+
+
+def cublas(index: int, resources=None) -> None:
+    """Load cuBLAS and make GPU ``index``'s first handle, timed, once; the handle goes to
+    ``resources``' pool (the process's by default), where the first run takes it."""
+    if measured(index, "cublas"):
+        return
+    with _LOCK:
+        if measured(index, "cublas"):
+            return
+        context(index)
+        import cupy
+
+        start = time.perf_counter()
+        from .engine import PROCESS  # imports cuBLAS's bindings: the library loads
+
+        pool = (resources or PROCESS).handles
+        with cupy.cuda.Device(index):
+            pool.give_back(index, pool.acquire(index))
+        record(index, "cublas", time.perf_counter() - start)
+
+
+def pinned(index: int, seconds: float, nbytes: int) -> None:
+    """The first run's pinned ring on GPU ``index``: ``nbytes`` pinned in ``seconds``."""
+    record(index, "pinned", seconds)
+    record(index, "pinned_bytes", float(nbytes))
+
+
+def times(index: int, *, start: bool = False) -> dict[str, float]:
+    """What start-up took on GPU ``index`` in this process, step by step (seconds; bytes
+    for ``pinned_bytes``), with ``total``. ``start``: take the steps not taken yet now (the
+    context, cuBLAS, and a pinned buffer of :data:`PINNED_PROBE` when no run pinned one)."""
+    if start:
+        context(index)
+        cublas(index)
+        if not measured(index, "pinned"):
+            from .engine import PROCESS
+
+            begin = time.perf_counter()
+            ptr, _ = PROCESS.pinned.acquire(PINNED_PROBE)
+            PROCESS.pinned.give_back(ptr)
+            pinned(index, time.perf_counter() - begin, PINNED_PROBE)
+    with _LOCK:
+        steps = dict(_TIMES.get(-1, {}))
+        steps.update(_TIMES.get(index, {}))
+    steps["total"] = sum(v for k, v in steps.items() if k != "pinned_bytes")
+    return steps

@@ -1,0 +1,94 @@
+"""The in-core shape on a GPU (skipped where none is found): the products the planner runs in
+core against numpy (ragged shapes, alpha and beta, transposes, an output poisoned with NaN
+that beta == 0 never reads), the process's start-up measured once, and the run's kept
+threads and buffers back in their pools after each run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _helpers import assert_gemm, poisoned, rand
+
+import oocgemm
+from oocgemm import cuda
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
+                                             (True, True)])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (-1.5, 0.0), (2.0, 0.5), (1.0, 1.0)])
+def test_in_core_products(rng, trans_a, trans_b, alpha, beta):
+    m, n, k = 1000, 1313, 777
+    a = rand(rng, (k, m) if trans_a else (m, k))
+    b = rand(rng, (n, k) if trans_b else (k, n))
+    c = rand(rng, (m, n)) if beta != 0 else None
+    out = poisoned((m, n))
+    result = oocgemm.multiply(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
+                              trans_b=trans_b, device="cuda", progress=False)
+    assert result.plan.in_core
+    assert_gemm(out, a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex128"])
+def test_in_core_other_dtypes(rng, dtype):
+    a, b = rand(rng, (300, 513), dtype), rand(rng, (513, 7), dtype)
+    result = oocgemm.multiply(a, b, device="cuda", progress=False)
+    assert result.plan.in_core
+    assert_gemm(result.out, a, b, dtype=dtype)
+
+
+def test_in_core_matches_the_cpu_executor_replaying_its_plan(rng):
+    """The numpy executor as the oracle: the same staged schedule, replayed on the CPU."""
+    import dataclasses
+
+    from oocgemm.planning import cpu_model
+    from oocgemm.runtime.cpu import CpuExecutor
+    from oocgemm.storage import open_sink, open_source
+
+    a, b = rand(rng, (1024, 640)), rand(rng, (640, 900))
+    gpu = oocgemm.multiply(a, b, device="cuda", progress=False)
+    plan = dataclasses.replace(gpu.plan, device="cpu", model=cpu_model())
+    out = poisoned((1024, 900))
+    CpuExecutor(plan, {"A": open_source(a, "a"), "B": open_source(b, "b")},
+                open_sink(out, shape=out.shape, dtype="float64")).run()
+    np.testing.assert_allclose(gpu.out, out, rtol=1e-12, atol=1e-12 * 640)
+
+
+def test_start_up_is_measured_once_and_shown(rng):
+    from oocgemm.cuda import startup
+    from oocgemm.sysinfo import describe_startup, gpu_info
+
+    a, b = rand(rng, (256, 256)), rand(rng, (256, 256))
+    oocgemm.multiply(a, b, device="cuda", progress=False)
+    first = startup.times(0)
+    assert {"context", "cublas", "pinned", "total"} <= set(first)
+    assert first["total"] > 0 and first["pinned_bytes"] > 0
+    oocgemm.multiply(a, b, device="cuda", progress=False)
+    assert startup.times(0) == first  # paid once
+    info = gpu_info()
+    assert info["startup"]["device"] == "cuda:0"
+    assert describe_startup(info).startswith("cuda:0 ")
+
+
+def test_threads_and_buffers_are_kept_and_given_back(rng):
+    from oocgemm.cuda.engine import PROCESS, memory_in_use
+
+    a, b = rand(rng, (512, 512)), rand(rng, (512, 512))
+    oocgemm.multiply(a, b, device="cuda", progress=False)  # warm the pools
+    before = memory_in_use(0)
+    idle = sum(len(v) for v in PROCESS.crews._idle.values())
+    for _ in range(3):
+        assert_gemm(oocgemm.multiply(a, b, device="cuda", progress=False).out, a, b)
+    assert memory_in_use(0) == before
+    assert sum(len(v) for v in PROCESS.crews._idle.values()) == idle  # reused, not more
+
+
+def test_engine_close_stops_its_threads(rng):
+    a, b = rand(rng, (256, 256)), rand(rng, (256, 256))
+    with oocgemm.Engine(device="cuda") as engine:
+        engine.multiply(a, b, progress=False)
+        resources = engine.resources("cuda")
+        assert resources.crews._idle
+    assert not resources.crews._idle
