@@ -166,20 +166,12 @@ WHOLE = 1 << 62  # "to the end of the slot"
 def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
 
-<<<<<<< HEAD
     Stripes (UPLOAD into a device slot, DOWNLOAD out of one, an unstaged WRITE of a row
     stripe of its C slot) and GEMM/FILL on a C slot touch ``[offset, offset + elements)``; a
-    GEMM reads its A and B panels whole; a MIRROR writes its row stripe and reads every row
-    up to the stripe's last (the transposes of what it writes); a TRANSPOSE reads its C slot
-    whole; a host buffer or a storage read/write touches the first ``elements``.
-=======
-    Stripes (UPLOAD into a device slot, DOWNLOAD out of one) and GEMM/FILL on a C slot touch
-    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole, or its A slot's
-    ``a_span`` where it has one (its rows of A, in the in-core shape); a MIRROR writes
-    its row stripe and reads every row up to the stripe's last (the transposes of what it
-    writes); a TRANSPOSE reads its C slot whole; a host buffer or a storage read/write
-    touches the first ``elements``.
->>>>>>> small
+    GEMM reads its A and B panels whole, or its A slot's ``a_span`` where it has one (its
+    rows of A, in the in-core shape); a MIRROR writes its row stripe and reads every row up to
+    the stripe's last (the transposes of what it writes); a TRANSPOSE reads its C slot whole;
+    a host buffer or a storage read/write touches the first ``elements``.
     """
     if (op.kind is OpKind.UPLOAD and writing
             or op.kind in (OpKind.DOWNLOAD, OpKind.WRITE) and not writing):
@@ -655,19 +647,13 @@ class _Builder:
         self.emit(OpKind.TRANSPOSE, "C", key[::-1], (c_slot,), t_slot, deps, ((c0, c1), (r0, r1)))
         return t_slot
 
-<<<<<<< HEAD
-    def store(self, key, c_slot, region, parts=None) -> None:
-        """C slot -> storage; through the output ring, stripe by stripe, when staged; else
-        whole, or in the row ``parts`` given (the run's last block), each waiting for its own
-        rows only. A symmetric product's blocks meet C here (``beta``: the writer adds beta
-        times C's region as read)."""
-=======
-    def store(self, key, c_slot, region, base: int = 0, least: int | None = None) -> None:
+    def store(self, key, c_slot, region, parts=None, base: int = 0,
+              least: int | None = None) -> None:
         """C slot -> storage; through the output ring, stripe by stripe (in ``least`` at
-        least), when staged; ``region`` starts ``base`` elements into the slot. A symmetric
-        product's blocks meet C here (``beta``: the writer adds beta times C's region as
-        read)."""
->>>>>>> small
+        least), when staged, ``region`` starting ``base`` elements into the slot; else whole,
+        or in the row ``parts`` given (the run's last block), each waiting for its own rows
+        only. A symmetric product's blocks meet C here (``beta``: the writer adds beta times
+        C's region as read)."""
         beta = self.prob.beta if (self.prob.reads_c and self.plan.symmetric) else 0.0
         if not self.plan.staged:
             (r0, _), cols = region
@@ -757,16 +743,11 @@ class _Counter(_Builder):
         self.counted[OpKind.TRANSPOSE] += 1
         return self.next_stage("T")
 
-<<<<<<< HEAD
-    def store(self, key, c_slot, region, parts=None) -> None:
+    def store(self, key, c_slot, region, parts=None, base: int = 0,
+              least: int | None = None) -> None:
         nbytes = self.nbytes(region)
-        stripes = (self._stripes(region, down=True) if self.plan.staged
+        stripes = (self._stripes(region, down=True, least=least) if self.plan.staged
                    else len(parts or [None]))
-=======
-    def store(self, key, c_slot, region, base: int = 0, least: int | None = None) -> None:
-        nbytes = self.nbytes(region)
-        stripes = self._stripes(region, down=True, least=least) if self.plan.staged else 1
->>>>>>> small
         if self.plan.staged:
             self.counted[OpKind.DOWNLOAD] += stripes
             self.moved["d2h"] += nbytes
