@@ -115,7 +115,22 @@ def gemm_rate(size: int = 16384) -> float:
     return 2 * size**3 / best
 
 
-def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool) -> dict:
+def out_options(codec: str | None) -> dict | None:
+    """The output layout of ``--out-codecs``: None for oocgemm's default (uncompressed,
+    chunks tiling the C blocks), else CHUNK² chunks with ``codec`` ('none': uncompressed),
+    what a dask user's ``to_zarr`` output looks like."""
+    if codec is None:
+        return None
+    return {"chunks": (CHUNK, CHUNK), "compressors": None if codec == "none" else codec}
+
+
+def stored_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+               for f in files)
+
+
+def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bool,
+                codec: str | None = None) -> dict:
     import oocgemm
 
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
@@ -123,7 +138,8 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     how = drop_caches(store_files(a, b)) if cold else ""
     start = time.perf_counter()
     r = oocgemm.multiply(
-        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False
+        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
+        out_options=out_options(codec),
     )
     wall = time.perf_counter() - start
     return {
@@ -135,6 +151,7 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
         "chunks": r.chunks,
         "bytes": r.bytes,
         "predicted": r.plan.prediction.total,
+        "stored": stored_bytes(c),
         "bound": r.plan.prediction.bound,
         "result": r,
     }
@@ -196,6 +213,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=32768)
     parser.add_argument("--layout", choices=LAYOUTS, default="v3")
+    parser.add_argument("--chunk", type=int, default=CHUNK,
+                        help=f"side of the inputs' chunks (or shards), default {CHUNK}")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to check this script")
     parser.add_argument("--cold", action="store_true", help="also run cold (drops caches)")
@@ -206,6 +225,10 @@ def main(argv=None) -> int:
     parser.add_argument("--write-codecs", default="none",
                         help="output codecs whose write of C to time, comma list; the first "
                              "is the decode floor's (oocgemm's default output: none)")
+    parser.add_argument("--out-codecs", default=None,
+                        help="comma list of output codecs (none, zstd, blosc, ...) to run "
+                             "oocgemm with, each into 4096² chunks; default: oocgemm's "
+                             "default output only")
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -220,7 +243,7 @@ def main(argv=None) -> int:
     c, cd = os.path.join(work, "c.zarr"), os.path.join(work, "c-dask.zarr")
     try:
         for seed, path in ((1, a), (2, b)):
-            made = make_store(path, n=args.n, chunk=CHUNK, layout=args.layout, seed=seed,
+            made = make_store(path, n=args.n, chunk=args.chunk, layout=args.layout, seed=seed,
                               threads=THREADS)
             say(f"made {path}: {made['stored_bytes'] / GB:.2f} GB stored in "
                 f"{made['seconds']:.1f} s")
@@ -242,6 +265,8 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
     """The storage floor, the decode floor and (on a GPU) the in-core GEMM time, printed."""
     c_bytes = args.n * args.n * 8
     floor = product_floor([a, b], c_bytes, work, THREADS)
+    args.floor = {"read": floor["stored_bytes"] / floor["read_rate"],
+                  "write_rate": floor["write_rate"]}
     say(f"storage floor ({floor['cold'] or 'NOT cold'}): read {floor['read_rate'] / GB:.2f} "
         f"GB/s, write {floor['write_rate'] / GB:.2f} GB/s -> {floor['seconds']:.2f} s")
     decoded = [read_whole(p, THREADS) for p in (a, b)]
@@ -269,21 +294,42 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
 
 
 def oocgemm_runs(a: str, b: str, c: str, args) -> None:
-    """oocgemm cold (with ``--cold``) and warm, each checked; the warm run's timeline."""
-    for cold in (True, False) if args.cold else (False,):
-        if not cold:  # warm the page cache the way a user's second run would find it
-            read_files(store_files(a, b), THREADS)
-        r = run_oocgemm(a, b, c, MEMORY_LIMIT, args.device, cold)
-        result = r.pop("result")
-        say(f"oocgemm {'cold' if cold else 'warm'}: {r['wall']:.2f} s ({r['tflops']:.2f} "
-            f"TFLOP/s, predicted {r['predicted']:.2f} s {r['bound']}-bound), rel. error "
-            f"{check(c, a, b):.1e}, tile {r['tile']}, chunks {r['chunks']}")
-        if not cold:
-            say(str(result.timeline))
-            if args.trace:
-                result.timeline.save(args.trace)
-            if args.plot:
-                result.timeline.plot(args.plot)
+    """oocgemm cold (with ``--cold``) and warm, each checked, for each output codec; the
+    warm run's timeline (its trace and plot for the first codec, the file name suffixed by
+    the codec for the others). Cold runs say their storage floor counted with C's stored
+    bytes."""
+    codecs = args.out_codecs.split(",") if args.out_codecs else [None]
+    for n, codec in enumerate(codecs):
+        for cold in (True, False) if args.cold else (False,):
+            if not cold:  # warm the page cache the way a user's second run would find it
+                read_files(store_files(a, b), THREADS)
+            r = run_oocgemm(a, b, c, MEMORY_LIMIT, args.device, cold, codec)
+            result = r.pop("result")
+            label = "oocgemm" + (f" out {codec}" if codec else "")
+            say(f"{label} {'cold' if cold else 'warm'}: {r['wall']:.2f} s (run {r['run']:.2f} "
+                f"s, {r['tflops']:.2f} TFLOP/s, predicted {r['predicted']:.2f} s "
+                f"{r['bound']}-bound), C stored {r['stored'] / GB:.2f} GB, rel. error "
+                f"{check(c, a, b):.1e}, tile {r['tile']}, chunks {r['chunks']}")
+            if cold and codec and args.floor:
+                floor = args.floor["read"] + r["stored"] / args.floor["write_rate"]
+                say(f"  storage floor with C's stored bytes: {floor:.2f} s -> "
+                    f"{r['wall'] / floor:.2f}x")
+            if not cold:
+                tl = result.timeline
+                stores = [e for e in tl.events if e.kind == "store"]
+                last = max((e.end for e in tl.events if e.kind == "gemm"), default=0.0)
+                say(str(tl))
+                say(f"  stores: {len(stores)}, after the last GEMM {tl.end - last:.3f} s")
+                suffix = "" if n == 0 else f"-{codec}"
+                if args.trace:
+                    tl.save(_suffixed(args.trace, suffix))
+                if args.plot:
+                    tl.plot(_suffixed(args.plot, suffix))
+
+
+def _suffixed(path: str, suffix: str) -> str:
+    root, ext = os.path.splitext(path)
+    return root + suffix + ext
 
 
 def dask_runs(a: str, b: str, c: str, args) -> None:
