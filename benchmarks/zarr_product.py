@@ -68,6 +68,49 @@ def read_whole(path: str, threads: int) -> tuple[int, float]:
     return out.nbytes, time.perf_counter() - start
 
 
+def cpu_floor(a: str, b: str, work: str, n: int, codec: str, threads: int) -> dict:
+    """The host's share of the product with an output of ``codec`` in CHUNK² chunks, on
+    ``threads`` threads and nothing else: every input chunk decoded once from its file into
+    memory (as oocgemm's readers do), then every chunk of an n x n C of random normal values
+    encoded and written as its file (as oocgemm's encoders do). Warm: no product can end
+    before its host has done this work. Also one chunk encoded alone (a core's rate)."""
+    import zarr
+
+    from oocgemm.storage.zarr_store import compressor, direct
+
+    readers = [direct(zarr.open_array(p, mode="r")) for p in (a, b)]
+    if any(r is None for r in readers):
+        return {}
+    grid = [(r, (i, j)) for r in readers for i in range(-(-n // r.chunks[0]))
+            for j in range(-(-n // r.chunks[1]))]
+    path = os.path.join(work, "cpu-floor.zarr")
+    out = zarr.create_array(path, shape=(n, n), dtype="f8", chunks=(CHUNK, CHUNK),
+                            compressors=compressor(codec), overwrite=True)
+    writer = direct(out)
+    block = np.random.default_rng(1).standard_normal((CHUNK, CHUNK))
+    cells = [(i, j) for i in range(-(-n // CHUNK)) for j in range(-(-n // CHUNK))]
+    buffers = threading.local()
+
+    def decode(job):
+        reader, index = job
+        if getattr(buffers, "chunk", None) is None or buffers.chunk.shape != reader.chunks:
+            buffers.chunk = np.empty(reader.chunks)
+        reader.read(index, buffers.chunk)
+
+    start = time.perf_counter()
+    writer.write((0, 0), block)
+    one = time.perf_counter() - start
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(decode, grid))
+        decoded = time.perf_counter() - start
+        list(pool.map(lambda index: writer.write(index, block), cells))
+    seconds = time.perf_counter() - start
+    shutil.rmtree(path, ignore_errors=True)
+    return {"seconds": seconds, "decode": decoded, "encode": seconds - decoded,
+            "chunk_encode": one, "core_rate": block.nbytes / one}
+
+
 def write_like_output(path: str, n: int, tile: tuple[int, int], threads: int,
                       codec: str = "none") -> tuple[float, int]:
     """(seconds, stored bytes) to write an n x n float64 array of random normal values (what a
@@ -287,6 +330,14 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
     say(f"decode floor (warm): read+decode {decode_s:.2f} s "
         f"({sum(x for x, _ in decoded) / decode_s / GB:.2f} GB/s), write C {write_s:.2f} s "
         f"-> {decode_s + write_s:.2f} s")
+    for codec in (args.out_codecs or "").split(","):
+        if codec:
+            f = cpu_floor(a, b, work, args.n, codec, THREADS)
+            if f:
+                say(f"host floor, out {codec} (warm, {THREADS} threads): decode inputs "
+                    f"{f['decode']:.2f} s + encode and write C {f['encode']:.2f} s = "
+                    f"{f['seconds']:.2f} s; one chunk encoded alone {f['chunk_encode']:.3f} s "
+                    f"({f['core_rate'] / GB:.2f} GB/s a core)")
     if probe is not None:
         rate = gemm_rate()
         say(f"in-core DGEMM {rate / 1e12:.1f} TFLOP/s -> {2 * args.n**3 / rate:.2f} s")
