@@ -110,7 +110,11 @@ def test_staged_writes_store_each_chunk_once(rng, workdir, layout):
     replay(plan, a, b, writer)
     assert_gemm(array[:], a, b)
     assert len(store.stores) == n_units and set(store.stores.values()) == {1}
-    assert 0 < writer.peak_bytes <= plan.assembly_window
+    # within the writer's budget: the plan's (planned with the chunks; a sharded sink
+    # gathers whole shards, whose cells are larger than the plan was told)
+    assert 0 < writer.peak_bytes <= writer.budget
+    if layout != "v3-sharded":
+        assert writer.budget == plan.assembly_window
     assert writer.held_bytes == 0  # flushed: nothing kept
 
     store, array, sink = output("d.zarr", (64, 72), chunks, layout)
