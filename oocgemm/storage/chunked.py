@@ -270,6 +270,7 @@ class ChunkReader(MatrixSource):
 _ENCODERS: ThreadPoolExecutor | None = None
 _ENCODERS_LOCK = threading.Lock()
 
+
 def _encoders() -> ThreadPoolExecutor:
     """The process's chunk encoder threads, one per core, shared by every run in it."""
     global _ENCODERS

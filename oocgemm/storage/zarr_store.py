@@ -76,8 +76,8 @@ class _Direct:
     codec (numcodecs) run on it; and written the other way (:meth:`write`). On the H100
     machine 16 threads decode the zstd chunks of a 16.4 GB matrix at 8.1 GB/s this way,
     against 2.7 GB/s through zarr's fused codec pipeline (docs/performance.md, Gram
-    products). :func:`direct` says which arrays qualify; every
-    other layout goes through zarr."""
+    products). :func:`direct` says which arrays qualify; every other layout goes through
+    zarr."""
 
     def __init__(self, array: zarr.Array, codec):
         self.array = array
@@ -113,7 +113,6 @@ class _Direct:
             return
         if not whole:
             np.copyto(out, target[:out.shape[0], :out.shape[1]], casting="same_kind")
-
 
     def write(self, index, data: np.ndarray) -> None:
         """Chunk ``index`` from ``data`` (its region, clipped at the array's edges): padded
