@@ -377,6 +377,7 @@ _OWN_MAINS = {
     "zarr-product": ("zarr_product", "oocgemm on Zarr stores against dask on the same."),
     "dask-matmul": ("dask_matmul", "oocgemm.dask.matmul against oocgemm.multiply and dask's own."),
     "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
+    "gpu-encode": ("gpu_encode", "Compressing zstd chunks of C on the GPU (nvCOMP)."),
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
     "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),
 }

@@ -100,14 +100,15 @@ def cpu_floor(a: str, b: str, work: str, n: int, codec: str, threads: int) -> di
     start = time.perf_counter()
     writer.write((0, 0), block)
     one = time.perf_counter() - start
-    start = time.perf_counter()
+    start, times = time.perf_counter(), os.times()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(decode, grid))
         decoded = time.perf_counter() - start
         list(pool.map(lambda index: writer.write(index, block), cells))
-    seconds = time.perf_counter() - start
+    seconds, after = time.perf_counter() - start, os.times()
     shutil.rmtree(path, ignore_errors=True)
     return {"seconds": seconds, "decode": decoded, "encode": seconds - decoded,
+            "cpu": after.user + after.system - times.user - times.system,
             "chunk_encode": one, "core_rate": block.nbytes / one}
 
 
@@ -179,15 +180,16 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
     how = drop_caches(store_files(a, b)) if cold else ""
-    start = time.perf_counter()
+    start, times = time.perf_counter(), os.times()
     r = oocgemm.multiply(
         a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
         out_options=out_options(codec),
     )
-    wall = time.perf_counter() - start
+    wall, after = time.perf_counter() - start, os.times()
     return {
         "cold": how,
         "wall": wall,
+        "cpu": after.user + after.system - times.user - times.system,
         "run": r.seconds,
         "tflops": r.flops / wall / 1e12,
         "tile": list(r.plan.tile),
@@ -336,7 +338,8 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
             if f:
                 say(f"host floor, out {codec} (warm, {THREADS} threads): decode inputs "
                     f"{f['decode']:.2f} s + encode and write C {f['encode']:.2f} s = "
-                    f"{f['seconds']:.2f} s; one chunk encoded alone {f['chunk_encode']:.3f} s "
+                    f"{f['seconds']:.2f} s (host CPU {f['cpu']:.1f} s); one chunk encoded "
+                    f"alone {f['chunk_encode']:.3f} s "
                     f"({f['core_rate'] / GB:.2f} GB/s a core)")
     if probe is not None:
         rate = gemm_rate()
@@ -357,8 +360,11 @@ def oocgemm_runs(a: str, b: str, c: str, args) -> None:
             r = run_oocgemm(a, b, c, MEMORY_LIMIT, args.device, cold, codec)
             result = r.pop("result")
             label = "oocgemm" + (f" out {codec}" if codec else "")
+            cores = os.cpu_count() or 1
             say(f"{label} {'cold' if cold else 'warm'}: {r['wall']:.2f} s (run {r['run']:.2f} "
-                f"s, {r['tflops']:.2f} TFLOP/s, predicted {r['predicted']:.2f} s "
+                f"s, {r['tflops']:.2f} TFLOP/s, host CPU {r['cpu']:.1f} s = "
+                f"{r['cpu'] / r['wall'] / cores:.0%} of {cores} cores, predicted "
+                f"{r['predicted']:.2f} s "
                 f"{r['bound']}-bound), C stored {r['stored'] / GB:.2f} GB, rel. error "
                 f"{check(c, a, b):.1e}, tile {r['tile']}, chunks {r['chunks']}")
             if cold and codec and args.floor:
