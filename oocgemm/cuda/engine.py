@@ -33,12 +33,6 @@ _SYRK = {
 #: run faster than one SYRK of the whole block (a quarter of its flops left to SYRK).
 SYRK_ROWS = 4096
 
-#: Events whose ``synchronize`` sleeps until the GPU reaches them (``cudaEventBlockingSync``)
-#: instead of spinning a core: the readers, writers and the clock each wait on events for
-#: the whole run, and with CUDA's default (spin while the process has fewer contexts than
-#: cores) they took cores from the chunk decoders and encoders of a run from Zarr.
-BLOCKING_EVENTS = True
-
 #: ``cudaHostRegisterPortable``: pinned for every GPU's context, as ``hostAlloc`` memory is.
 _PORTABLE = 1
 _PAGE = mmap.PAGESIZE
@@ -328,7 +322,7 @@ class GpuContext:
         runtime.memcpyAsync(self._pinned[stage][0], src, nbytes, _D2H, self.streams[stream].ptr)
 
     def event(self, stream: str):
-        ev = cupy.cuda.Event(block=BLOCKING_EVENTS, disable_timing=False)
+        ev = cupy.cuda.Event(block=False, disable_timing=False)
         ev.record(self.streams[stream])
         return ev
 
