@@ -27,6 +27,7 @@ from oocgemm.planning import (
     cuda_model,
     in_core_shape,
     ordered_lane,
+    tiling,
 )
 from oocgemm.planning.problem import Operand
 from oocgemm.runtime.cpu import CpuExecutor
@@ -40,6 +41,13 @@ def fake_gpu(monkeypatch):
     """One GPU as the planner sees it (a count and free memory), without CuPy."""
     monkeypatch.setattr(cuda, "device_count", lambda: 1)
     monkeypatch.setattr(cuda, "memory_info", lambda index: (GPU_MEMORY - (1 << 30), GPU_MEMORY))
+
+
+@pytest.fixture
+def small_stripes(monkeypatch):
+    """Stripes of 64 KiB at the least, so that the small products here still go in several
+    stripes (the planner's floor, 8 MiB, would move them whole)."""
+    monkeypatch.setattr(tiling, "IN_CORE_STRIPE_BYTES", 1 << 16)
 
 
 def _shapes(m, n, k, trans_a=False, trans_b=False):
@@ -77,7 +85,10 @@ def test_chosen_when_a_b_and_c_fit(fake_gpu, n):
     assert (plan.n_a, plan.n_b, plan.n_c) == (1, 1, 1)
     assert plan.device_bytes == 3 * n * n * 8
     assert "in core" in str(plan) and plan.summary()["in_core"] is True
-    assert plan.split_last == min(8, n // 256)  # C stripes, a GEMM each
+    # C's stripes (a GEMM each) and A's and B's: 8 and the readers' count at most, none
+    # under 8 MiB (n = 1024: one of each)
+    assert plan.split_last == {1024: 1, 2048: 4, 4096: 8}[n]
+    assert plan.min_stripes == min(plan.readers, n * n * 8 >> 23)
     assert plan.stripe & (plan.stripe - 1) == 0  # a power of two: pinned buffers reused
     # the pinned ring is sized to the stripes (not 28 x 32 MiB whatever the product)
     assert plan.host_bytes <= 2 * plan.device_bytes + (64 << 20)
@@ -144,7 +155,7 @@ def _happens_before(ops):
 
 
 @pytest.mark.parametrize("trans_a", [False, True])
-def test_schedule_order_and_dependencies(fake_gpu, trans_a):
+def test_schedule_order_and_dependencies(fake_gpu, small_stripes, trans_a):
     plan = cuda_plan(1000, 1313, 777, trans_a=trans_a)
     assert plan.in_core
     ops = plan.schedule.ops
@@ -180,7 +191,7 @@ def test_schedule_order_and_dependencies(fake_gpu, trans_a):
             assert later.index not in before[down.index]
 
 
-def test_event_sequence_of_a_cpu_replay(fake_gpu, rng):
+def test_event_sequence_of_a_cpu_replay(fake_gpu, small_stripes, rng):
     """The CPU executor's events of the in-core schedule: B up before the first GEMM, each
     GEMM after the uploads of its rows of A, each download after its GEMM, each write after
     its download."""
@@ -206,6 +217,20 @@ def test_event_sequence_of_a_cpu_replay(fake_gpu, rng):
             assert all(by_index[d].end <= by_index[op.index].start for d in op.deps)
     downloads = sorted((e for e in events if e.kind == "download"), key=lambda e: e.start)
     assert [ops[e.index].region for e in downloads] == [ops[e.index].region for e in gemms]
+
+
+def test_a_small_product_moves_in_few_stripes(fake_gpu):
+    """Under 8 MiB a stripe costs more host work than its overlap wins: n = 1024 is one
+    upload of each operand, one GEMM and one download."""
+    plan = cuda_plan(1024, 1024, 1024)
+    kinds = [op.kind for op in plan.schedule.ops]
+    assert [kinds.count(k) for k in (OpKind.UPLOAD, OpKind.GEMM, OpKind.DOWNLOAD)] == [2, 1, 1]
+    tall = cuda_plan(8192, 1024, 1024)  # A and C 64 MiB, B 8 MiB
+    assert tall.in_core and tall.split_last == 8 and tall.min_stripes == 1
+    ups = {name: [op for op in tall.schedule.ops
+                  if op.kind is OpKind.UPLOAD and op.operand == name] for name in "AB"}
+    assert len(ups["B"]) == 1 and len(ups["A"]) == 8  # A's stripes end where C's do
+    assert all(op.elements * 8 >= 8 << 20 for op in ups["A"] + ups["B"])
 
 
 # -- products --------------------------------------------------------------------------------

@@ -810,6 +810,12 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 #: these sizes the copies take the time).
 IN_CORE_ROWS = 256
 
+#: Bytes a stripe of the in-core shape moves at the least. Each stripe costs the executor
+#: about 0.1 ms of host work (a reader's task, a copy call, two timed events), which at
+#: these sizes is more than the overlap wins: on the H100, n = 2048 took 19.5 ms in 10 A
+#: stripes and 8 C stripes, 12.6 ms in 4 of each; n = 1024 13.0 ms in 10 and 8, 7.1 ms in 2.
+IN_CORE_STRIPE_BYTES = 8 << 20
+
 
 def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, staged: bool,
                   kernel: str = "cublas", symmetric: bool = False, split_last: int = 1,
@@ -827,10 +833,12 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
 
     Notes
     -----
-    C comes down in ``max(1, min(split_last, M // IN_CORE_ROWS))`` stripes at the least (a
-    GEMM each); the ring buffers hold the largest stripe, rounded up to a power of two (so
-    that products of nearby shapes reuse the same pinned buffers) and no larger than the
-    default stripe.
+    C comes down in ``split_last`` stripes at the least (a GEMM each), and A and B go up in
+    ``min_stripes``; fewer where a stripe would hold fewer than ``IN_CORE_STRIPE_BYTES`` or
+    C fewer than ``IN_CORE_ROWS`` rows. The ring has a buffer for each stripe of A and B and
+    each of C (at most the staging's), each holding the largest stripe, rounded up to a
+    power of two (so that products of nearby shapes reuse the same pinned buffers) and no
+    larger than the default stripe.
     """
     if not (staged and prob.computes_product and not symmetric and not prob.shared
             and not is_ozaki(kernel)):
@@ -844,7 +852,11 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
     compute = model.gemm_seconds(m, n, k, s, prob.dtype.startswith("complex"))
     if compute > prob.operand_bytes("A") / up:
         return None
-    parts = max(1, min(split_last, m // IN_CORE_ROWS))
+    def at_most(count: int, elements: int) -> int:  # stripes of IN_CORE_STRIPE_BYTES or more
+        return max(1, min(count, elements * s // IN_CORE_STRIPE_BYTES))
+
+    parts = at_most(min(split_last, m // IN_CORE_ROWS), m * n)
+    min_stripes = at_most(min_stripes, min(m * k, k * n))  # A and B alike, and A by C's too
     rows = -(-m // parts)
     share = -(-min_stripes // parts)
     needed = max(rows * n,  # a C stripe coming down (or going up)
@@ -852,7 +864,8 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
                  stripe_rows(k, n, k * n, min_stripes) * n)  # a stripe of B
     stripe = min(1 << (needed - 1).bit_length(), DEFAULT_STRIPE)
     return dict(tile=(m, n, k), in_core=True, n_a=1, n_b=1, n_c=1, tail_panels=1, ramp=0,
-                split_last=parts, stripe=stripe)
+                split_last=parts, min_stripes=min_stripes, stripe=stripe,
+                n_stage=2 * min_stripes, n_out=parts)  # a ring buffer for every stripe
 
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
