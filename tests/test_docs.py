@@ -1,5 +1,7 @@
 """The docs tell the truth about the code: every dotted name of the package that the Markdown
-docs (README.md, kernels/README.md, docs/) and the library's docstrings mention exists, and
+docs (README.md, kernels/README.md, docs/) and the library's docstrings mention exists (as
+``oocgemm.cuda.engine.PROCESS``, ``~oocgemm.planning.Plan``, or from inside the package as
+``api._plan`` or ``CudaExecutor.staging``), every file they name by its path exists, and
 every relative link of the docs leads to a file, and to a heading of it where it names one.
 
 Names in modules that need CuPy (``oocgemm.cuda.engine``, ...) are checked by reading the
@@ -381,6 +383,20 @@ def test_design_md_names_the_modules_that_import_cupy():
             inside.add(rel)
     assert at_top and all(rel.parts[0] == "cuda" and rel.name in layout for rel in at_top)
     assert inside and all(str(rel) in layout for rel in inside), inside
+
+
+#: A path in code spans: ``oocgemm/cuda/engine.py``, ``runtime/cuda.py``, ``kernels/ozaki.cu``.
+PATH = re.compile(r"`([\w.-]+(?:/[\w.*-]+)+\.(?:py|cu|cuh|md|toml|c))`")
+
+
+def test_every_path_the_docs_name_exists():
+    """Files named by their path, from the checkout's root or the package's
+    (``planning/tiling.py``); ``.scratch/`` holds probes kept out of the repository."""
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in CURRENT
+               for path in PATH.findall(doc.read_text())
+               if not path.startswith(".scratch/")
+               and not any(next(base.glob(path), None) for base in (ROOT, PACKAGE))]
+    assert not missing, missing
 
 
 # -- links ---------------------------------------------------------------------------------
