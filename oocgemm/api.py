@@ -210,11 +210,13 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     tile
         (w, h, r) to override the planner: C blocks of w×h, K panels of depth r.
     kernel
-        The per-block GEMM on a GPU: 'cublas' (the default, the fastest measured) or one of
-        the kernels of ``kernels/``: 'naive', 'tiled', 'opt', 'regblock' (float32/float64),
+        The per-block GEMM. On a GPU: 'cublas' (the default, the fastest measured) or one
+        of the kernels of ``kernels/``: 'naive', 'tiled', 'opt', 'regblock' (float32/float64),
         'dmma' (float64, FP64 tensor cores, compute capability 8.0+); those are not for the
-        CPU. 'ozaki' or 'ozaki:N' (float64, on a GPU or the CPU): float64 products emulated
-        with Ozaki scheme II from int8 GEMMs (N moduli; README, Python API: `kernel`).
+        CPU. On a GPU or the CPU: 'ozaki' or 'ozaki:N', float64 products emulated with Ozaki
+        scheme II from exact int8 GEMMs (N moduli; 'ozaki' takes as many as keep DGEMM's error
+        bound), the same bits on both; other dtypes keep their GEMM (README, Python API:
+        ``kernel``).
     overwrite
         Replace an existing output path.
     progress

@@ -1,4 +1,7 @@
-"""The only package that imports CuPy. Importing this package itself does not."""
+"""What runs on the GPU. Its modules engine, kernels and ozaki are the only ones of oocgemm
+that import CuPy at their top; importing this package itself does not (it, startup, nvtx,
+:mod:`oocgemm.sysinfo` and :mod:`oocgemm.runtime.cuda` import CuPy inside the functions that
+need it)."""
 
 from __future__ import annotations
 
