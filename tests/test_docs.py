@@ -80,21 +80,31 @@ def _imported(module: str, node: ast.ImportFrom, alias: ast.alias) -> str:
     return ".".join([*base, *([node.module] if node.module else []), alias.name])
 
 
+def _defines(node: ast.stmt, found: dict[str, object]) -> bool:
+    """Record what a statement defines (a class or function, an assigned value) in
+    ``found``; whether it was such a statement."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        found[node.name] = node
+    elif isinstance(node, ast.Assign):
+        for target in node.targets:
+            for name in _targets(target):
+                found[name] = node.value
+    elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        found[node.target.id] = node.value
+    else:
+        return False
+    return True
+
+
 @functools.cache
 def _bindings(module: str) -> dict[str, object]:
     """What each top-level name of ``module`` is bound to: a class or function node, an
     assigned value (an expression), or the dotted name of an import."""
     found: dict[str, object] = {}
     for node in _statements(_tree(_module_file(module)).body):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found[node.name] = node
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                for name in _targets(target):
-                    found[name] = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            found[node.target.id] = node.value
-        elif isinstance(node, ast.Import):
+        if _defines(node, found):
+            continue
+        if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
                     found[alias.asname] = alias.name
@@ -125,14 +135,7 @@ def _members(module: str, cls: ast.ClassDef) -> dict[str, object]:
                             and target.value.id == "self"):
                         found.setdefault(target.attr, value)
     for node in _statements(cls.body):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found[node.name] = node
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                for name in _targets(target):
-                    found[name] = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            found[node.target.id] = node.value
+        _defines(node, found)
     return found
 
 
