@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import hostinfo
-from .checks import DTYPES
+from . import checks, hostinfo
 from .errors import OptionError, OutputError
 from .storage import _files
 
@@ -33,15 +32,9 @@ RANDOM_BLOCK_BYTES = 64 << 20
 
 
 def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it (an option's value;
-    an operand's dtype is :func:`oocgemm.checks.check_dtype`'s, a DTypeError)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or dt.name not in DTYPES:
-        raise OptionError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    return dt
+    """``dtype`` as a numpy dtype; :class:`~oocgemm.DTypeError` unless oocgemm multiplies it
+    (:func:`oocgemm.checks.check_dtype`, the check of operands' dtypes too)."""
+    return checks.check_dtype(None, dtype)
 
 
 
