@@ -23,6 +23,7 @@ import numpy.typing as npt
 from . import checks, hostinfo
 from .errors import OptionError, OutputError
 from .storage import _files
+from .units import format_size
 
 #: Default chunk edge of ``random`` .zarr outputs (chunks are min(shape, 2048x2048)).
 DEFAULT_CHUNK = 2048
@@ -216,8 +217,8 @@ def write_random(path: str | os.PathLike[str], shape: tuple[int, int] | str,
     nbytes = m * n * dt.itemsize
     free = shutil.disk_usage(parent).free
     if nbytes > free:
-        raise OutputError(f"{path!r}: the matrix needs {_gib(nbytes)}; only {_gib(free)} is free "
-                          f"on that file system")
+        raise OutputError(f"{path!r}: the matrix needs {format_size(nbytes)}; only "
+                          f"{format_size(free)} is free on that file system")
 
     temporary = _files.temporary_sibling(path)
     start = time.perf_counter()
@@ -273,9 +274,3 @@ def _positive_pair(value, name: str) -> tuple[int, int]:
     if not ok:
         raise OptionError(f"{name} must be two positive integers, got {value!r}")
     return pair[0], pair[1]
-
-
-def _gib(nbytes: float) -> str:
-    from .units import format_size
-
-    return format_size(nbytes)
