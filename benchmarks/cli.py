@@ -20,41 +20,10 @@ import importlib
 
 import click
 
-from oocgemm.cli import echo_json
-from oocgemm.errors import OOCGemmError
-
-EXIT_ERROR = 2
+from oocgemm.cli import ErrorHandlingGroup, echo_json
 
 
-class BenchGroup(click.Group):
-    """A click group whose ``main`` turns oocgemm's errors and usage errors into ``error: ...``
-    and exit 2, without a traceback."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        try:
-            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
-            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.format_message(), err=True)
-            code = EXIT_ERROR
-        except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
-            code = EXIT_ERROR
-        except OOCGemmError as exc:
-            click.echo(f"error: {exc}", err=True)
-            code = EXIT_ERROR
-        except click.exceptions.Exit as exc:
-            code = exc.exit_code
-        except (click.Abort, KeyboardInterrupt):
-            click.echo("interrupted", err=True)
-            code = 130
-        if standalone_mode:
-            raise SystemExit(code)
-        return code
-
-
-@click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ErrorHandlingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Benchmarks of oocgemm against its baselines; each subcommand is one benchmark."""
 

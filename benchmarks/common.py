@@ -1,5 +1,5 @@
-"""What the benchmarks share: option checks, error measures, sizes and rates in words, tables,
-threads."""
+"""What the benchmarks share: option checks, error measures, rates in words, tables, threads
+(sizes in words are :func:`oocgemm.units.format_size`'s)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import numpy as np
 from oocgemm import cuda
 from oocgemm.errors import OptionError
 from oocgemm.testing import check_dtype, tolerance
+from oocgemm.units import format_size
 
-__all__ = ["GB", "BenchError", "check_dtype", "check_room", "gbps", "gib", "markdown_table",
+__all__ = ["GB", "BenchError", "check_dtype", "check_room", "gbps", "markdown_table",
            "max_relative_error", "package_version", "run_parallel", "tolerance", "write_json"]
 
 GB = 1e9
@@ -38,16 +39,8 @@ def check_room(nbytes: int, what: str) -> None:
 
     free, _ = cuda.memory_info(cupy.cuda.Device().id)
     if nbytes > free:
-        raise OptionError(f"{what} needs {gib(nbytes)} of GPU memory; "
-                          f"{gib(free)} is free (choose a smaller --size)")
-
-
-def gib(nbytes: float) -> str:
-    """``nbytes`` in binary units, e.g. ``1.5 GiB``."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):.1f} {unit}"
-    return f"{int(nbytes)} B"
+        raise OptionError(f"{what} needs {format_size(nbytes)} of GPU memory; "
+                          f"{format_size(free)} is free (choose a smaller --size)")
 
 
 def write_json(path: str | None, doc: dict) -> None:

@@ -82,7 +82,7 @@ def describe_machine() -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "cpu": info["host"]["cpu"],
         "cores": info["host"]["cores"],
-        "cpu_count": os.cpu_count(),
+        "cpu_count": info["host"]["logical_cpus"],
         "memory_total": info["host"]["memory_total"],
         "gpu": gpus[0] if gpus else None,
         "gpus": gpus,

@@ -15,8 +15,9 @@ from oocgemm import hostinfo
 from oocgemm.errors import BudgetError, OptionError, OutputError
 from oocgemm.sysinfo import blas_info
 from oocgemm.testing import random_matrix
+from oocgemm.units import format_size
 
-from .common import check_dtype, gib, max_relative_error, tolerance
+from .common import check_dtype, max_relative_error, tolerance
 
 #: GFLOP/s of oocgemm over numpy's that the CPU benchmark aims at.
 CPU_TARGET_RATIO = 0.80
@@ -59,9 +60,9 @@ def cpu_benchmark(size: int = 4096, repeat: int = 3, dtype="float64", *, seed: i
     need = 7 * matrix
     available = hostinfo.available_memory()
     if need > available:
-        raise BudgetError(f"size {n} ({dt.name}) needs about {gib(need)} of memory for the "
-                          f"in-memory benchmark; {gib(available)} is available: use a smaller "
-                          f"--size")
+        raise BudgetError(f"size {n} ({dt.name}) needs about {format_size(need)} of memory for "
+                          f"the in-memory benchmark; {format_size(available)} is available: use "
+                          f"a smaller --size")
     a, b = _operands(n, dt, seed)
     flops = (8 if dt.kind == "c" else 2) * n ** 3
 

@@ -40,17 +40,24 @@ def scalar(name: str, value: Any) -> float | complex:
     return real
 
 
-def check_dtype(role: str, dtype) -> np.dtype:
-    """``dtype`` of operand ``role`` as a numpy dtype; DTypeError unless oocgemm multiplies it
-    (either byte order)."""
+def check_dtype(role: str | None, dtype) -> np.dtype:
+    """``dtype`` as a numpy dtype; DTypeError unless oocgemm multiplies it (either byte order).
+
+    The one check of a dtype: operands and outputs (``role`` is the operand, 'a', 'c', 'out',
+    named in the message), and dtypes asked for by name (``role`` None: ``oocgemm random
+    --dtype``, :func:`oocgemm.testing.write_random`, the benchmarks' ``--dtype``)."""
+    dt: np.dtype | None = None
     try:
-        dtype = np.dtype(dtype)
-        supported = dtype.kind in "fc" and dtype.newbyteorder("=") in SUPPORTED_DTYPES
+        dt = np.dtype(dtype)
+        supported = dt.kind in "fc" and dt.newbyteorder("=") in SUPPORTED_DTYPES
     except TypeError:  # not a numpy dtype, or one without a byte order (strings)
         supported = False
-    if not supported:  # '>f8' is float64 too
-        raise DTypeError(f"{role} has dtype {dtype}; supported: {', '.join(DTYPES)}")
-    return dtype
+    if not supported or dt is None:  # '>f8' is float64 too
+        if role is None:
+            raise DTypeError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        raise DTypeError(f"{role} has dtype {dtype if dt is None else dt}; supported: "
+                         f"{', '.join(DTYPES)}")
+    return dt
 
 
 def check_matrix(role: str, src: MatrixSource) -> None:

@@ -50,11 +50,14 @@ class _State:
     wrote: str | None = None
 
 
-class OOCGemmGroup(click.Group):
-    """A click group whose ``main`` turns expected errors into ``error: ...`` and exit 2."""
+class ErrorHandlingGroup(click.Group):
+    """A click group whose ``main`` turns expected errors (:class:`~oocgemm.OOCGemmError`,
+    usage errors) into ``error: ...`` on stderr and exit 2, an interrupt into one line and exit
+    130 (SIGTERM, raised as Ctrl-C's interrupt is: 143), and leaves anything else its
+    traceback: the one wrapper of the ``oocgemm`` command line and of ``python -m
+    benchmarks``."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        _State.wrote = None
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -62,7 +65,7 @@ class OOCGemmGroup(click.Group):
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                               standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
-        except click.exceptions.NoArgsIsHelpError as exc:  # bare `oocgemm`: the help
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare group: the help
             click.echo(exc.format_message(), err=True)
             code = EXIT_ERROR
         except click.ClickException as exc:
@@ -74,22 +77,8 @@ class OOCGemmGroup(click.Group):
         except (click.Abort, KeyboardInterrupt) as exc:
             # click turns KeyboardInterrupt (and EOF on a prompt) into Abort
             terminated = isinstance(exc, _Terminated) or isinstance(exc.__cause__, _Terminated)
-            how = "terminated" if terminated else "interrupted"
-            committed = (getattr(exc, "oocgemm_committed", None)
-                         or getattr(exc.__cause__, "oocgemm_committed", None))
-            resumable = (getattr(exc, "oocgemm_resumable", None)
-                         or getattr(exc.__cause__, "oocgemm_resumable", None))
-            if committed:
-                click.echo(f"{how} after the output was complete: {committed} holds the whole "
-                           f"result", err=True)
-            elif resumable:
-                partial, done, total = resumable
-                click.echo(f"{how}; {done} of {total} C blocks are kept in {partial}: run the "
-                           f"same command with --resume to finish, or remove it", err=True)
-            elif _State.wrote:
-                click.echo(f"{how} (after {_State.wrote} was written)", err=True)
-            else:
-                click.echo(f"{how}; no output was written", err=True)
+            click.echo(self.interrupted(exc, "terminated" if terminated else "interrupted"),
+                       err=True)
             code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
         finally:
             if previous is not None:
@@ -97,6 +86,34 @@ class OOCGemmGroup(click.Group):
         if standalone_mode:
             sys.exit(code)
         return code
+
+    def interrupted(self, exc: BaseException, how: str) -> str:
+        """The line an interrupt prints; ``how`` is 'interrupted' or 'terminated'."""
+        return how
+
+
+class OOCGemmGroup(ErrorHandlingGroup):
+    """The ``oocgemm`` group: an interrupt also says what the command wrote, committed or
+    kept for ``--resume``."""
+
+    def main(self, *args, **kwargs):
+        _State.wrote = None
+        return super().main(*args, **kwargs)
+
+    def interrupted(self, exc: BaseException, how: str) -> str:
+        committed = (getattr(exc, "oocgemm_committed", None)
+                     or getattr(exc.__cause__, "oocgemm_committed", None))
+        resumable = (getattr(exc, "oocgemm_resumable", None)
+                     or getattr(exc.__cause__, "oocgemm_resumable", None))
+        if committed:
+            return f"{how} after the output was complete: {committed} holds the whole result"
+        if resumable:
+            partial, done, total = resumable
+            return (f"{how}; {done} of {total} C blocks are kept in {partial}: run the same "
+                    f"command with --resume to finish, or remove it")
+        if _State.wrote:
+            return f"{how} (after {_State.wrote} was written)"
+        return f"{how}; no output was written"
 
 
 def _error(message: str, ctx: click.Context | None = None) -> None:

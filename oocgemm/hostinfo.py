@@ -26,6 +26,9 @@ def available_memory() -> int:
 
 
 def cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is
+    unknown): the one count of cores behind thread pools, the CPU model and ``oocgemm info``.
+    ``os.cpu_count()`` itself is the machine's logical CPUs, which the process may not own."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

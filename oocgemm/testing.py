@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import hostinfo
-from .checks import DTYPES
+from . import checks, hostinfo
 from .errors import OptionError, OutputError
 from .storage import _files
+from .units import format_size
 
 #: Default chunk edge of ``random`` .zarr outputs (chunks are min(shape, 2048x2048)).
 DEFAULT_CHUNK = 2048
@@ -33,15 +33,9 @@ RANDOM_BLOCK_BYTES = 64 << 20
 
 
 def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` as a numpy dtype; OptionError unless oocgemm multiplies it (an option's value;
-    an operand's dtype is :func:`oocgemm.checks.check_dtype`'s, a DTypeError)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or dt.name not in DTYPES:
-        raise OptionError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    return dt
+    """``dtype`` as a numpy dtype; :class:`~oocgemm.DTypeError` unless oocgemm multiplies it
+    (:func:`oocgemm.checks.check_dtype`, the check of operands' dtypes too)."""
+    return checks.check_dtype(None, dtype)
 
 
 
@@ -223,8 +217,8 @@ def write_random(path: str | os.PathLike[str], shape: tuple[int, int] | str,
     nbytes = m * n * dt.itemsize
     free = shutil.disk_usage(parent).free
     if nbytes > free:
-        raise OutputError(f"{path!r}: the matrix needs {_gib(nbytes)}; only {_gib(free)} is free "
-                          f"on that file system")
+        raise OutputError(f"{path!r}: the matrix needs {format_size(nbytes)}; only "
+                          f"{format_size(free)} is free on that file system")
 
     temporary = _files.temporary_sibling(path)
     start = time.perf_counter()
@@ -280,9 +274,3 @@ def _positive_pair(value, name: str) -> tuple[int, int]:
     if not ok:
         raise OptionError(f"{name} must be two positive integers, got {value!r}")
     return pair[0], pair[1]
-
-
-def _gib(nbytes: float) -> str:
-    from .units import format_size
-
-    return format_size(nbytes)

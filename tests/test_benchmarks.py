@@ -42,6 +42,15 @@ def test_cpu_errors():
     assert "No such command" in fails("frobnicate")
 
 
+def test_cpu_interrupted(monkeypatch):
+    """python -m benchmarks has oocgemm's error wrapper: an interrupt is one line and 130."""
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(products, "cpu_benchmark", interrupt)
+    assert run("cpu", "--size", "16", code=130).stderr.splitlines()[-1] == "interrupted"
+
+
 def test_cpu_benchmark_function_returns_plain_data():
     res = products.cpu_benchmark(size=32, repeat=1, dtype="complex64", warmup=False)
     assert res["correct"] and res["dtype"] == "complex64" and res["flops"] == 8 * 32 ** 3

@@ -119,6 +119,21 @@ def test_a_run_whose_chunks_are_not_wanted_stops(rng, workdir):
     assert not os.path.exists(workdir / "trace")  # stopped: a run that ends leaves its events
 
 
+def test_a_released_group_stops_with_the_executors_cancellation():
+    """A run whose handle is gone stops at its next event with runtime.base.Cancelled, the one
+    exception of a cancelled run (which runtime.base.failure passes over)."""
+    from types import SimpleNamespace
+
+    from oocgemm.dask.runner import _Run
+    from oocgemm.runtime.base import Cancelled
+
+    run = _Run(np.empty((4, 4)), chunks=1)
+    run(SimpleNamespace(kind="gemm", operand=None))  # wanted: goes on
+    run.cancelled = True
+    with pytest.raises(Cancelled):
+        run(SimpleNamespace(kind="gemm", operand=None))
+
+
 def test_a_corrupt_chunk_fails_every_chunk_of_its_group(rng, workdir):
     a = rand(rng, (12, 10))
     zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(4, 5))[...] = a

@@ -13,6 +13,7 @@ import weakref
 
 import numpy as np
 
+from ..runtime.base import Cancelled
 from .operands import _narrow, _resolve
 from .partition import _spanned
 from .sharing import _shared_chunks
@@ -64,10 +65,6 @@ def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     return handle.chunk(r0, r1, c0, c1)
 
 
-class _Cancelled(Exception):
-    """The group's handle is gone (its graph was released): the run stops."""
-
-
 class _Run:
     """A group's engine run in a thread: its product, and which of its blocks are written."""
 
@@ -93,7 +90,7 @@ class _Run:
                         self._started = True
                         self._cond.notify_all()
                     if self.cancelled:
-                        raise _Cancelled()
+                        raise Cancelled()  # the group's handle is gone (its graph was released)
                     result = multiply(a, b, self.out, c=c, alpha=alpha, beta=beta,
                                       trans_a=trans_a, trans_b=trans_b, progress=self,
                                       events=trace_dir is not None, **options)
@@ -130,7 +127,7 @@ class _Run:
                 self._cond.notify_all()
             elif self.cancelled and not self._covered(0, self.out.shape[0], 0,
                                                       self.out.shape[1]):
-                raise _Cancelled()
+                raise Cancelled()
 
     def wait_started(self) -> None:
         with self._cond:

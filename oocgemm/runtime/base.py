@@ -101,7 +101,10 @@ def thread_lane(prefix: str) -> str:
 
 
 class Cancelled(Exception):
-    """Raised inside lanes when the run is being torn down."""
+    """A run stops because it is cancelled: raised inside its lanes when the run is being torn
+    down (:meth:`Executor.cancel`, a failed lane, an interrupt), and by the progress callable
+    of an :mod:`oocgemm.dask` group whose graph was released. :func:`failure` passes over it
+    to the failure that caused it."""
 
 
 class Executor:
