@@ -181,11 +181,18 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
     how = drop_caches(store_files(a, b)) if cold else ""
+    gpu = codec is not None and codec.endswith("@gpu")  # 'zstd@gpu': nvCOMP compresses C
+    if gpu:
+        codec, os.environ["OOCGEMM_GPU_ENCODE"] = codec.removesuffix("@gpu"), "1"
     start, times = time.perf_counter(), os.times()
-    r = oocgemm.multiply(
-        a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
-        out_options=out_options(codec),
-    )
+    try:
+        r = oocgemm.multiply(
+            a, b, c, device=device, memory_limit=memory_limit, overwrite=True, progress=False,
+            out_options=out_options(codec),
+        )
+    finally:
+        if gpu:
+            del os.environ["OOCGEMM_GPU_ENCODE"]
     wall, after = time.perf_counter() - start, os.times()
     return {
         "cold": how,
@@ -199,6 +206,7 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
         "predicted": r.plan.prediction.total,
         "stored": stored_bytes(c),
         "bound": r.plan.prediction.bound,
+        "encoder": r.out_encoder or "host",
         "result": r,
     }
 
@@ -273,7 +281,8 @@ def main(argv=None) -> int:
                              "is the decode floor's (oocgemm's default output: none)")
     parser.add_argument("--out-codecs", default=None,
                         help="comma list of output codecs (none, zstd, blosc, ...) to run "
-                             "oocgemm with, each into 4096² chunks; default: oocgemm's "
+                             "oocgemm with, each into 4096² chunks ('zstd@gpu': compressed "
+                             "on the GPU, OOCGEMM_GPU_ENCODE=1); default: oocgemm's "
                              "default output only")
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
@@ -333,7 +342,7 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
     say(f"decode floor (warm): read+decode {decode_s:.2f} s "
         f"({sum(x for x, _ in decoded) / decode_s / GB:.2f} GB/s), write C {write_s:.2f} s "
         f"-> {decode_s + write_s:.2f} s")
-    for codec in (args.out_codecs or "").split(","):
+    for codec in dict.fromkeys(c.removesuffix("@gpu") for c in (args.out_codecs or "").split(",")):
         if codec:
             f = cpu_floor(a, b, work, args.n, codec, THREADS)
             if f:
@@ -367,7 +376,8 @@ def oocgemm_runs(a: str, b: str, c: str, args) -> None:
                 f"{r['cpu'] / r['wall'] / cores:.0%} of {cores} cores, predicted "
                 f"{r['predicted']:.2f} s "
                 f"{r['bound']}-bound), C stored {r['stored'] / GB:.2f} GB, rel. error "
-                f"{check(c, a, b):.1e}, tile {r['tile']}, chunks {r['chunks']}")
+                f"{check(c, a, b):.1e}, tile {r['tile']}, C encoded by {r['encoder']}, chunks "
+                f"{r['chunks']}")
             if cold and codec and args.floor:
                 floor = args.floor["read"] + r["stored"] / args.floor["write_rate"]
                 say(f"  storage floor with C's stored bytes: {floor:.2f} s -> "

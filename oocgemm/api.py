@@ -287,7 +287,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
                   started_at=log.started_at, chunks=chunk_counts(run.readers),
                   verified=report, resumed=len(run.plan.done), replanned=run.replanned,
                   devices=run.shares, emulation=dict(log.notes),
-                  emulation_seconds=dict(log.timed), out_name=io.name)
+                  emulation_seconds=dict(log.timed), out_name=io.name,
+                  out_encoder=log.encoder)
 
 
 def gram(x: MatrixLike, out: MatrixLike | None = None, *, outer: bool = False,

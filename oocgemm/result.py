@@ -66,6 +66,9 @@ class Result:
     alpha and beta)."""
     out_name: str | None = None
     """The output's path, or how it is named ('result array', 'out (numpy array)')."""
+    out_encoder: str | None = None
+    """What compressed the output's chunks where the host's encoders did not ('nvCOMP 6.0.0
+    zstd on the GPU'); None otherwise."""
 
     @functools.cached_property
     def timeline(self) -> Timeline:

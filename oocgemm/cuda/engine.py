@@ -244,8 +244,12 @@ class GpuContext:
     def __enter__(self) -> GpuContext:
         self.device.__enter__()
         try:
-            self.streams = {name: cupy.cuda.Stream(non_blocking=True)
-                            for name in ("h2d", "compute", "c")}
+            # C's stream first: what runs there (C's compression on the GPU, when it is
+            # compressed there) holds up the output's writers, and the GEMMs can wait.
+            # (CUDA clamps a priority beyond its range to the highest it has.)
+            self.streams = {"h2d": cupy.cuda.Stream(non_blocking=True),
+                            "compute": cupy.cuda.Stream(non_blocking=True),
+                            "c": cupy.cuda.Stream(non_blocking=True, priority=-1024)}
             self._handle = self.resources.handles.acquire(self.index)
             cublas.setStream(self._handle, self.streams["compute"].ptr)
         except BaseException:
@@ -304,6 +308,13 @@ class GpuContext:
 
     def host_view(self, name: str, shape) -> np.ndarray:
         return self._pinned[name][1][: shape[0] * shape[1]].reshape(shape)
+
+    def pinned_ptr(self, name: str) -> int:
+        return self._pinned[name][0]
+
+    def pinned_bytes(self, name: str) -> np.ndarray:
+        """The pinned buffer ``name`` as bytes."""
+        return self._pinned[name][1].view(np.uint8)
 
     def device_ptr(self, name: str) -> int:
         return self._device_buffers[name].data.ptr

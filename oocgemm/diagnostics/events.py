@@ -95,6 +95,8 @@ class EventLog:
         self._lock = threading.Lock()
         self.notes: dict[str, int] = {}
         """What the run counted beside its events (how its GEMMs ran: ``kernel='ozaki'``)."""
+        self.encoder: str | None = None
+        """What compressed C's chunks where not the host's encoders (nvCOMP on the GPU)."""
         self.timed: dict[str, float] = {}
         """Seconds the run timed beside its events (the phases of emulated GEMMs on a GPU)."""
 

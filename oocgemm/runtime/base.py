@@ -10,6 +10,7 @@ import numpy as np
 
 from ..diagnostics.events import EventLog
 from ..errors import DeviceError, ExecutionError, MemoryPressureError, OOCGemmError
+from ..planning.schedule import OpKind
 
 #: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
 _EXECUTORS = {"cpu": "oocgemm.runtime.cpu:CpuExecutor", "cuda": "oocgemm.runtime.cuda:CudaExecutor"}
@@ -92,6 +93,17 @@ def with_c(op, block: np.ndarray, sources: dict) -> np.ndarray:
     c_in *= op.beta
     c_in += block
     return c_in
+
+
+def framed_writes(plan, sink):
+    """The :class:`~oocgemm.storage.frames.Framing` in which a run of ``plan`` may hand
+    ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a staged plan
+    (C leaves through the output ring, stripe by stripe) whose WRITEs store the stripes as
+    they come (no C to add on the host), and a sink that takes frames."""
+    if not plan.staged or any(op.beta != 0 for op in plan.schedule.ops
+                              if op.kind is OpKind.WRITE):
+        return None
+    return sink.framing()
 
 
 def thread_lane(prefix: str) -> str:

@@ -26,11 +26,13 @@ import numpy as np
 from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind
+from ..storage.frames import encode_stripe
 from .base import (
     Cancelled,
     Executor,
     block_shape,
     failure,
+    framed_writes,
     mirror_lower,
     panel_shapes,
     thread_lane,
@@ -55,6 +57,10 @@ class CpuExecutor(Executor):
         Called with each :class:`~oocgemm.diagnostics.Event` as it finishes (progress bars).
     record
         False to keep no events (only the bytes moved are counted).
+    frames
+        Replay a framed run (:func:`~oocgemm.runtime.base.framed_writes`): each stripe of C
+        encoded into its chunk pieces' frames at its WRITE, on the host, as the CUDA executor
+        encodes them on the GPU, and the sink handed the frames.
     """
 
     #: Plans for this executor work in place (no staging buffers).
@@ -70,9 +76,10 @@ class CpuExecutor(Executor):
         return {"readers": 4, "split_last": 1 if is_ozaki(kernel) else 4}
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
-                 record: bool = True, resources=None):
+                 record: bool = True, resources=None, frames: bool = False):
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)  # keeps nothing between runs
+        self.framing = framed_writes(plan, sink) if frames else None
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
@@ -159,7 +166,11 @@ class CpuExecutor(Executor):
                 data = self.view(op.src[0], (w, h))[x0:x0 + op.shape[0]]
             else:
                 data = self.view(op.src[0], op.shape)
-            self.sink.write((r0, r1), (c0, c1), with_c(op, data, self.sources))
+            if self.framing is not None:
+                self.sink.write_frames((r0, r1), (c0, c1),
+                                       encode_stripe(self.framing, data, (r0, r1), (c0, c1)))
+            else:
+                self.sink.write((r0, r1), (c0, c1), with_c(op, data, self.sources))
         elif kind is OpKind.MIRROR:
             w, h = block_shape(self.plan, op.key)
             x0 = op.offset // h

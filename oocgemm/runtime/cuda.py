@@ -15,6 +15,13 @@ GPU, a dependency on a host operation (a READ) is waited for on the host. Host o
 for the CUDA events of the device operations they depend on. No device-wide synchronisation
 happens inside the loop.
 
+With ``OOCGEMM_GPU_ENCODE=1``, where C's chunks are zstd and stored as files
+(:func:`~oocgemm.runtime.base.framed_writes`) and nvCOMP is there, each DOWNLOAD compresses
+its stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``,
+which runs ahead of the GEMMs) and its WRITE hands the sink the frames: the host's cores only
+write files. It is not the default: on a 16-core H100/H200 host the GPU's zstd takes SMs
+from the GEMMs and the run ends later than with the host's encoders (docs/performance.md).
+
 Timing: a pair of CUDA events brackets every device operation; a clock thread maps them onto
 the host clock of the event log as the GPU finishes each one, through a reference event
 recorded (and waited for) just before the first operation, so host and device events share one
@@ -25,6 +32,7 @@ also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -33,7 +41,16 @@ from concurrent.futures import Future, wait
 from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
-from .base import Cancelled, Executor, block_shape, failure, panel_shapes, thread_lane, with_c
+from .base import (
+    Cancelled,
+    Executor,
+    block_shape,
+    failure,
+    framed_writes,
+    panel_shapes,
+    thread_lane,
+    with_c,
+)
 
 #: Threads of a run's lanes: a dispatcher per stream (three), the feeder and the clock.
 LANE_THREADS = 5
@@ -50,6 +67,32 @@ def _settle(future: Future, task) -> None:
         future.set_result(task())
     except BaseException as exc:
         future.set_exception(exc)
+
+
+def gpu_framing(plan, sink):
+    """The framing in which a run of ``plan`` compresses C's stripes on the GPU, the
+    stripes, and the pinned bytes each output ring buffer then needs; None where it does
+    not: unless ``OOCGEMM_GPU_ENCODE=1``, where C is not stored from frames
+    (:func:`~oocgemm.runtime.base.framed_writes`), without nvCOMP, or where the encoder's
+    buffers would not fit the plan's budgets."""
+    if os.environ.get("OOCGEMM_GPU_ENCODE", "0") != "1":
+        return None
+    framing = framed_writes(plan, sink)
+    if framing is None:
+        return None
+    from ..cuda import nvcomp
+
+    if nvcomp.library() is None:
+        return None
+    stripes = [op.region for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
+    if not stripes:
+        return None
+    ring = max(nvcomp.host_bytes(framing, *stripe) for stripe in stripes)
+    pinned = plan.n_out * max(0, ring - plan.buffers.out_ring)
+    if (plan.device_bytes + nvcomp.device_bytes(framing, stripes) > plan.memory_limit
+            or plan.host_bytes + pinned > plan.host_memory_limit):
+        return None
+    return framing, stripes, ring
 
 
 def _on_host(op) -> bool:
@@ -158,6 +201,8 @@ class CudaExecutor(Executor):
             self.readers = max(self.readers, min(hostinfo.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
         self.index = index
+        self._framed = gpu_framing(plan, sink)
+        self._encoder = None  # the run's StripeEncoder (self._framed)
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
             import cupy
@@ -213,6 +258,12 @@ class CudaExecutor(Executor):
                 if op.kind is OpKind.READ:
                     self.sources[op.operand].read((r0, r1), (c0, c1),
                                                   gpu.host_view(op.dst, op.shape))
+                elif self._framed is not None:  # C's frames, compressed on the GPU
+                    from ..cuda.nvcomp import read_stripe
+
+                    pieces = read_stripe(self._framed[0], gpu.pinned_bytes(op.src[0]),
+                                         (r0, r1), (c0, c1))
+                    self.sink.write_frames((r0, r1), (c0, c1), pieces)
                 else:  # WRITE from the output ring
                     self.sink.write((r0, r1), (c0, c1),
                                     with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
@@ -231,6 +282,10 @@ class CudaExecutor(Executor):
         trans = self.schedule.transposed
         if op.kind is OpKind.UPLOAD:
             gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
+        elif op.kind is OpKind.DOWNLOAD and self._encoder is not None:
+            self._encoder.encode(gpu.device_ptr(op.src[0]) + op.offset * gpu.dtype.itemsize,
+                                 op.shape[1], *op.region, gpu.pinned_ptr(op.dst),
+                                 gpu.streams[stream].ptr)
         elif op.kind is OpKind.DOWNLOAD:
             gpu.download(op.src[0], op.dst, op.nbytes, stream, src_offset=op.offset)
         elif op.kind is OpKind.GEMM:
@@ -328,6 +383,10 @@ class CudaExecutor(Executor):
                     timed.put(None)
                     wait([clock])
                 self.resources.crews.give_back(crew)
+                if self._encoder is not None:  # its buffers go once nothing uses them
+                    gpu.streams["c"].synchronize()
+                    self._encoder.close()
+                    self._encoder = None
         return self.log
 
     def _allocate(self, gpu) -> None:
@@ -335,11 +394,14 @@ class CudaExecutor(Executor):
         GPU in the process times its pinning, part of the start-up)."""
         from ..cuda import startup
 
+        itemsize = self.plan.problem.itemsize
         pinned_bytes, begin = 0, time.perf_counter()
         for name, elements in self.schedule.slots.items():
             if name.startswith("s"):
+                if name.startswith("sO") and self._framed is not None:  # frames and sizes
+                    elements = max(elements, -(-self._framed[2] // itemsize))
                 gpu.pinned_buffer(name, elements)
-                pinned_bytes += elements * self.plan.problem.itemsize
+                pinned_bytes += elements * itemsize
         seconds = time.perf_counter() - begin
         for name, elements in self.schedule.slots.items():
             if not name.startswith("s"):
@@ -348,6 +410,12 @@ class CudaExecutor(Executor):
             startup.pinned(self.index, seconds, pinned_bytes)
         if is_ozaki(self.plan.kernel):
             gpu.emulate(self.plan, timing=self.log.record)
+        if self._framed is not None:
+            from ..cuda import nvcomp
+
+            framing, stripes, _ = self._framed
+            self._encoder = nvcomp.StripeEncoder(framing, stripes, itemsize)
+            self.log.encoder = f"nvCOMP {nvcomp.version()} zstd on the GPU"
 
     def _clock(self, timed, reference, origin, gpu) -> None:
         """Put each device operation on the log's clock as the GPU finishes it (and report it,

@@ -92,6 +92,8 @@ class MergedLog:
         """The runs' notes, summed."""
         self.timed: dict[str, float] = {}
         """The runs' timed phases, summed."""
+        self.encoder: str | None = None
+        """What compressed C's chunks where not the host (any run's)."""
 
     def add(self, device: str, log, blocks: int, seconds: float) -> None:
         shift = log.origin - self.origin
@@ -111,6 +113,7 @@ class MergedLog:
                 self.notes[what] = self.notes.get(what, 0) + count
             for what, seconds in log.timed.items():
                 self.timed[what] = self.timed.get(what, 0.0) + seconds
+            self.encoder = self.encoder or log.encoder
 
     def record(self, kind: str, lane: str, start: float, nbytes: int = 0) -> None:
         """An operation of the run itself, from ``start`` (``time.perf_counter()``) to now:

@@ -141,6 +141,18 @@ class MatrixSink(abc.ABC):
         """The region as a writable zero-copy array, or None: see :meth:`MatrixSource.view`."""
         return None
 
+    def framing(self):
+        """How this sink takes C's chunks as frames encoded elsewhere
+        (:class:`~oocgemm.storage.frames.Framing`, for :meth:`store_frames`), or None: most
+        sinks take arrays only."""
+        return None
+
+    def store_frames(self, index: tuple[int, int], rows: tuple[int, int],
+                     cols: tuple[int, int], frames: list) -> None:
+        """Store chunk ``index`` (``rows`` x ``cols`` of C) as the concatenation of
+        ``frames`` (bytes-like, in order): see :mod:`oocgemm.storage.frames`."""
+        raise NotImplementedError(f"{type(self).__name__} takes no frames")
+
 
 def blas_view(array: np.ndarray, rows, cols, dtype) -> np.ndarray | None:
     """``array[rows, cols]`` when it is in memory, of ``dtype`` and has a unit stride in one

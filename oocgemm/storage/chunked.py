@@ -299,6 +299,18 @@ class _Cell:
         self.filled = 0
 
 
+class _Framed:
+    """The frames of one chunk gathered until all its rows have come: (first row, bytes)
+    of each piece, and the rows and bytes they hold."""
+
+    __slots__ = ("parts", "rows", "nbytes")
+
+    def __init__(self):
+        self.parts: list[tuple[int, bytes]] = []
+        self.rows = 0
+        self.nbytes = 0
+
+
 class ChunkWriter(MatrixSink):
     """Writes at the grain of the storage: whole chunks, each encoded once, behind compute.
 
@@ -323,6 +335,10 @@ class ChunkWriter(MatrixSink):
     what runs (a failed or interrupted run). An encoder's failure fails the next write, or
     the flush. With an event log attached (:meth:`attach`), every chunk stored is a 'store'
     event on its encoder's lane.
+
+    Chunks may also come as frames encoded on the GPU (:meth:`write_frames`, where
+    :meth:`framing` says so): the frames of a chunk wait here until all its rows have come,
+    and an encoder thread then only writes them to the chunk's file.
     """
 
     chunks: tuple[int, int]
@@ -351,6 +367,9 @@ class ChunkWriter(MatrixSink):
         """Most bytes of buffers held at once."""
         self.cells_written = 0
         """Cells gathered and written whole."""
+        self._framed: dict[tuple[int, int], _Framed] = {}
+        self.chunks_framed = 0
+        """Chunks stored from frames (:meth:`write_frames`)."""
 
     def attach(self, log) -> None:
         """Record each chunk stored in ``log`` (an :class:`~oocgemm.diagnostics.EventLog`;
@@ -391,6 +410,82 @@ class ChunkWriter(MatrixSink):
                     self._hand_on(((lo, hi), cols), buffer, key)
             else:
                 self._gather((i, j, b), (cell, (left, right)), (lo, hi), cols, piece)
+
+    def framing(self):
+        """The inner sink's :class:`~oocgemm.storage.frames.Framing` where every C block
+        starts on chunk edges (a chunk then lies in one block); else None."""
+        framing = self.inner.framing()
+        if framing is None:
+            return None
+        for splits, chunk, extent in zip((self._rows, self._cols), self.chunks, self.shape):
+            if any(x % chunk and x != extent for x in splits):
+                return None
+        return framing
+
+    def write_frames(self, rows, cols, pieces) -> None:
+        """The frames of a stripe of C, piece by piece (:func:`.frames.encode_stripe`):
+        held until each chunk's rows have all come, the chunk then stored by an encoder
+        thread. Waits while the budget is held by chunks being stored."""
+        self._raise()
+        nbytes = sum(len(data) for _, data in pieces)
+        key = self._block(rows, cols)
+        assert key is not None, "a framed stripe lies in one C block"
+        cr = self.chunks[0]
+        done = []
+        with self._lock:
+            while self._spare and self.held_bytes + nbytes > self.budget:
+                self.held_bytes -= self._spare.pop(0).nbytes
+            while self.held_bytes + nbytes > self.budget and self._stores:
+                self._freed.wait()
+            self.held_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+            for piece, data in pieces:
+                chunk = self._framed.setdefault(piece.index, _Framed())
+                chunk.parts.append((piece.rows[0], data))
+                chunk.rows += piece.rows[1] - piece.rows[0]
+                chunk.nbytes += len(data)
+                b = piece.index[0]
+                if chunk.rows == min((b + 1) * cr, self.shape[0]) - b * cr:
+                    done.append((piece, self._framed.pop(piece.index)))
+        for piece, chunk in done:
+            self._hand_frames(piece, chunk, key)
+
+    def _hand_frames(self, piece, chunk: _Framed, key) -> None:
+        """Store a chunk whose frames have all come, on an encoder thread."""
+        b, jc = piece.index
+        cr = self.chunks[0]
+        rows = (b * cr, min((b + 1) * cr, self.shape[0]))
+        framing = self.inner.framing()
+        frames = [data for _, data in sorted(chunk.parts, key=lambda part: part[0])]
+        frames.append(framing.padding(piece.index))
+
+        def store() -> None:
+            log = self._log
+            start = log.now() if log is not None else 0.0
+            try:
+                self.inner.store_frames(piece.index, rows, piece.cols, frames)
+            except OOCGemmError:
+                raise
+            except Exception as exc:  # a full disk, a store gone: the run's error
+                raise OutputError(f"{self.name}: cannot store chunk {piece.index} "
+                                  f"({type(exc).__name__}: {exc})") from exc
+            if log is not None:
+                lane = "encode-" + threading.current_thread().name.rsplit("_", 1)[-1]
+                log.add_store(key, lane, start, log.now(), chunk.nbytes)
+
+        def ended(future: Future) -> None:
+            with self._lock:
+                self._stores.discard(future)
+                if not future.cancelled() and future.exception() is not None:
+                    self._error = self._error or future.exception()
+                self.held_bytes -= chunk.nbytes
+                self.chunks_framed += 1
+                self._freed.notify_all()
+
+        with self._lock:
+            future = self._pool().submit(store)
+            self._stores.add(future)
+        future.add_done_callback(ended)
 
     def _parts(self, region, data: np.ndarray):
         """The chunks of a cell: (rows, cols) and data of each."""
@@ -520,6 +615,9 @@ class ChunkWriter(MatrixSink):
         with self._lock:
             cells, self._cells = list(self._cells.values()), {}
             self._spare.clear()
+            if self._framed:  # frames cannot be stored in part, and every chunk's came
+                raise OutputError(f"{self.name}: chunks {sorted(self._framed)} lack rows "
+                                  f"that the run did not send")
         for cell in cells:
             if cell.buffer is None:
                 continue
@@ -543,6 +641,7 @@ class ChunkWriter(MatrixSink):
         self.settle()
         with self._lock:
             self._cells.clear()
+            self._framed.clear()
             self._spare.clear()
             self.held_bytes = 0
             self._error = None

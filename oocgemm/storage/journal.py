@@ -230,8 +230,8 @@ def _verified(journal: Journal, source) -> set[tuple[int, int]]:
                 source.read((r0, r1), (c0, c1), buf)
             except Exception:  # a damaged chunk (truncated, garbled): computed again
                 break
-            if crc(buf) != want:
-                break
+            if want is not None and crc(buf) != want:  # None: stored from frames (whole
+                break                                  # chunks that decode are the check)
         else:
             good.add(block)
     return good
@@ -258,7 +258,10 @@ class JournaledSink(MatrixSink):
 
     def write(self, rows, cols, block):
         self.inner.write(rows, cols, block)
-        check = crc(block)
+        self._covers(rows, cols, crc(block))
+
+    def _covers(self, rows, cols, check: int | None) -> None:
+        """The region is written: the block goes into the journal once it is all written."""
         key = self._block(rows, cols)
         i, j = key
         area = (self._rows[i + 1] - self._rows[i]) * (self._cols[j + 1] - self._cols[j])
@@ -269,6 +272,15 @@ class JournaledSink(MatrixSink):
             pieces = self._pending.pop(key) if covered >= area else None
         if pieces is not None:
             self.journal.record(key, sorted(pieces))
+
+    def framing(self):
+        return self.inner.framing()
+
+    def store_frames(self, index, rows, cols, frames) -> None:
+        """A chunk stored from frames encoded on the GPU: its data never reaches the host,
+        so it is journaled without a checksum (a resume checks that the chunk decodes)."""
+        self.inner.store_frames(index, rows, cols, frames)
+        self._covers(rows, cols, None)
 
     def regrid(self, rows, cols, header: dict) -> JournaledSink:
         """The same output journaled afresh for other C blocks (a plan made again): what

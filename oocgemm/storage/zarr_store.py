@@ -21,7 +21,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
 from ..planning.chunks import chunk_region, chunks_of
-from . import _files, urls
+from . import _files, frames, urls
 from .base import MatrixSink, MatrixSource
 
 
@@ -128,6 +128,14 @@ class _Direct:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(payload)
+
+    def write_frames(self, index, frames: list) -> None:
+        """Chunk ``index`` stored as ``frames`` back to back (:mod:`.frames`): already
+        encoded, the whole chunk (padding included)."""
+        path = self.path(index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.writelines(frames)
 
     def read_part(self, index, rows, cols, out: np.ndarray) -> None:
         """Rows ``rows`` and columns ``cols`` (within chunk ``index``) of an uncompressed
@@ -593,6 +601,18 @@ class ZarrSink(MatrixSink):
         else:  # blocks that share a chunk would lose each other's updates
             with self._lock:
                 self._array[selection] = block
+
+    def framing(self):
+        """C's chunks may come as zstd frames where this run creates the array on a local
+        disk, unsharded, its chunks zstd without a checksum (:func:`.frames.storable`)."""
+        w = self._writer
+        if w is None or not frames.storable(w.codec, w.fill, self.dtype):
+            return None
+        return frames.Framing(self.chunks, self.shape, self.dtype.itemsize, codec=w.codec)
+
+    def store_frames(self, index, rows, cols, parts) -> None:
+        assert self._writer is not None
+        self._writer.write_frames(index, parts)
 
     @property
     def temporary_path(self) -> str | None:

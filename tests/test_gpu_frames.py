@@ -1,0 +1,92 @@
+"""C compressed on the GPU (nvCOMP) before it goes down (``OOCGEMM_GPU_ENCODE=1``): the
+product zarr reads back equals numpy's, on ragged shapes whose stripes cut chunks, v2 and v3;
+by default the host encodes; skipped where no GPU (or no nvCOMP) is found."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+from _helpers import assert_gemm, rand
+
+import oocgemm
+from oocgemm import cuda
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")]
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+@pytest.fixture
+def gpu_encode(monkeypatch):
+    monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "1")
+
+
+def nvcomp_or_skip():
+    from oocgemm.cuda import nvcomp
+
+    if nvcomp.library() is None:
+        pytest.skip("nvCOMP (nvidia-libnvcomp-cu12/13) is not installed")
+    return nvcomp
+
+
+def chunk_files(path):
+    return [os.path.join(root, f) for root, _, files in os.walk(path)
+            for f in files if f.replace(".", "").isdigit()]
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("tile", [(512, 384, 256), None])
+def test_c_compressed_on_the_gpu(rng, workdir, gpu_encode, fmt, tile):
+    """Several C blocks (tile given) or the in-core shape (none): every chunk of C is
+    nvCOMP's frames, and the product is numpy's."""
+    nvcomp = nvcomp_or_skip()
+    a, b = rand(rng, (1000, 700)), rand(rng, (700, 900))
+    r = oocgemm.multiply(a, b, "c.zarr", device="cuda", tile=tile,
+                         out_options={"compressors": "zstd", "chunks": (128, 192),
+                                      "zarr_format": fmt})
+    assert r.out_encoder == f"nvCOMP {nvcomp.version()} zstd on the GPU"
+    got = zarr.open_array("c.zarr", mode="r")
+    assert_gemm(got[:], a, b)
+    files = chunk_files("c.zarr")
+    assert len(files) == 8 * 5
+    with open(files[0], "rb") as f:
+        assert f.read().count(ZSTD_MAGIC) >= 2
+
+
+def test_the_host_encodes_by_default(rng, workdir, monkeypatch):
+    """Without OOCGEMM_GPU_ENCODE=1: the host's encoders, the same product."""
+    nvcomp_or_skip()
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
+    monkeypatch.delenv("OOCGEMM_GPU_ENCODE", raising=False)
+    r = oocgemm.multiply(a, b, "c.zarr", device="cuda",
+                         out_options={"compressors": "zstd", "chunks": (64, 64)})
+    assert r.out_encoder is None
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
+
+
+def test_a_checksummed_output_is_encoded_on_the_host(rng, workdir, gpu_encode):
+    nvcomp_or_skip()
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
+    r = oocgemm.multiply(a, b, "c.zarr", device="cuda",
+                         out_options={"compressors": zarr.codecs.ZstdCodec(checksum=True),
+                                      "chunks": (64, 64)})
+    assert r.out_encoder is None
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
+
+
+def test_a_journaled_run_from_files(rng, workdir, gpu_encode):
+    """A run from files is journaled (its blocks from GPU frames without a checksum): the
+    product is whole, and the journal goes with the commit."""
+    nvcomp_or_skip()
+    a, b = rand(rng, (640, 300)), rand(rng, (300, 512))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    r = oocgemm.multiply("a.npy", "b.npy", "c.zarr", device="cuda", tile=(256, 256, 128),
+                         out_options={"compressors": "zstd", "chunks": (128, 128)})
+    assert r.out_encoder is not None
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
+    assert not [f for f in os.listdir(".") if "partial" in f]
