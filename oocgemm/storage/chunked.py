@@ -460,18 +460,8 @@ class ChunkWriter(MatrixSink):
         frames.append(framing.padding(piece.index))
 
         def store() -> None:
-            log = self._log
-            start = log.now() if log is not None else 0.0
-            try:
-                self.inner.store_frames(piece.index, rows, piece.cols, frames)
-            except OOCGemmError:
-                raise
-            except Exception as exc:  # a full disk, a store gone: the run's error
-                raise OutputError(f"{self.name}: cannot store chunk {piece.index} "
-                                  f"({type(exc).__name__}: {exc})") from exc
-            if log is not None:
-                lane = "encode-" + threading.current_thread().name.rsplit("_", 1)[-1]
-                log.add_store(key, lane, start, log.now(), chunk.nbytes)
+            self._stored(key, (rows, piece.cols), chunk.nbytes, self.inner.store_frames,
+                         piece.index, rows, piece.cols, frames)
 
         def ended(future: Future) -> None:
             with self._lock:
@@ -496,19 +486,25 @@ class ChunkWriter(MatrixSink):
 
     def _store_chunk(self, where, data: np.ndarray, key) -> None:
         """Encode and store one chunk (on an encoder thread, or the caller's)."""
+        rows, cols = where
+        self._stored(key, where, data.nbytes, self.inner.write, rows, cols, data)
+
+    def _stored(self, key, where, nbytes: int, store, *args) -> None:
+        """``store(*args)``, the chunk at ``where`` of block ``key`` (``nbytes`` of C): an
+        error the run's, the store a 'store' event of the calling encoder's lane."""
         log = self._log
         start = log.now() if log is not None else 0.0
-        rows, cols = where
         try:
-            self.inner.write(rows, cols, data)
+            store(*args)
         except OOCGemmError:
             raise
         except Exception as exc:  # a full disk, a store gone: the run's error
-            raise OutputError(f"{self.name}: cannot store rows {rows[0]}:{rows[1]}, columns "
-                              f"{cols[0]}:{cols[1]} ({type(exc).__name__}: {exc})") from exc
+            (r0, r1), (c0, c1) = where
+            raise OutputError(f"{self.name}: cannot store rows {r0}:{r1}, columns {c0}:{c1} "
+                              f"({type(exc).__name__}: {exc})") from exc
         if log is not None:
             lane = "encode-" + threading.current_thread().name.rsplit("_", 1)[-1]
-            log.add_store(key, lane, start, log.now(), data.nbytes)
+            log.add_store(key, lane, start, log.now(), nbytes)
 
     def _store(self, region, data: np.ndarray, key) -> None:
         """Write whole cells now, from ``data`` (which the caller keeps): their chunks
