@@ -71,10 +71,12 @@ def chunk_files(path):
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_a_framed_run_stores_chunks_that_zarr_reads(rng, workdir, layout):
+@pytest.mark.parametrize("encoder", ["replay", "writer"])
+def test_a_framed_run_stores_chunks_that_zarr_reads(rng, workdir, layout, encoder):
     """Stripes of 6 rows over chunks of 16 rows (pieces cut at chunk rows), a ragged right
     and bottom edge: every chunk is stored once, from several frames, and zarr reads the
-    product back."""
+    product back; the frames encoded at the WRITE as a GPU would (replay), or by the
+    writer's encoder threads, a piece each (writer)."""
     a, b = inputs(rng, 61, 40, 70)
     chunks = (16, 24)
     plan = staged_plan(a, b, chunks, tile=(32, 48, 16), stripe=6 * 48)
@@ -82,7 +84,9 @@ def test_a_framed_run_stores_chunks_that_zarr_reads(rng, workdir, layout):
     writer = chunk_writer(plan, sink)
     assert isinstance(writer, ChunkWriter)
     assert framed_writes(plan, writer) is not None
-    replay(plan, writer)
+    if encoder == "writer":
+        assert writer.encode_frames() is not None
+    replay(plan, writer, frames=encoder == "replay")
     n_chunks = -(-61 // 16) * -(-70 // 24)
     assert writer.chunks_framed == n_chunks and writer.cells_written == 0
     assert writer.held_bytes == 0 and 0 < writer.peak_bytes <= writer.budget
@@ -176,4 +180,27 @@ def test_a_framed_block_is_journaled(rng, workdir):
     reopened = Journal(sink.temporary_path)
     assert verified(reopened) == {(0, 0)}
     reopened.close()
+    sink.abort()
+
+
+def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
+    """Without nvCOMP (as here) the GPU compresses nothing: OOCGEMM_GPU_ENCODE=1 leaves C to
+    the host's whole-chunk encoders, =last and =frames to its encoders a stripe at a time,
+    and by default (or =0) no stripe becomes frames."""
+    from oocgemm.cuda import nvcomp
+    from oocgemm.runtime.cuda import gpu_framing
+
+    if nvcomp.library() is not None:
+        pytest.skip("nvCOMP is installed here")
+    a, b = inputs(rng, 64, 32, 48)
+    plan = staged_plan(a, b, (16, 48), tile=(32, 48, 16), stripe=4 * 48)
+    sink = new_output("c.zarr", (64, 48), (16, 48), "v3")
+    writer = chunk_writer(plan, sink)
+    for mode, host in (("0", None), ("1", None), ("last", True), ("frames", True)):
+        monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
+        got = gpu_framing(plan, writer)
+        assert (got and got.host) == host and (got is None or not got.downloads)
+    monkeypatch.delenv("OOCGEMM_GPU_ENCODE")
+    assert gpu_framing(plan, writer) is None
+    assert gpu_framing(plan, sink) is None  # a sink that takes no stripes of frames
     sink.abort()

@@ -90,3 +90,20 @@ def test_a_journaled_run_from_files(rng, workdir, gpu_encode):
     assert r.out_encoder is not None
     assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
     assert not [f for f in os.listdir(".") if "partial" in f]
+
+
+@pytest.mark.parametrize("mode", ["last", "frames"])
+def test_the_gpu_and_the_host_share_the_frames(rng, workdir, monkeypatch, mode):
+    """OOCGEMM_GPU_ENCODE=last: the GPU compresses part of the last block's stripes, the
+    host's encoders the others, a stripe each; =frames: the host all of them. One chunk's
+    file may hold frames of both."""
+    nvcomp = nvcomp_or_skip()
+    monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
+    a, b = rand(rng, (1000, 700)), rand(rng, (700, 900))
+    r = oocgemm.multiply(a, b, "c.zarr", device="cuda", tile=(512, 384, 256),
+                         out_options={"compressors": "zstd", "chunks": (128, 192)})
+    if mode == "last":
+        assert r.out_encoder.startswith(f"nvCOMP {nvcomp.version()} zstd on the GPU for ")
+    else:
+        assert r.out_encoder is None
+    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)

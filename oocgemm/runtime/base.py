@@ -100,8 +100,8 @@ def framed_writes(plan, sink):
     ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a staged plan
     (C leaves through the output ring, stripe by stripe) whose WRITEs store the stripes as
     they come (no C to add on the host), and a sink that takes frames."""
-    if not plan.staged or any(op.beta != 0 for op in plan.schedule.ops
-                              if op.kind is OpKind.WRITE):
+    if not plan.staged or not hasattr(sink, "write_frames") or any(
+            op.beta != 0 for op in plan.schedule.ops if op.kind is OpKind.WRITE):
         return None
     return sink.framing()
 

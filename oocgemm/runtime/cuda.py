@@ -15,12 +15,13 @@ GPU, a dependency on a host operation (a READ) is waited for on the host. Host o
 for the CUDA events of the device operations they depend on. No device-wide synchronisation
 happens inside the loop.
 
-With ``OOCGEMM_GPU_ENCODE=1``, where C's chunks are zstd and stored as files
-(:func:`~oocgemm.runtime.base.framed_writes`) and nvCOMP is there, each DOWNLOAD compresses
-its stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``,
-which runs ahead of the GEMMs) and its WRITE hands the sink the frames: the host's cores only
-write files. It is not the default: on a 16-core H100/H200 host the GPU's zstd takes SMs
-from the GEMMs and the run ends later than with the host's encoders (docs/performance.md).
+Where C's chunks are zstd and stored as files (:func:`~oocgemm.runtime.base.framed_writes`)
+a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM_GPU_ENCODE``
+says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its stripe on the GPU
+first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which runs ahead of the
+GEMMs) and its WRITE hands the sink the frames; the other stripes go to the host's encoders.
+By default C's chunks are gathered and encoded whole on the host (docs/performance.md has the
+figures that chose it).
 
 Timing: a pair of CUDA events brackets every device operation; a clock thread maps them onto
 the host clock of the event log as the GPU finishes each one, through a reference event
@@ -37,10 +38,12 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, wait
+from dataclasses import dataclass
 
 from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, ordered_lane
+from ..storage.frames import Framing
 from .base import (
     Cancelled,
     Executor,
@@ -69,30 +72,65 @@ def _settle(future: Future, task) -> None:
         future.set_exception(exc)
 
 
-def gpu_framing(plan, sink):
-    """The framing in which a run of ``plan`` compresses C's stripes on the GPU, the
-    stripes, and the pinned bytes each output ring buffer then needs; None where it does
-    not: unless ``OOCGEMM_GPU_ENCODE=1``, where C is not stored from frames
-    (:func:`~oocgemm.runtime.base.framed_writes`), without nvCOMP, or where the encoder's
-    buffers would not fit the plan's budgets."""
-    if os.environ.get("OOCGEMM_GPU_ENCODE", "0") != "1":
-        return None
-    framing = framed_writes(plan, sink)
+#: The share of the run's last C block's stripes that ``OOCGEMM_GPU_ENCODE=last`` has the
+#: GPU compress (nvCOMP: about 9 GB/s; the host's 16 cores: about 5), the rest the host's.
+GPU_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class GpuFrames:
+    """How a run's C stripes become frames (:func:`gpu_framing`)."""
+
+    framing: Framing
+    downloads: frozenset[int]
+    """The DOWNLOADs that compress their stripe on the GPU."""
+    writes: frozenset[int]
+    """Their WRITEs (which hand the sink frames; the others hand it their stripe)."""
+    stripes: tuple
+    """(rows, cols) of each of those stripes."""
+    ring: int
+    """Bytes each output ring buffer needs (a stripe's frames, sizes and statuses)."""
+    host: bool
+    """The host's encoders make frames of the other stripes (``encode_frames``)."""
+
+
+def gpu_framing(plan, sink) -> GpuFrames | None:
+    """How a run of ``plan`` makes C's stripes into frames, after ``OOCGEMM_GPU_ENCODE``:
+    '1', every stripe compressed on the GPU; 'last', :data:`GPU_SHARE` of the last C
+    block's stripes on the GPU and the others on the host's encoders, a stripe each;
+    'frames', every stripe on the host's encoders. None (C's chunks gathered and encoded
+    whole, the default) otherwise, or where C is not stored from frames
+    (:func:`~oocgemm.runtime.base.framed_writes`); without nvCOMP, or where its buffers
+    would not fit the plan's budgets, the GPU compresses nothing."""
+    mode = os.environ.get("OOCGEMM_GPU_ENCODE", "0")
+    framing = framed_writes(plan, sink) if mode in ("1", "last", "frames") else None
     if framing is None:
         return None
+    downs = [op for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
+    if mode == "1":
+        mine = downs
+    elif mode == "last" and downs:
+        last = [op for op in downs if op.key == downs[-1].key]
+        mine = [op for k, op in enumerate(last)
+                if int((k + 1) * GPU_SHARE) > int(k * GPU_SHARE)]
+    else:
+        mine = []
     from ..cuda import nvcomp
 
     if nvcomp.library() is None:
+        mine = []
+    stripes = tuple(op.region for op in mine)
+    ring = max((nvcomp.host_bytes(framing, *s) for s in stripes), default=0)
+    if mine and (plan.device_bytes + nvcomp.device_bytes(framing, stripes) > plan.memory_limit
+                 or plan.host_bytes + plan.n_out * max(0, ring - plan.buffers.out_ring)
+                 > plan.host_memory_limit):
+        mine, stripes, ring = [], (), 0
+    if not mine and mode == "1":
         return None
-    stripes = [op.region for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
-    if not stripes:
-        return None
-    ring = max(nvcomp.host_bytes(framing, *stripe) for stripe in stripes)
-    pinned = plan.n_out * max(0, ring - plan.buffers.out_ring)
-    if (plan.device_bytes + nvcomp.device_bytes(framing, stripes) > plan.memory_limit
-            or plan.host_bytes + pinned > plan.host_memory_limit):
-        return None
-    return framing, stripes, ring
+    indices = frozenset(op.index for op in mine)
+    writes = frozenset(op.index for op in plan.schedule.ops
+                       if op.kind is OpKind.WRITE and op.deps and op.deps[0] in indices)
+    return GpuFrames(framing, indices, writes, stripes, ring, host=mode != "1")
 
 
 def _on_host(op) -> bool:
@@ -202,6 +240,8 @@ class CudaExecutor(Executor):
         self.writers = writers or max(2, plan.n_out)
         self.index = index
         self._framed = gpu_framing(plan, sink)
+        if self._framed is not None and self._framed.host:
+            sink.encode_frames()
         self._encoder = None  # the run's StripeEncoder (self._framed)
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
@@ -258,10 +298,10 @@ class CudaExecutor(Executor):
                 if op.kind is OpKind.READ:
                     self.sources[op.operand].read((r0, r1), (c0, c1),
                                                   gpu.host_view(op.dst, op.shape))
-                elif self._framed is not None:  # C's frames, compressed on the GPU
-                    from ..cuda.nvcomp import read_stripe
+                elif self._framed is not None and op.index in self._framed.writes:
+                    from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
 
-                    pieces = read_stripe(self._framed[0], gpu.pinned_bytes(op.src[0]),
+                    pieces = read_stripe(self._framed.framing, gpu.pinned_bytes(op.src[0]),
                                          (r0, r1), (c0, c1))
                     self.sink.write_frames((r0, r1), (c0, c1), pieces)
                 else:  # WRITE from the output ring
@@ -282,7 +322,8 @@ class CudaExecutor(Executor):
         trans = self.schedule.transposed
         if op.kind is OpKind.UPLOAD:
             gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
-        elif op.kind is OpKind.DOWNLOAD and self._encoder is not None:
+        elif op.kind is OpKind.DOWNLOAD and self._encoder is not None \
+                and op.index in self._framed.downloads:
             self._encoder.encode(gpu.device_ptr(op.src[0]) + op.offset * gpu.dtype.itemsize,
                                  op.shape[1], *op.region, gpu.pinned_ptr(op.dst),
                                  gpu.streams[stream].ptr)
@@ -399,7 +440,7 @@ class CudaExecutor(Executor):
         for name, elements in self.schedule.slots.items():
             if name.startswith("s"):
                 if name.startswith("sO") and self._framed is not None:  # frames and sizes
-                    elements = max(elements, -(-self._framed[2] // itemsize))
+                    elements = max(elements, -(-self._framed.ring // itemsize))
                 gpu.pinned_buffer(name, elements)
                 pinned_bytes += elements * itemsize
         seconds = time.perf_counter() - begin
@@ -410,12 +451,16 @@ class CudaExecutor(Executor):
             startup.pinned(self.index, seconds, pinned_bytes)
         if is_ozaki(self.plan.kernel):
             gpu.emulate(self.plan, timing=self.log.record)
-        if self._framed is not None:
+        if self._framed is not None and self._framed.downloads:
             from ..cuda import nvcomp
 
-            framing, stripes, _ = self._framed
-            self._encoder = nvcomp.StripeEncoder(framing, stripes, itemsize)
-            self.log.encoder = f"nvCOMP {nvcomp.version()} zstd on the GPU"
+            framed = self._framed
+            self._encoder = nvcomp.StripeEncoder(framed.framing, framed.stripes, itemsize)
+            total = sum(1 for op in self.schedule.ops if op.kind is OpKind.DOWNLOAD)
+            self.log.encoder = (f"nvCOMP {nvcomp.version()} zstd on the GPU"
+                                + (f" for {len(framed.downloads)} of {total} stripes, the "
+                                   f"host's encoders for the others"
+                                   if len(framed.downloads) < total else ""))
 
     def _clock(self, timed, reference, origin, gpu) -> None:
         """Put each device operation on the log's clock as the GPU finishes it (and report it,

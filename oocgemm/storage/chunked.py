@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import OOCGemmError, OutputError
 from ..planning.chunks import Load, chunk_ends, chunk_range, chunk_region, chunks_of
 from .base import ChunkedSource, MatrixSink, MatrixSource
+from .frames import Framing, encode_piece, encode_stripe
 
 
 class _Entry:
@@ -368,6 +369,7 @@ class ChunkWriter(MatrixSink):
         self.cells_written = 0
         """Cells gathered and written whole."""
         self._framed: dict[tuple[int, int], _Framed] = {}
+        self._host_frames: Framing | None = None  # once told to encode stripes as frames
         self.chunks_framed = 0
         """Chunks stored from frames (:meth:`write_frames`)."""
 
@@ -390,6 +392,9 @@ class ChunkWriter(MatrixSink):
         key = self._block(rows, cols)
         if key is None:  # not a piece of one C block: nothing to gather it with
             self.inner.write(rows, cols, block)
+            return
+        if self._host_frames is not None:
+            self._encode_stripe(rows, cols, block, key)
             return
         i, j = key
         top, bottom = self._rows[i], self._rows[i + 1]
@@ -422,6 +427,52 @@ class ChunkWriter(MatrixSink):
                 return None
         return framing
 
+    def encode_frames(self):
+        """From now on, encode each stripe that :meth:`write` brings as the frames of its
+        chunk pieces, one piece per encoder thread, as soon as it comes (a GPU's stripes
+        come as frames already, :meth:`write_frames`): every chunk is then stored from
+        frames. Returns the framing, or None where this writer has none (nothing changes)."""
+        self._host_frames = self.framing()
+        return self._host_frames
+
+    def _encode_stripe(self, rows, cols, block: np.ndarray, key) -> None:
+        """A stripe copied and handed to the encoders, a piece each (:meth:`encode_frames`);
+        encoded here where the budget has no room for its copy."""
+        framing = self._host_frames
+        assert framing is not None
+        with self._lock:
+            while (buffer := self._take(block.shape)) is _WAIT:
+                self._freed.wait()
+        if buffer is None:
+            self.write_frames(rows, cols, encode_stripe(framing, block, rows, cols))
+            return
+        np.copyto(buffer, block, casting="same_kind")
+        pieces = framing.pieces(rows, cols)
+        encoded: list = []
+
+        def encode(piece) -> None:
+            data = encode_piece(framing, buffer, rows, cols, piece, frame_bytes=1 << 30)
+            with self._lock:
+                encoded.append((piece, data))
+                last = len(encoded) == len(pieces)
+                if last:  # the copy goes, and the frames take its place in the budget
+                    self.held_bytes -= buffer.nbytes
+            if last:
+                self._add_frames(key, encoded)
+
+        def ended(future: Future) -> None:
+            with self._lock:
+                self._stores.discard(future)
+                if not future.cancelled() and future.exception() is not None:
+                    self._error = self._error or future.exception()
+                self._freed.notify_all()
+
+        with self._lock:
+            futures = [self._pool().submit(encode, piece) for piece in pieces]
+            self._stores.update(futures)
+        for future in futures:
+            future.add_done_callback(ended)
+
     def write_frames(self, rows, cols, pieces) -> None:
         """The frames of a stripe of C, piece by piece (:func:`.frames.encode_stripe`):
         held until each chunk's rows have all come, the chunk then stored by an encoder
@@ -430,13 +481,20 @@ class ChunkWriter(MatrixSink):
         nbytes = sum(len(data) for _, data in pieces)
         key = self._block(rows, cols)
         assert key is not None, "a framed stripe lies in one C block"
-        cr = self.chunks[0]
-        done = []
         with self._lock:
             while self._spare and self.held_bytes + nbytes > self.budget:
                 self.held_bytes -= self._spare.pop(0).nbytes
             while self.held_bytes + nbytes > self.budget and self._stores:
                 self._freed.wait()
+        self._add_frames(key, pieces)
+
+    def _add_frames(self, key, pieces) -> None:
+        """Frames of chunk pieces of block ``key`` kept (their bytes counted, no wait: an
+        encoder thread calls this too); each chunk whose rows have all come is stored."""
+        nbytes = sum(len(data) for _, data in pieces)
+        cr = self.chunks[0]
+        done = []
+        with self._lock:
             self.held_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             for piece, data in pieces:

@@ -90,18 +90,25 @@ class Framing:
         return frame
 
 
+def encode_piece(framing: Framing, data: np.ndarray, rows, cols, piece: Piece,
+                 frame_bytes: int | None = None) -> bytes:
+    """The frames of one piece of the stripe ``data`` (``rows`` x ``cols`` of C), encoded
+    on the host in frames of ``frame_bytes`` (default: the framing's; the host's frames may
+    be larger than a GPU's, the chunk's file is the same stream)."""
+    (r0, r1), (c0, c1) = piece.rows, piece.cols
+    padded = np.zeros((r1 - r0, framing.chunks[1]), dtype=data.dtype)
+    padded[:, :c1 - c0] = data[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
+    raw = padded.reshape(-1).view(np.uint8)
+    step = frame_bytes or framing.frame_bytes
+    return b"".join(bytes(framing.codec.encode(raw[lo:lo + step]))
+                    for lo in range(0, raw.size, step))
+
+
 def encode_stripe(framing: Framing, data: np.ndarray, rows, cols) -> list[tuple[Piece, bytes]]:
     """The frames of the stripe ``data`` (``rows`` x ``cols`` of C) encoded on the host,
     piece by piece, as a GPU encodes them: what the CPU executor replays of a framed run."""
-    out = []
-    for piece in framing.pieces(rows, cols):
-        (r0, r1), (c0, c1) = piece.rows, piece.cols
-        padded = np.zeros((r1 - r0, framing.chunks[1]), dtype=data.dtype)
-        padded[:, :c1 - c0] = data[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
-        raw = padded.reshape(-1).view(np.uint8)
-        out.append((piece, b"".join(bytes(framing.codec.encode(raw[lo:hi]))
-                                    for lo, hi in framing.cuts(raw.size))))
-    return out
+    return [(piece, encode_piece(framing, data, rows, cols, piece))
+            for piece in framing.pieces(rows, cols)]
 
 
 def storable(codec, fill, dtype: np.dtype) -> bool:
