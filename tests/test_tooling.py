@@ -104,6 +104,35 @@ def test_nothing_in_the_library_imports_benchmarks():
             assert not any(n.split(".")[0] == "benchmarks" for n in names), path
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """A name another module uses is public within the package: no ``from .x import _y``, no
+    private module (``_x.py``) imported by a sibling, no ``module._name``."""
+    import ast
+
+    wrong = []
+    for path in (ROOT / "oocgemm").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".")
+                wrong += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                          if _private(a.name) or any(map(_private, parts))]
+                modules.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                wrong += [f"{path.name}: import {a.name}" for a in node.names
+                          if any(map(_private, a.name.split(".")))]
+                modules.update((a.asname or a.name).split(".")[0] for a in node.names)
+        wrong += [f"{path.name}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and _private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id in modules]
+    assert not wrong, wrong
+
+
 def test_the_api_reads_at_once():
     """api.py tells a run's story: no function longer than 60 lines of code (its docstring
     aside), so that each reads at once."""
