@@ -80,10 +80,10 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
 
     from ..api import plan as plan_product
     from ..checks import scalar
-    from ..options import Options
+    from ..options import PLANS, Options
 
     trace_dir = options.pop("trace_dir", None)
-    checked = Options.of("oocgemm.dask.matmul", **options)  # here, not in every task
+    checked = Options.of("oocgemm.dask.matmul", PLANS, **options)  # here, not in every task
     if checked.out_options is not None or checked.storage_options is not None:
         raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
                           "(the result is a dask array; inputs are read as given)")

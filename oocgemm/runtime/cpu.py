@@ -38,6 +38,7 @@ from .base import (
     upper_matmul,
     with_c,
 )
+from .staging import cpu_settings
 
 
 class CpuExecutor(Executor):
@@ -57,17 +58,8 @@ class CpuExecutor(Executor):
         False to keep no events (only the bytes moved are counted).
     """
 
-    #: Plans for this executor work in place (no staging buffers).
-    STAGED = False
-
-    @staticmethod
-    def staging(problem, model, kernel: str = "cublas") -> dict:
-        """The plan's staging settings for this executor: 4 reader threads; the last K
-        panel of a block runs in 4 row stripes (the run's last block in tapering ones), so
-        that the run's last block is written stripe by stripe as its rows become final
-        rather than all after its last GEMM. Emulated products (``kernel='ozaki'``) run
-        each panel whole: a stripe would be an emulated product of its own."""
-        return {"readers": 4, "split_last": 1 if is_ozaki(kernel) else 4}
+    #: The plan's staging settings for this executor (:mod:`oocgemm.runtime.staging`).
+    staging = staticmethod(cpu_settings)
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
                  record: bool = True, resources=None):
