@@ -35,11 +35,11 @@ import numpy as np
 
 from . import hostinfo
 from .checks import flag, scalar
-from .cuda.catalog import DEFAULT as DEFAULT_KERNEL
-from .cuda.catalog import check_kernel, is_ozaki
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, MemoryPressureError, OptionError
 from .hints import MatrixLike, Scalar
+from .kernel_catalog import DEFAULT as DEFAULT_KERNEL
+from .kernel_catalog import check_kernel, is_ozaki
 from .options import Options
 from .planning import (
     STAGING,

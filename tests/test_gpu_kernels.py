@@ -12,7 +12,7 @@ from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.cuda import catalog
+from oocgemm import kernel_catalog as catalog
 from oocgemm.errors import KernelError
 
 pytestmark = [pytest.mark.gpu,

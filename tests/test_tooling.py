@@ -78,6 +78,42 @@ def test_the_package_has_no_import_cycle():
 
 
 
+def test_the_subpackages_have_no_import_cycle():
+    """planning, storage, runtime, cuda, diagnostics and dask, each taken as one: none
+    imports, through the others, back into itself (the planner learns the kernels from
+    kernel_catalog, not from cuda/; NVTX ranges are diagnostics)."""
+    packages = {p.name for p in (ROOT / "oocgemm").iterdir() if (p / "__init__.py").exists()}
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in packages else None
+
+    graph: dict[str, set[str]] = {p: set() for p in packages}
+    why: dict[tuple[str, str], str] = {}
+    for module, deps in _imports().items():
+        for dep in deps:
+            a, b = package(module), package(dep)
+            if a and b and a != b:
+                graph[a].add(b)
+                why.setdefault((a, b), f"{module} -> {dep}")
+
+    def reaches(start: str, goal: str, seen: set[str]) -> list[str] | None:
+        for nxt in sorted(graph[start]):
+            if nxt == goal:
+                return [start, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                path = reaches(nxt, goal, seen)
+                if path:
+                    return [start, *path]
+        return None
+
+    for pkg in sorted(packages):
+        cycle = reaches(pkg, pkg, set())
+        assert cycle is None, "package cycle: " + ", ".join(
+            why[(a, b)] for a, b in zip(cycle, cycle[1:]))
+
+
 def _imported_by(prefix: str) -> dict[str, set[str]]:
     return {module: deps for module, deps in _imports().items()
             if module == prefix or module.startswith(prefix + ".")}

@@ -12,7 +12,7 @@ import cupy
 import numpy as np
 
 from ..errors import KernelError
-from .catalog import KERNELS, KernelSpec, kernels_dir, source_text
+from ..kernel_catalog import KERNELS, KernelSpec, kernels_dir, source_text
 
 _OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()

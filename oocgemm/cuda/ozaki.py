@@ -64,7 +64,7 @@ def module(device: int, cache: dict):
     """``kernels/ozaki.cu`` compiled for GPU ``device`` (kept in ``cache``: an engine's or the
     process's compiled kernels)."""
     from ..errors import KernelError
-    from .catalog import kernels_dir
+    from ..kernel_catalog import kernels_dir
 
     folder = kernels_dir()
     key = ("ozaki", device, str(folder))
@@ -150,7 +150,7 @@ class Emulator:
     def __init__(self, gpu, kernel: str, tile: tuple[int, int, int], slots, *,
                  timing: bool = False):
         from .. import ozaki
-        from .catalog import ozaki_moduli
+        from ..kernel_catalog import ozaki_moduli
 
         self.gpu = gpu
         self.moduli = ozaki_moduli(kernel)

@@ -36,7 +36,7 @@ def is_gram(ops: dict[str, Operand], options: Mapping[str, Any]) -> bool:
     """Whether the product is ``X^T X`` or ``X X^T`` of one matrix (the same stored array, by
     identity, or the same dask array), with beta == 0 and the default kernel: C is then
     symmetric, and bands of it need compute only their part on and right of the diagonal."""
-    from ..cuda.catalog import DEFAULT as DEFAULT_KERNEL
+    from ..kernel_catalog import DEFAULT as DEFAULT_KERNEL
     from ..storage.identity import identity, same_matrix
 
     a, b = ops["A"], ops["B"]

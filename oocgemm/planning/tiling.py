@@ -11,8 +11,8 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 
-from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..errors import BudgetError, OptionError
+from ..kernel_catalog import is_ozaki, ozaki_moduli
 from ..ozaki import MAX_DEPTH
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, chunk_region, most_touched, window_bytes

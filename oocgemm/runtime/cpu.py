@@ -23,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
+from ..kernel_catalog import is_ozaki, ozaki_moduli
 from ..planning.schedule import OpKind
 from .base import (
     Cancelled,

@@ -20,7 +20,7 @@ the host clock of the event log as the GPU finishes each one, through a referenc
 recorded (and waited for) just before the first operation, so host and device events share one
 clock and little is left to convert once the last operation ends. Every operation is
 also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
-(:mod:`oocgemm.cuda.nvtx`).
+(:mod:`oocgemm.diagnostics.nvtx`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import threading
 import time
 from concurrent.futures import Future, wait
 
-from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
+from ..kernel_catalog import is_ozaki
 from ..planning.schedule import OpKind, ordered_lane
 from .base import Cancelled, Executor, block_shape, failure, panel_shapes, thread_lane, with_c
 from .staging import cuda_settings
@@ -223,7 +223,7 @@ class CudaExecutor(Executor):
         """Replay the schedule; device and pinned buffers are freed on return, also on error.
         The threads (readers, writers, the lanes) are the resources' kept ones."""
         from ..cuda.engine import GpuContext
-        from ..cuda.nvtx import Ranges
+        from ..diagnostics.nvtx import Ranges
 
         self._nvtx = Ranges()
         ops = self.schedule.ops

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cuda.catalog import is_ozaki
 from ..errors import DeviceError
+from ..kernel_catalog import is_ozaki
 
 
 @dataclass(frozen=True)
