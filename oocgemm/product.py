@@ -38,8 +38,7 @@ from .checks import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, MemoryPressureError, OptionError
 from .hints import MatrixLike, Scalar
-from .kernel_catalog import DEFAULT as DEFAULT_KERNEL
-from .kernel_catalog import check_kernel, is_ozaki
+from .kernel_catalog import check_kernel
 from .options import Options
 from .planning import (
     STAGING,
@@ -56,6 +55,7 @@ from .result import Result
 from .runtime.base import executor_class
 from .runtime.staging import Staging, staging_for
 from .storage.run import RunIO, chunk_counts, open_run
+from .strategies import strategy_of
 from .units import format_size, parse_size
 
 __all__ = ["Product"]
@@ -198,7 +198,7 @@ class Product:
                           a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
                           trans_a=trans_a, trans_b=trans_b, shared=io.shared)
         kernel = check_kernel(self.options.kernel, np.dtype(problem.dtype))
-        if kernel != DEFAULT_KERNEL and not is_ozaki(kernel) and self.device.kind != "cuda":
+        if self.device.kind not in strategy_of(kernel).devices:
             raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = _budgets(self.device, self.options)
@@ -217,7 +217,7 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
     # the user's that is not square computes the product in full, as they asked).
     tile = options.tile
-    symmetric = problem.gram and kernel == DEFAULT_KERNEL and (
+    symmetric = problem.gram and strategy_of(kernel).halves_gram and (
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     settings = dict(problem=problem, device=device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,

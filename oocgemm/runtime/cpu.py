@@ -24,8 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..kernel_catalog import is_ozaki, ozaki_moduli
 from ..planning.schedule import OpKind
+from ..strategies import strategy_of
 from .base import (
     Cancelled,
     Executor,
@@ -68,6 +68,7 @@ class CpuExecutor(Executor):
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
+        self.strategy = strategy_of(plan.kernel)  # the product's GEMM: numpy's, or emulated
         self._buffers: dict[str, np.ndarray] = {}
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
         self._analysed: dict[str, tuple] = {}  # 'A'/'B' -> (panel key, ozaki.Panel) last used
@@ -191,7 +192,7 @@ class CpuExecutor(Executor):
         b = b[:, y0:]
         c = self.view(op.dst, (w, h))[x0:x1, y0:]
         multiply = upper_matmul if op.upper else np.matmul
-        if is_ozaki(self.plan.kernel):  # the same steps, the product emulated
+        if self.strategy.emulated:  # the same steps, the product emulated
             product = self._emulated(op, panel, a, b)
         elif op.beta == 0:  # BLAS: C is not read, whatever it holds
             multiply(a, b, out=c)
@@ -224,7 +225,7 @@ class CpuExecutor(Executor):
             if analysed.get(name, (None,))[0] != key:
                 analysed[name] = (key, ozaki.analyse(x, axis))
         how = ozaki.plan_pair(analysed["A"][1], analysed["B"][1], b.shape[0],
-                              ozaki_moduli(self.plan.kernel))
+                              self.strategy.moduli)
         product, _ = ozaki.gemm(a, b, how=how)
         self.log.note(f"native: {how.reason}" if how.native
                       else f"ozaki, {len(how.moduli)} moduli")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import DeviceError
-from ..kernel_catalog import is_ozaki
+from ..strategies import strategy_of
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,9 @@ class Staging:
 def cpu_settings(problem, model, kernel: str = "cublas") -> dict:
     """The CPU executor's: 4 reader threads; the last K panel of a block runs in 4 row
     stripes (the run's last block in tapering ones), so that the run's last block is written
-    stripe by stripe as its rows become final rather than all after its last GEMM. Emulated
-    products (``kernel='ozaki'``) run each panel whole: a stripe would be an emulated product
-    of its own."""
-    return {"readers": 4, "split_last": 1 if is_ozaki(kernel) else 4}
+    stripe by stripe as its rows become final rather than all after its last GEMM; then what
+    the kernel's strategy changes (:meth:`oocgemm.strategies.Native.stage`)."""
+    return strategy_of(kernel).stage("cpu", {"readers": 4, "split_last": 4}, problem)
 
 
 def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
@@ -44,12 +43,9 @@ def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
     last 4 panels of a block run row stripe by row stripe, 8 stripes (16 drained faster
     but ran the GEMMs slower: 1.5% slower end to end), with 5 slots each for A and B (4
     resident + 1 for the next block's first panel), so that C's rows become final over 4
-    panels' time and leave while the rest computes.
-
-    Emulated products (``kernel='ozaki'``) keep each slot's converted panel beside it, and
-    finish every K panel's product in an elementwise pass over C: two slots each for A
-    and B, no ramp (small first panels would each take that pass), one tail panel. A Gram
-    product (one matrix on both sides, one transposed) has 16 output stripes."""
+    panels' time and leave while the rest computes. Then what the kernel's strategy changes
+    (:meth:`oocgemm.strategies.Native.stage`: a Gram product's 16 output stripes, an
+    emulation's slots)."""
     from .. import hostinfo
 
     readers = max(4, min(10, hostinfo.cores() - 4))
@@ -57,15 +53,7 @@ def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
                     min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
                     ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
                                      problem.b_chunks_kn()[0] or 1))
-    if is_ozaki(kernel):
-        settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
-    elif problem.gram:
-        # A symmetric product writes two blocks of C for each it computes, in half the
-        # time: 16 output stripes (and writers) rather than 8 took X^T X of 32768² from
-        # 0.636 to 0.610 of the general product's time on the H100 (writing fresh host
-        # pages: 18.9 GB/s from 8 threads, 27.9 from 16).
-        settings.update(n_out=16)
-    return settings
+    return strategy_of(kernel).stage("cuda", settings, problem)
 
 
 #: Device kind -> (staged, its settings).
