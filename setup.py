@@ -1,6 +1,6 @@
 """The one build step that pyproject.toml cannot state: the CUDA sources of ``kernels/`` (their
 source of truth, beside the package) are copied into the wheel as ``oocgemm/_kernels/``, where
-:func:`oocgemm.cuda.catalog.kernels_dir` finds them through ``importlib.resources``. An editable
+:func:`oocgemm.kernel_catalog.kernels_dir` finds them through ``importlib.resources``. An editable
 install copies nothing: the package then reads ``kernels/`` of its checkout in place.
 Everything else is in pyproject.toml.
 """

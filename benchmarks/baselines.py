@@ -20,7 +20,7 @@ import cupy
 import numpy as np
 from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas into the process)
 
-from oocgemm.cuda.kernels import gemm_arrays
+from benchmarks.in_core import gemm_arrays
 
 
 def timed_events(fn, repeat: int = 3) -> float:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import numpy as np
 
 from oocgemm import cuda
-from oocgemm.cuda import catalog
+from oocgemm import kernel_catalog as catalog
 from oocgemm.errors import OptionError
 from oocgemm.sysinfo import gpu_info
 

@@ -9,7 +9,7 @@
    And :func:`overlap`: whether memory-bound work (as conversion and finish are) runs beside
    the int8 GEMMs for free.
 2. **In core** (operands on the GPU): cuBLAS DGEMM and the emulated product
-   (:class:`oocgemm.cuda.ozaki.InCore`, the whole K one panel) at each size, alternated, each
+   (:class:`benchmarks.in_core.InCore`, the whole K one panel) at each size, alternated, each
    sustained; then one emulated product timed by phase (conversion, int8 GEMMs, finish), as
    pipelined and with the phases in turn on one stream (what each costs alone).
 3. **Out of core**, n³ from host memory under the GPU memory limit: ``oocgemm.multiply``
@@ -211,7 +211,7 @@ def in_core(n: int, kernels, spreads, seconds: float, seed: int = 0) -> dict:
     afresh); one product's phases; the accuracy per spread."""
     import cupy
 
-    from oocgemm.cuda.ozaki import InCore
+    from benchmarks.in_core import InCore
 
     out: dict = {"n": n, "kernels": {}}
     c = cupy.empty((n, n))

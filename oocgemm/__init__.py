@@ -22,10 +22,11 @@ from .errors import (
 )
 from .freivalds import VerifyReport, verify
 from .planning import Plan
+from .product import Product
 from .result import Result
 from .version import __version__
 
 __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engine",
            "ExecutionError", "InputError", "KernelError", "MemoryPressureError", "OOCGemmError",
-           "OptionError", "OutputError", "Plan", "Result", "ShapeError", "VerifyReport", "gram",
-           "multiply", "plan", "verify", "__version__"]
+           "OptionError", "OutputError", "Plan", "Product", "Result", "ShapeError",
+           "VerifyReport", "gram", "multiply", "plan", "verify", "__version__"]

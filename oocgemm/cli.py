@@ -195,8 +195,22 @@ CHUNKS = PairType("RxC", "1024x1024")
 SCALAR = ScalarType()
 
 
+def _flags(names) -> list:
+    """The click options of these options of :class:`~oocgemm.options.Options`, made from
+    their definitions there (the flag, its help, the field's default)."""
+    from .options import on_the_command_line
+
+    return [click.option(*spec["flags"], name, default=default,
+                         **{k: v for k, v in spec.items() if k != "flags"})
+            for name, default, spec in on_the_command_line() if name in names]
+
+
 def _product_options(func):
-    """The options that describe a product (shared by ``multiply`` and ``plan``)."""
+    """The options that describe a product (shared by ``multiply`` and ``plan``): its terms,
+    the plan's options of :class:`~oocgemm.options.Options`, and ``out_options`` spelled as
+    four flags."""
+    from .options import PLANS
+
     options = [
         click.option("--alpha", type=SCALAR, default=1.0, show_default=True,
                      help="Scale of the product: C = alpha*op(A)@op(B) + beta*C."),
@@ -206,21 +220,7 @@ def _product_options(func):
                      help="The C matrix that --beta scales (.zarr or .npy)."),
         click.option("--trans-a", is_flag=True, help="Use the transpose of A."),
         click.option("--trans-b", is_flag=True, help="Use the transpose of B."),
-        click.option("--device", default="auto", show_default=True, metavar="DEVICE",
-                     help="auto, cpu, cuda or cuda:N (auto: a GPU when CuPy sees one); several: "
-                          "cuda:all or a list such as cuda:0,cuda:1."),
-        click.option("--memory-limit", metavar="SIZE", default=None,
-                     help="Budget of the block buffers (GPU memory, or the CPU's working "
-                          "buffers): bytes, '8GB', '512MiB' or '80%'. Default: 90% of free "
-                          "GPU memory, or a quarter of RAM."),
-        click.option("--host-memory-limit", metavar="SIZE", default=None,
-                     help="Budget of host staging and read buffers (default a quarter of RAM)."),
-        click.option("--tile", metavar="W,H,R", default=None,
-                     help="Override the planner: C blocks of WxH, K panels of depth R."),
-        click.option("--kernel", metavar="NAME", default=None,
-                     help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, "
-                          "regblock or dmma (kernels/); ozaki: float64 emulated in exact "
-                          "integers, rounded once (CPU so far)."),
+        *_flags(PLANS),
         click.option("--out-chunks", type=CHUNKS, default=None,
                      help="Chunk shape of a new .zarr OUT (default: at most 64 MiB, tiling "
                           "the C blocks)."),
@@ -237,15 +237,12 @@ def _product_options(func):
 
 
 def _run_options(func):
-    """The options of a run (shared by ``multiply`` and ``gram``)."""
+    """The options of a run (shared by ``multiply`` and ``gram``): the run's options of
+    :class:`~oocgemm.options.Options` that have a flag, and how the command reports."""
+    from .options import RUN_ONLY
+
     options = [
-        click.option("--overwrite", is_flag=True, help="Replace an existing OUT."),
-        click.option("--verify", "verify", is_flag=True,
-                     help="Check the product (Freivalds' test) before committing it."),
-        click.option("--resume", is_flag=True,
-                     help="Finish the interrupted run of this same command: the C blocks it "
-                          "wrote are kept (checked against their checksums), the rest "
-                          "computed."),
+        *_flags(RUN_ONLY),
         click.option("-q", "--quiet", is_flag=True,
                      help="No progress bar (it is drawn only on a terminal anyway); the "
                           "one-line summary stays."),
@@ -264,17 +261,17 @@ def _run_options(func):
     return func
 
 
-def _api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit, tile,
-                kernel, out_chunks=None, out_shards=None, out_compressor=None,
-                zarr_format=None):
+def _api_kwargs(out_chunks=None, out_shards=None, out_compressor=None, zarr_format=None,
+                **given):
+    """The keywords of :func:`oocgemm.multiply` for the flags ``given`` (by parameter name):
+    the layout flags as ``out_options``, a comma-separated ``--device`` as a list."""
     layout = {name: value for name, value in (
         ("chunks", out_chunks), ("shards", out_shards), ("compressors", out_compressor),
         ("zarr_format", int(zarr_format) if zarr_format else None)) if value is not None}
+    device = given.get("device", "auto")
     if "," in device:  # several devices: cuda:0,cuda:1 (or cpu,cpu)
-        device = [d.strip() for d in device.split(",") if d.strip()]
-    return dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, device=device,
-                memory_limit=memory_limit, host_memory_limit=host_memory_limit, tile=tile,
-                kernel=kernel, out_options=layout or None)
+        given["device"] = [d.strip() for d in device.split(",") if d.strip()]
+    return {**given, "out_options": layout or None}
 
 
 def _rate(flops_per_second: float) -> str:
@@ -306,10 +303,7 @@ def main():
                    "otherwise; .npy). Written under a temporary name and renamed when complete.")
 @_product_options
 @_run_options
-def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
-             host_memory_limit, tile, kernel, out_chunks, out_shards, out_compressor,
-             zarr_format, overwrite, verify, resume, quiet, as_json, timeline_path,
-             plot_path):
+def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     """Compute OUT = alpha*op(A)@op(B) + beta*C, block by block.
 
     A and B are .zarr directories (Zarr format 2 or 3) or .npy files.
@@ -323,12 +317,7 @@ def multiply(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit,
         from .diagnostics.plot import require_matplotlib
 
         require_matplotlib()
-    result = api_multiply(a, b, out, overwrite=overwrite, progress=False if quiet else None,
-                          verify=verify,
-                          resume=resume,
-                          **_api_kwargs(alpha, beta, c, trans_a, trans_b, device, memory_limit,
-                                        host_memory_limit, tile, kernel, out_chunks, out_shards,
-                                        out_compressor, zarr_format))
+    result = api_multiply(a, b, out, progress=False if quiet else None, **_api_kwargs(**given))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
     if as_json:
@@ -448,24 +437,19 @@ def timeline_command(trace, plot_path, as_json):
 @click.option("--overwrite", is_flag=True, help="Accepted as in multiply; no effect here.")
 @click.option("-q", "--quiet", is_flag=True, help="Accepted as in multiply; no effect here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(a, b, out, alpha, beta, c, trans_a, trans_b, device, memory_limit, host_memory_limit,
-         tile, kernel, out_chunks, out_shards, out_compressor, zarr_format, overwrite, quiet,
-         as_json):
+def plan(a, b, out, overwrite, quiet, as_json, **given):
     """Show how multiply would tile OUT = alpha*op(A)@op(B) + beta*C (reads no data).
 
     Takes the same options as multiply.
     """
     from .api import plan as api_plan
 
-    the_plan = api_plan(a, b, out, **_api_kwargs(alpha, beta, c, trans_a, trans_b, device,
-                                                 memory_limit, host_memory_limit, tile,
-                                                 kernel, out_chunks, out_shards, out_compressor,
-                                                 zarr_format))
+    the_plan = api_plan(a, b, out, **_api_kwargs(**given))
     if as_json:
         echo_json(the_plan.summary())
     else:
         click.echo(str(the_plan))
-    in_place = beta != 0 and c is None
+    in_place = given["beta"] != 0 and given["c"] is None
     if out is not None and os.path.exists(out) and not (overwrite or in_place):
         click.echo(f"note: {out} exists; multiply will refuse it without --overwrite", err=True)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from .api import MatrixLike, device_names, multiply, plan, resolve_device
 from .errors import OptionError
-from .options import Options
+from .options import PLANS, Options
 from .planning import Plan
 from .result import Result
 
@@ -41,7 +41,7 @@ class Engine:
     """
 
     def __init__(self, **options: Any):
-        self.options = Options.of("Engine()", **options)
+        self.options = Options.of("Engine()", PLANS, **options)
         # a device that cannot run (a name unknown, a GPU that is not there) is said now
         device_names(self.options.device) or resolve_device(self.options.device)
         self._given = self.options.keywords()

@@ -1,18 +1,34 @@
-"""The options of a product beside its operands and scalars: where it runs, its budgets, its
-tile and kernel, its output layout and its file systems. ``multiply``, ``plan`` and
-``oocgemm.dask.matmul`` take them as keywords and check them here, in one place, before any
-work (what needs the operands, such as a kernel's dtypes, is checked where the operands are
-opened)."""
+"""The options of a product beside its operands and scalars, defined here once
+(:class:`Options`): those of its plan (where it runs, its budgets, its tile and kernel, its
+output layout and its file systems) and those of its run only (overwrite, progress, events,
+verify, resume, engine). :class:`oocgemm.Product` takes them, and through it ``multiply``,
+``plan``, :class:`oocgemm.Engine` and ``oocgemm.dask.matmul`` (the last two, a plan's
+only); ``multiply``'s keyword arguments and the command line's flags are made from these
+fields (a field's ``cli`` metadata is its flag). They are checked here, in one place,
+before any work (what needs the operands, such as a kernel's dtypes, is checked where the
+operands are opened)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import flag
 from .errors import OptionError
 from .units import parse_size
+
+
+def _run() -> dict:
+    """A field that changes how a product runs, not its plan."""
+    return {"run": True}
+
+
+def _cli(*flags: str, **click: Any) -> dict:
+    """A field's flag on the command line: its spellings and click's keywords (``metavar``,
+    ``help``, ``is_flag``...); the field's name is the parameter's, its default the flag's."""
+    return {"cli": {"flags": flags, **click}}
 
 
 @dataclass(frozen=True)
@@ -20,26 +36,65 @@ class Options:
     """A product's options, normalised: ``tile`` a (w, h, r) of positive integers, the
     mappings copied into dicts; sizes and devices as given (their totals are the device's)."""
 
-    device: Any = "auto"
+    device: Any = field(default="auto", metadata=_cli(
+        "--device", metavar="DEVICE", show_default=True,
+        help="auto, cpu, cuda or cuda:N (auto: a GPU when CuPy sees one); several: cuda:all "
+             "or a list such as cuda:0,cuda:1."))
     """'auto', 'cpu', 'cuda', 'cuda:N', 'cuda:all', or a list of device names."""
-    memory_limit: Any = None
+    memory_limit: Any = field(default=None, metadata=_cli(
+        "--memory-limit", metavar="SIZE",
+        help="Budget of the block buffers (GPU memory, or the CPU's working buffers): bytes, "
+             "'8GB', '512MiB' or '80%'. Default: 90% of free GPU memory, or a quarter of RAM."))
     """Bytes, a string like '16GB' or '80%' (of the device's memory), or None."""
-    host_memory_limit: Any = None
+    host_memory_limit: Any = field(default=None, metadata=_cli(
+        "--host-memory-limit", metavar="SIZE",
+        help="Budget of host staging and read buffers (default a quarter of RAM)."))
     """As ``memory_limit``, of host memory."""
-    tile: tuple[int, int, int] | None = None
+    tile: tuple[int, int, int] | None = field(default=None, metadata=_cli(
+        "--tile", metavar="W,H,R",
+        help="Override the planner: C blocks of WxH, K panels of depth R."))
     """The C block and K panel (w, h, r), or None for the planner's choice."""
-    kernel: str | None = None
+    kernel: str | None = field(default=None, metadata=_cli(
+        "--kernel", metavar="NAME",
+        help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, regblock or dmma "
+             "(kernels/); ozaki: float64 emulated in exact integers, rounded once (CPU so "
+             "far)."))
     """The per-block GEMM on a GPU ('cublas', 'dmma', ...), or None for the default."""
     out_options: dict | None = None
-    """The layout of a new ``.zarr`` output (``zarr.create_array`` keywords)."""
+    """The layout of a new ``.zarr`` output (``zarr.create_array`` keywords); on the command
+    line, ``--out-chunks``, ``--out-shards``, ``--out-compressor`` and ``--zarr-format``."""
     storage_options: dict | None = None
-    """Options of the fsspec file system of URL inputs and outputs."""
+    """Options of the fsspec file system of URL inputs and outputs (not on the command
+    line)."""
+    # -- how it runs only ------------------------------------------------------------------
+    overwrite: bool = field(default=False, metadata=_run() | _cli(
+        "--overwrite", is_flag=True, help="Replace an existing OUT."))
+    """Replace an existing output path."""
+    progress: bool | Callable | None = field(default=None, metadata=_run())
+    """True: a bar on stderr; False: none; None: a bar on a terminal for a run predicted to
+    take over two seconds; or a callable that receives each finished event (on the command
+    line, ``--quiet`` is False)."""
+    events: bool = field(default=True, metadata=_run())
+    """Record one timed event per block operation (not on the command line)."""
+    verify: bool = field(default=False, metadata=_run() | _cli(
+        "--verify", is_flag=True,
+        help="Check the product (Freivalds' test) before committing it."))
+    """Check the product with Freivalds' test before it is committed."""
+    resume: bool = field(default=False, metadata=_run() | _cli(
+        "--resume", is_flag=True,
+        help="Finish the interrupted run of this same command: the C blocks it wrote are kept "
+             "(checked against their checksums), the rest computed."))
+    """Continue the interrupted run of this product into this output path."""
+    engine: Any = field(default=None, metadata=_run())
+    """The :class:`oocgemm.Engine` whose resources the run uses, or None for the process's
+    (not on the command line)."""
 
     @classmethod
-    def of(cls, where: str, **given: Any) -> Options:
-        """The options ``given`` (by name), checked; OptionError for an unknown name or a
-        value that cannot be one, naming ``where`` they were given."""
-        names = [f.name for f in dataclasses.fields(cls)]
+    def of(cls, where: str, names: tuple[str, ...] | None = None, **given: Any) -> Options:
+        """The options ``given`` (by name), checked; OptionError for an unknown name (one not
+        in ``names``: default, every option) or a value that cannot be one, naming ``where``
+        they were given."""
+        names = ALL if names is None else names
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise OptionError(f"{where}: unknown options {unknown}; it takes "
@@ -57,12 +112,32 @@ class Options:
         kernel = given.get("kernel")
         if kernel is not None and not isinstance(kernel, str):
             raise OptionError(f"kernel must be a name, got {kernel!r}")
+        for name in ("overwrite", "events", "verify", "resume"):
+            if name in given:
+                given[name] = flag(name, given[name])
+        engine = given.get("engine")
+        if engine is not None and not hasattr(engine, "resources"):
+            raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")
         return cls(**given)
 
     def keywords(self) -> dict[str, Any]:
         """The options that differ from the defaults, by name (to hand on)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != f.default}
+
+
+#: The options by what they change: every one, those of a plan, those of a run only (which
+#: ``plan`` accepts and ignores, and :class:`oocgemm.Engine` and ``oocgemm.dask.matmul``
+#: refuse).
+ALL = tuple(f.name for f in dataclasses.fields(Options))
+RUN_ONLY = tuple(f.name for f in dataclasses.fields(Options) if f.metadata.get("run"))
+PLANS = tuple(name for name in ALL if name not in RUN_ONLY)
+
+
+def on_the_command_line() -> list[tuple[str, Any, dict]]:
+    """(name, default, flag) of every option with a flag, in the order they are defined."""
+    return [(f.name, f.default, f.metadata["cli"]) for f in dataclasses.fields(Options)
+            if "cli" in f.metadata]
 
 
 def parse_tile(tile) -> tuple[int, int, int]:

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from . import checks, hostinfo
 from .errors import OptionError, OutputError
-from .storage import _files
+from .storage import files
 from .units import format_size
 
 #: Default chunk edge of ``random`` .zarr outputs (chunks are min(shape, 2048x2048)).
@@ -220,7 +220,7 @@ def write_random(path: str | os.PathLike[str], shape: tuple[int, int] | str,
         raise OutputError(f"{path!r}: the matrix needs {format_size(nbytes)}; only "
                           f"{format_size(free)} is free on that file system")
 
-    temporary = _files.temporary_sibling(path)
+    temporary = files.temporary_sibling(path)
     start = time.perf_counter()
     bar = None
     try:
@@ -250,9 +250,9 @@ def write_random(path: str | os.PathLike[str], shape: tuple[int, int] | str,
         if kind == "npy":
             array.flush()
         del array
-        _files.replace(temporary, path)
+        files.replace(temporary, path)
     except BaseException:
-        _files.remove(temporary)
+        files.remove(temporary)
         raise
     finally:
         if bar is not None:

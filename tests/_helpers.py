@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from oocgemm.storage._files import PARTIAL
+from oocgemm.storage.files import PARTIAL
 
 #: How far the property-based (hypothesis) tests go: OOCGEMM_TEST_PROFILE, "ci" (the
 #: default, sized for a 2-core machine) or "thorough" (full breadth); tests/conftest.py says more.

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from oocgemm.cuda.nvtx import COLORS, DOMAIN
 from oocgemm.diagnostics.events import op_label
+from oocgemm.diagnostics.nvtx import COLORS, DOMAIN
 
 
 @dataclass

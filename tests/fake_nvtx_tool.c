@@ -1,4 +1,4 @@
-/* A minimal NVTX tool for the CPU tests of oocgemm.cuda.nvtx (tests/test_nvtx.py).
+/* A minimal NVTX tool for the CPU tests of oocgemm.diagnostics.nvtx (tests/test_nvtx.py).
  *
  * Loaded the way Nsight Systems and CUPTI are: NVTX_INJECTION64_PATH names this library, and
  * each NVTX instance in the process (the nvtx package's, a libnvtx3interop/libnvToolsExt, CuPy's)

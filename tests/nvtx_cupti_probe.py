@@ -158,7 +158,7 @@ def run_main(path: str, size: int, tile: int, device: str = "cuda") -> None:
     import numpy as np
 
     import oocgemm
-    from oocgemm.cuda.nvtx import Ranges
+    from oocgemm.diagnostics.nvtx import Ranges
 
     ranges = Ranges()  # what the executor will pick, and why
     rng = np.random.default_rng(0)

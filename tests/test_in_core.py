@@ -125,8 +125,9 @@ def test_not_chosen_where_compute_outweighs_the_upload_of_a():
 
 
 def test_smaller_plan_after_memory_ran_short_is_panelled(fake_gpu):
-    from oocgemm.api import Device, _smaller
+    from oocgemm.devices import Device
     from oocgemm.errors import MemoryPressureError
+    from oocgemm.product import _smaller
 
     plan = cuda_plan(2048, 2048, 2048)
     again = _smaller(plan, MemoryPressureError("out of memory", where="device"),

@@ -299,9 +299,9 @@ def test_in_place_update_keeps_the_arrays_layout_and_attributes(rng, workdir, la
 def test_replacing_a_zarr_output_never_leaves_its_path_empty(rng, workdir, monkeypatch):
     """The new output takes the old one's place in one exchange: a crash right after it (here
     an interrupt where the old one is removed) finds the new, whole output at the path."""
-    from oocgemm.storage import _files
+    from oocgemm.storage import files
 
-    if _files._renameat2() is None:
+    if files._renameat2() is None:
         pytest.skip("no renameat2 here")
     a, b, old = rand(rng, (30, 20)), rand(rng, (20, 25)), rand(rng, (30, 25))
     save("c.zarr", old)
@@ -309,7 +309,7 @@ def test_replacing_a_zarr_output_never_leaves_its_path_empty(rng, workdir, monke
     def crash(path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_files, "remove", crash)
+    monkeypatch.setattr(files, "remove", crash)
     with pytest.raises(KeyboardInterrupt):
         oocgemm.multiply(a, b, "c.zarr", beta=1.0, tile=(8, 8, 8), device="cpu")
     assert_gemm(load("c.zarr"), a, b, old, beta=1.0)
@@ -320,10 +320,10 @@ def test_replacing_a_zarr_output_never_leaves_its_path_empty(rng, workdir, monke
 
 @pytest.mark.parametrize("exchange", [True, False])
 def test_in_place_update_with_and_without_the_exchange(rng, workdir, monkeypatch, exchange):
-    from oocgemm.storage import _files
+    from oocgemm.storage import files
 
     if not exchange:
-        monkeypatch.setattr(_files, "_exchange", lambda first, second: False)
+        monkeypatch.setattr(files, "_exchange", lambda first, second: False)
     a, b, old = rand(rng, (30, 20)), rand(rng, (20, 25)), rand(rng, (30, 25))
     save("c.zarr", old)
     oocgemm.multiply(a, b, "c.zarr", beta=-1.0, tile=(8, 8, 8), device="cpu")

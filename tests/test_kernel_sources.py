@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oocgemm.cuda import catalog
+from oocgemm import kernel_catalog as catalog
 from oocgemm.errors import OptionError
 
 NVCC = shutil.which("nvcc")
@@ -138,7 +138,7 @@ def test_ozaki_kernels_compile(arch, tmp_path):
     """kernels/ozaki.cu (the elementwise steps of Ozaki scheme II, not a kernel= choice of the
     catalog) compiles with the kernels oocgemm.cuda.ozaki launches, everything in registers.
     tests/test_ozaki.py runs its element functions on the CPU."""
-    from oocgemm.cuda.catalog import kernels_dir
+    from oocgemm.kernel_catalog import kernels_dir
 
     report = _cubin(Path(str(kernels_dir())) / "ozaki.cu", arch, tmp_path)
     finish = {f"ozaki_finish{n}" for n in (16, 24, 32, 36)}  # oocgemm.cuda.ozaki.FINISH
@@ -152,7 +152,7 @@ def test_ozaki_kernels_compile(arch, tmp_path):
 def test_symmetric_kernels_compile(arch, tmp_path):
     """kernels/symmetric.cu: the MIRROR of a symmetric product, one kernel per element size
     (oocgemm.cuda.engine.mirror_kernel launches mirror_lower_<itemsize>)."""
-    from oocgemm.cuda.catalog import kernels_dir
+    from oocgemm.kernel_catalog import kernels_dir
 
     report = _cubin(Path(str(kernels_dir())) / "symmetric.cu", arch, tmp_path)
     assert set(report) == {"mirror_lower_4", "mirror_lower_8", "mirror_lower_16"}, report

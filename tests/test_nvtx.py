@@ -1,7 +1,7 @@
-"""oocgemm.cuda.nvtx without a GPU: the choice of backend, the no-tool path that costs nothing,
-and the ranges reaching an NVTX tool, here a fake one (tests/fake_nvtx_tool.c) injected the
-way Nsight Systems and CUPTI are (NVTX_INJECTION64_PATH). tests/test_gpu_nvtx.py does the same
-with CUPTI around a real GPU product."""
+"""oocgemm.diagnostics.nvtx without a GPU: the choice of backend, the no-tool path that costs
+nothing, and the ranges reaching an NVTX tool, here a fake one (tests/fake_nvtx_tool.c)
+injected the way Nsight Systems and CUPTI are (NVTX_INJECTION64_PATH). tests/test_gpu_nvtx.py
+does the same with CUPTI around a real GPU product."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from _nvtx_ranges import Mark, check, pair, summary
 
-from oocgemm.cuda import nvtx as onvtx
+from oocgemm.diagnostics import nvtx as onvtx
 from oocgemm.planning.schedule import OpKind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_no_tool_no_ranges(env):
 def test_no_tool_imports_nothing(env):
     """Without a tool, making the ranges imports neither the nvtx package nor CuPy's NVTX nor
     loads an NVTX library: nothing to pay for."""
-    code = ("import sys; from oocgemm.cuda.nvtx import Ranges; r = Ranges(); "
+    code = ("import sys; from oocgemm.diagnostics.nvtx import Ranges; r = Ranges(); "
             "print(r.backend, [m for m in ('nvtx', 'cupy', 'cupy.cuda.nvtx') if m in sys.modules],"
             " [l for l in open('/proc/self/maps') if 'nvtx3interop' in l or 'nvToolsExt' in l])")
     env_ = {k: v for k, v in os.environ.items()
@@ -175,7 +175,7 @@ from types import SimpleNamespace
 import numpy as np
 
 import oocgemm
-from oocgemm.cuda.nvtx import Ranges
+from oocgemm.diagnostics.nvtx import Ranges
 from oocgemm.planning.schedule import OpKind
 
 r = oocgemm.multiply(np.ones((64, 48)), np.ones((48, 40)), device="cpu", tile=(16, 16, 16))

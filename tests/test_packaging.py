@@ -88,7 +88,7 @@ def test_wheel_carries_the_kernel_sources_and_py_typed(installed):
 def test_installed_package_loads_its_kernels_from_itself(installed, tmp_path):
     out = _python(installed, """
         import json, oocgemm
-        from oocgemm.cuda import catalog
+        from oocgemm import kernel_catalog as catalog
         folder = catalog.kernels_dir()
         text = catalog.source_text(catalog.KERNELS["dmma"])
         print(json.dumps({"package": oocgemm.__file__, "folder": str(folder),
@@ -109,7 +109,7 @@ def test_installed_wheel_runs_a_dmma_product(installed, tmp_path):
         import json
         import numpy as np
         import oocgemm
-        from oocgemm.cuda import catalog
+        from oocgemm import kernel_catalog as catalog
         rng = np.random.default_rng(7)
         a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 250))
         r = oocgemm.multiply(a, b, device="cuda", kernel="dmma", tile=(128, 128, 64))

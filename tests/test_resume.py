@@ -24,7 +24,7 @@ from oocgemm.cli import main
 from oocgemm.planning.schedule import OpKind
 from oocgemm.storage import journal as journal_module
 from oocgemm.storage import npy
-from oocgemm.storage._files import PARTIAL
+from oocgemm.storage.files import PARTIAL
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 

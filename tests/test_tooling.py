@@ -78,6 +78,42 @@ def test_the_package_has_no_import_cycle():
 
 
 
+def test_the_subpackages_have_no_import_cycle():
+    """planning, storage, runtime, cuda, diagnostics and dask, each taken as one: none
+    imports, through the others, back into itself (the planner learns the kernels from
+    kernel_catalog, not from cuda/; NVTX ranges are diagnostics)."""
+    packages = {p.name for p in (ROOT / "oocgemm").iterdir() if (p / "__init__.py").exists()}
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in packages else None
+
+    graph: dict[str, set[str]] = {p: set() for p in packages}
+    why: dict[tuple[str, str], str] = {}
+    for module, deps in _imports().items():
+        for dep in deps:
+            a, b = package(module), package(dep)
+            if a and b and a != b:
+                graph[a].add(b)
+                why.setdefault((a, b), f"{module} -> {dep}")
+
+    def reaches(start: str, goal: str, seen: set[str]) -> list[str] | None:
+        for nxt in sorted(graph[start]):
+            if nxt == goal:
+                return [start, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                path = reaches(nxt, goal, seen)
+                if path:
+                    return [start, *path]
+        return None
+
+    for pkg in sorted(packages):
+        cycle = reaches(pkg, pkg, set())
+        assert cycle is None, "package cycle: " + ", ".join(
+            why[(a, b)] for a, b in zip(cycle, cycle[1:]))
+
+
 def _imported_by(prefix: str) -> dict[str, set[str]]:
     return {module: deps for module, deps in _imports().items()
             if module == prefix or module.startswith(prefix + ".")}
@@ -102,6 +138,35 @@ def test_nothing_in_the_library_imports_benchmarks():
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             assert not any(n.split(".")[0] == "benchmarks" for n in names), path
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """A name another module uses is public within the package: no ``from .x import _y``, no
+    private module (``_x.py``) imported by a sibling, no ``module._name``."""
+    import ast
+
+    wrong = []
+    for path in (ROOT / "oocgemm").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".")
+                wrong += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                          if _private(a.name) or any(map(_private, parts))]
+                modules.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                wrong += [f"{path.name}: import {a.name}" for a in node.names
+                          if any(map(_private, a.name.split(".")))]
+                modules.update((a.asname or a.name).split(".")[0] for a in node.names)
+        wrong += [f"{path.name}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and _private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id in modules]
+    assert not wrong, wrong
 
 
 def test_the_api_reads_at_once():

@@ -454,7 +454,7 @@ def mirror_kernel(itemsize: int, cache: dict):
     CUDA executor asks for it before a symmetric run starts, so that no run times a
     compilation)."""
     from ..errors import KernelError
-    from .catalog import kernels_dir
+    from ..kernel_catalog import kernels_dir
 
     key = ("symmetric", cupy.cuda.runtime.getDevice())
     module = cache.get(key)

@@ -12,7 +12,7 @@ import cupy
 import numpy as np
 
 from ..errors import KernelError
-from .catalog import KERNELS, KernelSpec, kernels_dir, source_text
+from ..kernel_catalog import KERNELS, KernelSpec, kernels_dir, source_text
 
 _OPTIONS = ("-std=c++17",)
 _lock = threading.Lock()
@@ -107,11 +107,3 @@ def gemm(name: str, m: int, n: int, k: int, alpha, a_ptr: int, lda: int, b_ptr: 
     args = (np.int32(m), np.int32(n), np.int32(k), scalar(alpha), np.uint64(a_ptr), np.int32(lda),
             np.uint64(b_ptr), np.int32(ldb), scalar(beta), np.uint64(c_ptr), np.int32(ldc))
     fn(grid, block, args, shared_mem=spec.dynamic_shared, stream=stream)
-
-
-def gemm_arrays(name: str, a, b, c, alpha=1.0, beta=0.0, stream=None, defines: tuple = ()) -> None:
-    """``c = alpha * a @ b + beta * c`` for C-contiguous CuPy matrices (benchmarks and tests)."""
-    m, k = a.shape
-    n = b.shape[1]
-    gemm(name, m, n, k, alpha, a.data.ptr, k, b.data.ptr, n, beta, c.data.ptr, n,
-         dtype=c.dtype, stream=stream, defines=defines)

@@ -64,7 +64,7 @@ def module(device: int, cache: dict):
     """``kernels/ozaki.cu`` compiled for GPU ``device`` (kept in ``cache``: an engine's or the
     process's compiled kernels)."""
     from ..errors import KernelError
-    from .catalog import kernels_dir
+    from ..kernel_catalog import kernels_dir
 
     folder = kernels_dir()
     key = ("ozaki", device, str(folder))
@@ -145,14 +145,12 @@ class Emulator:
     ``resources``, ``device_ptr(slot)``, ``streams['compute']``, ``handle``); ``kernel``:
     'ozaki' or 'ozaki:N'; ``tile``: the largest (w, h, r) of the blocks; ``slots``: the names
     of the A and B slots. ``timing``: time the phases with CUDA events (:meth:`seconds`).
-    ``serial``: run every phase on the compute stream, one after another (timed, what each
-    costs on a GPU of its own).
     """
 
     def __init__(self, gpu, kernel: str, tile: tuple[int, int, int], slots, *,
-                 timing: bool = False, serial: bool = False):
+                 timing: bool = False):
         from .. import ozaki
-        from .catalog import ozaki_moduli
+        from ..kernel_catalog import ozaki_moduli
 
         self.gpu = gpu
         self.moduli = ozaki_moduli(kernel)
@@ -160,11 +158,8 @@ class Emulator:
         self.capacity = ozaki.reserved_moduli(self.moduli)
         self.sizes = ozaki.footprint(w, h, r, self.moduli)
         self.module = module(gpu.index, gpu.resources.kernels)
-        if serial:
-            self.stream = self.finishing = gpu.streams["compute"]
-        else:
-            self.stream = cupy.cuda.Stream(non_blocking=True)  # conversions
-            self.finishing = cupy.cuda.Stream(non_blocking=True)
+        self.stream = cupy.cuda.Stream(non_blocking=True)  # conversions
+        self.finishing = cupy.cuda.Stream(non_blocking=True)
         self.kernels = {name: self.module.get_function(name) for name in
                         ("ozaki_stats_rows", "ozaki_stats_cols", "ozaki_residues")}
         self.finish = {n: self.module.get_function(f"ozaki_finish{n}") for n in FINISH}
@@ -333,54 +328,3 @@ class Emulator:
         self.buffers.clear()
         self.panels.clear()
         self.scratch = ()
-
-
-
-class InCore:
-    """Emulated products ``out = a @ b`` of C-contiguous float64 CuPy matrices already on the
-    current GPU (a: m x k, b: k x n), the whole K one panel (``k <= MAX_DEPTH``), on the
-    current stream: what the benchmarks time against cuBLAS DGEMM in core. Each call converts
-    its operands afresh. Returns the note of how the product ran; where the operands need
-    native DGEMM, cuBLAS runs it. ``timing``, ``serial``: as :class:`Emulator`'s.
-    ``resources``: whose compiled kernels to use (an :class:`~oocgemm.cuda.engine.Resources`;
-    default: its own)."""
-
-    def __init__(self, m: int, n: int, k: int, kernel: str = "ozaki", *, timing: bool = False,
-                 serial: bool = False, resources=None):
-        import types
-
-        from ..errors import OptionError
-        from ..ozaki import MAX_DEPTH
-
-        if k > MAX_DEPTH:
-            raise OptionError(f"k={k}: in core, the whole K is one panel of at most "
-                              f"{MAX_DEPTH}")
-        self.shape = (m, n, k)
-        self.index = cupy.cuda.Device().id
-        self.resources = resources or types.SimpleNamespace(kernels={})
-        self.streams = {"compute": cupy.cuda.get_current_stream()}
-        self.handle = cupy.cuda.device.get_cublas_handle()
-        self._arrays: dict = {}
-        self._calls = 0
-        self.emulator = Emulator(self, kernel, (m, n, k), ("A0", "B0"), timing=timing,
-                                 serial=serial)
-
-    def device_ptr(self, name: str) -> int:
-        return self._arrays[name].data.ptr
-
-    def __call__(self, a, b, out) -> str:
-        from ..errors import ShapeError
-
-        m, n, k = self.shape
-        if a.shape != (m, k) or b.shape != (k, n) or out.shape != (m, n):
-            raise ShapeError(f"shapes {a.shape} @ {b.shape} -> {out.shape}, planned for "
-                             f"{(m, k)} @ {(k, n)}")
-        self._arrays = {"A0": a, "B0": b}
-        self._calls += 1
-        keys = (("A", self._calls), ("B", self._calls))
-        emulated, note = self.emulator.gemm(keys, "A0", "B0", out.data.ptr, m, n, k, False,
-                                            False, 1.0, 0.0, 0, m,
-                                            waits=(_recorded(self.streams["compute"]),))
-        if not emulated:
-            cupy.matmul(a, b, out=out)
-        return note

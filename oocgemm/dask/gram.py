@@ -1,8 +1,8 @@
 """``X^T X`` and ``X X^T`` of one matrix, computed half: whether a product is one
-(:func:`_gram`; ``matmul(x.T, x)`` is seen through to ``x`` read transposed), each band's part
-on and right of the diagonal (:func:`_boxes`), and each chunk of the result taken from the chunk
+(:func:`is_gram`; ``matmul(x.T, x)`` is seen through to ``x`` read transposed), each band's part
+on and right of the diagonal (:func:`band_boxes`), and each chunk of the result taken from the chunk
 that holds it: as is above the diagonal, its upper triangle mirrored on it, the transpose of the
-chunk across below it (:func:`_held`), so that C == C.T bit for bit. Where the bands and chunks
+chunk across below it (:func:`held_by`), so that C == C.T bit for bit. Where the bands and chunks
 are cut is :mod:`.partition`'s; the runs compute their boxes like any group."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .runner import _chunk, _Handle
+from .runner import Handle, take_chunk
 
 if TYPE_CHECKING:
-    from .operands import _Operand
+    from .operands import Operand
 
 
-def _seen_through(x, trans_a: bool, y, trans_b: bool) -> tuple[Any, bool, Any, bool]:
+def seen_through(x, trans_a: bool, y, trans_b: bool) -> tuple[Any, bool, Any, bool]:
     """``matmul(x.T, x)`` as ``matmul(x, x, trans_a=True)``: one side the other's dask
     transpose is that same matrix read transposed (so that a Gram product is found, and X is
     read once)."""
-    from ..storage import _module
+    from ..storage.base import library_of
 
-    if _module(x) == "dask" and _module(y) == "dask" and x.ndim == y.ndim == 2:
+    if library_of(x) == "dask" and library_of(y) == "dask" and x.ndim == y.ndim == 2:
         if x.name == y.T.name:
             return y, not trans_a, y, trans_b
         if y.name == x.T.name:
@@ -32,11 +32,11 @@ def _seen_through(x, trans_a: bool, y, trans_b: bool) -> tuple[Any, bool, Any, b
     return x, trans_a, y, trans_b
 
 
-def _gram(ops: dict[str, _Operand], options: Mapping[str, Any]) -> bool:
+def is_gram(ops: dict[str, Operand], options: Mapping[str, Any]) -> bool:
     """Whether the product is ``X^T X`` or ``X X^T`` of one matrix (the same stored array, by
     identity, or the same dask array), with beta == 0 and the default kernel: C is then
     symmetric, and bands of it need compute only their part on and right of the diagonal."""
-    from ..cuda.catalog import DEFAULT as DEFAULT_KERNEL
+    from ..kernel_catalog import DEFAULT as DEFAULT_KERNEL
     from ..storage.identity import identity, same_matrix
 
     a, b = ops["A"], ops["B"]
@@ -48,7 +48,7 @@ def _gram(ops: dict[str, _Operand], options: Mapping[str, Any]) -> bool:
     return same_matrix(identity(a.stored), identity(b.stored))
 
 
-def _boxes(rows: list[int], cols: list[int], symmetric: bool
+def band_boxes(rows: list[int], cols: list[int], symmetric: bool
            ) -> dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]:
     """Each group's part of C, ``(rows, cols)``: its rows and columns; of a symmetric product
     (bands of whole rows) the band's columns from its first row on, on and right of the
@@ -58,26 +58,26 @@ def _boxes(rows: list[int], cols: list[int], symmetric: bool
             for i in range(len(rows) - 1) for j in range(len(cols) - 1)}
 
 
-def _held(ci: int, cj: int, symmetric: bool) -> tuple[int, int, Callable[..., np.ndarray]]:
+def held_by(ci: int, cj: int, symmetric: bool) -> tuple[int, int, Callable[..., np.ndarray]]:
     """Result chunk (ci, cj) as ``(ti, tj, take)``: the chunk of the groups' products that
     holds it, and the task that makes it of that one. A symmetric product's groups compute
     the chunks on and above the diagonal: one below it is the one across, transposed, and a
     diagonal chunk is its upper triangle, mirrored, so that C == C.T bit for bit."""
     if not symmetric or ci < cj:
-        return ci, cj, _chunk
+        return ci, cj, take_chunk
     if ci == cj:
         return ci, cj, _diagonal_chunk
     return cj, ci, _mirrored_chunk
 
 
-def _diagonal_chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+def _diagonal_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """A chunk on the diagonal of a symmetric product: its upper triangle, and the same
     mirrored below (an exact copy, the plain transpose for complex dtypes, as the engine's)."""
     square = handle.chunk(r0, r1, c0, c1)
     return np.where(np.triu(np.ones(square.shape, dtype=bool)), square, square.T)
 
 
-def _mirrored_chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+def _mirrored_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """A chunk below the diagonal of a symmetric product: the transpose of the chunk across
     it, rows r0:r1 and columns c0:c1 of its group (a contiguous copy)."""
     return np.ascontiguousarray(handle.chunk(r0, r1, c0, c1).T)

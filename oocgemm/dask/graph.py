@@ -14,19 +14,19 @@ import numpy as np
 
 from ..errors import OptionError, ShapeError
 from ..planning.schedule import serpentine
-from .gram import _boxes, _gram, _held, _seen_through
-from .operands import _Operand
+from .gram import band_boxes, held_by, is_gram, seen_through
+from .operands import Operand
 from .partition import (
-    _cut,
-    _owners,
-    _plan_blocks,
-    _row_band,
-    _spanned,
-    _splits,
-    _whole_chunks,
-    _within,
+    bounds_of_sizes,
+    bounds_within,
+    cut_chunks,
+    owners,
+    plan_blocks,
+    row_band,
+    spanned,
+    whole_chunks,
 )
-from .runner import _group, _written
+from .runner import run_group, written
 
 if TYPE_CHECKING:
     import dask.array
@@ -80,24 +80,24 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
 
     from ..api import plan as plan_product
     from ..checks import scalar
-    from ..options import Options
+    from ..options import PLANS, Options
 
     trace_dir = options.pop("trace_dir", None)
-    checked = Options.of("oocgemm.dask.matmul", **options)  # here, not in every task
+    checked = Options.of("oocgemm.dask.matmul", PLANS, **options)  # here, not in every task
     if checked.out_options is not None or checked.storage_options is not None:
         raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
                           "(the result is a dask array; inputs are read as given)")
     options = checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
-    x, trans_a, y, trans_b = _seen_through(x, trans_a, y, trans_b)
-    ops = {"A": _Operand.of(x, "x", trans_a), "B": _Operand.of(y, "y", trans_b)}
+    x, trans_a, y, trans_b = seen_through(x, trans_a, y, trans_b)
+    ops = {"A": Operand.of(x, "x", trans_a), "B": Operand.of(y, "y", trans_b)}
     (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
     if k != k2:
         raise ShapeError(f"op(x) is {m}x{k} and op(y) is {k2}x{n}: inner dimensions differ")
     if beta != 0:
         if c is None:
             raise OptionError("beta != 0 needs c")
-        ops["C"] = _Operand.of(c, "c", False)
+        ops["C"] = Operand.of(c, "c", False)
         if ops["C"].shape != (m, n):
             raise ShapeError(f"c has shape {ops['C'].shape}, expected {(m, n)}")
     dtype = np.dtype(np.result_type(*(op.dtype for op in ops.values()),
@@ -107,25 +107,25 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     groups, chunks = (((v, v) if isinstance(v, (int, np.integer)) else v)
                       for v in (groups, chunks))
     chunk_bounds = None if chunks is None else [
-        _splits(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
+        bounds_of_sizes(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
     planned = None
     if groups is not None:
-        group_bounds = [_splits(groups[d], extents[d], "groups", ("rows", "cols")[d])
+        group_bounds = [bounds_of_sizes(groups[d], extents[d], "groups", ("rows", "cols")[d])
                         for d in (0, 1)]
     elif chunk_bounds is not None:
-        group_bounds = [_whole_chunks(chunk_bounds[0], _row_band(
-            planned := _plan_blocks(plan_product, ops, alpha, beta, options), n, dtype)),
+        group_bounds = [whole_chunks(chunk_bounds[0], row_band(
+            planned := plan_blocks(plan_product, ops, alpha, beta, options), n, dtype)),
             [0, n]]
     else:
-        planned = _plan_blocks(plan_product, ops, alpha, beta, options)
-        group_bounds = [_row_band(planned, n, dtype), [0, n]]
+        planned = plan_blocks(plan_product, ops, alpha, beta, options)
+        group_bounds = [row_band(planned, n, dtype), [0, n]]
     # X^T X cut into bands: each band computes its part on and right of the diagonal only
     # (one group too: its engine run may see parts of a dask array as two matrices)
-    symmetric = groups is None and chunk_bounds is None and _gram(ops, options)
+    symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
     if chunk_bounds is None:
         grain = (ops["A"].grain[0], ops["B"].grain[1])
         sizes = planned or group_bounds
-        chunk_bounds = [_cut(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
+        chunk_bounds = [cut_chunks(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
         if symmetric:  # a chunk below the diagonal is the transpose of one above it
             chunk_bounds[1] = chunk_bounds[0]
     for d, what in enumerate(("rows", "cols")):
@@ -137,16 +137,16 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
                                         cols, chunk_bounds, symmetric, sorted(options.items()))
     group_name = name + "-groups"
-    row_of, col_of = (_owners(group_bounds[d], chunk_bounds[d]) for d in (0, 1))
-    boxes = _boxes(rows, cols, symmetric)
+    row_of, col_of = (owners(group_bounds[d], chunk_bounds[d]) for d in (0, 1))
+    boxes = band_boxes(rows, cols, symmetric)
     # Each result chunk: the chunk of a group's product that holds it, and how it is taken
-    held = {(ci, cj): _held(ci, cj, symmetric) for ci in range(len(chunk_bounds[0]) - 1)
+    held = {(ci, cj): held_by(ci, cj, symmetric) for ci in range(len(chunk_bounds[0]) - 1)
             for cj in range(len(chunk_bounds[1]) - 1)}
     takes = collections.Counter((row_of[ti], col_of[tj]) for ti, tj, _ in held.values())
     layer = {}
     for (i, j), (r, q) in boxes.items():
         layer[(group_name, i, j)] = (
-            _group, ops["A"].part(r, None), ops["B"].part(None, q),
+            run_group, ops["A"].part(r, None), ops["B"].part(None, q),
             ops["C"].part(r, q) if "C" in ops else None,
             alpha, beta, str(dtype), dict(options), name, takes[(i, j)],
             len(rows) == len(cols) == 2)
@@ -160,12 +160,12 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     inner_of: dict[tuple[int, int], list[list[int]]] = {}  # group -> its block bounds, inside
     block_splits = planned or group_bounds
     for (i, j), box in boxes.items():
-        inner = inner_of[(i, j)] = [_within(block_splits[d], *box[d]) for d in (0, 1)]
+        inner = inner_of[(i, j)] = [bounds_within(block_splits[d], *box[d]) for d in (0, 1)]
         before: tuple = (group_name, i, j)
         for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
             link[(i, j, bi, bj)] = t
             waits[(wait_name, i, j, t)] = (
-                _written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
+                written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
                 inner[1][bj + 1])
             before = (wait_name, i, j, t)
     pieces = {}
@@ -175,8 +175,8 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         r0, r1 = chunk_bounds[0][ti] - top, chunk_bounds[0][ti + 1] - top
         c0, c1 = chunk_bounds[1][tj] - left, chunk_bounds[1][tj + 1] - left
         inner = inner_of[(i, j)]
-        last = max(link[(i, j, bi, bj)] for bi in _spanned(inner[0], r0, r1)
-                   for bj in _spanned(inner[1], c0, c1))
+        last = max(link[(i, j, bi, bj)] for bi in spanned(inner[0], r0, r1)
+                   for bj in spanned(inner[1], c0, c1))
         pieces[(name, ci, cj)] = (take, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None

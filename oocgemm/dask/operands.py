@@ -1,8 +1,8 @@
-"""A product's operands on both sides of the graph. Where the graph is built, an :class:`_Operand`
+"""A product's operands on both sides of the graph. Where the graph is built, an :class:`Operand`
 is a stored matrix (each task reads its part from storage) or a dask array (each task gets its
 part's chunks as dependencies), and writes what a task needs of it as a spec; in the task,
-:func:`_resolve` opens the spec as a source (a :class:`Region` of a stored matrix) and
-:func:`_narrow` narrows it to one chunk. Only metadata is read where the graph is built; the
+:func:`resolve` opens the spec as a source (a :class:`Region` of a stored matrix) and
+:func:`narrow` narrows it to one chunk. Only metadata is read where the graph is built; the
 chunks a Region decodes are shared through :mod:`.sharing`, which knows nothing of sources."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..storage.base import MatrixSource
-from .partition import _covering
+from .partition import covering
 from .sharing import SharedChunks
 
 
-class _Operand:
+class Operand:
     """One input of the graph: stored (each task reads its part from storage), or a dask
     array (each task gets its part's chunks as dependencies)."""
 
@@ -28,18 +28,19 @@ class _Operand:
         self.grain = (grain[1], grain[0]) if transposed and grain else (grain or (None, None))
 
     @classmethod
-    def of(cls, obj, role: str, transposed: bool) -> _Operand:
+    def of(cls, obj, role: str, transposed: bool) -> Operand:
         import dask.array as da
 
-        from ..storage import _module, is_path, open_source, urls, zarr_behind
+        from ..storage import is_path, open_source, urls, zarr_behind
+        from ..storage.base import library_of
 
         stored = grain = None
         if is_path(obj):  # absolute: workers may run elsewhere (a shared file system)
             path = urls.local(os.fspath(obj))
             stored = path if urls.is_url(path) else os.path.abspath(path)
-        elif _module(obj) == "zarr":
+        elif library_of(obj) == "zarr":
             stored = obj
-        elif _module(obj) == "dask":
+        elif library_of(obj) == "dask":
             stored = zarr_behind(obj)
         if stored is not None:
             src = open_source(stored, role)  # checked here: missing, corrupt, not a matrix
@@ -47,9 +48,9 @@ class _Operand:
             grain = getattr(src, "chunks", None)
             src.close()
         else:
-            if _module(obj) == "xarray":
+            if library_of(obj) == "xarray":
                 obj = obj.data
-            if _module(obj) == "dask":
+            if library_of(obj) == "dask":
                 array = obj
                 grain = tuple(sizes[0] if sizes else None for sizes in obj.chunks)
             else:
@@ -85,15 +86,15 @@ class _Operand:
         x = self.array
         row_bounds = np.cumsum((0,) + x.chunks[0])
         col_bounds = np.cumsum((0,) + x.chunks[1])
-        i0, i1 = _covering(row_bounds, stored_r)
-        j0, j1 = _covering(col_bounds, stored_q)
+        i0, i1 = covering(row_bounds, stored_r)
+        j0, j1 = covering(col_bounds, stored_q)
         keys = [[(x.name, i, j) for j in range(j0, j1)] for i in range(i0, i1)]
         offset = [int(row_bounds[i0]), int(col_bounds[j0])]
         return ["blocks", keys, offset, list(stored_r), list(stored_q), self.transposed]
 
 
-def _narrow(spec: list, rows, cols) -> list:
-    """A part ``spec`` (of :meth:`_Operand.part`) narrowed to rows ``rows`` and columns
+def narrow(spec: list, rows, cols) -> list:
+    """A part ``spec`` (of :meth:`Operand.part`) narrowed to rows ``rows`` and columns
     ``cols`` of op(operand) within it (None: all)."""
     spec, transposed = list(spec), spec[-1]
     stored_r, stored_q = list(spec[-3]), list(spec[-2])
@@ -106,7 +107,7 @@ def _narrow(spec: list, rows, cols) -> list:
     return spec
 
 
-def _resolve(spec, shared: SharedChunks | None = None, role: str = "") -> MatrixSource:
+def resolve(spec, shared: SharedChunks | None = None, role: str = "") -> MatrixSource:
     """A task's part of an operand, in its stored layout."""
     kind = spec[0]
     if kind == "blocks":

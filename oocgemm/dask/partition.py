@@ -15,19 +15,19 @@ import numpy as np
 from ..errors import DeviceError, OptionError
 
 
-def _within(splits, lo: int, hi: int) -> list[int]:
+def bounds_within(splits, lo: int, hi: int) -> list[int]:
     """The bounds of ``splits`` (sorted) inside ``lo:hi``, from ``lo`` (0) to ``hi``."""
     inner = splits[bisect.bisect_right(splits, lo):bisect.bisect_left(splits, hi)]
     return [0, *(int(v) - lo for v in inner), hi - lo]
 
 
-def _spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
+def spanned(bounds: Sequence[int], lo: int, hi: int) -> range:
     """The indices of the parts of ``bounds`` that ``lo:hi`` overlaps (the first for an empty
     span)."""
-    return range(*_covering(bounds, (lo, hi)))
+    return range(*covering(bounds, (lo, hi)))
 
 
-def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
+def bounds_of_sizes(sizes, extent: int, what: str, dim: str) -> list[int]:
     if isinstance(sizes, (int, np.integer)):
         if sizes < 1:  # parts of no rows would be tasks that do nothing
             raise OptionError(f"{what}: the {dim} of a part must be at least 1, got {sizes}")
@@ -41,7 +41,7 @@ def _splits(sizes, extent: int, what: str, dim: str) -> list[int]:
     return [0, *np.cumsum(sizes).tolist()] if sizes else [0, 0]
 
 
-def _owners(blocks: list[int], chunks: list[int]) -> list[int]:
+def owners(blocks: list[int], chunks: list[int]) -> list[int]:
     """For each chunk (bounds nested in ``blocks``): the block it lies in."""
     of = np.searchsorted(blocks, chunks[:-1], side="right") - 1
     return of.clip(0, len(blocks) - 2).tolist()
@@ -54,7 +54,7 @@ MIN_CHUNK_SIDE = 1024
 MAX_CHUNKS_PER_SIDE = 8
 
 
-def _cut(groups: list[int], grain: int | None, blocks: list[int]) -> list[int]:
+def cut_chunks(groups: list[int], grain: int | None, blocks: list[int]) -> list[int]:
     """The result's chunk bounds along one dimension: ``groups`` cut every ``side`` elements,
     where ``side`` is the smallest multiple of ``grain`` (the inputs' chunk size) that
     divides every inner group bound and is at least ``MIN_CHUNK_SIDE`` and a block side (of
@@ -84,7 +84,7 @@ def _divisors(x: int) -> list[int]:
     return small + [x // d for d in small]
 
 
-def _whole_chunks(chunks: list[int], planned: list[int]) -> list[int]:
+def whole_chunks(chunks: list[int], planned: list[int]) -> list[int]:
     """Groups of whole chunks, each as large as the largest of ``planned`` or one chunk."""
     size = max(np.diff(planned).tolist() or [0])
     bounds = [0]
@@ -99,7 +99,7 @@ def _whole_chunks(chunks: list[int], planned: list[int]) -> list[int]:
 GROUP_MEMORY: int | None = None
 
 
-def _row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
+def row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
     """Row bounds of the default groups: bands of whole rows of the plan's C blocks, as few as
     ``GROUP_MEMORY`` holds, and at least two per worker of an active ``dask.distributed``
     Client."""
@@ -131,7 +131,7 @@ def _workers() -> int:
         return 0
 
 
-def _plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:
+def plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:
     """The plan's C block bounds for these inputs (planned here, where the graph is built)."""
     args = {name: op.for_plan() for name, op in ops.items()}
     kw = dict(alpha=alpha, beta=beta, c=args.get("C"), trans_a=ops["A"].transposed,
@@ -144,7 +144,7 @@ def _plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:
     return [[int(v) for v in p.row_splits], [int(v) for v in p.col_splits]]
 
 
-def _covering(bounds, span) -> tuple[int, int]:
+def covering(bounds, span) -> tuple[int, int]:
     """The chunk indices whose union covers ``span`` (a nonempty range of chunks for empty
     spans, so that a block of a 0-size dimension still has its shape)."""
     lo, hi = span

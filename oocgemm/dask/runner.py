@@ -1,7 +1,7 @@
-"""What the tasks do in a worker process. An engine task (:func:`_group`) starts oocgemm's run of
+"""What the tasks do in a worker process. An engine task (:func:`run_group`) starts oocgemm's run of
 its group in a thread, one run per device at a time in a process, and returns a
-:class:`_Handle` once the run has the device; the chain's links (:func:`_written`) and the
-chunk tasks (:func:`_chunk`) wait on the handle for the blocks the run has written. It builds
+:class:`Handle` once the run has the device; the chain's links (:func:`written`) and the
+chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written. It builds
 no graph, and hands a chunk out as the run wrote it (the Gram half's mirrored chunks are
 :mod:`.gram`'s)."""
 
@@ -14,31 +14,31 @@ import weakref
 import numpy as np
 
 from ..runtime.base import Cancelled
-from .operands import _narrow, _resolve
-from .partition import _spanned
-from .sharing import _shared_chunks
-from .traces import _leave_events
+from .operands import narrow, resolve
+from .partition import spanned
+from .sharing import shared_chunks
+from .traces import leave_events
 
 #: One engine run at a time per device in a process (a GPU's memory is planned for one run).
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
 
-def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
-           alone: bool = False) -> _Handle:
+def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
+           alone: bool = False) -> Handle:
     """One engine task: starts the run of its group on this worker's device and returns, once
-    the run has the device, a handle from which :func:`_chunk` takes the group's ``chunks``
+    the run has the device, a handle from which :func:`take_chunk` takes the group's ``chunks``
     chunks, each as soon as the blocks under it are written (the run goes on in a thread of
     this process; the last chunk taken waits for its end). ``alone``: the group is the whole
     product, and shares no decoded chunks with others."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph)
     # the whole product in one run: the engine's own reads and cache, as multiply's
-    shared_cm = contextlib.nullcontext() if alone else _shared_chunks(graph)
+    shared_cm = contextlib.nullcontext() if alone else shared_chunks(graph)
     shared = shared_cm.__enter__()  # left when the run ends
     try:
-        a_src, b_src = _resolve(a, shared, "A"), _resolve(b, shared, "B")
-        c_src = _resolve(c, shared, "C") if c is not None else None
+        a_src, b_src = resolve(a, shared, "A"), resolve(b, shared, "B")
+        c_src = resolve(c, shared, "C") if c is not None else None
     except BaseException:
         shared_cm.__exit__(None, None, None)
         raise
@@ -49,17 +49,17 @@ def _group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 
         a_src, b_src, c_src, alpha, beta, trans_a, trans_b, dict(options), shared_cm))
     thread.start()
     run.wait_started()
-    return _Handle(run, spec)
+    return Handle(run, spec)
 
 
-def _written(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> _Handle:
+def written(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> Handle:
     """A link of a group's chain: done (handing on the handle) when the engine has written
     rows r0:r1, columns c0:c1 of the group."""
     handle.wait(r0, r1, c0, c1)
     return handle
 
 
-def _chunk(handle: _Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+def take_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """One chunk of the result, a view of its group's product, when the engine has written
     it."""
     return handle.chunk(r0, r1, c0, c1)
@@ -95,7 +95,7 @@ class _Run:
                                       trans_a=trans_a, trans_b=trans_b, progress=self,
                                       events=trace_dir is not None, **options)
             if trace_dir is not None and result is not None:
-                _leave_events(trace_dir, result)
+                leave_events(trace_dir, result)
         except BaseException as exc:  # handed to every chunk of the group
             with self._cond:
                 self._error = exc
@@ -159,8 +159,8 @@ class _Run:
         """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
         if r0 >= r1 or c0 >= c1:
             return True
-        rows = _spanned(self._rows, r0, r1)
-        cols = _spanned(self._cols, c0, c1)
+        rows = spanned(self._rows, r0, r1)
+        cols = spanned(self._cols, c0, c1)
         return all(self._written.get((i, j), 0) >= self._bytes(i, j) for i in rows for j in cols)
 
     def _bytes(self, i: int, j: int) -> int:
@@ -169,7 +169,7 @@ class _Run:
                 self.out.itemsize)
 
 
-class _Handle:
+class Handle:
     """What an engine task returns: its run going on in this process. Released (its graph
     is done or cancelled), the run stops if it is still going. Pickled (moved to another
     worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
@@ -181,7 +181,7 @@ class _Handle:
             weakref.finalize(self, setattr, run, "cancelled", True)
 
     def __reduce__(self):
-        return (_Handle, (None, self.spec))
+        return (Handle, (None, self.spec))
 
     def __sizeof__(self) -> int:
         return self.run.out.nbytes if self.run is not None else 0
@@ -194,9 +194,9 @@ class _Handle:
         if self.run is not None:
             return self.run.chunk(r0, r1, c0, c1)
         a, b, c, alpha, beta, dtype, options, graph = self.spec
-        a, b = _narrow(a, (r0, r1), None), _narrow(b, None, (c0, c1))
-        c = _narrow(c, (r0, r1), (c0, c1)) if c is not None else None
-        return _group(a, b, c, alpha, beta, dtype, options, graph).chunk(
+        a, b = narrow(a, (r0, r1), None), narrow(b, None, (c0, c1))
+        c = narrow(c, (r0, r1), (c0, c1)) if c is not None else None
+        return run_group(a, b, c, alpha, beta, dtype, options, graph).chunk(
             0, r1 - r0, 0, c1 - c0)
 
 

@@ -80,7 +80,7 @@ _SHARED_LOCK = threading.Lock()  # of _SHARED, and of its entries' active counts
 
 
 @contextlib.contextmanager
-def _shared_chunks(graph: str):
+def shared_chunks(graph: str):
     """This process's shared chunks of ``graph``, held for the duration of one task."""
     from .. import hostinfo
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 
-def _leave_events(trace_dir: str, result) -> None:
+def leave_events(trace_dir: str, result) -> None:
     """The task's events, in a file of its own in ``trace_dir`` (for :func:`timeline`)."""
     import json
     import socket

@@ -11,9 +11,8 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 
-from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..errors import BudgetError, OptionError
-from ..ozaki import MAX_DEPTH
+from ..strategies import strategy_of
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, chunk_region, most_touched, window_bytes
 from .model import DeviceModel
@@ -298,9 +297,10 @@ class Plan:
                              or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
                               f"block and one K panel, one slot each")
-        if self.staged and is_ozaki(self.kernel) and r > MAX_DEPTH:
+        depth = strategy_of(self.kernel).max_depth(self.staged)
+        if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
-                              f"at most {MAX_DEPTH} (its int32 products stay exact up to there)")
+                              f"at most {depth} (its int32 products stay exact up to there)")
         if self.device_bytes > self.memory_limit:
             raise BudgetError(
                 f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
@@ -337,8 +337,8 @@ class Plan:
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
-            "kernel": self.kernel if self.device.startswith("cuda") or is_ozaki(self.kernel)
-            else None,
+            "kernel": self.kernel if self.device.startswith("cuda")
+            or strategy_of(self.kernel).emulated else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,
@@ -497,12 +497,9 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
     acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
     ring = max(stripe, w, h, r) * s if stripe else 0
     out_ring = max(min(stripe, DEFAULT_STRIPE), w, h) * s if stripe else 0
-    if not (stripe and product and is_ozaki(kernel)):
+    conv = strategy_of(kernel).converted(*prob.clipped(tile)) if stripe and product else None
+    if conv is None:
         return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring)
-    from ..ozaki import footprint
-
-    # the emulator sizes its buffers for the tile clipped to the product, as here
-    conv = footprint(*prob.clipped(tile), ozaki_moduli(kernel))
     return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring,
                    a_converted=conv.a,
                    b_converted=conv.b, emulation=conv.scratch)
@@ -585,11 +582,11 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
     operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
     ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
-    cut into, which set how many operations each load takes. ``kernel='ozaki[:N]'`` on a GPU
-    (``model.int8_ops``): the product emulated (:func:`_emulation_seconds`). ``symmetric``:
-    a Gram product computed as one (the blocks on and above the diagonal, half of each
-    diagonal block). ``in_core``: the in-core shape, whose first GEMM waits for all of B and
-    A's first stripe."""
+    cut into, which set how many operations each load takes. ``kernel``: its strategy's
+    compute time where it differs from the dtype's GEMM (``kernel='ozaki[:N]'`` on a GPU:
+    :meth:`oocgemm.strategies.Ozaki.seconds`). ``symmetric``: a Gram product computed as
+    one (the blocks on and above the diagonal, half of each diagonal block). ``in_core``:
+    the in-core shape, whose first GEMM waits for all of B and A's first stripe."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
@@ -610,8 +607,10 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             flops = prob.flops * (p * (p - 1) / 2 + p * (w + 1) / (2 * w)) / (p * p)
         compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
             1 + model.half_size / w + model.half_size / h + model.half_size / r)
-        if is_ozaki(kernel) and staged and model.int8_ops:
-            compute = _emulation_seconds(prob, (w, h, r), model, kernel, a_loads + b_loads)
+        emulated = (strategy_of(kernel).seconds(prob, (w, h, r), model, a_loads + b_loads)
+                    if staged else None)
+        if emulated is not None:
+            compute = emulated
         if model.accumulate_pass:
             passes = blocks * (nk - 1 + (1 if prob.reads_c else 0))
             compute += passes * 3 * w * h * s / model.memory_copy
@@ -696,24 +695,6 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
                       overhead=n_ops * OP_OVERHEAD, decode=decode)
-
-
-def _emulation_seconds(prob: Problem, tile: tuple[int, int, int], model: DeviceModel,
-                       kernel: str, loaded: float) -> float:
-    """The GPU's time for an emulated product with ``tile``, ``loaded`` bytes of A and B
-    panels loaded: one int8 GEMM per modulus (:func:`oocgemm.ozaki.reserved_moduli`: for the
-    rule, the most it may take); per C block and K panel, the finish of every element
-    of C; per panel loaded, its conversion. The finish, once per K panel, is what favours
-    deep K panels."""
-    from ..ozaki import reserved_moduli
-
-    w, h, r = tile
-    n = reserved_moduli(ozaki_moduli(kernel))
-    gemms = n * prob.flops / model.int8_ops * (
-        1 + model.half_size / w + model.half_size / h + model.half_size / r)
-    finish = prob.m * prob.n * math.ceil(prob.k / r) * n * model.finish_digit
-    convert = loaded / prob.itemsize * (n * model.convert_digit + model.convert_element)
-    return gemms + finish + convert
 
 
 def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: bool, stripe: int,
@@ -841,7 +822,7 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
     larger than the default stripe.
     """
     if not (staged and prob.computes_product and not symmetric and not prob.shared
-            and not is_ozaki(kernel)):
+            and strategy_of(kernel).in_core):
         return None
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     if (m * k + k * n + m * n) * s > memory_limit:
@@ -892,8 +873,9 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     ws = _candidates(m, align_m, floor)
     hs = _candidates(n, align_n, floor)
     rs = _candidates(k, align_k, floor) if prob.computes_product else [1]
-    if staged and is_ozaki(kernel):
-        rs = [r for r in rs if r <= MAX_DEPTH] or [MAX_DEPTH]
+    depth = strategy_of(kernel).max_depth(staged)
+    if depth is not None:
+        rs = [r for r in rs if r <= depth] or [depth]
 
     def fits(tile):
         plan_bufs = _buffers(prob, tile, model, stripe if staged else 0, kernel)

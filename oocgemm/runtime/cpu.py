@@ -23,10 +23,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..cuda.catalog import is_ozaki, ozaki_moduli
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind
 from ..storage.frames import encode_stripe
+from ..strategies import strategy_of
 from .base import (
     Cancelled,
     Executor,
@@ -40,6 +40,7 @@ from .base import (
     upper_matmul,
     with_c,
 )
+from .staging import cpu_settings
 
 
 class CpuExecutor(Executor):
@@ -63,17 +64,8 @@ class CpuExecutor(Executor):
         encodes them on the GPU, and the sink handed the frames.
     """
 
-    #: Plans for this executor work in place (no staging buffers).
-    STAGED = False
-
-    @staticmethod
-    def staging(problem, model, kernel: str = "cublas") -> dict:
-        """The plan's staging settings for this executor: 4 reader threads; the last K
-        panel of a block runs in 4 row stripes (the run's last block in tapering ones), so
-        that the run's last block is written stripe by stripe as its rows become final
-        rather than all after its last GEMM. Emulated products (``kernel='ozaki'``) run
-        each panel whole: a stripe would be an emulated product of its own."""
-        return {"readers": 4, "split_last": 1 if is_ozaki(kernel) else 4}
+    #: The plan's staging settings for this executor (:mod:`oocgemm.runtime.staging`).
+    staging = staticmethod(cpu_settings)
 
     def __init__(self, plan, sources, sink, *, on_event=None, writers: int = 2,
                  record: bool = True, resources=None, frames: bool = False):
@@ -83,6 +75,7 @@ class CpuExecutor(Executor):
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
+        self.strategy = strategy_of(plan.kernel)  # the product's GEMM: numpy's, or emulated
         self._buffers: dict[str, np.ndarray] = {}
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
         self._analysed: dict[str, tuple] = {}  # 'A'/'B' -> (panel key, ozaki.Panel) last used
@@ -210,7 +203,7 @@ class CpuExecutor(Executor):
         b = b[:, y0:]
         c = self.view(op.dst, (w, h))[x0:x1, y0:]
         multiply = upper_matmul if op.upper else np.matmul
-        if is_ozaki(self.plan.kernel):  # the same steps, the product emulated
+        if self.strategy.emulated:  # the same steps, the product emulated
             product = self._emulated(op, panel, a, b)
         elif op.beta == 0:  # BLAS: C is not read, whatever it holds
             multiply(a, b, out=c)
@@ -243,7 +236,7 @@ class CpuExecutor(Executor):
             if analysed.get(name, (None,))[0] != key:
                 analysed[name] = (key, ozaki.analyse(x, axis))
         how = ozaki.plan_pair(analysed["A"][1], analysed["B"][1], b.shape[0],
-                              ozaki_moduli(self.plan.kernel))
+                              self.strategy.moduli)
         product, _ = ozaki.gemm(a, b, how=how)
         self.log.note(f"native: {how.reason}" if how.native
                       else f"ozaki, {len(how.moduli)} moduli")

@@ -28,7 +28,7 @@ the host clock of the event log as the GPU finishes each one, through a referenc
 recorded (and waited for) just before the first operation, so host and device events share one
 clock and little is left to convert once the last operation ends. Every operation is
 also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
-(:mod:`oocgemm.cuda.nvtx`).
+(:mod:`oocgemm.diagnostics.nvtx`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
-from ..cuda.catalog import is_ozaki
 from ..diagnostics.events import EventLog
+from ..kernel_catalog import is_ozaki
 from ..planning.schedule import OpKind, ordered_lane
 from ..storage.frames import Framing
 from .base import (
@@ -54,6 +54,7 @@ from .base import (
     thread_lane,
     with_c,
 )
+from .staging import cuda_settings
 
 #: Threads of a run's lanes: a dispatcher per stream (three), the feeder and the clock.
 LANE_THREADS = 5
@@ -178,43 +179,8 @@ class CudaExecutor(Executor):
     Parameters are those of :class:`oocgemm.runtime.cpu.CpuExecutor`.
     """
 
-    #: Plans for this executor move their data through pinned staging buffers.
-    STAGED = True
-
-    @staticmethod
-    def staging(problem, model, kernel: str = "cublas") -> dict:
-        """The plan's staging settings for this executor (they size the buffers that
-        ``choose_tile`` must fit).
-
-        Pageable -> pinned copies need many threads to approach PCIe rates (on the H100: 16
-        threads ~50 GB/s); the ring holds two stripes per reader, and small regions are spread
-        over all readers. The first panel runs in pieces (r/4, r/4, r/2: two halvings were ~1%
-        ahead of three in two sweeps on the H100), so that the first GEMM starts early. The
-        last 4 panels of a block run row stripe by row stripe, 8 stripes (16 drained faster
-        but ran the GEMMs slower: 1.5% slower end to end), with 5 slots each for A and B (4
-        resident + 1 for the next block's first panel), so that C's rows become final over 4
-        panels' time and leave while the rest computes.
-
-        Emulated products (``kernel='ozaki'``) keep each slot's converted panel beside it, and
-        finish every K panel's product in an elementwise pass over C: two slots each for A
-        and B, no ramp (small first panels would each take that pass), one tail panel. A Gram
-        product (one matrix on both sides, one transposed) has 16 output stripes."""
-        from .. import hostinfo
-
-        readers = max(4, min(10, hostinfo.cores() - 4))
-        settings = dict(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
-                        min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
-                        ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
-                                         problem.b_chunks_kn()[0] or 1))
-        if is_ozaki(kernel):
-            settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
-        elif problem.gram:
-            # A symmetric product writes two blocks of C for each it computes, in half the
-            # time: 16 output stripes (and writers) rather than 8 took X^T X of 32768² from
-            # 0.636 to 0.610 of the general product's time on the H100 (writing fresh host
-            # pages: 18.9 GB/s from 8 threads, 27.9 from 16).
-            settings.update(n_out=16)
-        return settings
+    #: The plan's staging settings for this executor (:mod:`oocgemm.runtime.staging`).
+    staging = staticmethod(cuda_settings)
 
     def __init__(self, plan, sources, sink, *, on_event=None, readers: int | None = None,
                  writers: int | None = None, record: bool = True, resources=None):
@@ -353,7 +319,7 @@ class CudaExecutor(Executor):
         """Replay the schedule; device and pinned buffers are freed on return, also on error.
         The threads (readers, writers, the lanes) are the resources' kept ones."""
         from ..cuda.engine import GpuContext
-        from ..cuda.nvtx import Ranges
+        from ..diagnostics.nvtx import Ranges
 
         self._nvtx = Ranges()
         ops = self.schedule.ops

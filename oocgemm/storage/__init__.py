@@ -10,8 +10,8 @@ import numpy as np
 
 from ..errors import InputError, OutputError
 from . import urls
-from ._files import PARTIAL
-from .base import MatrixSink, MatrixSource
+from .base import MatrixSink, MatrixSource, library_of
+from .files import PARTIAL
 from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
 
 __all__ = ["SINKS", "SOURCES", "SUFFIXES", "MatrixSink", "MatrixSource", "exists", "is_path",
@@ -20,10 +20,6 @@ __all__ = ["SINKS", "SOURCES", "SUFFIXES", "MatrixSink", "MatrixSource", "exists
 
 def is_path(obj) -> bool:
     return isinstance(obj, (str, os.PathLike))
-
-
-def _module(obj) -> str:
-    return type(obj).__module__.split(".")[0]
 
 
 #: Path suffixes and the kind of adapter that reads and writes them.
@@ -167,7 +163,8 @@ def _kind(target) -> tuple[str, object]:
     top-level module and ' array'), and ``target`` as its adapter takes it (a path as a str,
     ``file://`` URLs made local paths)."""
     if not is_path(target):
-        return ("numpy" if isinstance(target, np.ndarray) else _module(target) + " array"), target
+        kind = "numpy" if isinstance(target, np.ndarray) else library_of(target) + " array"
+        return kind, target
     path = urls.local(os.fspath(target))
     return ("url", os.fspath(target)) if urls.is_url(path) else (kind_of_path(path), path)
 
@@ -192,7 +189,7 @@ def zarr_behind(x):
         return None
     values = list(layers[f"original-{x.name}"].values())
     stored = values[0] if len(values) == 1 else None
-    if (_module(stored) != "zarr" or tuple(getattr(stored, "shape", ())) != tuple(x.shape)
+    if (library_of(stored) != "zarr" or tuple(getattr(stored, "shape", ())) != tuple(x.shape)
             or np.dtype(stored.dtype) != np.dtype(x.dtype)):
         return None
     return stored

@@ -11,6 +11,12 @@ import numpy as np
 _COUNTING = threading.Lock()
 
 
+def library_of(obj) -> str:
+    """The top-level package of ``obj``'s type: 'numpy', 'zarr', 'dask', 'cupy'..., which
+    the adapters are chosen by without importing those packages."""
+    return type(obj).__module__.split(".")[0]
+
+
 class MatrixSource(abc.ABC):
     """A 2-D matrix that the executors read regions of (in its stored layout)."""
 

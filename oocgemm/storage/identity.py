@@ -33,7 +33,7 @@ from numpy.lib import format as npy_format
 
 from ..errors import OutputError
 from . import urls
-from .base import MatrixSink, MatrixSource
+from .base import MatrixSink, MatrixSource, library_of
 
 __all__ = ["KINDS", "Identity", "Layout", "check_output", "identity", "one_matrix", "overlaps",
            "same_matrix"]
@@ -242,7 +242,7 @@ def _name(out) -> str:
     store_path = getattr(out, "store_path", None)
     if store_path is not None:
         return f"(the Zarr array {store_path})"
-    return f"(a {_module(out)} array)"
+    return f"(a {library_of(out)} array)"
 
 
 # ------------------------------------------------------------------------------------------
@@ -254,10 +254,6 @@ def _intersect(x: tuple[int, int] | None, y: tuple[int, int] | None) -> bool:
     if x is None or y is None:
         return True
     return max(x[0], y[0]) < min(x[1], y[1])
-
-
-def _module(obj) -> str:
-    return type(obj).__module__.split(".")[0]
 
 
 def _unknown(obj) -> Identity:
@@ -284,7 +280,7 @@ def _object(obj) -> Identity:
     """An object that is not a path."""
     if isinstance(obj, np.ndarray):
         return _numpy(obj)
-    module = _module(obj)
+    module = library_of(obj)
     if module == "zarr" and (hasattr(obj, "store_path") or hasattr(obj, "store")):
         return _zarr(obj)
     if module == "dask" and hasattr(obj, "dask") and hasattr(obj, "name"):
@@ -564,9 +560,9 @@ def _graph_reads(array) -> Iterator[Identity]:
         else:
             continue
         for value in values:
-            if _module(value) == "dask" and hasattr(value, "value"):  # a DataNode
+            if library_of(value) == "dask" and hasattr(value, "value"):  # a DataNode
                 value = value.value
-            if isinstance(value, np.ndarray) or (_module(value) == "zarr"
+            if isinstance(value, np.ndarray) or (library_of(value) == "zarr"
                                                  and hasattr(value, "store_path")):
                 found = _object(value)
                 if found.kind != "unknown":

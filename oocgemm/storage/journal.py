@@ -30,8 +30,8 @@ from typing import TextIO
 import numpy as np
 
 from ..errors import OutputError
-from . import _files
 from .base import MatrixSink, MatrixSource, PartialSink
+from .files import PARTIAL
 
 #: The journal's name inside a temporary Zarr output; beside a temporary .npy, its name + this.
 NAME = "oocgemm-journal.jsonl"
@@ -58,7 +58,7 @@ def signature(path: str) -> str:
         for root, dirs, files in os.walk(path):
             dirs.sort()
             for name in sorted(files):
-                if name == NAME or _files.PARTIAL in name:
+                if name == NAME or PARTIAL in name:
                     continue
                 st = os.stat(os.path.join(root, name))
                 rel = os.path.relpath(os.path.join(root, name), path)
@@ -87,14 +87,14 @@ _held: set[str] = set()
 def _partials(final: str) -> list[str]:
     """Every temporary output (and journal beside one) an oocgemm run of ``final`` made."""
     head, tail = os.path.split(os.path.abspath(final))
-    return glob.glob(os.path.join(glob.escape(head), glob.escape(tail) + _files.PARTIAL + "*"))
+    return glob.glob(os.path.join(glob.escape(head), glob.escape(tail) + PARTIAL + "*"))
 
 
 def writer_alive(temporary: str) -> bool:
     """Whether the process that made ``temporary`` still runs on this machine (its name
     carries the process id; a process of another user counts as alive). Only words hang
     on this; whether a run may take a journal over is decided by its lock."""
-    pid = os.path.basename(temporary).rpartition(_files.PARTIAL)[2].partition("-")[0]
+    pid = os.path.basename(temporary).rpartition(PARTIAL)[2].partition("-")[0]
     if not pid.isdigit():
         return False
     if int(pid) == os.getpid():  # this process: alive while its journal is open

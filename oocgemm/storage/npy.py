@@ -9,7 +9,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ..errors import InputError, OutputError
-from . import _files
+from . import files
 from .base import MatrixSink
 from .memory import NumpySource
 
@@ -67,14 +67,14 @@ class NpySink(MatrixSink):
             if self._array.shape != self.shape or self._array.dtype != self.dtype:
                 raise OutputError(f"{temporary!r} is not the output this run writes")
             return
-        self._temporary = _files.temporary_sibling(path)
+        self._temporary = files.temporary_sibling(path)
         try:
             self._array = npy_format.open_memmap(self._temporary, mode="w+", dtype=self.dtype,
                                                  shape=self.shape)
             _reserve(self._temporary)
         except BaseException as exc:  # an interrupt too: what was begun goes
             self._array = None
-            _files.remove(self._temporary)
+            files.remove(self._temporary)
             self._temporary = None
             if not isinstance(exc, OSError):
                 raise
@@ -95,7 +95,7 @@ class NpySink(MatrixSink):
     def commit(self):
         self._array.flush()
         del self._array
-        _files.publish(self._temporary, self._final, replace=self._replace)
+        files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
         return np.load(self._final, mmap_mode="r+")
 
@@ -115,5 +115,5 @@ class NpySink(MatrixSink):
     def abort(self):
         if self._temporary is not None:
             self._array = None
-            _files.remove(self._temporary)
+            files.remove(self._temporary)
             self._temporary = None

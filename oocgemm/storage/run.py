@@ -26,7 +26,7 @@ from ..checks import check_dtype, check_matrix
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
 from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls
-from ._files import signals_deferred
+from .files import signals_deferred
 from .identity import check_output, one_matrix
 from .outputs import check_out, check_out_options, output_layout
 

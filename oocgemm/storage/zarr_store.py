@@ -21,7 +21,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 from .. import hostinfo
 from ..errors import InputError, OptionError, OutputError
 from ..planning.chunks import chunk_region, chunks_of
-from . import _files, frames, urls
+from . import files, frames, urls
 from .base import MatrixSink, MatrixSource
 
 
@@ -543,10 +543,10 @@ class ZarrSink(MatrixSink):
                 self.path = urls.normal(path)
                 self._direct = not urls.exists(path, storage_options)
                 self._temporary = (path if self._direct else
-                                   self.path + _files.temporary_suffix())
+                                   self.path + files.temporary_suffix())
             else:
                 self.path = os.path.abspath(path)
-                self._temporary = _files.temporary_sibling(path)
+                self._temporary = files.temporary_sibling(path)
             options = dict(options or {})
             options.setdefault("chunks", self.shape)
             options.setdefault("compressors", None)
@@ -633,7 +633,7 @@ class ZarrSink(MatrixSink):
             self._temporary = None
             return zarr.open_array(self._final, mode="r+",
                                    storage_options=self._storage_options)
-        _files.publish(self._temporary, self._final, replace=self._replace)
+        files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
         group = parent_group(self._final)
         if group is not None and group.metadata.consolidated_metadata is not None:
@@ -647,7 +647,7 @@ class ZarrSink(MatrixSink):
             if self._url:
                 urls.remove(self._temporary, self._storage_options)
             else:
-                _files.remove(self._temporary)
+                files.remove(self._temporary)
             self._temporary = None
 
     def array(self):

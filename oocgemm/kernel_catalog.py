@@ -1,7 +1,8 @@
 """The per-block GEMM kernels one can choose with ``kernel=``: names, sources and launch shapes.
 
-Pure data (no CuPy), so that argument checks, the CLI and the compile tests read it on machines
-without a GPU. :mod:`oocgemm.cuda.kernels` compiles and launches them.
+Pure data (no CuPy), so that argument checks, the planner, the CLI and the compile tests read it
+on machines without a GPU, and outside :mod:`oocgemm.cuda` (which compiles and launches them:
+:mod:`oocgemm.cuda.kernels`), so that planning a product never imports the GPU's package.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import OptionError
+from .errors import OptionError
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -111,7 +112,7 @@ def kernels_dir() -> Traversable:
     packaged = resources.files("oocgemm").joinpath("_kernels")
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parents[2] / "kernels"
+    return Path(__file__).resolve().parents[1] / "kernels"
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
@@ -163,7 +164,7 @@ def check_kernel(kernel, dtype) -> str:
 def _check_ozaki(name: str, dtype) -> str:
     count = name.partition(":")[2]
     if count:
-        from ..ozaki import MAX_MODULI
+        from .ozaki import MAX_MODULI
 
         if not count.isdigit() or not 1 <= int(count) <= MAX_MODULI:
             raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {MAX_MODULI} "

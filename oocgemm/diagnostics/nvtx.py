@@ -40,7 +40,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..diagnostics.events import KIND_COLORS, op_label
+from .events import KIND_COLORS, op_label
 
 DOMAIN = "oocgemm"
 BACKENDS = ("nvtx", "lib", "cupy")

@@ -1,0 +1,422 @@
+"""One product, ``out = alpha * op(a) @ op(b) + beta * c``, as an object with a life:
+made (its options checked, its operands and output target opened and checked), planned
+(:meth:`Product.plan`: the plan, from the facts of that I/O, without reading a byte),
+executed (:meth:`Product.execute`: exactly that plan, then the output committed), closed
+(:meth:`Product.close`, or the end of a ``with`` block: what it opened is released).
+
+The stateful form, in the manner of nvmath-python's ``Matmul``; :func:`oocgemm.multiply`,
+:func:`oocgemm.plan`, :class:`oocgemm.Engine`, the command line and ``oocgemm.dask`` are thin
+wrappers over it::
+
+    with oocgemm.Product("a.zarr", "b.zarr", "c.zarr", device="cuda") as product:
+        print(product.plan())          # read nothing yet
+        result = product.execute()     # runs the plan printed above
+
+The run's I/O is opened and checked by :func:`~oocgemm.storage.run.open_run` (the operands,
+the output target, aliasing); the plan is made by :mod:`oocgemm.planning` (which never
+touches storage) with the executor's staging handed over as data
+(:mod:`oocgemm.runtime.staging`); the executor (or one per device,
+:mod:`oocgemm.runtime.split`) replays the plan's schedule, planning again with smaller blocks
+when memory runs short; the output is checked when asked and committed; the result says what
+happened.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from . import hostinfo
+from .checks import flag, scalar
+from .devices import Device, device_names, planned_for, resolve_device
+from .errors import BudgetError, ExecutionError, MemoryPressureError, OptionError
+from .hints import MatrixLike, Scalar
+from .kernel_catalog import check_kernel
+from .options import Options
+from .planning import (
+    STAGING,
+    Plan,
+    Problem,
+    choose_tile,
+    cpu_model,
+    cuda_model,
+    finished,
+    in_core_shape,
+)
+from .planning import smaller as smaller_plan
+from .result import Result
+from .runtime.base import executor_class
+from .runtime.staging import Staging, staging_for
+from .storage.run import RunIO, chunk_counts, open_run
+from .strategies import strategy_of
+from .units import format_size, parse_size
+
+__all__ = ["Product"]
+
+
+class Product:
+    """The product ``out = alpha * op(a) @ op(b) + beta * c`` of :func:`oocgemm.multiply`,
+    in steps: :meth:`plan`, :meth:`execute`, :meth:`close` (a context manager too).
+
+    Parameters
+    ----------
+    a, b, out, c, alpha, beta, trans_a, trans_b
+        As for :func:`oocgemm.multiply`.
+    options
+        An :class:`~oocgemm.options.Options`, or a dict of option names, as the keywords.
+    **keywords
+        The options by name (:class:`~oocgemm.options.Options`: those of :func:`multiply`
+        beside the operands and scalars); they take precedence over ``options``.
+
+    Making it checks the options, the device, the operands and the output target and
+    opens them (nothing is read but what describes them); what is opened is released by
+    :meth:`close`, by the end of a ``with`` block, by a step that fails, or once
+    :meth:`execute` has committed the output.
+
+    Raises
+    ------
+    OOCGemmError
+        As :func:`oocgemm.multiply`: each check at the step that makes it.
+    """
+
+    def __init__(self, a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
+                 c: MatrixLike | None = None, alpha: Scalar = 1.0, beta: Scalar = 0.0,
+                 trans_a: bool = False, trans_b: bool = False,
+                 options: Options | Mapping[str, Any] | None = None, **keywords: Any):
+        if isinstance(options, Options) and not keywords:
+            self.options = options
+        else:
+            given = options.keywords() if isinstance(options, Options) else dict(options or {})
+            self.options = Options.of("Product()", **{**given, **keywords})
+        #: Several devices (their names), or None for one.
+        self.devices = device_names(self.options.device)
+        alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
+        trans_a, trans_b = flag("trans_a", trans_a), flag("trans_b", trans_b)
+        #: The device the plan is made for (the first of several).
+        self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
+        self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
+                                   trans_b=trans_b, out_options=self.options.out_options,
+                                   storage_options=self.options.storage_options)
+        self._scalars = (alpha, beta, trans_a, trans_b)
+        self._plan: Plan | None = None
+        self._executed = False
+        #: True once what it opened is released; it plans and runs nothing more.
+        self.closed = False
+
+    def __repr__(self) -> str:
+        state = ("closed" if self.closed else "executed" if self._executed
+                 else "planned" if self._plan is not None else "open")
+        m, n, k = self._io.shape
+        return f"Product({m}x{k} @ {k}x{n} -> {self._io.name}, {self.device}, {state})"
+
+    # -- the steps -------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        """The validated :class:`~oocgemm.planning.Plan` (made the first time; the same
+        object after), without reading any data. Print it for a summary; ``plan.schedule``
+        lists the block operations; :meth:`execute` runs exactly it."""
+        self._check_open()
+        if self._plan is None:
+            try:
+                self._plan = self._make_plan()
+            except BaseException as exc:  # no plan: what was opened is released now
+                self._release(exc)
+                raise
+        return self._plan
+
+    def execute(self) -> Result:
+        """Run the plan (:meth:`plan`'s, made now if it was not), check the product where
+        ``verify`` asks, commit the output and release what was opened. Once per product.
+
+        Returns
+        -------
+        Result
+            ``result.out`` holds the product; ``result.plan`` the plan that ran to the end
+            (``plan()``'s, or smaller blocks after memory ran short).
+        """
+        plan_ = self.plan()
+        if self._executed:
+            raise OptionError("this Product has run; make another for another run")
+        self._executed = True
+        o, io = self.options, self._io
+        try:
+            resources = o.engine.resources(self.device.kind) if o.engine is not None else None
+            check = _Check(plan_, io) if o.verify else None  # C_in's part before it changes
+            plan_ = io.begin(plan_, overwrite=o.overwrite, resume_=o.resume,
+                             attributes=_attributes(plan_.problem))
+            run = _execute(plan_, io, self.device, self.devices, progress=o.progress,
+                           record=bool(o.events), resources=resources)
+            report = check.run(io.sink.array()) if check is not None else None
+            result_out = io.commit()
+        except BaseException as exc:
+            self._release(exc)
+            raise
+        self.close()
+        log = run.log
+        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
+                      bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
+                      started_at=log.started_at, chunks=chunk_counts(run.readers),
+                      verified=report, resumed=len(run.plan.done), replanned=run.replanned,
+                      devices=run.shares, emulation=dict(log.notes),
+                      emulation_seconds=dict(log.timed), out_name=io.name,
+                      out_encoder=log.encoder)
+
+    def close(self) -> None:
+        """Release what the product opened (its sources; an output it began and did not
+        commit is removed). Closing twice is harmless."""
+        self._release(None)
+
+    def __enter__(self) -> Product:
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        self._release(exc)
+
+    # -- inside ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise OptionError("this Product is closed" + (" (it has run)" if self._executed
+                                                           else ""))
+
+    def _release(self, exc: BaseException | None) -> None:
+        if not self.closed:
+            self.closed = True
+            self._io.__exit__(type(exc) if exc is not None else None, exc,
+                              exc.__traceback__ if exc is not None else None)
+
+    def _make_plan(self) -> Plan:
+        alpha, beta, trans_a, trans_b = self._scalars
+        io = self._io
+        m, n, k = io.shape
+        op_a, op_b, op_c, op_out = io.operands()
+        problem = Problem(m=m, n=n, k=k, itemsize=io.dtype.itemsize, dtype=io.dtype.name,
+                          a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
+                          trans_a=trans_a, trans_b=trans_b, shared=io.shared)
+        kernel = check_kernel(self.options.kernel, np.dtype(problem.dtype))
+        if self.device.kind not in strategy_of(kernel).devices:
+            raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
+                              f"{self.device}; leave kernel unset on the CPU")
+        model, mem, host = _budgets(self.device, self.options)
+        staging = staging_for(self.device.kind, problem, model, kernel)
+        return plan_product(problem, self.options, str(self.device), kernel, model, mem, host,
+                            staging)
+
+
+# ------------------------------------------------------------------------------------------
+def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,
+                 mem: int, host: int, staging: Staging) -> Plan:
+    """The plan of ``problem`` on ``device`` (its name) with ``kernel`` (checked), its cost
+    ``model``, within the budgets ``mem`` and ``host`` (bytes), staged as ``staging`` says
+    (the executor's, as data): the user's tile (``options.tile``), or the planner's
+    choice."""
+    # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
+    # the user's that is not square computes the product in full, as they asked).
+    tile = options.tile
+    symmetric = problem.gram and strategy_of(kernel).halves_gram and (
+        tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
+    settings = dict(problem=problem, device=device, model=model, memory_limit=mem,
+                    host_memory_limit=host, staged=staging.staged, kernel=kernel,
+                    symmetric=symmetric, **staging.settings)
+    if tile is not None:
+        return finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
+    shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
+                          symmetric=symmetric, split_last=staging.settings.get("split_last", 1),
+                          min_stripes=staging.settings.get("min_stripes", 1))
+    if shape is not None:  # A, B and C on the device at once: no tile to search for
+        try:
+            return finished(Plan(**{**settings, **shape}))
+        except BudgetError:  # its staging does not fit the host budget
+            pass
+    try:
+        tile = choose_tile(problem, model, mem, host, staged=staging.staged, kernel=kernel,
+                           symmetric=symmetric, **{k: v for k, v in staging.settings.items()
+                                                   if k in STAGING})
+    except BudgetError as exc:
+        raise BudgetError(str(exc) + _unit_hint(memory_limit=options.memory_limit,
+                                                host_memory_limit=options.host_memory_limit)
+                          ) from None
+    return finished(Plan(tile=tile, **settings))
+
+
+def _budgets(dev: Device, options: Options):
+    """(device model, memory_limit, host_memory_limit) in bytes for a run on ``dev``."""
+    if dev.kind == "cuda":
+        from . import cuda
+
+        free, total = cuda.memory_info(dev.index)
+        mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
+        if mem > free:
+            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
+                              f"{format_size(free)} free on {dev}")
+        model = cuda_model()
+    else:
+        total = hostinfo.total_memory()
+        mem = parse_size(options.memory_limit, total, name="memory_limit") or total // 4
+        model = cpu_model()
+    host = parse_size(options.host_memory_limit, hostinfo.total_memory(),
+                      name="host_memory_limit") or hostinfo.total_memory() // 4
+    return model, mem, host
+
+
+def _unit_hint(**limits) -> str:
+    """A question for budgets given as a bare number under 1 MiB: bytes, or a unit forgotten?"""
+    for name, value in limits.items():
+        bare = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
+            isinstance(value, str) and value.strip().isdigit())
+        if bare and int(value) < (1 << 20):
+            return (f". {name}={value} is bytes (a bare number): did you mean "
+                    f"'{int(value)}MB' or '{int(value)}GB'?")
+    return ""
+
+
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """What the executors did."""
+
+    plan: Plan
+    """The plan that ran to the end (smaller blocks after memory ran short)."""
+    log: Any
+    seconds: float
+    readers: dict
+    """The sources as the last run read them (chunk readers: their counts)."""
+    replanned: list[str]
+    shares: dict
+    """Several devices: what each did."""
+
+
+#: Times a run plans again with smaller blocks after running out of memory.
+MAX_REPLANS = 3
+
+
+def _execute(plan_: Plan, io: RunIO, dev: Device, devices: list[str] | None, *, progress,
+             record: bool, resources) -> _Run:
+    """Run ``plan_`` into ``io``'s sink: on several devices, or on one (when memory runs
+    short: again, with smaller blocks, up to :data:`MAX_REPLANS` times)."""
+    from .runtime.split import run_on_devices
+
+    start = time.perf_counter()
+    replanned: list[str] = []
+    while True:
+        on_event, bar = _progress(progress, plan_)
+        readers = io.sources
+        try:
+            if devices:  # block groups handed out as each device is free
+                log = run_on_devices(plan_, dev.kind, devices, io.sources, io.sink,
+                                     readers=io.readers, writer=io.writer, on_event=on_event,
+                                     record=record, resources=resources)
+                return _Run(plan_, log, time.perf_counter() - start, readers, replanned,
+                            log.share)
+            readers = io.readers(plan_)
+            writer = io.writer(plan_)
+            try:
+                log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,
+                                               record=record, resources=resources).run()
+            except BaseException:
+                writer.settle()  # nothing stored behind the run after this
+                raise
+            writer.flush()
+            return _Run(plan_, log, time.perf_counter() - start, readers, replanned, {})
+        except MemoryPressureError as exc:  # less memory than planned: smaller blocks
+            if len(replanned) == MAX_REPLANS:
+                raise
+            plan_ = _smaller(plan_, exc, dev)
+            replanned.append(f"{exc}; planned again with tile w={plan_.tile[0]} "
+                             f"h={plan_.tile[1]} r={plan_.tile[2]} "
+                             f"(memory_limit={format_size(plan_.memory_limit)}, "
+                             f"host_memory_limit={format_size(plan_.host_memory_limit)}) "
+                             f"and started again")
+            warnings.warn("oocgemm: " + replanned[-1], RuntimeWarning, stacklevel=3)
+            io.replanned(plan_)  # the blocks are others now
+        finally:
+            if bar is not None:
+                bar.close()
+            if readers is not io.sources:
+                for src in readers.values():
+                    src.close()
+
+
+def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
+    """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
+    no more than the GPU has free now), every block to compute."""
+    mem, host = plan.memory_limit, plan.host_memory_limit
+    if plan.in_core:  # panels again, with the executor's staging
+        plan = replace(plan, in_core=False, **staging_for(
+            device.kind, plan.problem, plan.model, plan.kernel).settings)
+    if exc.where == "device" or (exc.where == "host" and device.kind == "cpu"):
+        mem //= 2  # on the CPU, the working buffers are host memory
+    if exc.where in ("host", "pinned"):
+        host //= 2
+    if exc.where == "pinned":
+        mem //= 2  # a CUDA allocation of unknown kind: both
+    if device.kind == "cuda":
+        from . import cuda
+
+        mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
+    return smaller_plan(plan, mem, host, str(exc))
+
+
+class _Check:
+    """``multiply(verify=True)``: Freivalds' vectors drawn, and what C_in contributes taken,
+    before the run (an update in place overwrites C_in); the check run on the product before
+    it is committed."""
+
+    def __init__(self, plan: Plan, io: RunIO):
+        from .freivalds import prepare_c_in, random_vectors
+
+        prob = plan.problem
+        self.prob, self.io = prob, io
+        complex_ = (prob.dtype.startswith("complex") or isinstance(prob.alpha, complex)
+                    or isinstance(prob.beta, complex))
+        self.x = random_vectors(prob.n, 2, complex_, None)
+        c_in = (io.out if io.in_place else io.given["c"]) if prob.reads_c else None
+        self.side = prepare_c_in(c_in, self.x, storage_options=io.storage_options)
+
+    def run(self, product):
+        """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
+        from .freivalds import verify
+
+        prob, io = self.prob, self.io
+        report = verify(io.given["a"], io.given["b"], product, alpha=prob.alpha, beta=prob.beta,
+                        trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
+                        storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
+                        _checking=True)
+        if not report:
+            raise ExecutionError(f"the product failed its check, so nothing was committed: "
+                                 f"{report}")
+        return report
+
+
+
+
+def _progress(progress, plan_):
+    """(on_event callback, bar to close) for the ``progress`` argument."""
+    if callable(progress) and not isinstance(progress, bool):
+        planned = getattr(progress, "planned", None)
+        if planned is not None:  # told the plan its events' blocks belong to (and a replan)
+            planned(plan_)
+        return progress, None
+    if progress is None:
+        progress = sys.stderr.isatty() and plan_.prediction.total > 2.0
+    if not progress:
+        return None, None
+    from .diagnostics.progress import ProgressBar
+
+    bar = ProgressBar(plan_)
+    return bar, bar
+
+
+def _attributes(prob: Problem) -> dict:
+    """What a Zarr output records of the product that made it."""
+    return {"m": prob.m, "n": prob.n, "k": prob.k, "alpha": _json_scalar(prob.alpha),
+            "beta": _json_scalar(prob.beta), "trans_a": prob.trans_a, "trans_b": prob.trans_b}
+
+
+def _json_scalar(x):
+    return [x.real, x.imag] if isinstance(x, complex) else x

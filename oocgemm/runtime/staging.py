@@ -1,0 +1,70 @@
+"""How each executor stages a run, as data the planner takes: whether its data moves through
+staging buffers, and the settings (readers, ring sizes, stripes, slots) that size the
+buffers the tile must fit. The planner is handed a :class:`Staging` before any executor
+exists (:class:`oocgemm.Product` asks :func:`staging_for`), and each executor replays plans
+made with its own (``CpuExecutor.staging`` and ``CudaExecutor.staging`` are the functions
+here). Nothing here imports CuPy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import DeviceError
+from ..strategies import strategy_of
+
+
+@dataclass(frozen=True)
+class Staging:
+    """An executor's staging of one product."""
+
+    staged: bool
+    """True: the data moves through pinned staging buffers between storage and the device
+    (the CUDA executor); False: the executor works in place (the CPU's)."""
+    settings: dict = field(default_factory=dict)
+    """The plan's staging settings (fields of :class:`~oocgemm.planning.Plan`, and
+    ``min_stripes`` and ``ramp_granule`` for the planner), by name."""
+
+
+def cpu_settings(problem, model, kernel: str = "cublas") -> dict:
+    """The CPU executor's: 4 reader threads; the last K panel of a block runs in 4 row
+    stripes (the run's last block in tapering ones), so that the run's last block is written
+    stripe by stripe as its rows become final rather than all after its last GEMM; then what
+    the kernel's strategy changes (:meth:`oocgemm.strategies.Native.stage`)."""
+    return strategy_of(kernel).stage("cpu", {"readers": 4, "split_last": 4}, problem)
+
+
+def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
+    """The CUDA executor's.
+
+    Pageable -> pinned copies need many threads to approach PCIe rates (on the H100: 16
+    threads ~50 GB/s); the ring holds two stripes per reader, and small regions are spread
+    over all readers. The first panel runs in pieces (r/4, r/4, r/2: two halvings were ~1%
+    ahead of three in two sweeps on the H100), so that the first GEMM starts early. The
+    last 4 panels of a block run row stripe by row stripe, 8 stripes (16 drained faster
+    but ran the GEMMs slower: 1.5% slower end to end), with 5 slots each for A and B (4
+    resident + 1 for the next block's first panel), so that C's rows become final over 4
+    panels' time and leave while the rest computes. Then what the kernel's strategy changes
+    (:meth:`oocgemm.strategies.Native.stage`: a Gram product's 16 output stripes, an
+    emulation's slots)."""
+    from .. import hostinfo
+
+    readers = max(4, min(10, hostinfo.cores() - 4))
+    settings = dict(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
+                    min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
+                    ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
+                                     problem.b_chunks_kn()[0] or 1))
+    return strategy_of(kernel).stage("cuda", settings, problem)
+
+
+#: Device kind -> (staged, its settings).
+POLICIES = {"cpu": (False, cpu_settings), "cuda": (True, cuda_settings)}
+
+
+def staging_for(kind: str, problem, model, kernel: str) -> Staging:
+    """The staging of ``problem`` with ``kernel`` by the executor of device ``kind``."""
+    try:
+        staged, settings = POLICIES[kind]
+    except KeyError:
+        raise DeviceError(f"unknown executor {kind!r}; known: {', '.join(sorted(POLICIES))}"
+                          ) from None
+    return Staging(staged, settings(problem, model, kernel))
