@@ -15,20 +15,16 @@ wrappers over it::
 The run's I/O is opened and checked by :func:`~oocgemm.storage.run.open_run` (the operands,
 the output target, aliasing); the plan is made by :mod:`oocgemm.planning` (which never
 touches storage) with the executor's staging handed over as data
-(:mod:`oocgemm.runtime.staging`); the executor (or one per device,
-:mod:`oocgemm.runtime.split`) replays the plan's schedule, planning again with smaller blocks
-when memory runs short; the output is checked when asked and committed; the result says what
-happened.
+(:mod:`oocgemm.runtime.staging`); the runtime (:func:`oocgemm.runtime.execute.execute`: one
+executor, or one per device) replays the plan's schedule, planning again with smaller
+blocks when memory runs short; the output is checked when asked and committed; the result
+says what happened.
 """
 
 from __future__ import annotations
 
 import numbers
-import sys
-import time
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +32,7 @@ import numpy as np
 from . import hostinfo
 from .checks import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
-from .errors import BudgetError, ExecutionError, MemoryPressureError, OptionError
+from .errors import BudgetError, ExecutionError, OptionError
 from .hints import MatrixLike, Scalar
 from .kernel_catalog import check_kernel
 from .options import Options
@@ -50,9 +46,8 @@ from .planning import (
     finished,
     in_core_shape,
 )
-from .planning import smaller as smaller_plan
 from .result import Result
-from .runtime.base import executor_class
+from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
@@ -150,8 +145,8 @@ class Product:
             check = _Check(plan_, io) if o.verify else None  # C_in's part before it changes
             plan_ = io.begin(plan_, overwrite=o.overwrite, resume_=o.resume,
                              attributes=_attributes(plan_.problem))
-            run = _execute(plan_, io, self.device, self.devices, progress=o.progress,
-                           record=bool(o.events), resources=resources)
+            run = execute(plan_, io, self.devices, progress=o.progress,
+                          record=bool(o.events), resources=resources)
             report = check.run(io.sink.array()) if check is not None else None
             result_out = io.commit()
         except BaseException as exc:
@@ -275,93 +270,6 @@ def _unit_hint(**limits) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------------------------
-@dataclass
-class _Run:
-    """What the executors did."""
-
-    plan: Plan
-    """The plan that ran to the end (smaller blocks after memory ran short)."""
-    log: Any
-    seconds: float
-    readers: dict
-    """The sources as the last run read them (chunk readers: their counts)."""
-    replanned: list[str]
-    shares: dict
-    """Several devices: what each did."""
-
-
-#: Times a run plans again with smaller blocks after running out of memory.
-MAX_REPLANS = 3
-
-
-def _execute(plan_: Plan, io: RunIO, dev: Device, devices: list[str] | None, *, progress,
-             record: bool, resources) -> _Run:
-    """Run ``plan_`` into ``io``'s sink: on several devices, or on one (when memory runs
-    short: again, with smaller blocks, up to :data:`MAX_REPLANS` times)."""
-    from .runtime.split import run_on_devices
-
-    start = time.perf_counter()
-    replanned: list[str] = []
-    while True:
-        on_event, bar = _progress(progress, plan_)
-        readers = io.sources
-        try:
-            if devices:  # block groups handed out as each device is free
-                log = run_on_devices(plan_, dev.kind, devices, io.sources, io.sink,
-                                     readers=io.readers, writer=io.writer, on_event=on_event,
-                                     record=record, resources=resources)
-                return _Run(plan_, log, time.perf_counter() - start, readers, replanned,
-                            log.share)
-            readers = io.readers(plan_)
-            writer = io.writer(plan_)
-            try:
-                log = executor_class(dev.kind)(plan_, readers, writer, on_event=on_event,
-                                               record=record, resources=resources).run()
-            except BaseException:
-                writer.settle()  # nothing stored behind the run after this
-                raise
-            writer.flush()
-            return _Run(plan_, log, time.perf_counter() - start, readers, replanned, {})
-        except MemoryPressureError as exc:  # less memory than planned: smaller blocks
-            if len(replanned) == MAX_REPLANS:
-                raise
-            plan_ = _smaller(plan_, exc, dev)
-            replanned.append(f"{exc}; planned again with tile w={plan_.tile[0]} "
-                             f"h={plan_.tile[1]} r={plan_.tile[2]} "
-                             f"(memory_limit={format_size(plan_.memory_limit)}, "
-                             f"host_memory_limit={format_size(plan_.host_memory_limit)}) "
-                             f"and started again")
-            warnings.warn("oocgemm: " + replanned[-1], RuntimeWarning, stacklevel=3)
-            io.replanned(plan_)  # the blocks are others now
-        finally:
-            if bar is not None:
-                bar.close()
-            if readers is not io.sources:
-                for src in readers.values():
-                    src.close()
-
-
-def _smaller(plan: Plan, exc: MemoryPressureError, device: Device) -> Plan:
-    """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
-    no more than the GPU has free now), every block to compute."""
-    mem, host = plan.memory_limit, plan.host_memory_limit
-    if plan.in_core:  # panels again, with the executor's staging
-        plan = replace(plan, in_core=False, **staging_for(
-            device.kind, plan.problem, plan.model, plan.kernel).settings)
-    if exc.where == "device" or (exc.where == "host" and device.kind == "cpu"):
-        mem //= 2  # on the CPU, the working buffers are host memory
-    if exc.where in ("host", "pinned"):
-        host //= 2
-    if exc.where == "pinned":
-        mem //= 2  # a CUDA allocation of unknown kind: both
-    if device.kind == "cuda":
-        from . import cuda
-
-        mem = min(mem, int(cuda.memory_info(device.index)[0] * 0.9))
-    return smaller_plan(plan, mem, host, str(exc))
-
-
 class _Check:
     """``multiply(verify=True)``: Freivalds' vectors drawn, and what C_in contributes taken,
     before the run (an update in place overwrites C_in); the check run on the product before
@@ -392,24 +300,6 @@ class _Check:
                                  f"{report}")
         return report
 
-
-
-
-def _progress(progress, plan_):
-    """(on_event callback, bar to close) for the ``progress`` argument."""
-    if callable(progress) and not isinstance(progress, bool):
-        planned = getattr(progress, "planned", None)
-        if planned is not None:  # told the plan its events' blocks belong to (and a replan)
-            planned(plan_)
-        return progress, None
-    if progress is None:
-        progress = sys.stderr.isatty() and plan_.prediction.total > 2.0
-    if not progress:
-        return None, None
-    from .diagnostics.progress import ProgressBar
-
-    bar = ProgressBar(plan_)
-    return bar, bar
 
 
 def _attributes(prob: Problem) -> dict:

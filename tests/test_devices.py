@@ -211,3 +211,91 @@ def test_a_k_split_run_leaves_a_committed_zarr_output(rng, workdir):
     got = zarr.open_array("g.zarr", mode="r")[:]
     np.testing.assert_allclose(got, x.T @ x, rtol=1e-12, atol=1e-10)
     assert leftovers(".") == []
+
+
+# -- the runtime's entry point and its cancellation ------------------------------------------
+def test_cancel_stops_a_run_from_another_thread(rng):
+    """Executor.cancel() is the public way to stop a run: the run under way stops at its
+    next operation and raises."""
+    from oocgemm.storage.memory import NumpySink, NumpySource
+
+    a, b = rand(rng, (200, 100)), rand(rng, (100, 120))
+    plan = oocgemm.plan(a, b, device="cpu", tile=(20, 30, 25))
+    out = poisoned((200, 120))
+    gemm, started, calls = CpuExecutor._gemm, threading.Event(), {"n": 0}
+
+    def slow(self, op):
+        calls["n"] += 1
+        started.set()
+        time.sleep(0.01)
+        return gemm(self, op)
+
+    executor = CpuExecutor(plan, {"A": NumpySource(a), "B": NumpySource(b)}, NumpySink(out))
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            executor.run()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            errors.append(exc)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CpuExecutor, "_gemm", slow)
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert started.wait(5)
+        executor.cancel()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], oocgemm.OOCGemmError)
+    assert calls["n"] < plan.grid[0] * plan.grid[1] * plan.grid[2]  # it stopped early
+
+
+def test_a_failure_cancels_the_other_devices_through_cancel(rng, workdir, monkeypatch):
+    a, b = rand(rng, (400, 100)), rand(rng, (100, 120))
+    gemm, calls, cancelled = CpuExecutor._gemm, {"n": 0}, []
+    cancel = CpuExecutor.cancel
+
+    def failing(self, op):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise OSError("device on fire")
+        time.sleep(0.002)
+        return gemm(self, op)
+
+    def recorded(self):
+        cancelled.append(self)
+        cancel(self)
+
+    monkeypatch.setattr(CpuExecutor, "_gemm", failing)
+    monkeypatch.setattr(CpuExecutor, "cancel", recorded)
+    with pytest.raises(oocgemm.ExecutionError, match="device on fire"):
+        oocgemm.multiply(a, b, device=THREE, tile=(20, 30, 25))
+    assert cancelled  # the runs under way were stopped through the public method
+
+
+def test_the_product_hands_the_runtime_data_not_closures(rng, monkeypatch):
+    """One runtime entry point for one device or several, given the plan, the run's I/O
+    and the devices' names: nothing the product layer defines as a function."""
+    import inspect
+
+    import oocgemm.product
+    from oocgemm.runtime import execute
+
+    seen = []
+    real = execute.execute
+
+    def recording(*args, **kwargs):
+        seen.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(oocgemm.product, "execute", recording)
+    a, b = rand(rng, (120, 90)), rand(rng, (90, 100))
+    for device in ("cpu", ["cpu", "cpu"]):
+        assert_gemm(oocgemm.multiply(a, b, device=device, tile=(30, 25, 45)).out, a, b)
+    assert len(seen) == 2
+    for args, kwargs in seen:
+        for value in (*args, *kwargs.values()):
+            assert not (inspect.isfunction(value) or inspect.ismethod(value)), value
+    source = inspect.getsource(oocgemm.product)
+    assert "runtime.split" not in source and "executor_class" not in source

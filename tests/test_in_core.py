@@ -125,13 +125,11 @@ def test_not_chosen_where_compute_outweighs_the_upload_of_a():
 
 
 def test_smaller_plan_after_memory_ran_short_is_panelled(fake_gpu):
-    from oocgemm.devices import Device
     from oocgemm.errors import MemoryPressureError
-    from oocgemm.product import _smaller
+    from oocgemm.runtime.replan import smaller
 
     plan = cuda_plan(2048, 2048, 2048)
-    again = _smaller(plan, MemoryPressureError("out of memory", where="device"),
-                     Device("cuda", 0))
+    again = smaller(plan, MemoryPressureError("out of memory", where="device"))
     assert not again.in_core and again.n_a == 5 and again.device_bytes <= plan.memory_limit // 2
 
 

@@ -44,19 +44,90 @@ def test_out_of_memory_midway_plans_again_and_finishes(rng, workdir, monkeypatch
     assert leftovers(".") == []
 
 
-@pytest.mark.parametrize("out", [None, "c.zarr"])
-def test_out_of_memory_on_one_of_several_devices_plans_again(rng, workdir, monkeypatch, out):
-    """README: memory pressure plans again with smaller blocks, with several devices too:
-    the device that ran out stops the others, and the product starts again on all."""
+@pytest.mark.parametrize("out", [None, "c.zarr", "c.npy"])
+def test_out_of_memory_on_one_of_several_devices_plans_that_group_again(rng, workdir,
+                                                                         monkeypatch, out):
+    """README: memory pressure plans again with smaller blocks, with several devices too.
+    Only the group that ran out is planned again (half the budget, blocks inside its own)
+    and run again; the other groups keep what they computed with the product's plan.
+
+    The MemoryError is injected at the CPU executor's GEMM (the narrowest seam: a real
+    allocation failure cannot be provoked on one group only); the executor turns it into
+    the MemoryPressureError as it does a real one."""
+    from oocgemm.runtime.split import groups
+
     a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
     _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=5)
-    with pytest.warns(RuntimeWarning, match="host memory ran out"):
+    with pytest.warns(RuntimeWarning, match="host memory ran out.*the group of"):
         r = oocgemm.multiply(a, b, out, device=["cpu", "cpu"], memory_limit="400KB")
-    assert len(r.replanned) == 1
-    assert r.plan.memory_limit <= 400_000 // 2
+    assert len(r.replanned) == 1 and "planned the group of" in r.replanned[0]
+    first = oocgemm.plan(a, b, device="cpu", memory_limit="400KB")
+    assert r.plan.tile == first.tile  # the product's plan: the other groups kept it
     assert set(r.devices) == {"cpu#0", "cpu#1"}
-    got = r.out if out is None else zarr.open_array(out, mode="r")[...]
+    p, q, _ = r.plan.grid
+    assert sum(d["blocks"] for d in r.devices.values()) == p * q
+    assert sum(d["groups"] for d in r.devices.values()) == len(groups(r.plan, 2))
+    assert sum(d["flops"] for d in r.devices.values()) == r.flops  # each block once
+    got = r.out if out is None else (np.load(out) if out.endswith(".npy")
+                                     else zarr.open_array(out, mode="r")[...])
     assert_gemm(got, a, b)
+    assert leftovers(".") == []
+
+
+def test_a_group_planned_again_keeps_its_region_of_c(rng):
+    """A group's smaller plan has a tile whose w and h divide the group's, and blocks that
+    cover exactly the group's region (a symmetric plan: square, on and above the
+    diagonal)."""
+    from oocgemm.errors import MemoryPressureError
+    from oocgemm.runtime.split import Work, again, groups
+
+    x, y = rand(rng, (200, 300)), rand(rng, (300, 250))
+    for gram in (False, True):
+        plan = oocgemm.plan(x, x if gram else y, trans_a=gram, device="cpu",
+                            memory_limit="600KB")
+        assert plan.symmetric == gram and plan.grid[0] >= 2
+        group = tuple(groups(plan, 2)[-1])
+        work = Work(__import__("dataclasses").replace(plan, blocks=group), len(group))
+        small, note = again(work, "cpu#1", MemoryPressureError("host memory ran out", "host"))
+        w, h, _ = plan.tile
+        w2, h2, _ = small.plan.tile
+        assert w % w2 == 0 and h % h2 == 0 and (w2, h2) != (w, h)
+        assert small.plan.memory_limit == plan.memory_limit // 2 and small.replans == 1
+        assert "on cpu#1" in note
+
+        def cells(p, blocks):
+            rows, cols = p.row_splits, p.col_splits
+            out = set()
+            for i, j in blocks:
+                for r0, c0 in ((i, j), (j, i)) if p.symmetric else ((i, j),):
+                    out |= {(x, y) for x in range(rows[r0], rows[r0 + 1])
+                            for y in range(cols[c0], cols[c0 + 1])}
+            return out
+        assert cells(small.plan, small.plan.blocks) == cells(plan, group)
+
+
+def test_a_part_of_k_that_runs_out_is_planned_again(rng, monkeypatch):
+    """A tall-skinny product's K split among the devices: the part that ran out is planned
+    again whole (it writes its own partial C); the result is still bitwise symmetric.
+    MemoryError injected at the CPU executor's GEMM, as above."""
+    x = rand(rng, (5000, 24))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=3)
+    with pytest.warns(RuntimeWarning, match="planned part"):
+        r = oocgemm.multiply(x, x, trans_a=True, device=["cpu", "cpu"], tile=(24, 24, 500))
+    assert len(r.replanned) == 1
+    np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-10)
+    assert np.array_equal(r.out, r.out.T)
+
+
+def test_several_devices_give_up_after_max_replans(rng, workdir, monkeypatch):
+    from oocgemm.runtime.replan import MAX_REPLANS
+
+    a, b = rand(rng, (200, 150)), rand(rng, (150, 120))
+    _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=1, times=10**6)
+    with pytest.warns(RuntimeWarning), \
+            pytest.raises(oocgemm.MemoryPressureError, match="host memory ran out"):
+        oocgemm.multiply(a, b, "c.zarr", device=["cpu", "cpu"], memory_limit="2MB")
+    assert MAX_REPLANS == 3
     assert leftovers(".") == []
 
 

@@ -99,9 +99,15 @@ def framed_writes(plan, sink):
     """The :class:`~oocgemm.storage.frames.Framing` in which a run of ``plan`` may hand
     ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a staged plan
     (C leaves through the output ring, stripe by stripe) whose WRITEs store the stripes as
-    they come (no C to add on the host), and a sink that takes frames."""
+    they come (no C to add on the host), and a sink that takes frames, the plan's C blocks
+    starting on its chunks' edges (a group planned again on one of several devices writes
+    blocks inside the writer's, which may cut its chunks)."""
     if not plan.staged or not hasattr(sink, "write_frames") or any(
             op.beta != 0 for op in plan.schedule.ops if op.kind is OpKind.WRITE):
+        return None
+    chunks, prob = getattr(sink, "chunks", None), plan.problem
+    if chunks and any(x % chunk and x != extent for splits, chunk, extent in zip(
+            (plan.row_splits, plan.col_splits), chunks, (prob.m, prob.n)) for x in splits):
         return None
     return sink.framing()
 

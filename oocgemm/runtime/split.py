@@ -11,6 +11,10 @@ A product of a single C block (M and N small, K long) has no blocks to share out
 split instead (:func:`k_parts`), each device computing a partial C over its K range, and the
 partials are summed once at the end.
 
+A group (or part of K) that runs out of memory is planned again with smaller blocks and
+goes back to the queue, while the other devices go on with theirs (:func:`again`): a group's
+new blocks lie inside its old ones, so it writes the same region of the output.
+
 The events of every run go onto one clock, each lane named after its device
 (``cuda:1/compute``), so the timeline of the product shows every device.
 """
@@ -23,9 +27,12 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..diagnostics.events import Event
+from ..errors import MemoryPressureError
 from ..planning.schedule import LEVELS, OpKind, serpentine, triangle
+from .replan import MAX_REPLANS, device_kind, replan_note, smaller
 
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
@@ -78,7 +85,7 @@ def k_parts(plan, devices: int) -> list[tuple[int, int]]:
 class MergedLog:
     """The event logs of several runs, on the clock of the first one to start."""
 
-    def __init__(self) -> None:
+    def __init__(self, replanned: list[str] | None = None) -> None:
         self.origin = time.perf_counter()
         self.started_at = time.time()
         """The wall-clock time of the events' zero (to put runs of several processes on one
@@ -94,6 +101,13 @@ class MergedLog:
         """The runs' timed phases, summed."""
         self.encoder: str | None = None
         """What compressed C's chunks where not the host (any run's)."""
+        self.replanned: list[str] = [] if replanned is None else replanned
+        """Each piece of work planned again after memory ran short: what ran out, what was
+        planned again, how."""
+
+    def note_replan(self, note: str) -> None:
+        with self._lock:
+            self.replanned.append(note)
 
     def add(self, device: str, log, blocks: int, seconds: float) -> None:
         shift = log.origin - self.origin
@@ -136,21 +150,44 @@ class MergedLog:
             return dict(self._moved)
 
 
-def run_on_devices(plan, kind: str, devices: list[str], sources: dict, sink, *, readers,
-                   writer, on_event=None, record: bool = True, resources=None) -> MergedLog:
-    """The product of ``plan`` on several executors of ``kind``, named ``devices``: its K
-    split when it has one C block (:func:`k_parts`; C written once, into ``sink``), else its
-    C blocks handed out in groups (:func:`run_split`) into ``writer(plan)``, the sink written
-    at its grain (the groups' blocks share no chunk row band cell). ``readers(plan,
-    sources)`` gives the sources read at their grain for one executor's run."""
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """One device's share of a product: a group of C blocks, or a part of K."""
+
+    plan: Any
+    """The plan to run (its device set by the device that takes it): a group's, with its
+    ``blocks``; a part of K's, its problem that part."""
+    blocks: int
+    """C blocks of the product's plan it stands for (what a device's share counts)."""
+    part: tuple[int, int] | None = None
+    """The K range of a part of K."""
+    replans: int = 0
+    """Times it was planned again with smaller blocks."""
+
+    def on(self, name: str):
+        """Its plan on device ``name`` ('cpu#1': a second CPU executor)."""
+        return dataclasses.replace(self.plan, device=name.partition("#")[0])
+
+
+def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool = True,
+                   resources=None, replanned: list[str] | None = None) -> MergedLog:
+    """The product of ``plan`` on several executors, one per name of ``devices`` (one kind),
+    into ``io``'s sink (a :class:`~oocgemm.storage.run.RunIO` whose output is open): its K
+    split when it has one C block (:func:`k_parts`; C written once), else its C blocks
+    handed out in groups (:func:`run_split`) into ``io.writer(plan)``, the sink written at
+    its grain (the groups' blocks share no chunk row band cell). Each executor reads the
+    sources through ``io.readers``. Work that runs out of memory is planned again with
+    smaller blocks and run again (:func:`again`), the others going on; ``replanned`` (a
+    list) is told of it at once, also when the run fails later."""
     from .base import executor_class
 
     running: set = set()
+    make = executor_class(device_kind(plan.device))
 
-    def run(device_plan, sources_: dict, sink_) -> object:
-        opened = readers(device_plan, sources_)
-        executor = executor_class(kind)(device_plan, opened, sink_, on_event=on_event,
-                                        record=record, resources=resources)
+    def run(device_plan, sources: dict, sink) -> object:
+        opened = io.readers(device_plan, sources)
+        executor = make(device_plan, opened, sink, on_event=on_event, record=record,
+                        resources=resources)
         running.add(executor)
         try:
             return executor.run()
@@ -165,11 +202,13 @@ def run_on_devices(plan, kind: str, devices: list[str], sources: dict, sink, *, 
 
     parts = k_parts(plan, len(devices))
     if parts:  # one C block: its K split, the partials summed once
-        return run_k_parts(plan, sources, devices, parts, sink, run, stop)
-    written = writer(plan)
+        return run_k_parts(plan, io.sources, devices, parts, io.sink, run, stop,
+                           replanned=replanned)
+    written = io.writer(plan)
     try:
         log = run_split(plan, devices,
-                        lambda device_plan, name: run(device_plan, sources, written), stop)
+                        lambda device_plan, name: run(device_plan, io.sources, written), stop,
+                        replanned=replanned)
     except BaseException:
         written.settle()  # nothing stored behind the run after this
         raise
@@ -177,21 +216,24 @@ def run_on_devices(plan, kind: str, devices: list[str], sources: dict, sink, *, 
     return log
 
 
-def run_split(plan, devices: list[str], run_group, stop) -> MergedLog:
+def run_split(plan, devices: list[str], run_group, stop, *,
+              replanned: list[str] | None = None) -> MergedLog:
     """Run ``plan``'s blocks over ``devices`` (names: a device, or 'cpu#1' for a second CPU
     executor): ``run_group(device_plan, name)`` runs one group's plan (``device`` and
-    ``blocks`` set) and returns its event log. The first failure, or an interrupt, calls
-    ``stop()`` (which stops the runs under way) and is raised once every device stopped."""
-    def run(name: str, group):
-        device_plan = dataclasses.replace(plan, device=name.partition("#")[0],
-                                          blocks=tuple(group))
-        return run_group(device_plan, name), len(group)
+    ``blocks`` set) and returns its event log. A group that runs out of memory is planned
+    again (:func:`again`) and goes back to the queue. The first other failure, or an
+    interrupt, calls ``stop()`` (which stops the runs under way) and is raised once every
+    device stopped."""
+    def run(name: str, work: Work):
+        return run_group(work.on(name), name), work.blocks
 
-    return _share(groups(plan, len(devices)), devices, run, stop)
+    work = [Work(dataclasses.replace(plan, blocks=tuple(group)), len(group))
+            for group in groups(plan, len(devices))]
+    return _share(work, devices, run, stop, replanned=replanned)
 
 
 def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, int]], sink,
-                run, stop) -> MergedLog:
+                run, stop, *, replanned: list[str] | None = None) -> MergedLog:
     """A plan of one C block with its K split (:func:`k_parts`): each device runs the plan
     over its part as a product of its own (:meth:`Problem.k_part`; A and B read through
     :class:`~oocgemm.storage.part.Part`) into a partial C in host memory, ``run(plan,
@@ -205,15 +247,18 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
     prob = plan.problem
     partials = {part: np.empty((prob.m, prob.n), dtype=prob.dtype) for part in parts}
 
-    def run_part(name: str, part: tuple[int, int]):
-        lo, hi = part
+    def run_part(name: str, work: Work):
+        assert work.part is not None
+        lo, hi = work.part
         a = Part(sources["A"], prob.k_axis("A"), lo, hi)
         b = a if prob.shared else Part(sources["B"], prob.k_axis("B"), lo, hi)
-        device_plan = dataclasses.replace(plan, problem=prob.k_part(lo, hi),
-                                          device=name.partition("#")[0])
-        return run(device_plan, {"A": a, "B": b}, NumpySink(partials[part], "a partial C")), 1
+        return run(work.on(name), {"A": a, "B": b},
+                   NumpySink(partials[work.part], "a partial C")), 1
 
-    log = _share(parts, devices, run_part, stop, one_each=True)  # parts even, one a device
+    work = [Work(dataclasses.replace(plan, problem=prob.k_part(lo, hi)), 1, part=(lo, hi))
+            for lo, hi in parts]
+    log = _share(work, devices, run_part, stop, one_each=True,  # parts even, one a device
+                 replanned=replanned)
     start = time.perf_counter()
     total = partials[parts[0]]
     for part in parts[1:]:
@@ -227,13 +272,71 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
     return log
 
 
-def _share(items: list, devices: list[str], run, stop, *, one_each: bool = False
-           ) -> MergedLog:
+def again(work: Work, name: str, exc: MemoryPressureError) -> tuple[Work, str]:
+    """``work``, which ran out of memory on device ``name`` (``exc``), planned again with
+    smaller blocks (:func:`~oocgemm.runtime.replan.smaller`: half the budget that ran
+    out), and what :attr:`Result.replanned <oocgemm.result.Result.replanned>` says of it.
+
+    A part of K writes a partial C of its own: its plan is made again whole. A group of C
+    blocks writes its region of the one output beside the other devices' groups, so its
+    plan keeps their edges: its tile's w and h divide the group plan's (the largest
+    divisors under those the smaller budget allows), and the group becomes the blocks of
+    that plan inside its own, which cover exactly its region. A symmetric plan keeps its
+    blocks square (a block across the diagonal is then a sub-block of one that is)."""
+    if work.replans == MAX_REPLANS:
+        raise exc
+    plan = work.on(name)
+    if work.part is not None:
+        small = smaller(plan, exc)
+        what = f"part {work.part[0]}:{work.part[1]} of K on {name}"
+    else:
+        small = _within(plan, smaller(dataclasses.replace(plan, blocks=()), exc))
+        first = plan.blocks[0]
+        what = f"the group of {len(plan.blocks)} C blocks from {first} on {name}"
+    return (dataclasses.replace(work, plan=small, replans=work.replans + 1),
+            replan_note(exc, small, what))
+
+
+def _within(plan, small):
+    """``small`` (a whole product's plan under a smaller budget) with the largest tile under
+    its own whose w and h divide ``plan``'s, computing the blocks inside ``plan.blocks``."""
+    from ..planning import finished
+
+    w, h, _ = plan.tile
+    w2, h2 = _divisor(w, small.tile[0]), _divisor(h, small.tile[1])
+    if plan.symmetric:
+        w2 = h2 = _divisor(w, min(w2, h2))
+    small = finished(dataclasses.replace(small, tile=(w2, h2, small.tile[2]), blocks=()))
+    rows, cols = small.row_splits, small.col_splits
+    inside = []
+    for i, j in plan.blocks:
+        r0, r1 = rows.index(plan.row_splits[i]), rows.index(plan.row_splits[i + 1])
+        c0, c1 = cols.index(plan.col_splits[j]), cols.index(plan.col_splits[j + 1])
+        inside += [(a, b) for a in range(r0, r1) for b in range(c0, c1)
+                   if not small.symmetric or a <= b]
+    return finished(dataclasses.replace(small, blocks=tuple(inside)))
+
+
+def _divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` no larger than ``limit`` (at least 1)."""
+    best = 1
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            for x in (d, n // d):
+                if best < x <= limit:
+                    best = x
+    return best
+
+
+def _share(items: list, devices: list[str], run, stop, *, one_each: bool = False,
+           replanned: list[str] | None = None) -> MergedLog:
     """Hand ``items`` out to ``devices``, each taking the next as soon as it is free (with
     ``one_each``: item i to device i, as many items as devices at most): ``run(name, item)``
-    returns its run's event log and the C blocks it computed. The first failure, or an
+    returns its run's event log and the C blocks it computed. An item that runs out of
+    memory goes back to its queue planned again (:func:`again`), up to
+    :data:`~oocgemm.runtime.replan.MAX_REPLANS` times. The first other failure, or an
     interrupt, calls ``stop()`` and is raised once every device stopped."""
-    merged = MergedLog()
+    merged = MergedLog(replanned)
     shared: queue.SimpleQueue = queue.SimpleQueue()
     queues = {name: queue.SimpleQueue() if one_each else shared for name in devices}
     for at, item in enumerate(items):
@@ -241,6 +344,13 @@ def _share(items: list, devices: list[str], run, stop, *, one_each: bool = False
     failed = threading.Event()
     first: list[BaseException] = []
     lock = threading.Lock()
+
+    def fail(exc: BaseException) -> None:
+        with lock:  # the first failure is the one to tell; the others were stopped
+            if not failed.is_set():
+                first.append(exc)
+                failed.set()
+        stop()
 
     def worker(name: str) -> None:
         while not failed.is_set():
@@ -251,12 +361,17 @@ def _share(items: list, devices: list[str], run, stop, *, one_each: bool = False
             start = time.perf_counter()
             try:
                 log, blocks = run(name, item)
+            except MemoryPressureError as exc:  # smaller blocks, and back to the queue
+                try:
+                    item, note = again(item, name, exc)
+                except BaseException as final:
+                    fail(final)
+                    raise
+                merged.note_replan(note)
+                queues[name].put(item)
+                continue
             except BaseException as exc:
-                with lock:  # the first failure is the one to tell; the others were stopped
-                    if not failed.is_set():
-                        first.append(exc)
-                        failed.set()
-                stop()
+                fail(exc)
                 raise
             merged.add(name, log, blocks, time.perf_counter() - start)
 
