@@ -40,12 +40,12 @@ class InCore:
     current stream. Each call converts its operands afresh. Returns the note of how the
     product ran; where the operands need native DGEMM, cuBLAS runs it.
 
-    It stands in for the run's :class:`~oocgemm.cuda.engine.GpuContext` that an
+    It stands in for the run's :class:`~oocgemm.cuda.context.GpuContext` that an
     :class:`~oocgemm.cuda.ozaki.Emulator` takes (``index``, ``resources``, ``streams``,
     ``handle``, ``device_ptr``), its two slots the operands of the call. ``timing``: time
     the phases (``self.emulator.seconds()``); ``serial``: every phase on the compute stream
     (:class:`SerialEmulator`). ``resources``: whose compiled kernels to use (an
-    :class:`~oocgemm.cuda.engine.Resources`; default: its own).
+    :class:`~oocgemm.cuda.context.Resources`; default: its own).
     """
 
     def __init__(self, m: int, n: int, k: int, kernel: str = "ozaki", *, timing: bool = False,

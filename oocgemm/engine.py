@@ -88,7 +88,7 @@ class Engine:
             if kind != "cuda":
                 return None
             if "cuda" not in self._resources:
-                from .cuda.engine import Resources
+                from .cuda.context import Resources
 
                 self._resources["cuda"] = Resources()
             return self._resources["cuda"]

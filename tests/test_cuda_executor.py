@@ -39,7 +39,7 @@ def _run(plan, sources, sink):
 
 
 def _levels():
-    from oocgemm.cuda.engine import memory_in_use
+    from oocgemm.cuda.context import memory_in_use
 
     return memory_in_use(0)
 

@@ -1,10 +1,10 @@
 """The docs tell the truth about the code: every dotted name of the package that the Markdown
 docs (README.md, kernels/README.md, docs/) and the library's docstrings mention exists (as
-``oocgemm.cuda.engine.PROCESS``, ``~oocgemm.planning.Plan``, or from inside the package as
+``oocgemm.cuda.context.PROCESS``, ``~oocgemm.planning.Plan``, or from inside the package as
 ``api._plan`` or ``CudaExecutor.staging``), every file they name by its path exists, and
 every relative link of the docs leads to a file, and to a heading of it where it names one.
 
-Names in modules that need CuPy (``oocgemm.cuda.engine``, ...) are checked by reading the
+Names in modules that need CuPy (``oocgemm.cuda.context``, ...) are checked by reading the
 module's source (``ast``), not by importing it, so the test runs the same on a machine without
 CuPy: a module-level class, function or assignment, a class's methods, attributes and the
 ``self.x`` its methods assign (and, through ``x = Class()``, an instance's), followed through
@@ -244,14 +244,14 @@ def test_every_name_the_docs_mention_exists():
 def test_names_in_modules_that_need_cupy_are_checked_too():
     """The docs name things of oocgemm.cuda's modules, and the reader of the source tells a
     name that is there from one that is not (with CuPy or without)."""
-    assert any(name.startswith("oocgemm.cuda.engine.") for name in MENTIONS)
-    for name in ("oocgemm.cuda.engine.PROCESS", "oocgemm.cuda.engine.PROCESS.pinned.release",
-                 "oocgemm.cuda.engine.Resources.close", "oocgemm.cuda.engine.GpuContext.emulator",
+    assert any(name.startswith("oocgemm.cuda.context.") for name in MENTIONS)
+    for name in ("oocgemm.cuda.context.PROCESS", "oocgemm.cuda.context.PROCESS.pinned.release",
+                 "oocgemm.cuda.context.Resources.close", "oocgemm.cuda.context.GpuContext.emulator",
                  "oocgemm.cuda.ozaki.Emulator", "oocgemm.cuda.kernels.KernelError",
                  "oocgemm.runtime.cuda.CudaExecutor.staging"):
         assert _static_name(name) and _exists(name), name
-    for name in ("oocgemm.cuda.engine.PINNED", "oocgemm.cuda.engine.PINNED.release",
-                 "oocgemm.cuda.engine.PROCESS.pinned.free", "oocgemm.cuda.engine.Resources.open",
+    for name in ("oocgemm.cuda.context.PINNED", "oocgemm.cuda.context.PINNED.release",
+                 "oocgemm.cuda.context.PROCESS.pinned.free", "oocgemm.cuda.context.Resources.open",
                  "oocgemm.cuda.nothing", "oocgemm.cuda.ozaki.Emulator.no_such_method",
                  "oocgemm.api._prepare.staging"):
         assert not _static_name(name) and not _exists(name), name
@@ -388,7 +388,7 @@ def test_design_md_names_the_modules_that_import_cupy():
     assert inside and all(str(rel) in layout for rel in inside), inside
 
 
-#: A path in code spans: ``oocgemm/cuda/engine.py``, ``runtime/cuda.py``, ``kernels/ozaki.cu``.
+#: A path in code spans: ``oocgemm/cuda/context.py``, ``runtime/cuda.py``, ``kernels/ozaki.cu``.
 PATH = re.compile(r"`([\w.-]+(?:/[\w.*-]+)+\.(?:py|cu|cuh|md|toml|c))`")
 
 

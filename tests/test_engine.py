@@ -76,7 +76,7 @@ def test_no_close_under_a_run_and_runs_from_several_threads(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")
 def test_an_engine_keeps_and_frees_its_gpu_resources(rng):
-    from oocgemm.cuda.engine import PROCESS, memory_in_use
+    from oocgemm.cuda.context import PROCESS, memory_in_use
 
     a, b = rand(rng, (700, 300)), rand(rng, (300, 500))
     process_pinned = PROCESS.pinned.cached()

@@ -73,7 +73,7 @@ def test_start_up_is_measured_once_and_shown(rng):
 
 
 def test_threads_and_buffers_are_kept_and_given_back(rng):
-    from oocgemm.cuda.engine import PROCESS, memory_in_use
+    from oocgemm.cuda.context import PROCESS, memory_in_use
 
     a, b = rand(rng, (512, 512)), rand(rng, (512, 512))
     oocgemm.multiply(a, b, device="cuda", progress=False)  # warm the pools

@@ -151,7 +151,7 @@ def test_ozaki_kernels_compile(arch, tmp_path):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_symmetric_kernels_compile(arch, tmp_path):
     """kernels/symmetric.cu: the MIRROR of a symmetric product, one kernel per element size
-    (oocgemm.cuda.engine.mirror_kernel launches mirror_lower_<itemsize>)."""
+    (oocgemm.cuda.context.mirror_kernel launches mirror_lower_<itemsize>)."""
     from oocgemm.kernel_catalog import kernels_dir
 
     report = _cubin(Path(str(kernels_dir())) / "symmetric.cu", arch, tmp_path)

@@ -157,7 +157,7 @@ def test_given_out_array_is_written_whole_after_a_replan(rng, monkeypatch):
 def test_gpu_allocation_failure_is_survived(rng, workdir, monkeypatch, error, where):
     import cupy
 
-    from oocgemm.cuda.engine import GpuContext
+    from oocgemm.cuda.context import GpuContext
 
     if error == "device":
         exc = cupy.cuda.memory.OutOfMemoryError(1 << 30, 0, 0)

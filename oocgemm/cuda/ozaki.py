@@ -141,7 +141,7 @@ class Emulator:
     on a stream of its own while the next chunk's GEMMs compute, and the compute stream waits
     for a GEMM's last finish before the GEMM is done.
 
-    ``gpu``: what the run's :class:`~oocgemm.cuda.engine.GpuContext` gives (``index``,
+    ``gpu``: what the run's :class:`~oocgemm.cuda.context.GpuContext` gives (``index``,
     ``resources``, ``device_ptr(slot)``, ``streams['compute']``, ``handle``); ``kernel``:
     'ozaki' or 'ozaki:N'; ``tile``: the largest (w, h, r) of the blocks; ``slots``: the names
     of the A and B slots. ``timing``: time the phases with CUDA events (:meth:`seconds`).

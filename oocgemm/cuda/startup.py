@@ -59,7 +59,7 @@ def cublas(index: int, resources=None) -> None:
         import cupy
 
         start = time.perf_counter()
-        from .engine import PROCESS  # imports cuBLAS's bindings: the library loads
+        from .context import PROCESS  # imports cuBLAS's bindings: the library loads
 
         pool = (resources or PROCESS).handles
         with cupy.cuda.Device(index):
@@ -81,7 +81,7 @@ def times(index: int, *, start: bool = False) -> dict[str, float]:
         context(index)
         cublas(index)
         if not measured(index, "pinned"):
-            from .engine import PROCESS
+            from .context import PROCESS
 
             begin = time.perf_counter()
             ptr, _ = PROCESS.pinned.acquire(PINNED_PROBE)

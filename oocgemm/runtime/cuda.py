@@ -191,11 +191,11 @@ class CudaExecutor(Executor):
         index = int(plan.device.partition(":")[2] or 0)
         from ..cuda import startup
 
-        # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.engine)
+        # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.context)
         # and makes a handle, timed as a start-up step (oocgemm info shows it).
         startup.cublas(index, self.resources)
         if self.resources is None:  # a run without an engine: the process's
-            from ..cuda.engine import PROCESS
+            from ..cuda.context import PROCESS
 
             self.resources = PROCESS
         self.readers = readers or max(2, plan.readers)
@@ -213,7 +213,7 @@ class CudaExecutor(Executor):
         if plan.symmetric:
             import cupy
 
-            from ..cuda.engine import mirror_kernel
+            from ..cuda.context import mirror_kernel
 
             with cupy.cuda.Device(self.index):
                 mirror_kernel(plan.problem.itemsize, self.resources.kernels)
@@ -318,7 +318,7 @@ class CudaExecutor(Executor):
     def run(self) -> EventLog:
         """Replay the schedule; device and pinned buffers are freed on return, also on error.
         The threads (readers, writers, the lanes) are the resources' kept ones."""
-        from ..cuda.engine import GpuContext
+        from ..cuda.context import GpuContext
         from ..diagnostics.nvtx import Ranges
 
         self._nvtx = Ranges()
