@@ -123,7 +123,8 @@ def test_the_library_imports_no_benchmark_code():
 def test_a_product_with_a_cuda_kernel_loads_no_benchmark_code():
     """The kernel loader's modules, imported as a kernel= product imports them (oocgemm.cuda.
     kernels itself needs CuPy, so its imports are read rather than run here)."""
-    code = ("import sys, oocgemm, oocgemm.cli, oocgemm.kernel_catalog, oocgemm.runtime.cuda; "
+    code = ("import sys, oocgemm, oocgemm.cli, oocgemm.kernel_catalog, "
+            "oocgemm.runtime.cuda_executor; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks'))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", env=env,

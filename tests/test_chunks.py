@@ -427,7 +427,7 @@ def _gpu_like(plan):
     """``plan`` as the CUDA executor stages it (no GPU needed: the planner is pure), with its
     ring of whole chunks where that applies (``with_ring_decodes``)."""
     from oocgemm.planning import with_ring_decodes
-    from oocgemm.runtime.cuda import CudaExecutor
+    from oocgemm.runtime.cuda_executor import CudaExecutor
 
     staging = CudaExecutor.staging(plan.problem, plan.model)
     return with_ring_decodes(dataclasses.replace(plan, staged=True, cache=(), **staging))
@@ -499,7 +499,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
 
     from oocgemm import hostinfo
     from oocgemm.planning import STAGING, Operand, Plan, Problem, choose_tile, cuda_model, finished
-    from oocgemm.runtime.cuda import CudaExecutor
+    from oocgemm.runtime.cuda_executor import CudaExecutor
 
     x = Operand((1_000_000, 2048), (16384, 2048), True, "x.zarr", decodes_into=True)
     prob = Problem(m=2048, n=2048, k=1_000_000, itemsize=8, dtype="float64", a=x, b=x,

@@ -33,7 +33,7 @@ def _tight_plan(a, b, *, tile, stripe, ring, **kw):
 
 
 def _run(plan, sources, sink):
-    from oocgemm.runtime.cuda import CudaExecutor
+    from oocgemm.runtime.cuda_executor import CudaExecutor
 
     return CudaExecutor(plan, sources, sink).run()
 

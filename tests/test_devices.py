@@ -123,7 +123,7 @@ def test_groups_share_panels(grid, devices, shape):
     import types
 
     from oocgemm.planning.schedule import serpentine
-    from oocgemm.runtime.split import groups
+    from oocgemm.runtime.multi_device import groups
 
     p, q = grid
     done = ((0, 0),) if p * q > 1 else ()
@@ -154,7 +154,7 @@ def test_groups_share_panels(grid, devices, shape):
 ])
 def test_k_parts_start_on_panel_and_chunk_edges(k, r, chunk, devices, want):
     from oocgemm.planning import Operand, Plan, Problem, cpu_model
-    from oocgemm.runtime.split import k_parts
+    from oocgemm.runtime.multi_device import k_parts
 
     x = Operand((k, 24), (chunk, 24), on_disk=True)
     prob = Problem(m=24, n=24, k=k, itemsize=8, dtype="float64", a=x, b=x, trans_a=True,
@@ -298,4 +298,4 @@ def test_the_product_hands_the_runtime_data_not_closures(rng, monkeypatch):
         for value in (*args, *kwargs.values()):
             assert not (inspect.isfunction(value) or inspect.ismethod(value)), value
     source = inspect.getsource(oocgemm.product)
-    assert "runtime.split" not in source and "executor_class" not in source
+    assert "runtime.multi_device" not in source and "executor_class" not in source

@@ -248,7 +248,7 @@ def test_names_in_modules_that_need_cupy_are_checked_too():
     for name in ("oocgemm.cuda.context.PROCESS", "oocgemm.cuda.context.PROCESS.pinned.release",
                  "oocgemm.cuda.context.Resources.close", "oocgemm.cuda.context.GpuContext.emulator",
                  "oocgemm.cuda.ozaki.Emulator", "oocgemm.cuda.kernels.KernelError",
-                 "oocgemm.runtime.cuda.CudaExecutor.staging"):
+                 "oocgemm.runtime.cuda_executor.CudaExecutor.staging"):
         assert _static_name(name) and _exists(name), name
     for name in ("oocgemm.cuda.context.PINNED", "oocgemm.cuda.context.PINNED.release",
                  "oocgemm.cuda.context.PROCESS.pinned.free", "oocgemm.cuda.context.Resources.open",
@@ -388,7 +388,8 @@ def test_design_md_names_the_modules_that_import_cupy():
     assert inside and all(str(rel) in layout for rel in inside), inside
 
 
-#: A path in code spans: ``oocgemm/cuda/context.py``, ``runtime/cuda.py``, ``kernels/ozaki.cu``.
+#: A path in code spans: ``oocgemm/cuda/context.py``, ``runtime/cuda_executor.py``,
+#: ``kernels/ozaki.cu``.
 PATH = re.compile(r"`([\w.-]+(?:/[\w.*-]+)+\.(?:py|cu|cuh|md|toml|c))`")
 
 

@@ -188,7 +188,7 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
     the host's whole-chunk encoders, =last and =frames to its encoders a stripe at a time,
     and by default (or =0) no stripe becomes frames."""
     from oocgemm.cuda import nvcomp
-    from oocgemm.runtime.cuda import gpu_framing
+    from oocgemm.runtime.cuda_executor import gpu_framing
 
     if nvcomp.library() is not None:
         pytest.skip("nvCOMP is installed here")

@@ -54,7 +54,7 @@ def test_out_of_memory_on_one_of_several_devices_plans_that_group_again(rng, wor
     The MemoryError is injected at the CPU executor's GEMM (the narrowest seam: a real
     allocation failure cannot be provoked on one group only); the executor turns it into
     the MemoryPressureError as it does a real one."""
-    from oocgemm.runtime.split import groups
+    from oocgemm.runtime.multi_device import groups
 
     a, b = rand(rng, (300, 200)), rand(rng, (200, 250))
     _failing(monkeypatch, CpuExecutor, "_gemm", MemoryError("injected"), after=5)
@@ -79,7 +79,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
     cover exactly the group's region (a symmetric plan: square, on and above the
     diagonal)."""
     from oocgemm.errors import MemoryPressureError
-    from oocgemm.runtime.split import Work, again, groups
+    from oocgemm.runtime.multi_device import Work, again, groups
 
     x, y = rand(rng, (200, 300)), rand(rng, (300, 250))
     for gram in (False, True):

@@ -531,7 +531,7 @@ def test_fewer_moduli_by_name(rng):
 
 def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
     from oocgemm.planning import Operand, Plan, Problem, cuda_model
-    from oocgemm.runtime.cuda import CudaExecutor
+    from oocgemm.runtime.cuda_executor import CudaExecutor
 
     def operand(shape):
         return Operand(shape, None, False, "x", zero_copy=True)

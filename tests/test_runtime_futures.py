@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from oocgemm.runtime.cuda import _Futures
+from oocgemm.runtime.cuda_executor import _Futures
 
 
 def test_one_future_per_operation_across_threads():

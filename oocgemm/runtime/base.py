@@ -13,7 +13,8 @@ from ..errors import DeviceError, ExecutionError, MemoryPressureError, OOCGemmEr
 from ..planning.schedule import OpKind
 
 #: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
-_EXECUTORS = {"cpu": "oocgemm.runtime.cpu:CpuExecutor", "cuda": "oocgemm.runtime.cuda:CudaExecutor"}
+_EXECUTORS = {"cpu": "oocgemm.runtime.cpu:CpuExecutor",
+              "cuda": "oocgemm.runtime.cuda_executor:CudaExecutor"}
 
 
 def executor_class(kind: str):

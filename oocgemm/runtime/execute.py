@@ -3,10 +3,11 @@
 :func:`execute` takes the plan, the run's I/O (:class:`~oocgemm.storage.run.RunIO`: it reads
 the sources and writes the sink at their grain) and the devices, and picks what replays the
 schedule: the executor of the device's kind (:func:`~oocgemm.runtime.base.executor_class`),
-or one executor per device (:mod:`oocgemm.runtime.split`). When memory runs short
-(:class:`~oocgemm.errors.MemoryPressureError`), the work is planned again with smaller
-blocks (:mod:`oocgemm.runtime.replan`) and run again: on one device the whole product, on
-several the group of blocks (or part of K) that ran out, while the other devices go on.
+or one executor per device (:mod:`oocgemm.runtime.multi_device`). When memory runs
+short (:class:`~oocgemm.errors.MemoryPressureError`), the work is planned again with
+smaller blocks (:mod:`oocgemm.runtime.replan`) and run again: on one device the whole
+product, on several the group of blocks (or part of K) that ran out, while the other
+devices go on.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def execute(plan, io, devices: list[str] | None = None, *, progress=None, record
 
 def _on_devices(plan, io, devices: list[str], *, progress, record: bool, resources) -> Run:
     """:func:`execute` on several devices: a group that runs out of memory is planned again
-    by the runner itself (:func:`~oocgemm.runtime.split.run_on_devices`); its notes are
-    warned of here, in the caller's thread."""
-    from .split import run_on_devices
+    by the runner itself (:func:`~oocgemm.runtime.multi_device.run_on_devices`); its notes
+    are warned of here, in the caller's thread."""
+    from .multi_device import run_on_devices
 
     start = time.perf_counter()
     on_event, bar = progress_callback(progress, plan)

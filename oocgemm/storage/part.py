@@ -1,5 +1,6 @@
 """A part of a stored matrix along one axis, read as a matrix of its own: what one of several
-executors reads when they split a product's K among them (:mod:`oocgemm.runtime.split`)."""
+executors reads when they split a product's K among them
+(:mod:`oocgemm.runtime.multi_device`)."""
 
 from __future__ import annotations
 
