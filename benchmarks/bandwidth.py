@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from oocgemm import cuda, hostinfo
+from oocgemm import cuda, machine
 
 
 def host_memcpy_bandwidth(nbytes: int | None = None, repeat: int = 5) -> dict:
@@ -19,7 +19,7 @@ def host_memcpy_bandwidth(nbytes: int | None = None, repeat: int = 5) -> dict:
     ``nbytes`` defaults to 256 MiB, or an eighth of available memory if that is less.
     """
     if nbytes is None:
-        nbytes = min(256 << 20, hostinfo.available_memory() // 8)
+        nbytes = min(256 << 20, machine.available_memory() // 8)
     nbytes = max(1 << 20, int(nbytes))
     src = np.ones(nbytes, dtype=np.uint8)  # touched: no first-touch page faults when timed
     dst = np.zeros_like(src)

@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks.common import GB, BenchError
 from benchmarks.zarr_stores import StoreInfo, checksum, describe_store, expected_checksum
-from oocgemm import hostinfo
+from oocgemm import machine
 
 _MISSING = (1 << 64) - 1
 
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_decode",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="+", metavar="DIR")
-    p.add_argument("--threads", type=int, default=hostinfo.cores())
+    p.add_argument("--threads", type=int, default=machine.cores())
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
     try:

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks.common import GB, BenchError
-from oocgemm import hostinfo
+from oocgemm import machine
 
 MiB = 1 << 20
 
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=8, help="chunks compressed together (a "
                    "C block's chunk row band)")
     p.add_argument("--frames-mib", default="1,4,16")
-    p.add_argument("--threads", type=int, default=hostinfo.cores())
+    p.add_argument("--threads", type=int, default=machine.cores())
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
     try:

@@ -17,7 +17,7 @@ after ``sync; echo 3 > /proc/sys/vm/drop_caches``:
 - ``decode``: every chunk decoded once, no GEMM, by the engine's own readers: a fresh
   ``oocgemm.storage.open_source`` (a ``ZarrSource``, opened under the codec pipeline of
   ``zarr_store.fast_reader``), ``read_chunk`` into preallocated numpy buffers on
-  ``hostinfo.cores()`` threads, each hinting the storage ahead as ``ChunkReader`` does;
+  ``machine.cores()`` threads, each hinting the storage ahead as ``ChunkReader`` does;
 - ``memory``: X already in memory, the product alone: numpy ``X.T @ X`` (SYRK) on the CPU;
   on a GPU CuPy's upload, ``X.T @ X`` and download, synchronised;
 - ``oocgemm``: ``oocgemm.multiply(path, path, trans_a=True, device=...)`` into a new numpy
@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks.common import GB, max_relative_error, write_json
-from oocgemm import hostinfo
+from oocgemm import machine
 from oocgemm.errors import OOCGemmError, OptionError
 
 MEASUREMENTS = ("decode", "memory", "oocgemm", "dask")
@@ -221,7 +221,7 @@ def measure_decode(path: str, role: str, stored: np.ndarray, files: list[str], *
     from oocgemm.storage import open_source
     from oocgemm.storage.zarr_store import pipeline_config
 
-    pipeline = pipeline_config(hostinfo.cores()).get("codec_pipeline.path", "zarr's default")
+    pipeline = pipeline_config(machine.cores()).get("codec_pipeline.path", "zarr's default")
     probe = open_source(path, role)
     chunks, shape = probe.chunks, probe.shape
     probe.close()
@@ -387,17 +387,17 @@ def run_zarr(args, device: str, skip: frozenset[str], say) -> dict:
     from oocgemm.testing import random_matrix
 
     rows, cols, chunk_rows = args.rows, args.cols, args.chunk_rows
-    threads = hostinfo.cores()
+    threads = machine.cores()
     side = args.transpose_side
     shape = (rows, cols) if side == "a" else (cols, rows)
     chunks = (chunk_rows, cols) if side == "a" else (cols, chunk_rows)
     x_bytes = rows * cols * 8
     copies = 2 + ("decode" not in skip) + ("dask" not in skip)  # X, its decode, oocgemm, dask
     need = copies * x_bytes
-    if need > hostinfo.available_memory():
+    if need > machine.available_memory():
         raise OptionError(f"X of {rows} x {cols} float64 ({x_bytes / GB:.1f} GB) needs about "
                           f"{need / GB:.1f} GB of host memory here; "
-                          f"{hostinfo.available_memory() / GB:.1f} GB is available: choose "
+                          f"{machine.available_memory() / GB:.1f} GB is available: choose "
                           f"smaller --rows or --cols, or --skip some measurements")
     if args.cold:
         drop_page_cache()  # fails now, before X is made, where it is not permitted
@@ -551,9 +551,9 @@ def run_square(args, device: str, say) -> dict:
 
     n = args.square
     need = 4 * n * n * 8  # x, y, one C, its check
-    if need > hostinfo.available_memory():
+    if need > machine.available_memory():
         raise OptionError(f"--square {n} needs about {need / GB:.1f} GB of host memory; "
-                          f"{hostinfo.available_memory() / GB:.1f} GB is available")
+                          f"{machine.available_memory() / GB:.1f} GB is available")
     doc: dict = {"benchmark": "gram-square", "machine": describe_machine(), "device": device,
                  "n": n, "dtype": "float64", "flops": 2 * n ** 3, "repeat": args.repeat,
                  "memory_limit": args.memory_limit,

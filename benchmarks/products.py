@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import oocgemm
-from oocgemm import hostinfo
+from oocgemm import machine
 from oocgemm.errors import BudgetError, OptionError, OutputError
 from oocgemm.sysinfo import blas_info
 from oocgemm.testing import random_matrix
@@ -58,7 +58,7 @@ def cpu_benchmark(size: int = 4096, repeat: int = 3, dtype="float64", *, seed: i
     matrix = n * n * dt.itemsize
     # a, b, numpy's C, oocgemm's C, and oocgemm's working buffers (at most about 3 C's more)
     need = 7 * matrix
-    available = hostinfo.available_memory()
+    available = machine.available_memory()
     if need > available:
         raise BudgetError(f"size {n} ({dt.name}) needs about {format_size(need)} of memory for "
                           f"the in-memory benchmark; {format_size(available)} is available: use "
@@ -116,7 +116,7 @@ def cpu_benchmark(size: int = 4096, repeat: int = 3, dtype="float64", *, seed: i
         "max_rel_error": error,
         "tolerance": tol,
         "correct": error <= tol,
-        "cores": hostinfo.cores(),
+        "cores": machine.cores(),
         "blas": blas_info().get("name", "unknown"),
     }
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks.common import max_relative_error, write_json
-from oocgemm import hostinfo
+from oocgemm import machine
 
 XT_BLOCK = 8192
 """cuBLASXt's block dim."""
@@ -46,7 +46,7 @@ XT_BLOCK = 8192
 def operands(n: int, seed: int = 0, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Two n x n float64 arrays of normal random numbers, row bands made in parallel (each
     band from its own stream, so the result does not depend on the thread count)."""
-    threads = threads or hostinfo.cores()
+    threads = threads or machine.cores()
     band = 1024
 
     def fill(x, which, lo):
@@ -169,7 +169,7 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
     work = os.path.abspath(args.zarr)
     os.makedirs(work, exist_ok=True)
     a, b = os.path.join(work, "a.zarr"), os.path.join(work, "b.zarr")
-    threads = hostinfo.cores()
+    threads = machine.cores()
     for seed, path in ((1, a), (2, b)):
         made = make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed,
                           threads=threads)

@@ -29,12 +29,12 @@ from benchmarks.common import GB, BenchError, gbps, write_json
 from benchmarks.decode_rates import DECODERS, VARIANTS, decode_stores, decode_table, environment
 from benchmarks.storage_floor import read_floor, read_table, write_floor, write_table
 from benchmarks.zarr_stores import INNER, LAYOUTS, describe_store, make_store
-from oocgemm import hostinfo
+from oocgemm import machine
 
 
 def cmd_make(args) -> None:
     rec = make_store(args.dir, n=args.n, chunk=args.chunk, layout=args.layout,
-                     threads=hostinfo.cores())
+                     threads=machine.cores())
     print(f"{rec['path']}: {rec['label']}, {rec['n']}x{rec['n']} float64, {rec['files']} files, "
           f"{rec['stored_bytes'] / GB:.3f} GB stored of {rec['decoded_bytes'] / GB:.3f} GB, "
           f"written in {rec['seconds']:.2f} s on {rec['threads']} threads "
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
-    cpus = hostinfo.cores()
+    cpus = machine.cores()
 
     m = sub.add_parser("make", help="write a test store of random float64 with zarr-python's "
                                     "defaults, on every core")

@@ -37,7 +37,7 @@ import numpy as np
 from benchmarks.common import GB
 from benchmarks.storage_floor import drop_caches, product_floor, read_files
 from benchmarks.zarr_stores import LAYOUTS, make_store, store_files
-from oocgemm import hostinfo
+from oocgemm import machine
 
 CHUNK = 4096
 """Side of the inputs' chunks (or shards), elements."""
@@ -370,7 +370,7 @@ def oocgemm_runs(a: str, b: str, c: str, args) -> None:
             r = run_oocgemm(a, b, c, MEMORY_LIMIT, args.device, cold, codec)
             result = r.pop("result")
             label = "oocgemm" + (f" out {codec}" if codec else "")
-            cores = hostinfo.cores()
+            cores = machine.cores()
             say(f"{label} {'cold' if cold else 'warm'}: {r['wall']:.2f} s (run {r['run']:.2f} "
                 f"s, {r['tflops']:.2f} TFLOP/s, host CPU {r['cpu']:.1f} s = "
                 f"{r['cpu'] / r['wall'] / cores:.0%} of {cores} cores, predicted "

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .checks import flag
 from .devices import Device, device_names, resolve_device
 from .errors import OptionError
-from .hints import MatrixLike, Scalar
 from .options import Options
 from .planning import Plan
 from .product import Product
 from .result import Result
+from .typing import MatrixLike, Scalar
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError, ShapeError
-from .hints import MatrixLike, Scalar
 from .storage import open_source
+from .typing import MatrixLike, Scalar
 
 #: Bytes of one band of stored rows read at a time (rounded to whole chunk rows).
 BAND_BYTES = 256 << 20

@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from . import hostinfo
+from . import machine
 from .checks import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
-from .hints import MatrixLike, Scalar
 from .kernel_catalog import check_kernel
 from .options import Options
 from .planning import (
@@ -51,6 +50,7 @@ from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
+from .typing import MatrixLike, Scalar
 from .units import format_size, parse_size
 
 __all__ = ["Product"]
@@ -251,11 +251,11 @@ def _budgets(dev: Device, options: Options):
                               f"{format_size(free)} free on {dev}")
         model = cuda_model()
     else:
-        total = hostinfo.total_memory()
+        total = machine.total_memory()
         mem = parse_size(options.memory_limit, total, name="memory_limit") or total // 4
         model = cpu_model()
-    host = parse_size(options.host_memory_limit, hostinfo.total_memory(),
-                      name="host_memory_limit") or hostinfo.total_memory() // 4
+    host = parse_size(options.host_memory_limit, machine.total_memory(),
+                      name="host_memory_limit") or machine.total_memory() // 4
     return model, mem, host
 
 

@@ -14,7 +14,7 @@ import platform
 
 import numpy as np
 
-from . import cuda, hostinfo
+from . import cuda, machine
 from .version import __version__
 
 
@@ -160,9 +160,9 @@ def system_info() -> dict:
     return {
         "versions": versions,
         "host": {"platform": platform.platform(), "cpu": _cpu_model(),
-                 "cores": hostinfo.cores(), "logical_cpus": os.cpu_count(),
-                 "memory_total": hostinfo.total_memory(),
-                 "memory_available": hostinfo.available_memory()},
+                 "cores": machine.cores(), "logical_cpus": os.cpu_count(),
+                 "memory_total": machine.total_memory(),
+                 "memory_available": machine.available_memory()},
         "blas": blas_info(),
         "gpus": gpus,
     }

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import checks, hostinfo
+from . import checks, machine
 from .errors import OptionError, OutputError
 from .storage import files
 from .units import format_size
@@ -53,7 +53,7 @@ def random_matrix(shape: tuple[int, int], dtype: npt.DTypeLike = "float64", seed
     from concurrent.futures import ThreadPoolExecutor
 
     out = np.empty(shape, dtype=dtype)
-    threads = threads or hostinfo.cores()
+    threads = threads or machine.cores()
     bands = np.array_split(np.arange(shape[0]), max(1, min(threads * 4, shape[0])))
     seeds = np.random.SeedSequence(seed).spawn(len(bands))
 

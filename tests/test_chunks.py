@@ -497,14 +497,14 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     down, no decoded chunk held in host memory, each chunk decoded once."""
     from unittest import mock
 
-    from oocgemm import hostinfo
+    from oocgemm import machine
     from oocgemm.planning import STAGING, Operand, Plan, Problem, choose_tile, cuda_model, finished
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
     x = Operand((1_000_000, 2048), (16384, 2048), True, "x.zarr", decodes_into=True)
     prob = Problem(m=2048, n=2048, k=1_000_000, itemsize=8, dtype="float64", a=x, b=x,
                    out=Operand((2048, 2048)), trans_a=True, shared=True)
-    with mock.patch.object(hostinfo, "cores", lambda: 16):
+    with mock.patch.object(machine, "cores", lambda: 16):
         staging = CudaExecutor.staging(prob, cuda_model())
     budget = dict(memory_limit=72 << 30, host_memory_limit=32 << 30)
     tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,

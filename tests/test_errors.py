@@ -340,10 +340,10 @@ def test_good_memory_strings(rng, value, expect):
 
 
 def test_memory_percentage(rng):
-    from oocgemm import hostinfo
+    from oocgemm import machine
 
     p = oocgemm.plan(rand(rng, (3, 3)), rand(rng, (3, 3)), device="cpu", memory_limit="10%")
-    assert p.memory_limit == int(hostinfo.total_memory() * 0.1)
+    assert p.memory_limit == int(machine.total_memory() * 0.1)
 
 
 @pytest.mark.parametrize("kw", [{"alpha": "2"}, {"alpha": float("nan")}, {"beta": None},

@@ -157,13 +157,13 @@ def test_racing_writers_with_overwrite_leave_one_complete_output(rng, workdir):
 def test_more_values_that_used_to_escape_the_hierarchy(rng, workdir, monkeypatch):
     import dask.array as da
 
-    from oocgemm import hostinfo
+    from oocgemm import machine
 
     b = rand(rng, (15, 10))
     x = da.from_array(rand(rng, (20, 15)), chunks=5)
     with pytest.raises(InputError, match="compute_chunk_sizes"):
         oocgemm.multiply(x[x[:, 0] > 0], b, device="cpu")
-    monkeypatch.setattr(hostinfo, "available_memory", lambda: 1000)
+    monkeypatch.setattr(machine, "available_memory", lambda: 1000)
     with pytest.raises(OutputError, match="pass a .zarr or .npy path"):
         oocgemm.multiply(rand(rng, (20, 15)), b, device="cpu")
 

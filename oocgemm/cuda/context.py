@@ -44,9 +44,9 @@ def _fault_in(raw: np.ndarray) -> None:
     """Touch every page of ``raw`` from the process's faulting threads (a page fault is the
     kernel's work, and it runs on every core at once)."""
     global _FAULTERS
-    from .. import hostinfo
+    from .. import machine
 
-    workers = hostinfo.cores()
+    workers = machine.cores()
     with _FAULTERS_LOCK:
         if _FAULTERS is None:
             _FAULTERS = ThreadPoolExecutor(workers, thread_name_prefix="oocgemm-pin")

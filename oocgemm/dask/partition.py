@@ -103,13 +103,13 @@ def row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
     """Row bounds of the default groups: bands of whole rows of the plan's C blocks, as few as
     ``GROUP_MEMORY`` holds, and at least two per worker of an active ``dask.distributed``
     Client."""
-    from .. import hostinfo
+    from .. import machine
 
     rows = planned[0]
     blocks = len(rows) - 1
     if blocks < 1:  # no rows: one empty group
         return [0, 0]
-    budget = GROUP_MEMORY if GROUP_MEMORY is not None else hostinfo.total_memory() // 4
+    budget = GROUP_MEMORY if GROUP_MEMORY is not None else machine.total_memory() // 4
     fits = budget // max(1, n * dtype.itemsize)
     per_band = max(1, fits // max(max(np.diff(rows).tolist()), 1))  # whole blocks that fit
     count = min(max(2 * _workers(), math.ceil(blocks / per_band), 1), blocks)

@@ -82,12 +82,12 @@ _SHARED_LOCK = threading.Lock()  # of _SHARED, and of its entries' active counts
 @contextlib.contextmanager
 def shared_chunks(graph: str):
     """This process's shared chunks of ``graph``, held for the duration of one task."""
-    from .. import hostinfo
+    from .. import machine
 
     with _SHARED_LOCK:
         shared = _SHARED.get(graph)
         if shared is None:
-            shared = _SHARED[graph] = SharedChunks(hostinfo.total_memory() // 4)
+            shared = _SHARED[graph] = SharedChunks(machine.total_memory() // 4)
         if shared.timer is not None:
             shared.timer.cancel()
             shared.timer = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import hostinfo
+from .. import machine
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def cuda_model() -> DeviceModel:
 
 def cpu_model() -> DeviceModel:
     """numpy BLAS on this host: about 35 GFLOP/s per core in float64 (0.56 TFLOP/s on 16)."""
-    cores = hostinfo.cores()
+    cores = machine.cores()
     # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
     # for copies between warm buffers.
     # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on

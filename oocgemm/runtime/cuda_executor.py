@@ -200,9 +200,9 @@ class CudaExecutor(Executor):
             self.resources = PROCESS
         self.readers = readers or max(2, plan.readers)
         if plan.into_ring and readers is None:  # the readers decode: one on every core
-            from .. import hostinfo
+            from .. import machine
 
-            self.readers = max(self.readers, min(hostinfo.cores(), plan.n_stage))
+            self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
         self.index = index
         self._framed = gpu_framing(plan, sink)

@@ -46,9 +46,9 @@ def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
     panels' time and leave while the rest computes. Then what the kernel's strategy changes
     (:meth:`oocgemm.strategies.Native.stage`: a Gram product's 16 output stripes, an
     emulation's slots)."""
-    from .. import hostinfo
+    from .. import machine
 
-    readers = max(4, min(10, hostinfo.cores() - 4))
+    readers = max(4, min(10, machine.cores() - 4))
     settings = dict(readers=readers, n_stage=2 * readers, n_out=8, split_last=8, ramp=2,
                     min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
                     ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,

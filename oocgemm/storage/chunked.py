@@ -277,9 +277,9 @@ def _encoders() -> ThreadPoolExecutor:
     global _ENCODERS
     with _ENCODERS_LOCK:
         if _ENCODERS is None:
-            from .. import hostinfo
+            from .. import machine
 
-            _ENCODERS = ThreadPoolExecutor(hostinfo.cores(), thread_name_prefix="oocgemm-encode")
+            _ENCODERS = ThreadPoolExecutor(machine.cores(), thread_name_prefix="oocgemm-encode")
         return _ENCODERS
 
 

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .. import hostinfo
+from .. import machine
 from ..checks import check_dtype
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
@@ -23,7 +23,7 @@ from . import is_path, kind_of_path, urls
 def check_out(out, shape: tuple[int, int], dtype: np.dtype) -> Operand:
     """The output described for the planner; refused when it cannot take C."""
     if out is None:  # a new numpy array of the compute dtype
-        need, free = shape[0] * shape[1] * dtype.itemsize, hostinfo.available_memory()
+        need, free = shape[0] * shape[1] * dtype.itemsize, machine.available_memory()
         if need > free:
             raise OutputError(f"out=None returns C in memory, but C needs {format_size(need)} and "
                               f"{format_size(free)} is available; pass a .zarr or .npy path as "

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import hostinfo
+from .. import machine
 from ..checks import check_dtype, check_matrix
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
@@ -329,7 +329,7 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     from .chunked import ChunkReader
 
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
-    decoders = max(plan.readers, hostinfo.cores()) if plan.staged else plan.readers
+    decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
     for name, src in sources.items():
         if name == "B" and plan.problem.shared:

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.buffer import cpu as zarr_cpu
 
-from .. import hostinfo
+from .. import machine
 from ..errors import InputError, OptionError, OutputError
 from ..planning.chunks import chunk_region, chunks_of
 from . import files, frames, urls
@@ -62,7 +62,7 @@ def pipeline_config(threads: int) -> dict:
 def fast_reader(array: zarr.Array, threads: int = 0) -> zarr.Array:
     """``array`` opened again, read-only, under :func:`pipeline_config` (the codec pipeline is
     fixed when an array is opened); the array itself where that fails."""
-    threads = threads or hostinfo.cores()
+    threads = threads or machine.cores()
     try:
         with zarr.config.set(pipeline_config(threads)):
             return zarr.open_array(store=array.store_path, mode="r")
@@ -533,7 +533,7 @@ class ZarrSink(MatrixSink):
             assert path is not None, "a resumed output has a path"
             self.path = os.path.abspath(path)
             self._temporary = temporary
-            with zarr.config.set(pipeline_config(hostinfo.cores())):
+            with zarr.config.set(pipeline_config(machine.cores())):
                 self._array = zarr.open_array(temporary, mode="r+")
             if tuple(self._array.shape) != self.shape or self._array.dtype != self.dtype:
                 raise OutputError(f"{temporary!r} is not the output this run writes")
@@ -555,7 +555,7 @@ class ZarrSink(MatrixSink):
             kept = options.pop("attributes", None) or {}  # an update in place: the user's
             extra: dict[str, Any] = {"storage_options": storage_options} if self._url else {}
             try:
-                with zarr.config.set(pipeline_config(hostinfo.cores())):
+                with zarr.config.set(pipeline_config(machine.cores())):
                     self._array = zarr.create_array(
                         store=self._temporary, shape=self.shape, dtype=self.dtype,
                         attributes={**kept, "oocgemm": {"complete": False}}, **options,
