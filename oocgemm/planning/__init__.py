@@ -3,6 +3,7 @@
 from .check import ScheduleError, check_schedule
 from .finish import STAGING, finished, smaller
 from .model import DeviceModel, cpu_model, cuda_model
+from .plan import Plan, with_ring_decodes
 from .problem import Operand, Problem
 from .schedule import (
                        ORDERED_LANES,
@@ -15,7 +16,7 @@ from .schedule import (
                        ordered_lane,
                        serpentine,
 )
-from .tiling import Plan, Prediction, choose_tile, in_core_shape, predict, with_ring_decodes
+from .tiling import Prediction, choose_tile, in_core_shape, predict
 
 __all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",

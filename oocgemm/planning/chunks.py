@@ -149,7 +149,7 @@ class ChunkReport:
     """How ``print(plan)`` names it: the operand, or 'A and B' for one matrix in both."""
     into_ring: bool = False
     """Each chunk decoded once, by a reader, straight into a pinned ring buffer
-    (:attr:`~oocgemm.planning.tiling.Plan.into_ring`)."""
+    (:attr:`~oocgemm.planning.plan.Plan.into_ring`)."""
 
     @property
     def n_chunks(self) -> int:

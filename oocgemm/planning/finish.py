@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import BudgetError
-from .tiling import Plan, choose_tile, with_ring_decodes
+from .plan import Plan, with_ring_decodes
+from .tiling import choose_tile
 
 #: The plan's staging settings that choose_tile takes (the buffers it must fit).
 STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",

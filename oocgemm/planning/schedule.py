@@ -19,7 +19,7 @@ B through ping-pong slots, store C_{ij}, move on. C blocks run in serpentine ord
 right, then right to left) and K panels alternate direction, so consecutive blocks share a
 panel; a panel already in a slot is never loaded again.
 
-The in-core shape (:attr:`Plan.in_core <oocgemm.planning.tiling.Plan.in_core>`: A, B and C fit
+The in-core shape (:attr:`Plan.in_core <oocgemm.planning.plan.Plan.in_core>`: A, B and C fit
 on the device at once, one slot each): B goes up whole, then A in row stripes cut where C's
 stripes are; the GEMM runs C stripe by C stripe, each waiting only for the A stripes of its
 own rows (the whole of A when A is stored transposed: its rows are not contiguous), and each

@@ -1,23 +1,23 @@
 """The planner: choose the C block w×h and the K panel r from the memory budgets.
 
 Pure Python: it sees a :class:`Problem` (shapes, dtype, chunking) and budgets in bytes, never
-storage. The result is a frozen :class:`Plan` that validates itself and expands into the schedule
-that every executor replays.
+storage. Its choice becomes a frozen :class:`~oocgemm.planning.plan.Plan`
+(:mod:`oocgemm.planning.plan`) that validates itself and expands into the schedule that every
+executor replays.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from ..errors import BudgetError, OptionError
+from ..errors import BudgetError
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
-from .chunks import assembly_bytes, chunk_region, most_touched, window_bytes
+from .chunks import assembly_bytes, most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
-from .schedule import OpKind, stripe_rows
+from .schedule import stripe_rows
 
 #: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
 OP_OVERHEAD = 40e-6
@@ -59,347 +59,6 @@ class Buffers:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """A validated tiling of one product, and the budget it was checked against.
-
-    ``plan.schedule`` expands it into the block operations that executors replay.
-    """
-
-    problem: Problem
-    device: str
-    """'cpu', 'cuda:0'..."""
-    model: DeviceModel
-    """Rates used for the prediction."""
-    tile: tuple[int, int, int]
-    """(w, h, r): C block rows, C block columns, K panel depth, in elements."""
-    memory_limit: int
-    """Bytes the device-side buffers may take (GPU memory, or the CPU's working buffers)."""
-    host_memory_limit: int
-    """Bytes host staging may take."""
-    staged: bool = False
-    """True when panels go storage -> host staging slot -> device slot (CUDA); False when
-    readers fill the working slots directly (CPU)."""
-    n_c: int = 2
-    """C block buffers: two, so that storing block t overlaps computing block t+1."""
-    n_a: int = 2
-    """A panel buffers (ping-pong A0/A1)."""
-    n_b: int = 2
-    """B panel buffers (ping-pong B0/B1)."""
-    n_stage: int = 16
-    """Pinned ring buffers for what goes up (A, B, C stripes) when staged."""
-    n_out: int = 4
-    """Pinned ring buffers for C stripes coming down when staged."""
-    stripe: int = DEFAULT_STRIPE
-    """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
-    min_stripes: int = 1
-    """Stripes a staged region is cut into at the least, so that small regions (the ramp's
-    first pieces) are copied by several readers at once."""
-    split_last: int = 1
-    """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
-    way back while the rest of the block computes (1: not cut)."""
-    tail_panels: int = 1
-    """The last K panels of each block, run in row stripes (``split_last`` stripes): in a
-    run's last block stripe by stripe, so that C's rows become final over several panels,
-    elsewhere panel by panel; needs that many A and B slots (one more lets the next block's
-    first panels arrive meanwhile)."""
-    ramp: int = 0
-    """Halvings of the first K panel: with 3 it runs as r/8, r/8, r/4, r/2, so that the first
-    GEMM starts after an eighth of a panel has arrived (pieces stay multiples of
-    ``ramp_granule``)."""
-    ramp_granule: int = 1
-    """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
-    readers: int = 4
-    """Reader threads the executor may run (and as many chunk decoders)."""
-    cache: tuple[str, ...] = ()
-    """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
-    whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
-    are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
-    into_ring: tuple[str, ...] = ()
-    """Compressed chunked operands ('A', 'B') whose every read in the schedule is one whole
-    chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
-    decodes each chunk straight into its pinned ring buffer (no decoded chunk held, no copy
-    out of one; :func:`with_ring_decodes`)."""
-    chosen_by: str = "planner"
-    """'planner' or 'tile' (the user's override)."""
-    kernel: str = "cublas"
-    """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
-    done: tuple[tuple[int, int], ...] = ()
-    """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
-    them, and computes every other block as the whole run would."""
-    blocks: tuple[tuple[int, int], ...] = ()
-    """When set, the only C blocks (i, j) the schedule computes, in this order, each as the
-    whole run would (a group of blocks for one of several devices)."""
-    symmetric: bool = False
-    """A Gram product (:attr:`Problem.gram`) computed as one: square C blocks (w == h), only
-    those on and above the diagonal computed (a diagonal block's upper triangle, then
-    mirrored), each block above the diagonal also written transposed across it. ``done``
-    and ``blocks`` then name blocks on and above the diagonal."""
-    in_core: bool = False
-    """The in-core shape (:func:`in_core_shape`): A, B and C on the device at once, one slot
-    each, one C block and one K panel; B goes up first, A in row stripes, and C is computed,
-    downloaded and written stripe by stripe (``split_last`` stripes at least), each GEMM
-    waiting for its own rows of A only."""
-
-    # ---- geometry -------------------------------------------------------------------------
-    @property
-    def row_splits(self) -> tuple[int, ...]:
-        return _splits(self.problem.m, self.tile[0])
-
-    @property
-    def col_splits(self) -> tuple[int, ...]:
-        return _splits(self.problem.n, self.tile[1])
-
-    @property
-    def k_splits(self) -> tuple[int, ...]:
-        if not self.problem.computes_product:
-            return (0,)
-        splits = _splits(self.problem.k, self.tile[2])
-        if self.ramp and len(splits) > 2:
-            r, g = splits[1], max(self.ramp_granule, 1)
-            pieces = {(r >> h) // g * g for h in range(self.ramp, 0, -1)}
-            splits = (0,) + tuple(sorted(x for x in pieces if 0 < x < r)) + splits[1:]
-        return splits
-
-    @property
-    def ramp_pieces(self) -> int:
-        """How many of the first K panels are ramp pieces (smaller than ``r``)."""
-        if not self.problem.computes_product:
-            return 0
-        return len(self.k_splits) - len(_splits(self.problem.k, self.tile[2]))
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        """Blocks along M, blocks along N, panels along K."""
-        return (len(self.row_splits) - 1, len(self.col_splits) - 1, len(self.k_splits) - 1)
-
-    @property
-    def n_blocks(self) -> int:
-        """C blocks the plan computes (a symmetric plan: those on and above the diagonal)."""
-        p, q, _ = self.grid
-        return p * (p + 1) // 2 if self.symmetric else p * q
-
-    @property
-    def n_t(self) -> int:
-        """T slots (a symmetric plan's blocks across the diagonal, on their way out): one
-        when some block lies above the diagonal."""
-        return 1 if self.symmetric and self.grid[0] > 1 else 0
-
-    @property
-    def flops(self) -> int:
-        """Floating-point operations the schedule's GEMMs do: the problem's, or for a
-        symmetric plan about half of them."""
-        return self.counts.flops if self.symmetric else self.problem.flops
-
-    @property
-    def out_stripes(self) -> int:
-        """Stripes a staged C block comes down in at the least: ``min_stripes``, or in the
-        in-core shape ``split_last`` (a GEMM and a download per stripe)."""
-        return self.split_last if self.in_core else self.min_stripes
-
-    def stripe_rows(self, rows: int, cols: int) -> int:
-        """Rows of each stripe in which a staged C block of ``rows`` x ``cols`` moves down
-        through the output ring: as many as one ring buffer holds, and at most an
-        ``out_stripes``-th."""
-        return stripe_rows(rows, cols, self.buffers.out_ring // self.problem.itemsize,
-                           self.out_stripes)
-
-    # ---- memory ---------------------------------------------------------------------------
-    @property
-    def buffers(self) -> Buffers:
-        return _buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
-                        self.kernel)
-
-    @property
-    def device_bytes(self) -> int:
-        return _device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
-
-    @property
-    def host_bytes(self) -> int:
-        buf = self.buffers
-        staging = self.n_stage * buf.ring + self.n_out * buf.out_ring
-        return staging + self.decode_window + self.assembly_window + self.cache_bytes
-
-    @property
-    def decode_window(self) -> int:
-        """Host memory the decoded chunks of streamed operands take at most."""
-        return decode_window(self.problem, self.tile, kept=self.cache + self.into_ring)
-
-    @property
-    def assembly_window(self) -> int:
-        """Host memory the output's chunks take at most while their rows arrive in stripes."""
-        return assembly_window(self.problem, self.tile,
-                               self.buffers.out_ring // self.problem.itemsize if self.staged
-                               else 0,
-                               self.out_stripes)
-
-    @property
-    def cache_bytes(self) -> int:
-        """Host memory the cached operands take once read (compute dtype)."""
-        kept = set(self.cache)
-        if self.problem.shared and kept >= {"A", "B"}:
-            kept.discard("B")  # one matrix, kept once for both roles
-        return sum(self.problem.operand_bytes(name) for name in kept)
-
-    @property
-    def decoded_bytes(self) -> int:
-        """Bytes of chunks the run decodes at most (:meth:`chunk_reports`; compute dtype)."""
-        return sum(r.decodes * math.prod(r.chunks) for r in self.chunk_reports()
-                   ) * self.problem.itemsize
-
-    def chunk_reports(self) -> list:
-        """Loads and decodes of each chunked on-disk operand
-        (:class:`oocgemm.planning.chunks.ChunkReport`), from the geometry alone."""
-        from .chunks import estimate, gram_estimate, one_matrix
-
-        reports = [estimate(self, name) for name in ("A", "B", "C")]
-        if self.symmetric:
-            reports[:2] = [gram_estimate(self)]
-        elif self.problem.shared and reports[0] is not None and reports[1] is not None:
-            reports[:2] = [one_matrix(reports[0], reports[1])]
-        return [replace(r, into_ring=True, decodes=r.n_chunks) if r.operand in self.into_ring
-                else r for r in reports if r is not None]
-
-    # ---- schedule and prediction ----------------------------------------------------------
-    @functools.cached_property
-    def schedule(self):
-        """The ordered block operations (:class:`oocgemm.planning.schedule.Schedule`)."""
-        from .schedule import build_schedule
-
-        return build_schedule(self)
-
-    @functools.cached_property
-    def counts(self):
-        """Operations per kind and bytes per level of :attr:`schedule`, counted without
-        building it (:class:`oocgemm.planning.schedule.Counts`): what ``print(plan)`` and
-        :meth:`summary` show."""
-        from .schedule import count_schedule
-
-        return count_schedule(self)
-
-    @property
-    def prediction(self) -> Prediction:
-        return predict(self.problem, self.tile, self.model, staged=self.staged,
-                       split_last=self.split_last, ramp=self.ramp, kernel=self.kernel,
-                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
-                       symmetric=self.symmetric,
-                       decodes={r.operand: r for r in self.chunk_reports()},
-                       stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core)
-
-    def validate(self) -> Plan:
-        """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
-        w, h, r = self.tile
-        if min(w, h, r) < 1:
-            raise OptionError(f"tile must be positive integers, got {self.tile}")
-        if self.symmetric and (not self.problem.gram or w != h):
-            raise OptionError(f"tile (w={w}, h={h}, r={r}): a symmetric product takes square C "
-                              f"blocks (w == h)")
-        if self.in_core and (self.grid[:2] != (1, 1) or self.grid[2] > 1
-                             or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
-            raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
-                              f"block and one K panel, one slot each")
-        depth = strategy_of(self.kernel).max_depth(self.staged)
-        if depth is not None and r > depth:
-            raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
-                              f"at most {depth} (its int32 products stay exact up to there)")
-        if self.device_bytes > self.memory_limit:
-            raise BudgetError(
-                f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
-                f"{'GPU' if self.model.name == 'cuda' else 'working'} memory "
-                f"({self._device_breakdown()}), over memory_limit={format_size(self.memory_limit)}")
-        if self.host_bytes > self.host_memory_limit:
-            raise BudgetError(
-                f"tile (w={w}, h={h}, r={r}) needs {format_size(self.host_bytes)} of host staging, "
-                f"over host_memory_limit={format_size(self.host_memory_limit)}")
-        return self
-
-    def _device_breakdown(self) -> str:
-        buf = self.buffers
-        parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}",
-                 f"A {self.n_a}x{format_size(buf.a)}",
-                 f"B {self.n_b}x{format_size(buf.b)}"]
-        if buf.accumulator:
-            parts.append(f"accumulator {format_size(buf.accumulator)}")
-        if buf.emulation:
-            parts.append(f"converted A {self.n_a}x{format_size(buf.a_converted)}, converted B "
-                         f"{self.n_b}x{format_size(buf.b_converted)}, int32 products "
-                         f"{format_size(buf.emulation)}")
-        return ", ".join(parts)
-
-    def summary(self) -> dict:
-        """The plan as plain data (for --json and logs)."""
-        pred = self.prediction
-        counts = self.counts
-        p, q, nk = self.grid
-        return {
-            "shape": {"m": self.problem.m, "n": self.problem.n, "k": self.problem.k},
-            "dtype": self.problem.dtype,
-            "device": self.device,
-            "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
-            "chosen_by": self.chosen_by,
-            # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
-            "kernel": self.kernel if self.device.startswith("cuda")
-            or strategy_of(self.kernel).emulated else None,
-            "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
-            "operations": counts.total,
-            "device_bytes": self.device_bytes,
-            "memory_limit": self.memory_limit,
-            "host_bytes": self.host_bytes,
-            "host_memory_limit": self.host_memory_limit,
-            "bytes": {**counts.traffic, "decoded": self.decoded_bytes},
-            "flops": self.flops,
-            "symmetric": self.symmetric,
-            "shared": self.problem.shared,
-            "in_core": self.in_core,
-            "predicted_seconds": pred.total,
-            "predicted_bound": pred.bound,
-            "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
-                                   "into_ring": r.into_ring, "loads": r.loads,
-                                   "decodes": r.decodes}
-                       for r in self.chunk_reports()},
-        }
-
-    def __str__(self) -> str:
-        prob, (w, h, r), (p, q, nk) = self.problem, self.tile, self.grid
-        pred = self.prediction
-        traffic = self.counts.traffic
-        ta, tb = ("ᵀ" if prob.trans_a else ""), ("ᵀ" if prob.trans_b else "")
-        lines = [
-            f"oocgemm plan: C[{prob.m}x{prob.n}] = {prob.alpha:g}·A{ta}·B{tb}"
-            + (f" + {prob.beta:g}·C" if prob.reads_c else "") + f"  ({prob.dtype}, K={prob.k})",
-            f"  device      {self.device}"
-            + ("  (staged through pinned host buffers)" if self.staged else "")
-            + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
-            f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
-            *([f"  operands    A and B are one stored matrix ({prob.a.name}): each chunk read "
-               f"and decoded once for both, a panel both need staged once"]
-              if prob.shared else []),
-            f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
-            + (f" ({len(self.done)} blocks done before, resumed)" if self.done else ""),
-            *([f"  in core     A, B and C on the device at once: B up, then A in row stripes; "
-               f"{self.counts.ops[OpKind.GEMM]} GEMMs, each C stripe down as its GEMM ends"]
-              if self.in_core else []),
-            f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
-            f" ({self._device_breakdown()})",
-            f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
-            + (f" (staging, decoded chunks, and {' and '.join(self.cache)} kept in memory as "
-               f"read: {format_size(self.cache_bytes)})" if self.cache else
-               " (staging and decoded chunks)"),
-            "  traffic     " + ", ".join(
-                f"{TRAFFIC_NAMES.get(k, k.replace('_', ' '))} {format_size(v)}"
-                for k, v in {**traffic, "decoded": self.decoded_bytes}.items() if v),
-            *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
-              for n, report in enumerate(self.chunk_reports())),
-            f"  work        {self.flops / 1e9:.4g} GFLOP"
-            + (f" (symmetric: the {self.n_blocks} blocks on and above the diagonal of "
-               f"{p}x{q}, each above it also written across; {prob.flops / 1e9:.4g} GFLOP in "
-               f"full)" if self.symmetric else ""),
-            f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
-            f"({pred.bound}-bound; {pred.describe()})",
-        ]
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
 class Prediction:
     """Predicted seconds per resource for a tiling; the pipelined run takes about ``total``."""
 
@@ -436,54 +95,6 @@ class Prediction:
                          for name, v in self._resources().items() if v)
 
 
-def _splits(extent: int, step: int) -> tuple[int, ...]:
-    if extent == 0:
-        return (0,)
-    return tuple(range(0, extent, step)) + (extent,)
-
-
-#: How ``print(plan)`` names the traffic levels (``Counts.traffic``, and the chunks decoded).
-TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)"}
-
-
-def with_ring_decodes(plan: Plan) -> Plan:
-    """``plan`` with ring buffers of one chunk each where that lets the readers decode the
-    chunks of a compressed operand straight into the pinned ring (:attr:`Plan.into_ring`):
-    where every read of the operand in the staged schedule is then one whole chunk, each
-    chunk read once (a plan of one C block, the tall-skinny product), and the budget still
-    holds. Else ``plan`` unchanged.
-
-    A decoded chunk would otherwise be copied out of into the ring stripe by stripe: on the
-    H100 machine that copy took the readers 7.6 s of thread time for a 16.4 GB X, beside
-    28.6 s of decoding on the same 16 cores (docs/performance.md, Gram products). The output
-    ring keeps its own, smaller buffers (:attr:`Buffers.out_ring`)."""
-    prob = plan.problem
-    one_block = len(plan.row_splits) == len(plan.col_splits) == 2  # each panel loaded once
-    if not (plan.staged and prob.computes_product and one_block):
-        return plan
-    able = [name for name, x in (("A", prob.a), ("B", prob.b))
-            if x.decoded and x.decodes_into and x.chunks]
-    candidates: list[tuple[str, ...]] = (
-        ([("A", "B")] if "A" in able else []) if prob.shared else [(name,) for name in able])
-    for roles in candidates:
-        x = prob.a if roles[0] == "A" else prob.b
-        assert x.chunks is not None
-        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1], into_ring=roles, cache=())
-        if trial.host_bytes > plan.host_memory_limit or trial.device_bytes > plan.memory_limit:
-            continue
-        seen: set[tuple[int, int]] = set()
-        for op in trial.schedule.ops:
-            if op.kind is OpKind.READ and op.operand in roles:
-                (r0, _), (c0, _) = op.region
-                index = (r0 // x.chunks[0], c0 // x.chunks[1])
-                if index in seen or chunk_region(index, x.chunks, x.shape) != op.region:
-                    break
-                seen.add(index)
-        else:
-            return trial.validate()
-    return plan
-
-
 def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
              kernel: str = "cublas") -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
@@ -509,6 +120,12 @@ def _device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
     """Device-side bytes of a plan's buffers with ``n_c``, ``n_a`` and ``n_b`` slots."""
     return (n_c * buf.c + n_a * (buf.a + buf.a_converted) + n_b * (buf.b + buf.b_converted)
             + buf.accumulator + buf.emulation)
+
+
+#: The buffers of a tile and the device bytes they take, as :class:`~oocgemm.planning.plan.Plan`
+#: reads them (public names for planning/plan.py).
+tile_buffers = _buffers
+device_bytes = _device_bytes
 
 
 def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
