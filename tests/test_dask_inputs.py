@@ -14,7 +14,7 @@ from _helpers import assert_gemm, rand
 
 import oocgemm
 from oocgemm.storage import open_source
-from oocgemm.storage.memory import DaskSource
+from oocgemm.storage.dask_arrays import DaskSource
 from oocgemm.storage.zarr_store import ZarrSource
 
 

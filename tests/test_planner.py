@@ -11,7 +11,8 @@ import zarr
 from _helpers import rand
 
 import oocgemm
-from oocgemm.storage.memory import DaskSource, NumpySource
+from oocgemm.storage.dask_arrays import DaskSource
+from oocgemm.storage.memory import NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
 
 

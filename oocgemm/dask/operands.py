@@ -112,7 +112,8 @@ def resolve(spec, shared: SharedChunks | None = None, role: str = "") -> MatrixS
     kind = spec[0]
     if kind == "blocks":
         _, blocks, (r0, c0), (lo_r, hi_r), (lo_c, hi_c), _ = spec
-        from ..storage.memory import NumpySource, host_array
+        from ..storage.dask_arrays import host_array
+        from ..storage.memory import NumpySource
 
         band = np.block([[np.asarray(host_array(b)) for b in row] for row in blocks])
 

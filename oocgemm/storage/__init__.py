@@ -11,8 +11,9 @@ import numpy as np
 from ..errors import InputError, OutputError
 from . import urls
 from .base import MatrixSink, MatrixSource, library_of
+from .dask_arrays import DaskSource
 from .files import PARTIAL
-from .memory import CupySink, CupySource, DaskSource, NumpySink, NumpySource
+from .memory import CupySink, CupySource, NumpySink, NumpySource
 
 __all__ = ["SINKS", "SOURCES", "SUFFIXES", "MatrixSink", "MatrixSource", "exists", "is_path",
            "kind_of_path", "open_sink", "open_source", "register_sink", "register_source"]
