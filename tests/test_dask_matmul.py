@@ -312,6 +312,8 @@ def test_bad_inputs_fail_when_the_graph_is_built(rng, workdir):
         odask.matmul("missing.zarr", a.T)
     with pytest.raises(oocgemm.OptionError, match="beta != 0 needs c"):
         odask.matmul(a, a.T, beta=1.0)
+    with pytest.raises(oocgemm.ShapeError, match=r"c has shape \(10, 8\), expected \(10, 10\)"):
+        odask.matmul(a, a.T, c=a, beta=1.0)
 
 
 @pytest.mark.gpu

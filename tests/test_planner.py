@@ -193,3 +193,20 @@ def test_prediction_charges_every_operation(rng, shape, tile, staged, stripe, mi
                                    n_stage=4, n_out=2)
     estimate = plan.prediction.overhead / OP_OVERHEAD
     assert plan.counts.total / 1.5 <= estimate <= plan.counts.total * 1.5
+
+
+def test_a_kept_operand_is_decoded_once():
+    """A kept in host memory (``cache``), without a chunk report: the prediction decodes its
+    chunks once, however often its panels are loaded."""
+    from oocgemm.planning import cpu_model
+    from oocgemm.planning.problem import Operand, Problem
+    from oocgemm.planning.tiling import predict
+
+    prob = Problem(m=400, n=200, k=300, itemsize=8, dtype="float64",
+                   a=Operand((400, 300), chunks=(100, 100), on_disk=True),
+                   b=Operand((300, 200)), out=Operand((400, 200)))
+    model = cpu_model()
+    kept = predict(prob, (100, 100, 100), model, staged=False, cache=("A",))
+    assert kept.decode == 400 * 300 * 8 / model.decode
+    reloaded = predict(prob, (100, 100, 100), model, staged=False)
+    assert reloaded.decode == 2 * kept.decode  # an A panel for each of 2 block columns

@@ -1,6 +1,7 @@
 """The tools CI holds the code to: ruff's rules and mypy on the modules [tool.mypy] lists (their
-settings are in pyproject.toml; .pre-commit-config.yaml runs the same before a commit), and an
-import graph without cycles."""
+settings are in pyproject.toml; .pre-commit-config.yaml runs the same before a commit), an
+import graph without cycles, and no function above radon's cyclomatic complexity 25 without a
+comment that says why."""
 
 from __future__ import annotations
 
@@ -183,3 +184,53 @@ def test_the_api_reads_at_once():
                 body = body[1:]  # the docstring
             lines = (body[-1].end_lineno - body[0].lineno + 1) if body else 0
             assert lines <= 60, f"api.{node.name} has {lines} lines of code"
+
+
+#: The most branches (radon's cyclomatic complexity) a function may have without a comment in its
+#: body that says why it must (with the word "complexity").
+COMPLEXITY_LIMIT = 25
+
+
+def _too_complex(source: str) -> list[str]:
+    """The functions and methods of ``source`` above :data:`COMPLEXITY_LIMIT` whose lines carry
+    no comment with the word "complexity" (a closure counts in the function around it)."""
+    import io
+    import tokenize
+
+    from radon.complexity import cc_visit
+    from radon.visitors import Function
+
+    comments = [(token.start[0], token.string.lower())
+                for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT]
+    return [f"{block.fullname} (line {block.lineno}): {block.complexity}"
+            for block in cc_visit(source)
+            if isinstance(block, Function) and block.complexity > COMPLEXITY_LIMIT
+            and not any(block.lineno <= line <= block.endline and "complexity" in text
+                        for line, text in comments)]
+
+
+def _branches(count: int, why: str = "") -> str:
+    """A function of ``count + 1`` paths, with ``why`` as a comment in its body."""
+    lines = ["def f(x):", f"    {why}" if why else ""]
+    lines += [f"    if x == {i}:\n        return {i}" for i in range(count)]
+    return "\n".join(lines + ["    return -1", ""])
+
+
+def test_the_complexity_check_flags_what_it_should():
+    pytest.importorskip("radon", reason="radon is not installed (the test extra has it)")
+    assert not _too_complex(_branches(COMPLEXITY_LIMIT - 1))
+    assert _too_complex(_branches(COMPLEXITY_LIMIT)) == [f"f (line 1): {COMPLEXITY_LIMIT + 1}"]
+    assert not _too_complex(_branches(COMPLEXITY_LIMIT, "# complexity: one rule per branch"))
+    assert _too_complex(_branches(COMPLEXITY_LIMIT, "'''complexity in a string'''"))
+
+
+def test_no_function_is_more_complex_than_the_limit_without_saying_why():
+    """Every function and method of the package: at most COMPLEXITY_LIMIT (radon's cyclomatic
+    measure), or a comment in its body that says why it must be more (with the word
+    "complexity"); split into helpers that each say one thing otherwise."""
+    pytest.importorskip("radon", reason="radon is not installed (the test extra has it)")
+    over = [f"{path.relative_to(ROOT)}: {entry}"
+            for path in sorted((ROOT / "oocgemm").rglob("*.py"))
+            for entry in _too_complex(path.read_text())]
+    assert not over, "\n".join(over)

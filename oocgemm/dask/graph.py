@@ -7,7 +7,8 @@ is cut :mod:`.partition`'s, and which half of a Gram product is computed :mod:`.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,59 +81,15 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
 
     from ..api import plan as plan_product
     from ..checks import scalar
-    from ..options import PLANS, Options
 
-    trace_dir = options.pop("trace_dir", None)
-    checked = Options.of("oocgemm.dask.matmul", PLANS, **options)  # here, not in every task
-    if checked.out_options is not None or checked.storage_options is not None:
-        raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
-                          "(the result is a dask array; inputs are read as given)")
-    options = checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
+    options = _task_options(options)
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
-    x, trans_a, y, trans_b = seen_through(x, trans_a, y, trans_b)
-    ops = {"A": Operand.of(x, "x", trans_a), "B": Operand.of(y, "y", trans_b)}
-    (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
-    if k != k2:
-        raise ShapeError(f"op(x) is {m}x{k} and op(y) is {k2}x{n}: inner dimensions differ")
-    if beta != 0:
-        if c is None:
-            raise OptionError("beta != 0 needs c")
-        ops["C"] = Operand.of(c, "c", False)
-        if ops["C"].shape != (m, n):
-            raise ShapeError(f"c has shape {ops['C'].shape}, expected {(m, n)}")
-    dtype = np.dtype(np.result_type(*(op.dtype for op in ops.values()),
-                                    *([np.complex64] if isinstance(alpha, complex) or
-                                      isinstance(beta, complex) else [])))
-    extents = (m, n)
+    ops, dtype = _operands(x, y, c, alpha, beta, trans_a, trans_b)
     groups, chunks = (((v, v) if isinstance(v, (int, np.integer)) else v)
                       for v in (groups, chunks))
-    chunk_bounds = None if chunks is None else [
-        bounds_of_sizes(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
-    planned = None
-    if groups is not None:
-        group_bounds = [bounds_of_sizes(groups[d], extents[d], "groups", ("rows", "cols")[d])
-                        for d in (0, 1)]
-    elif chunk_bounds is not None:
-        group_bounds = [whole_chunks(chunk_bounds[0], row_band(
-            planned := plan_blocks(plan_product, ops, alpha, beta, options), n, dtype)),
-            [0, n]]
-    else:
-        planned = plan_blocks(plan_product, ops, alpha, beta, options)
-        group_bounds = [row_band(planned, n, dtype), [0, n]]
-    # X^T X cut into bands: each band computes its part on and right of the diagonal only
-    # (one group too: its engine run may see parts of a dask array as two matrices)
-    symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
-    if chunk_bounds is None:
-        grain = (ops["A"].grain[0], ops["B"].grain[1])
-        sizes = planned or group_bounds
-        chunk_bounds = [cut_chunks(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
-        if symmetric:  # a chunk below the diagonal is the transpose of one above it
-            chunk_bounds[1] = chunk_bounds[0]
-    for d, what in enumerate(("rows", "cols")):
-        if not set(group_bounds[d]) <= set(chunk_bounds[d]):
-            raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
-                              f"(group bounds {group_bounds[d]}, chunk bounds "
-                              f"{chunk_bounds[d]})")
+    group_bounds, chunk_bounds, planned, symmetric = _bounds(
+        ops, groups, chunks, dtype, options,
+        functools.partial(plan_blocks, plan_product, ops, alpha, beta, options))
     rows, cols = group_bounds
     name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
                                         cols, chunk_bounds, symmetric, sorted(options.items()))
@@ -150,33 +107,15 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
             ops["C"].part(r, q) if "C" in ops else None,
             alpha, beta, str(dtype), dict(options), name, takes[(i, j)],
             len(rows) == len(cols) == 2)
-    # Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
-    # order), as a chain of tasks, each done when its block is written: a chunk's task waits
-    # for the chain's link of its last block, so it starts only once its data is there (at
-    # most one task a group waits for the engine, whatever order the scheduler picks).
     wait_name = name + "-written"
-    waits: dict = {}
-    link: dict[tuple[int, int, int, int], int] = {}  # (group, block) -> its link in the chain
-    inner_of: dict[tuple[int, int], list[list[int]]] = {}  # group -> its block bounds, inside
-    block_splits = planned or group_bounds
-    for (i, j), box in boxes.items():
-        inner = inner_of[(i, j)] = [bounds_within(block_splits[d], *box[d]) for d in (0, 1)]
-        before: tuple = (group_name, i, j)
-        for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
-            link[(i, j, bi, bj)] = t
-            waits[(wait_name, i, j, t)] = (
-                written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
-                inner[1][bj + 1])
-            before = (wait_name, i, j, t)
+    waits, link, inner_of = _chains(boxes, planned or group_bounds, group_name, wait_name)
     pieces = {}
     for (ci, cj), (ti, tj, take) in held.items():
         i, j = row_of[ti], col_of[tj]
         (top, _), (left, _) = boxes[(i, j)]
         r0, r1 = chunk_bounds[0][ti] - top, chunk_bounds[0][ti + 1] - top
         c0, c1 = chunk_bounds[1][tj] - left, chunk_bounds[1][tj + 1] - left
-        inner = inner_of[(i, j)]
-        last = max(link[(i, j, bi, bj)] for bi in spanned(inner[0], r0, r1)
-                   for bj in spanned(inner[1], c0, c1))
+        last = _last_link(inner_of[(i, j)], link[(i, j)], (r0, r1), (c0, c1))
         pieces[(name, ci, cj)] = (take, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
     annotations = {"resources": dict(resources)} if resources else None
@@ -186,3 +125,106 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         {**graph.layers, wait_name: MaterializedLayer(waits), name: MaterializedLayer(pieces)},
         {**graph.dependencies, wait_name: {group_name}, name: {wait_name}})
     return da.Array(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)
+
+
+def _task_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of every task's run, checked here once rather than in every task."""
+    from ..options import PLANS, Options
+
+    trace_dir = options.pop("trace_dir", None)
+    checked = Options.of("oocgemm.dask.matmul", PLANS, **options)
+    if checked.out_options is not None or checked.storage_options is not None:
+        raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
+                          "(the result is a dask array; inputs are read as given)")
+    return checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
+
+
+def _operands(x, y, c, alpha, beta, trans_a: bool, trans_b: bool
+              ) -> tuple[dict[str, Operand], np.dtype]:
+    """A and B (and C where beta != 0) as operands, their shapes checked; the result's
+    dtype."""
+    x, trans_a, y, trans_b = seen_through(x, trans_a, y, trans_b)
+    ops = {"A": Operand.of(x, "x", trans_a), "B": Operand.of(y, "y", trans_b)}
+    (m, k), (k2, n) = ops["A"].shape, ops["B"].shape
+    if k != k2:
+        raise ShapeError(f"op(x) is {m}x{k} and op(y) is {k2}x{n}: inner dimensions differ")
+    if beta != 0:
+        if c is None:
+            raise OptionError("beta != 0 needs c")
+        ops["C"] = Operand.of(c, "c", False)
+        if ops["C"].shape != (m, n):
+            raise ShapeError(f"c has shape {ops['C'].shape}, expected {(m, n)}")
+    dtype = np.dtype(np.result_type(*(op.dtype for op in ops.values()),
+                                    *([np.complex64] if isinstance(alpha, complex) or
+                                      isinstance(beta, complex) else [])))
+    return ops, dtype
+
+
+def _bounds(ops: dict[str, Operand], groups, chunks, dtype: np.dtype, options: dict[str, Any],
+            plan: Callable[[], list[list[int]]]
+            ) -> tuple[list[list[int]], list[list[int]], list[list[int]] | None, bool]:
+    """Where C is cut, along rows and columns: into groups, and into the result's chunks (each
+    within one group); the plan's block bounds where they were needed (``plan()``, else
+    None); and whether the groups compute a Gram product's half."""
+    extents = (ops["A"].shape[0], ops["B"].shape[1])
+    n = extents[1]
+    chunk_bounds = None if chunks is None else [
+        bounds_of_sizes(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
+    planned = None
+    if groups is not None:
+        group_bounds = [bounds_of_sizes(groups[d], extents[d], "groups", ("rows", "cols")[d])
+                        for d in (0, 1)]
+    elif chunk_bounds is not None:
+        group_bounds = [whole_chunks(chunk_bounds[0], row_band(planned := plan(), n, dtype)),
+                        [0, n]]
+    else:
+        planned = plan()
+        group_bounds = [row_band(planned, n, dtype), [0, n]]
+    # X^T X cut into bands: each band computes its part on and right of the diagonal only
+    # (one group too: its engine run may see parts of a dask array as two matrices)
+    symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
+    if chunk_bounds is None:
+        grain = (ops["A"].grain[0], ops["B"].grain[1])
+        sizes = planned or group_bounds
+        chunk_bounds = [cut_chunks(group_bounds[d], grain[d], sizes[d]) for d in (0, 1)]
+        if symmetric:  # a chunk below the diagonal is the transpose of one above it
+            chunk_bounds[1] = chunk_bounds[0]
+    for d, what in enumerate(("rows", "cols")):
+        if not set(group_bounds[d]) <= set(chunk_bounds[d]):
+            raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
+                              f"(group bounds {group_bounds[d]}, chunk bounds "
+                              f"{chunk_bounds[d]})")
+    return group_bounds, chunk_bounds, planned, symmetric
+
+
+def _chains(boxes: dict, block_splits, group_name: str, wait_name: str
+            ) -> tuple[dict, dict[tuple[int, int], dict[tuple[int, int], int]], dict]:
+    """Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
+    order), as a chain of tasks, each done when its block is written: a chunk's task waits
+    for the chain's link of its last block, so it starts only once its data is there (at
+    most one task a group waits for the engine, whatever order the scheduler picks).
+
+    Returns the chains' tasks, per group each block's link in its chain, and per group its
+    block bounds (inside the group)."""
+    waits: dict = {}
+    link: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
+    inner_of: dict[tuple[int, int], list[list[int]]] = {}
+    for (i, j), box in boxes.items():
+        inner = inner_of[(i, j)] = [bounds_within(block_splits[d], *box[d]) for d in (0, 1)]
+        links = link[(i, j)] = {}
+        before: tuple = (group_name, i, j)
+        for t, (bi, bj) in enumerate(serpentine(len(inner[0]) - 1, len(inner[1]) - 1)):
+            links[(bi, bj)] = t
+            waits[(wait_name, i, j, t)] = (
+                written, before, inner[0][bi], inner[0][bi + 1], inner[1][bj],
+                inner[1][bj + 1])
+            before = (wait_name, i, j, t)
+    return waits, link, inner_of
+
+
+def _last_link(inner: list[list[int]], links: dict[tuple[int, int], int],
+               rows: tuple[int, int], cols: tuple[int, int]) -> int:
+    """The link of a group's chain after which ``rows`` x ``cols`` of its product are
+    written: that of the last of the blocks (``inner``: their bounds) they span."""
+    return max(links[(bi, bj)] for bi in spanned(inner[0], *rows)
+               for bj in spanned(inner[1], *cols))

@@ -145,26 +145,8 @@ class Timeline:
         end = max((e.end for e in events), default=0.0)
         wall = end - start
 
-        by_lane: dict[str, list[Event]] = {}
-        for e in events:
-            by_lane.setdefault(e.lane, []).append(e)
-        lanes = []
-        for name in sorted(by_lane, key=lane_order):
-            busy = measure(union((e.start, e.end) for e in by_lane[name]))
-            lanes.append(LaneStats(name, len(by_lane[name]), busy,
-                                   busy / wall if wall > 0 else 0.0))
-
-        links = []
-        for name, kind in LINKS.items():
-            ops = [e for e in events if e.kind == kind]
-            if not ops:
-                continue
-            busy = measure(union((e.start, e.end) for e in ops))
-            nbytes = sum(e.nbytes for e in ops)
-            links.append(LinkStats(name, len(ops), nbytes, busy,
-                                   nbytes / busy if busy > 0 else 0.0,
-                                   nbytes / wall if wall > 0 else 0.0))
-
+        lanes = _lane_stats(events, wall)
+        links = _link_stats(events, wall)
         compute = union((e.start, e.end) for e in events if e.kind in COMPUTE_KINDS)
         copies = union((e.start, e.end) for e in events if e.kind in COPY_KINDS)
         compute_busy, copy_busy = measure(compute), measure(copies)
@@ -174,13 +156,7 @@ class Timeline:
         else:
             fill, drain = wall, 0.0
 
-        resources = {"compute": compute_busy, **{link.name: link.busy for link in links}}
-        if wall > 0 and compute_busy >= COMPUTE_BOUND * wall:
-            bound = "compute"
-        elif events:
-            bound = max(resources, key=resources.__getitem__)
-        else:
-            bound = "none"
+        bound = _bound(compute_busy, links, wall) if events else "none"
         return cls(events=events, start=start, end=end, lanes=tuple(lanes), links=tuple(links),
                    compute_busy=compute_busy, fill=fill, drain=drain, stalls=sum(gaps),
                    stall_count=len(gaps), longest_stall=max(gaps, default=0.0),
@@ -423,6 +399,43 @@ class Timeline:
             text += (f"; predicted: {p['bound']}-bound, "
                      f"{format_seconds(p.get('seconds', 0.0))}")
         return text
+
+
+def _lane_stats(events: tuple[Event, ...], wall: float) -> list[LaneStats]:
+    """Per lane (in :func:`lane_order`), its operations and busy time."""
+    by_lane: dict[str, list[Event]] = {}
+    for e in events:
+        by_lane.setdefault(e.lane, []).append(e)
+    lanes = []
+    for name in sorted(by_lane, key=lane_order):
+        busy = measure(union((e.start, e.end) for e in by_lane[name]))
+        lanes.append(LaneStats(name, len(by_lane[name]), busy,
+                               busy / wall if wall > 0 else 0.0))
+    return lanes
+
+
+def _link_stats(events: tuple[Event, ...], wall: float) -> list[LinkStats]:
+    """Per link that moved anything (:data:`LINKS`), its operations, bytes and rates."""
+    links = []
+    for name, kind in LINKS.items():
+        ops = [e for e in events if e.kind == kind]
+        if not ops:
+            continue
+        busy = measure(union((e.start, e.end) for e in ops))
+        nbytes = sum(e.nbytes for e in ops)
+        links.append(LinkStats(name, len(ops), nbytes, busy,
+                               nbytes / busy if busy > 0 else 0.0,
+                               nbytes / wall if wall > 0 else 0.0))
+    return links
+
+
+def _bound(compute_busy: float, links: list[LinkStats], wall: float) -> str:
+    """What bounded a run that has events: 'compute' when it computed for
+    :data:`COMPUTE_BOUND` of the wall time or more, else the busiest resource."""
+    resources = {"compute": compute_busy, **{link.name: link.busy for link in links}}
+    if wall > 0 and compute_busy >= COMPUTE_BOUND * wall:
+        return "compute"
+    return max(resources, key=resources.__getitem__)
 
 
 def _rate(flops_per_second: float) -> str:

@@ -49,61 +49,86 @@ def _span(op, slot: str, schedule: Schedule, writing: bool) -> tuple[int, int]:
 
 
 def _check_hazards(schedule: Schedule) -> None:
-    ops = schedule.ops
     chains = _Chains()
-    writes: dict[str, list[tuple[int, int, int]]] = {}  # slot -> live (op, lo, hi) writes
-    reads: dict[str, list[tuple[int, int, int]]] = {}   # slot -> (op, lo, hi) reads to order
-    verified: dict[str, tuple[int, int, int]] = {}  # slot -> a read whose RAW check passed,
-    #                                                  no write to the slot since
-    for position, op in enumerate(ops):
-        if op.index != position:
-            raise ScheduleError(f"op #{op.index} is at position {position}")
-        for d in op.deps:
-            if not 0 <= d < op.index:
-                raise ScheduleError(f"{op}: depends on #{d}, which is not an earlier operation")
+    hazards = _Hazards(schedule)
+    for position, op in enumerate(schedule.ops):
+        _check_position(op, position)
         before = chains.add(op)
-
         for slot in op.src:
-            if slot not in schedule.slots:
-                raise ScheduleError(f"{op}: reads unknown slot {slot}")
-            lo, hi = _span(op, slot, schedule, writing=False)
-            seen = verified.get(slot)
-            if not (seen is not None and seen[1] == lo and seen[2] == hi and before(seen[0])):
-                live = [w for w in writes.get(slot, ()) if w[1] < hi and lo < w[2]]
-                if not live:
-                    raise ScheduleError(f"{op}: reads slot {slot} that nothing wrote")
-                for writer, _, _ in live:
-                    if not before(writer):
-                        raise ScheduleError(
-                            f"{op}: reads {slot} without waiting for its writer #{writer} (RAW)")
-                verified[slot] = (op.index, lo, hi)
-            # An earlier read inside [lo, hi) that happens before this one needs no check of
-            # its own: whatever overwrites it must come after this read, hence after it.
-            kept_reads = [r for r in reads.get(slot, ())
-                          if not (lo <= r[1] and r[2] <= hi and before(r[0]))]
-            kept_reads.append((op.index, lo, hi))
-            reads[slot] = kept_reads
+            hazards.read(op, slot, before)
         if op.dst is not None:
-            slot = op.dst
-            if slot not in schedule.slots:
-                raise ScheduleError(f"{op}: writes unknown slot {slot}")
-            lo, hi = _span(op, slot, schedule, writing=True)
-            if hi > schedule.slots[slot]:
-                raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its "
-                                    f"{schedule.slots[slot]} elements")
-            verified.pop(slot, None)
-            for reader, rlo, rhi in reads.get(slot, ()):
-                if rlo < hi and lo < rhi and reader != op.index and not before(reader):
-                    raise ScheduleError(
-                        f"{op}: overwrites {slot} before its reader #{reader} finished (WAR)")
-            # What this write covers is ordered through it from now on (WAR and WAW checked).
-            reads[slot] = _outside(reads.get(slot, ()), lo, hi)
-            for writer, wlo, whi in writes.get(slot, ()):
-                if wlo < hi and lo < whi and not before(writer):
-                    raise ScheduleError(f"{op}: writes {slot} concurrently with #{writer} (WAW)")
-            kept = _outside(writes.get(slot, ()), lo, hi)
-            kept.append((op.index, lo, hi))
-            writes[slot] = kept
+            hazards.write(op, op.dst, before)
+
+
+def _check_position(op: Op, position: int) -> None:
+    """``op`` sits at its own index and depends on earlier operations only."""
+    if op.index != position:
+        raise ScheduleError(f"op #{op.index} is at position {position}")
+    for d in op.deps:
+        if not 0 <= d < op.index:
+            raise ScheduleError(f"{op}: depends on #{d}, which is not an earlier operation")
+
+
+class _Hazards:
+    """The reads and writes of each slot that later operations must still be ordered with
+    (RAW, WAR, WAW; see the module's docstring)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.writes: dict[str, list[tuple[int, int, int]]] = {}  # slot -> live (op, lo, hi)
+        self.reads: dict[str, list[tuple[int, int, int]]] = {}   # slot -> (op, lo, hi) to order
+        # slot -> a read whose RAW check passed, no write to the slot since
+        self.verified: dict[str, tuple[int, int, int]] = {}
+
+    def read(self, op: Op, slot: str, before: Callable[[int], bool]) -> None:
+        """``op`` reads ``slot``: after its writers (RAW); later writes must wait for it."""
+        if slot not in self.schedule.slots:
+            raise ScheduleError(f"{op}: reads unknown slot {slot}")
+        lo, hi = _span(op, slot, self.schedule, writing=False)
+        seen = self.verified.get(slot)
+        if not (seen is not None and seen[1] == lo and seen[2] == hi and before(seen[0])):
+            self._check_raw(op, slot, lo, hi, before)
+            self.verified[slot] = (op.index, lo, hi)
+        # An earlier read inside [lo, hi) that happens before this one needs no check of
+        # its own: whatever overwrites it must come after this read, hence after it.
+        kept_reads = [r for r in self.reads.get(slot, ())
+                      if not (lo <= r[1] and r[2] <= hi and before(r[0]))]
+        kept_reads.append((op.index, lo, hi))
+        self.reads[slot] = kept_reads
+
+    def _check_raw(self, op: Op, slot: str, lo: int, hi: int,
+                   before: Callable[[int], bool]) -> None:
+        live = [w for w in self.writes.get(slot, ()) if w[1] < hi and lo < w[2]]
+        if not live:
+            raise ScheduleError(f"{op}: reads slot {slot} that nothing wrote")
+        for writer, _, _ in live:
+            if not before(writer):
+                raise ScheduleError(
+                    f"{op}: reads {slot} without waiting for its writer #{writer} (RAW)")
+
+    def write(self, op: Op, slot: str, before: Callable[[int], bool]) -> None:
+        """``op`` writes ``slot``: after the readers (WAR) and writers (WAW) of what it
+        overwrites, which from now on are ordered through it."""
+        schedule = self.schedule
+        if slot not in schedule.slots:
+            raise ScheduleError(f"{op}: writes unknown slot {slot}")
+        lo, hi = _span(op, slot, schedule, writing=True)
+        if hi > schedule.slots[slot]:
+            raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its "
+                                f"{schedule.slots[slot]} elements")
+        self.verified.pop(slot, None)
+        for reader, rlo, rhi in self.reads.get(slot, ()):
+            if rlo < hi and lo < rhi and reader != op.index and not before(reader):
+                raise ScheduleError(
+                    f"{op}: overwrites {slot} before its reader #{reader} finished (WAR)")
+        # What this write covers is ordered through it from now on (WAR and WAW checked).
+        self.reads[slot] = _outside(self.reads.get(slot, ()), lo, hi)
+        for writer, wlo, whi in self.writes.get(slot, ()):
+            if wlo < hi and lo < whi and not before(writer):
+                raise ScheduleError(f"{op}: writes {slot} concurrently with #{writer} (WAW)")
+        kept = _outside(self.writes.get(slot, ()), lo, hi)
+        kept.append((op.index, lo, hi))
+        self.writes[slot] = kept
 
 
 def _outside(entries, lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -174,220 +199,281 @@ class _Chains:
 
 def _check_dataflow(schedule: Schedule, plan) -> None:
     prob = plan.problem
-    rows, cols, ks = plan.row_splits, plan.col_splits, plan.k_splits
-    p, q_blocks, nk = plan.grid
-    _check_tiling("rows", rows, prob.m)
-    _check_tiling("columns", cols, prob.n)
+    _check_tiling("rows", plan.row_splits, prob.m)
+    _check_tiling("columns", plan.col_splits, prob.n)
     if prob.computes_product:
-        _check_tiling("K panels", ks, prob.k)
-    content: dict[str, tuple] = {}
-    cstate: dict[str, tuple] = {}  # C slot -> (block key, _Ranges of "input" / panel sets)
-    want_panels = frozenset(range(nk)) if prob.computes_product else frozenset()
-    symmetric = plan.symmetric
-    # A symmetric plan's diagonal blocks are final once mirrored; C is read as blocks are
-    # written, never into a C slot.
-    mirrored = ("mirrored", want_panels)
-    reads_c_first = prob.reads_c and not symmetric
+        _check_tiling("K panels", plan.k_splits, prob.k)
+    flow = _Dataflow(schedule, plan)
+    for op in schedule.ops:
+        flow.step(op)
+    flow.check_every_block_written()
+    if prob.computes_product:
+        flow.check_every_panel_accumulated()
 
-    def want(key):
-        return mirrored if symmetric and key[0] == key[1] else want_panels
-    written: dict[tuple[int, int], list] = {}
-    accumulated: dict[tuple[int, int, int], list] = {}
 
-    def region_of(operand, key):
+class _Dataflow:
+    """The schedule replayed on tags: what each slot holds (see the module's docstring)."""
+
+    def __init__(self, schedule: Schedule, plan) -> None:
+        self.schedule, self.plan, self.prob = schedule, plan, plan.problem
+        self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
+        # slot -> (operand, key, state, covered ranges); a host stage holds one stripe
+        self.content: dict[str, tuple] = {}
+        self.cstate: dict[str, tuple] = {}  # C slot -> (block key, _Ranges of "input" / panel sets)
+        self.want_panels = (frozenset(range(plan.grid[2])) if self.prob.computes_product
+                            else frozenset())
+        self.symmetric = plan.symmetric
+        # A symmetric plan's diagonal blocks are final once mirrored; C is read as blocks are
+        # written, never into a C slot.
+        self.mirrored = ("mirrored", self.want_panels)
+        self.reads_c_first = self.prob.reads_c and not self.symmetric
+        self.written: dict[tuple[int, int], list] = {}
+        self.accumulated: dict[tuple[int, int, int], list] = {}
+
+    def want(self, key):
+        """The state a finished C block is in."""
+        return self.mirrored if self.symmetric and key[0] == key[1] else self.want_panels
+
+    def region_of(self, operand, key):
+        rows, cols, ks = self.rows, self.cols, self.ks
         if operand == "A":
             i, q = key
             want = ((rows[i], rows[i + 1]), (ks[q], ks[q + 1]))
-            return want[::-1] if prob.trans_a else want
+            return want[::-1] if self.prob.trans_a else want
         if operand == "B":
             q, j = key
             want = ((ks[q], ks[q + 1]), (cols[j], cols[j + 1]))
-            return want[::-1] if prob.trans_b else want
+            return want[::-1] if self.prob.trans_b else want
         i, j = key
         return ((rows[i], rows[i + 1]), (cols[j], cols[j + 1]))
 
-    def expect_stripe(op, operand, key):
+    def expect_stripe(self, op, operand, key):
         """A stripe (staged) or the whole region: whole rows of it, inside it."""
-        (r0, r1), (c0, c1) = region_of(operand, key)
+        (r0, r1), (c0, c1) = self.region_of(operand, key)
         (s0, s1), (d0, d1) = op.region
         if (d0, d1) != (c0, c1) or not r0 <= s0 < s1 <= r1:
             raise ScheduleError(f"{op}: region {op.region} is not whole rows of {operand}{key} "
                                 f"{((r0, r1), (c0, c1))}")
         return (s0 - r0) * (c1 - c0), (s1 - r0) * (c1 - c0), (r1 - r0) * (c1 - c0)
 
-    for op in schedule.ops:
+    def elements(self, key) -> int:
+        """Elements of C's block ``key``."""
+        (r0, r1), (c0, c1) = self.region_of("C", key)
+        return (r1 - r0) * (c1 - c0)
+
+    def step(self, op: Op) -> None:
         if op.kind is OpKind.READ:
-            if op.operand in ("A", "B") and not prob.computes_product:
-                raise ScheduleError(f"{op}: reads {op.operand} although no product is computed")
-            if op.operand == "C" and not reads_c_first:
-                raise ScheduleError(f"{op}: reads C although " + (
-                    "a symmetric product meets C as it writes" if prob.reads_c else "beta == 0"))
-            lo, hi, total = expect_stripe(op, op.operand, op.key)
-            dst = _dst(op)
-            if hi - lo > schedule.slots[dst]:
-                raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {dst}")
-            # (operand, key, state, covered ranges); a host stage holds one stripe
-            content[dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
-            if op.operand == "C" and not dst.startswith("s"):
-                cstate[dst] = (op.key, _Ranges())
-                cstate[dst][1].set(lo, hi, "input")
+            self.read(op)
         elif op.kind is OpKind.UPLOAD:
-            tag = content.get(op.src[0])
-            lo, hi, total = expect_stripe(op, op.operand, op.key)
-            if tag is None or tag[:2] != (op.operand, op.key) or tag[3] != frozenset({(lo, hi)}):
-                raise ScheduleError(f"{op}: uploads {tag}, expected stripe {lo}:{hi} of "
-                                    f"{op.operand}{op.key}")
-            if op.offset != lo:
-                raise ScheduleError(f"{op}: stripe {lo}:{hi} uploaded at offset {op.offset}")
-            dst = _dst(op)
-            previous = content.get(dst)
-            covered = set()
-            if previous is not None and previous[:3] == (op.operand, op.key, "input"):
-                covered = set(previous[3])
-            covered.add((lo, hi))
-            content[dst] = (op.operand, op.key, "input", _merge(covered))
-            if op.operand == "C":
-                if cstate.get(dst, (None,))[0] != op.key:
-                    cstate[dst] = (op.key, _Ranges())
-                cstate[dst][1].set(lo, hi, "input")
+            self.upload(op)
         elif op.kind in (OpKind.GEMM, OpKind.FILL):
-            i, j = op.key
-            c_slot = _dst(op)
-            lo, hi, total = expect_stripe(op, "C", op.key)
-            if op.offset != lo:
-                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
-            ranges = cstate.get(c_slot)
-            if ranges is None or ranges[0] != op.key:
-                ranges = cstate[c_slot] = (op.key, _Ranges())
-            pieces = ranges[1].get(lo, hi)
-            if len(set(pieces)) != 1:
-                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} are in mixed states "
-                                    f"{pieces}")
-            previous = pieces[0]
-            # A GEMM accumulates where the slot holds a partial sum of this block; elsewhere it
-            # is the first touch (with beta == 1 the first GEMM has op.beta == 1 too).
-            starts = op.kind is OpKind.FILL or not isinstance(previous, frozenset)
-            if op.kind is OpKind.GEMM:
-                q = op.q
-                a_tag, b_tag = content.get(op.src[0]), content.get(op.src[1])
-                if op.upper != (symmetric and i == j):
-                    raise ScheduleError(f"{op}: upper={op.upper} on C{op.key} of a "
-                                        f"{'symmetric' if symmetric else 'general'} product")
-                if prob.shared:  # one matrix: a slot holds a region, whichever role read it
-                    a_tag, b_tag = _as_role(a_tag, "A", (i, q), region_of), _as_role(
-                        b_tag, "B", (q, j), region_of)
-                if not _whole(a_tag, "A", (i, q), region_of):
-                    raise ScheduleError(f"{op}: A slot {op.src[0]} holds {a_tag}, expected all of "
-                                        f"A{(i, q)}")
-                if not _whole(b_tag, "B", (q, j), region_of):
-                    raise ScheduleError(f"{op}: B slot {op.src[1]} holds {b_tag}, expected all of "
-                                        f"B{(q, j)}")
-                if op.alpha != prob.alpha:
-                    raise ScheduleError(f"{op}: alpha {op.alpha}, expected {prob.alpha}")
-                accumulated.setdefault((i, j, q), []).append((lo, hi))
-                panels = frozenset({q})
-            else:
-                if prob.computes_product:
-                    raise ScheduleError(f"{op}: FILL although a product is computed")
-                panels = frozenset()
-            if starts:
-                # The first touch of these rows: beta * C (as read) or nothing (beta == 0).
-                want_beta = prob.beta if reads_c_first else 0.0
-                if op.beta != want_beta:
-                    raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected "
-                                        f"{want_beta}")
-                if reads_c_first and previous != "input":
-                    raise ScheduleError(f"{op}: scales {previous}, expected rows {lo}:{hi} of "
-                                        f"C{op.key} as read")
-                if (c_slot in op.src) != (op.beta != 0):
-                    raise ScheduleError(f"{op}: reads C exactly when beta != 0")
-                ranges[1].set(lo, hi, panels)
-            else:
-                if op.beta != 1.0 or c_slot not in op.src:
-                    raise ScheduleError(f"{op}: accumulates into C{op.key} with beta={op.beta} "
-                                        f"and sources {op.src}, expected beta=1 reading {c_slot}")
-                ranges[1].set(lo, hi, previous | panels)
+            self.compute(op)
         elif op.kind is OpKind.MIRROR:
-            lo, hi, total = expect_stripe(op, "C", op.key)
-            entry = cstate.get(_dst(op))
-            if not (symmetric and op.key[0] == op.key[1]) or op.src != (op.dst,):
-                raise ScheduleError(f"{op}: mirrors C{op.key}, not a diagonal block of a "
-                                    f"symmetric product in its own slot")
-            if op.offset != lo:
-                raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
-            # Its rows take the transposes of every row above them: all must be final.
-            if entry is None or entry[0] != op.key or any(
-                    st not in (want_panels, mirrored) for st in entry[1].get(0, hi)):
-                raise ScheduleError(f"{op}: mirrors rows {lo}:{hi} of C{op.key} before every "
-                                    f"panel {sorted(want_panels)} is in rows 0:{hi}")
-            entry[1].set(lo, hi, mirrored)
+            self.mirror(op)
         elif op.kind is OpKind.TRANSPOSE:
-            across = op.key[::-1]
-            if not symmetric or op.key[0] == op.key[1] or op.region != region_of("C", op.key):
-                raise ScheduleError(f"{op}: transposes into C{op.key}, not a block across the "
-                                    f"diagonal of a symmetric product")
-            (r0, r1), (c0, c1) = region_of("C", across)
-            if _finished(cstate.get(op.src[0]), across, 0, (r1 - r0) * (c1 - c0),
-                         want_panels) is None:
-                raise ScheduleError(f"{op}: transposes C{across} before every panel "
-                                    f"{sorted(want_panels)} is in it")
-            cstate[_dst(op)] = (op.key, _Ranges())
-            cstate[_dst(op)][1].set(0, (r1 - r0) * (c1 - c0), want_panels)
+            self.transpose(op)
         elif op.kind is OpKind.DOWNLOAD:
-            lo, hi, total = expect_stripe(op, "C", op.key)
-            if op.offset != lo:
-                raise ScheduleError(f"{op}: stripe {lo}:{hi} downloaded from offset {op.offset}")
-            state = _finished(cstate.get(op.src[0]), op.key, lo, hi, want(op.key))
-            if state is None:
-                raise ScheduleError(f"{op}: downloads rows {lo}:{hi} of C{op.key} before every "
-                                    f"panel {sorted(want_panels)} is in them")
-            content[_dst(op)] = ("C", op.key, want(op.key), frozenset({(lo, hi)}))
+            self.download(op)
         elif op.kind is OpKind.WRITE:
-            lo, hi, total = expect_stripe(op, "C", op.key)
-            want_beta = prob.beta if (symmetric and prob.reads_c) else 0.0
-            if op.beta != want_beta:
-                raise ScheduleError(f"{op}: adds {op.beta} times C as it writes, expected "
-                                    f"{want_beta}")
-            if op.src[0] in cstate:  # unstaged: straight from the C slot
-                if _finished(cstate[op.src[0]], op.key, lo, hi, want(op.key)) is None:
-                    raise ScheduleError(f"{op}: writes C{op.key} before every panel "
-                                        f"{sorted(want_panels)} is in it")
-            else:
-                tag = content.get(op.src[0])
-                if tag is None or tag[:2] != ("C", op.key) or tag[2] != want(op.key):
-                    raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels "
-                                        f"{sorted(want_panels)}")
-                if tag[3] != frozenset({(lo, hi)}):
-                    raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding "
-                                        f"{tag[3]}")
-            written.setdefault(op.key, []).append((lo, hi))
+            self.write(op)
 
-    for key, stripes in written.items():
-        (r0, r1), (c0, c1) = region_of("C", key)
-        if not _tiles(stripes, (r1 - r0) * (c1 - c0)):
-            raise ScheduleError(f"C{key}: stripes {sorted(stripes)} do not cover its elements "
-                                f"exactly once")
+    # -- the operations, one method each ---------------------------------------------------
+    def read(self, op: Op) -> None:
+        prob = self.prob
+        if op.operand in ("A", "B") and not prob.computes_product:
+            raise ScheduleError(f"{op}: reads {op.operand} although no product is computed")
+        if op.operand == "C" and not self.reads_c_first:
+            raise ScheduleError(f"{op}: reads C although " + (
+                "a symmetric product meets C as it writes" if prob.reads_c else "beta == 0"))
+        lo, hi, total = self.expect_stripe(op, op.operand, op.key)
+        dst = _dst(op)
+        if hi - lo > self.schedule.slots[dst]:
+            raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {dst}")
+        self.content[dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
+        if op.operand == "C" and not dst.startswith("s"):
+            self.cstate[dst] = (op.key, _Ranges())
+            self.cstate[dst][1].set(lo, hi, "input")
 
-    # Every block of the plan: its picked blocks (one device's group), or all but those an
-    # interrupted run wrote (resume).
-    expected_blocks = set(plan.blocks) or (
-        {(i, j) for i in range(p) for j in range(q_blocks) if i <= j or not symmetric}
-        - set(plan.done))
-    expected_written = expected_blocks | (
-        {(j, i) for i, j in expected_blocks} if symmetric else set())
-    if set(written) != expected_written:
-        missing, extra = expected_written - set(written), set(written) - expected_written
-        raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}" if missing else
-                            f"C blocks written that the plan leaves out: {sorted(extra)[:5]}")
-    if prob.computes_product:
-        for (i, j, q), parts in accumulated.items():
-            (r0, r1), (c0, c1) = region_of("C", (i, j))
-            if not _tiles(parts, (r1 - r0) * (c1 - c0)):
+    def upload(self, op: Op) -> None:
+        tag = self.content.get(op.src[0])
+        lo, hi, total = self.expect_stripe(op, op.operand, op.key)
+        if tag is None or tag[:2] != (op.operand, op.key) or tag[3] != frozenset({(lo, hi)}):
+            raise ScheduleError(f"{op}: uploads {tag}, expected stripe {lo}:{hi} of "
+                                f"{op.operand}{op.key}")
+        if op.offset != lo:
+            raise ScheduleError(f"{op}: stripe {lo}:{hi} uploaded at offset {op.offset}")
+        dst = _dst(op)
+        previous = self.content.get(dst)
+        covered = set()
+        if previous is not None and previous[:3] == (op.operand, op.key, "input"):
+            covered = set(previous[3])
+        covered.add((lo, hi))
+        self.content[dst] = (op.operand, op.key, "input", _merge(covered))
+        if op.operand == "C":
+            if self.cstate.get(dst, (None,))[0] != op.key:
+                self.cstate[dst] = (op.key, _Ranges())
+            self.cstate[dst][1].set(lo, hi, "input")
+
+    def compute(self, op: Op) -> None:
+        """A GEMM or FILL: rows of a C block, started or accumulated into."""
+        i, j = op.key
+        c_slot = _dst(op)
+        lo, hi, total = self.expect_stripe(op, "C", op.key)
+        if op.offset != lo:
+            raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
+        ranges = self.cstate.get(c_slot)
+        if ranges is None or ranges[0] != op.key:
+            ranges = self.cstate[c_slot] = (op.key, _Ranges())
+        pieces = ranges[1].get(lo, hi)
+        if len(set(pieces)) != 1:
+            raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} are in mixed states "
+                                f"{pieces}")
+        previous = pieces[0]
+        # A GEMM accumulates where the slot holds a partial sum of this block; elsewhere it
+        # is the first touch (with beta == 1 the first GEMM has op.beta == 1 too).
+        starts = op.kind is OpKind.FILL or not isinstance(previous, frozenset)
+        panels = self.gemm_panels(op, lo, hi) if op.kind is OpKind.GEMM else self.fill_panels(op)
+        if starts:
+            self.check_start(op, c_slot, lo, hi, previous)
+            ranges[1].set(lo, hi, panels)
+        else:
+            if op.beta != 1.0 or c_slot not in op.src:
+                raise ScheduleError(f"{op}: accumulates into C{op.key} with beta={op.beta} "
+                                    f"and sources {op.src}, expected beta=1 reading {c_slot}")
+            ranges[1].set(lo, hi, previous | panels)
+
+    def gemm_panels(self, op: Op, lo: int, hi: int) -> frozenset:
+        """The K panel a GEMM adds, once its slots hold A(i, q) and B(q, j) whole."""
+        (i, j), q = op.key, op.q
+        a_tag, b_tag = self.content.get(op.src[0]), self.content.get(op.src[1])
+        if op.upper != (self.symmetric and i == j):
+            raise ScheduleError(f"{op}: upper={op.upper} on C{op.key} of a "
+                                f"{'symmetric' if self.symmetric else 'general'} product")
+        if self.prob.shared:  # one matrix: a slot holds a region, whichever role read it
+            a_tag, b_tag = _as_role(a_tag, "A", (i, q), self.region_of), _as_role(
+                b_tag, "B", (q, j), self.region_of)
+        if not _whole(a_tag, "A", (i, q), self.region_of):
+            raise ScheduleError(f"{op}: A slot {op.src[0]} holds {a_tag}, expected all of "
+                                f"A{(i, q)}")
+        if not _whole(b_tag, "B", (q, j), self.region_of):
+            raise ScheduleError(f"{op}: B slot {op.src[1]} holds {b_tag}, expected all of "
+                                f"B{(q, j)}")
+        if op.alpha != self.prob.alpha:
+            raise ScheduleError(f"{op}: alpha {op.alpha}, expected {self.prob.alpha}")
+        self.accumulated.setdefault((i, j, q), []).append((lo, hi))
+        return frozenset({q})
+
+    def fill_panels(self, op: Op) -> frozenset:
+        """None: a FILL adds no panel, and is only for a product that computes none."""
+        if self.prob.computes_product:
+            raise ScheduleError(f"{op}: FILL although a product is computed")
+        return frozenset()
+
+    def check_start(self, op: Op, c_slot: str, lo: int, hi: int, previous) -> None:
+        """The first touch of these rows: beta * C (as read) or nothing (beta == 0)."""
+        want_beta = self.prob.beta if self.reads_c_first else 0.0
+        if op.beta != want_beta:
+            raise ScheduleError(f"{op}: starts C{op.key} with beta={op.beta}, expected "
+                                f"{want_beta}")
+        if self.reads_c_first and previous != "input":
+            raise ScheduleError(f"{op}: scales {previous}, expected rows {lo}:{hi} of "
+                                f"C{op.key} as read")
+        if (c_slot in op.src) != (op.beta != 0):
+            raise ScheduleError(f"{op}: reads C exactly when beta != 0")
+
+    def mirror(self, op: Op) -> None:
+        lo, hi, total = self.expect_stripe(op, "C", op.key)
+        entry = self.cstate.get(_dst(op))
+        if not (self.symmetric and op.key[0] == op.key[1]) or op.src != (op.dst,):
+            raise ScheduleError(f"{op}: mirrors C{op.key}, not a diagonal block of a "
+                                f"symmetric product in its own slot")
+        if op.offset != lo:
+            raise ScheduleError(f"{op}: rows {lo}:{hi} of C{op.key} at offset {op.offset}")
+        # Its rows take the transposes of every row above them: all must be final.
+        if entry is None or entry[0] != op.key or any(
+                st not in (self.want_panels, self.mirrored) for st in entry[1].get(0, hi)):
+            raise ScheduleError(f"{op}: mirrors rows {lo}:{hi} of C{op.key} before every "
+                                f"panel {sorted(self.want_panels)} is in rows 0:{hi}")
+        entry[1].set(lo, hi, self.mirrored)
+
+    def transpose(self, op: Op) -> None:
+        across = op.key[::-1]
+        if (not self.symmetric or op.key[0] == op.key[1]
+                or op.region != self.region_of("C", op.key)):
+            raise ScheduleError(f"{op}: transposes into C{op.key}, not a block across the "
+                                f"diagonal of a symmetric product")
+        elements = self.elements(across)
+        if _finished(self.cstate.get(op.src[0]), across, 0, elements,
+                     self.want_panels) is None:
+            raise ScheduleError(f"{op}: transposes C{across} before every panel "
+                                f"{sorted(self.want_panels)} is in it")
+        self.cstate[_dst(op)] = (op.key, _Ranges())
+        self.cstate[_dst(op)][1].set(0, elements, self.want_panels)
+
+    def download(self, op: Op) -> None:
+        lo, hi, total = self.expect_stripe(op, "C", op.key)
+        if op.offset != lo:
+            raise ScheduleError(f"{op}: stripe {lo}:{hi} downloaded from offset {op.offset}")
+        state = _finished(self.cstate.get(op.src[0]), op.key, lo, hi, self.want(op.key))
+        if state is None:
+            raise ScheduleError(f"{op}: downloads rows {lo}:{hi} of C{op.key} before every "
+                                f"panel {sorted(self.want_panels)} is in them")
+        self.content[_dst(op)] = ("C", op.key, self.want(op.key), frozenset({(lo, hi)}))
+
+    def write(self, op: Op) -> None:
+        lo, hi, total = self.expect_stripe(op, "C", op.key)
+        want_beta = self.prob.beta if (self.symmetric and self.prob.reads_c) else 0.0
+        if op.beta != want_beta:
+            raise ScheduleError(f"{op}: adds {op.beta} times C as it writes, expected "
+                                f"{want_beta}")
+        if op.src[0] in self.cstate:  # unstaged: straight from the C slot
+            if _finished(self.cstate[op.src[0]], op.key, lo, hi, self.want(op.key)) is None:
+                raise ScheduleError(f"{op}: writes C{op.key} before every panel "
+                                    f"{sorted(self.want_panels)} is in it")
+        else:
+            tag = self.content.get(op.src[0])
+            if tag is None or tag[:2] != ("C", op.key) or tag[2] != self.want(op.key):
+                raise ScheduleError(f"{op}: writes {tag}, expected C{op.key} with panels "
+                                    f"{sorted(self.want_panels)}")
+            if tag[3] != frozenset({(lo, hi)}):
+                raise ScheduleError(f"{op}: writes stripe {lo}:{hi} from a buffer holding "
+                                    f"{tag[3]}")
+        self.written.setdefault(op.key, []).append((lo, hi))
+
+    # -- after the last operation ----------------------------------------------------------
+    def expected_blocks(self) -> set[tuple[int, int]]:
+        """Every block of the plan: its picked blocks (one device's group), or all but those
+        an interrupted run wrote (resume)."""
+        p, q_blocks, _ = self.plan.grid
+        return set(self.plan.blocks) or (
+            {(i, j) for i in range(p) for j in range(q_blocks) if i <= j or not self.symmetric}
+            - set(self.plan.done))
+
+    def check_every_block_written(self) -> None:
+        """Each expected block of C written exactly once, whole (and no other)."""
+        written = self.written
+        for key, stripes in written.items():
+            if not _tiles(stripes, self.elements(key)):
+                raise ScheduleError(f"C{key}: stripes {sorted(stripes)} do not cover its "
+                                    f"elements exactly once")
+        expected_blocks = self.expected_blocks()
+        expected_written = expected_blocks | (
+            {(j, i) for i, j in expected_blocks} if self.symmetric else set())
+        if set(written) != expected_written:
+            missing, extra = expected_written - set(written), set(written) - expected_written
+            raise ScheduleError(f"C blocks never written: {sorted(missing)[:5]}" if missing else
+                                f"C blocks written that the plan leaves out: {sorted(extra)[:5]}")
+
+    def check_every_panel_accumulated(self) -> None:
+        """Each K panel accumulated into each expected block exactly once, over all of it."""
+        for (i, j, q), parts in self.accumulated.items():
+            if not _tiles(parts, self.elements((i, j))):
                 raise ScheduleError(f"panel {(i, j, q)} accumulated over {sorted(parts)}, not "
                                     f"exactly once over the block")
-        if len(accumulated) != len(expected_blocks) * nk:
-            raise ScheduleError(f"{len(accumulated)} (i, j, q) products, expected "
-                                f"{len(expected_blocks) * nk}")
+        expected = len(self.expected_blocks()) * self.plan.grid[2]
+        if len(self.accumulated) != expected:
+            raise ScheduleError(f"{len(self.accumulated)} (i, j, q) products, expected "
+                                f"{expected}")
 
 
 def _dst(op: Op) -> str:

@@ -23,10 +23,10 @@ from .tiling import (
     Prediction,
     assembly_window,
     decode_window,
+    device_bytes,
     predict,
+    tile_buffers,
 )
-from .tiling import device_bytes as _device_bytes
-from .tiling import tile_buffers as _buffers
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,12 @@ class Plan:
     # ---- memory ---------------------------------------------------------------------------
     @property
     def buffers(self) -> Buffers:
-        return _buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
+        return tile_buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
                         self.kernel)
 
     @property
     def device_bytes(self) -> int:
-        return _device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
+        return device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
 
     @property
     def host_bytes(self) -> int:

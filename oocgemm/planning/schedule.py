@@ -489,18 +489,9 @@ class _Builder:
 
     def walk(self) -> None:
         plan, prob = self.plan, self.prob
-        p, q_blocks, nk = plan.grid
-        symmetric = plan.symmetric
-        place = triangle_index if symmetric else serpentine_index
-        # Blocks skipped (resume) or picked out (one device's group): each keeps its place t
-        # in the whole run's order, which sets its K order, for a bitwise-equal result.
-        if plan.blocks:
-            order = [(place(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
-        else:
-            done = set(plan.done)
-            walk = triangle(p) if symmetric else serpentine(p, q_blocks)
-            order = [(t, block) for t, block in enumerate(walk) if block not in done]
-        last = p * (p + 1) // 2 - 1 if symmetric else p * q_blocks - 1
+        p, q_blocks, _ = plan.grid
+        order = self.block_order()
+        last = p * (p + 1) // 2 - 1 if plan.symmetric else p * q_blocks - 1
         for t, (i, j) in order:
             c_slot = f"C{t % plan.n_c}"
             c_key = (i, j)
@@ -508,69 +499,109 @@ class _Builder:
             if plan.in_core:
                 self.in_core(c_key, c_slot, c_region)
                 continue
-            w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
-            # A symmetric product computes the blocks on and above the diagonal: a diagonal
-            # block its upper triangle (then mirrored), one above it whole (then transposed
-            # into the block across). C is read as the blocks are written (WRITE with beta):
-            # the block across needs its own C, and the mirrored lower triangle C's lower one.
-            diagonal = symmetric and i == j
-            # A new block is new content for its C slot: loaded (the load waits for the old
-            # block's readers), or else started by its first GEMMs (or FILL), which wait.
-            if self.reads_c_first():
-                self.load("C", c_key, c_slot)
-                self.c_hazards = []
-            else:
-                self.c_hazards = self.state[c_slot].refill()
+            self.begin_block(c_key, c_slot)
             if not prob.computes_product:
                 self.fill(c_key, c_slot, c_region)
+                parts = None
             else:
-                panels = list(range(nk))
-                if t % 2:  # backwards, starting on the panel the previous block ended on...
-                    ramp = plan.ramp_pieces
-                    # ...with the small ramp pieces right after it, so that every block ends
-                    # on full panels (the tail below is what hides the drain).
-                    panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
-                    panels = list(dict.fromkeys(panels))
-                # The last `tail` panels run in row stripes. In the run's last block (or
-                # with one C slot) each stripe goes through all of them in turn, so that C's
-                # rows become final one stripe at a time over several panels and travel back
-                # while the rest computes: the drain of the run is one stripe, not one block.
-                # Elsewhere the block's drain hides behind the next block's compute, and the
-                # stripes go panel by panel, so that a GEMM waits for one panel, not for the
-                # whole tail (the first block of a run, its panels arriving from cold, waited
-                # 0.8 s for them on each of two H200s). The same GEMMs either way, each
-                # stripe's panels in the same order: the same bits.
-                tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
-                head, rest = panels[:nk - tail], panels[nk - tail:]
-                for q in head:
-                    self.gemm(i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
-                              c_region=c_region, h=h, pinned=set(), upper=diagonal)
-                pinned: set[str] = set()
-                for q in rest:  # load the tail panels, each into a slot of its own
-                    pinned.add(self.ensure("A", (i, q), pinned=pinned))
-                    pinned.add(self.ensure("B", (q, j), pinned=pinned))
-                parts = _row_parts(w, plan.split_last, taper=t == last)
-                if t == order[-1][0] or plan.n_c < 2:
-                    sweep = [(rows, q) for rows in parts for q in rest]
-                else:
-                    sweep = [(rows, q) for q in rest for rows in parts]
-                for rows, q in sweep:
-                    self.gemm(i, j, q, first=q == panels[0], rows=rows, c_slot=c_slot,
-                              c_region=c_region, h=h, pinned=pinned, upper=diagonal)
-                    if diagonal and q == rest[-1]:  # these rows and all above are final
-                        self.mirror(c_key, c_slot, c_region, rows, h)
-            if symmetric and i != j:
-                t_slot = self.transpose(c_key, c_slot, c_region)
-                self.store(c_key, c_slot, c_region)
-                across = (j, i)
-                self.store(across, t_slot, self.region("C", across))
-            elif t == order[-1][0] and prob.computes_product:
-                # The run's last block leaves in the row stripes it became final in, each
-                # as soon as it is (an unstaged plan writes its other blocks whole: they
-                # leave while the next block computes).
-                self.store(c_key, c_slot, c_region, parts=parts)
-            else:
-                self.store(c_key, c_slot, c_region)
+                parts = self.compute_block(t, c_key, c_slot, c_region, taper=t == last,
+                                           final=t == order[-1][0])
+            self.store_block(c_key, c_slot, c_region, final=t == order[-1][0], parts=parts)
+
+    def block_order(self) -> list[tuple[int, tuple[int, int]]]:
+        """The blocks to compute, each with its place t in the whole run's order. Blocks
+        skipped (resume) or picked out (one device's group) leave the others their places,
+        which set their K order, for a bitwise-equal result."""
+        plan = self.plan
+        p, q_blocks, _ = plan.grid
+        if plan.blocks:
+            place = triangle_index if plan.symmetric else serpentine_index
+            return [(place(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
+        done = set(plan.done)
+        walk = triangle(p) if plan.symmetric else serpentine(p, q_blocks)
+        return [(t, block) for t, block in enumerate(walk) if block not in done]
+
+    def begin_block(self, c_key, c_slot, cuts=None) -> None:
+        """A new block is new content for its C slot: loaded (the load waits for the old
+        block's readers), or else started by its first GEMMs (or FILL), which wait."""
+        if self.reads_c_first():
+            self.load("C", c_key, c_slot, cuts=cuts)
+            self.c_hazards = []
+        else:
+            self.c_hazards = self.state[c_slot].refill()
+
+    def panel_order(self, t: int) -> list[int]:
+        """The K panels of the ``t``-th block in the order it takes them."""
+        nk = self.plan.grid[2]
+        panels = list(range(nk))
+        if t % 2:  # backwards, starting on the panel the previous block ended on...
+            ramp = self.plan.ramp_pieces
+            # ...with the small ramp pieces right after it, so that every block ends
+            # on full panels (the tail below is what hides the drain).
+            panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
+            panels = list(dict.fromkeys(panels))
+        return panels
+
+    def compute_block(self, t: int, c_key, c_slot, c_region, *, taper: bool, final: bool):
+        """The GEMMs of block ``c_key`` (the ``t``-th), its tail in row stripes (``taper``:
+        the run's last block in the whole order; ``final``: the last this walk computes);
+        the row stripes of the tail."""
+        plan = self.plan
+        nk = plan.grid[2]
+        i, j = c_key
+        w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
+        # A symmetric product computes the blocks on and above the diagonal: a diagonal
+        # block its upper triangle (then mirrored), one above it whole (then transposed
+        # into the block across). C is read as the blocks are written (WRITE with beta):
+        # the block across needs its own C, and the mirrored lower triangle C's lower one.
+        diagonal = plan.symmetric and i == j
+        panels = self.panel_order(t)
+        # The last `tail` panels run in row stripes. In the run's last block (or
+        # with one C slot) each stripe goes through all of them in turn, so that C's
+        # rows become final one stripe at a time over several panels and travel back
+        # while the rest computes: the drain of the run is one stripe, not one block.
+        # Elsewhere the block's drain hides behind the next block's compute, and the
+        # stripes go panel by panel, so that a GEMM waits for one panel, not for the
+        # whole tail (the first block of a run, its panels arriving from cold, waited
+        # 0.8 s for them on each of two H200s). The same GEMMs either way, each
+        # stripe's panels in the same order: the same bits.
+        tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
+        head, rest = panels[:nk - tail], panels[nk - tail:]
+        for q in head:
+            self.gemm(i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
+                      c_region=c_region, h=h, pinned=set(), upper=diagonal)
+        pinned: set[str] = set()
+        for q in rest:  # load the tail panels, each into a slot of its own
+            pinned.add(self.ensure("A", (i, q), pinned=pinned))
+            pinned.add(self.ensure("B", (q, j), pinned=pinned))
+        parts = _row_parts(w, plan.split_last, taper=taper)
+        if final or plan.n_c < 2:
+            sweep = [(rows, q) for rows in parts for q in rest]
+        else:
+            sweep = [(rows, q) for q in rest for rows in parts]
+        for rows, q in sweep:
+            self.gemm(i, j, q, first=q == panels[0], rows=rows, c_slot=c_slot,
+                      c_region=c_region, h=h, pinned=pinned, upper=diagonal)
+            if diagonal and q == rest[-1]:  # these rows and all above are final
+                self.mirror(c_key, c_slot, c_region, rows, h)
+        return parts
+
+    def store_block(self, c_key, c_slot, c_region, *, final: bool, parts) -> None:
+        """Block ``c_key`` leaves (and a symmetric product's block across, its transpose);
+        ``final``: the last block of the walk, which leaves in its row stripes ``parts``."""
+        i, j = c_key
+        if self.plan.symmetric and i != j:
+            t_slot = self.transpose(c_key, c_slot, c_region)
+            self.store(c_key, c_slot, c_region)
+            across = (j, i)
+            self.store(across, t_slot, self.region("C", across))
+        elif final and self.prob.computes_product:
+            # The run's last block leaves in the row stripes it became final in, each
+            # as soon as it is (an unstaged plan writes its other blocks whole: they
+            # leave while the next block computes).
+            self.store(c_key, c_slot, c_region, parts=parts)
+        else:
+            self.store(c_key, c_slot, c_region)
 
     def in_core(self, c_key, c_slot, c_region) -> None:
         """The in-core shape's block (the whole product: one K panel, one slot each): B up
@@ -585,11 +616,7 @@ class _Builder:
                  for ((s0, s1), _), _ in self.stripes(c_region, down=True)]
         self.ensure("B", (0, j), pinned=set())
         self.ensure("A", (i, 0), pinned=set(), cuts=None if self.prob.trans_a else parts)
-        if self.reads_c_first():
-            self.load("C", c_key, c_slot, cuts=parts)
-            self.c_hazards = []
-        else:
-            self.c_hazards = self.state[c_slot].refill()
+        self.begin_block(c_key, c_slot, cuts=parts)
         for x0, x1 in parts:
             self.gemm(i, j, 0, first=True, rows=(x0, x1), c_slot=c_slot, c_region=c_region,
                       h=h, pinned=set())

@@ -9,6 +9,7 @@ executor replays.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError
@@ -95,8 +96,8 @@ class Prediction:
                          for name, v in self._resources().items() if v)
 
 
-def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
-             kernel: str = "cublas") -> Buffers:
+def tile_buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
+                 kernel: str = "cublas") -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
     that emulates (``kernel='ozaki'``, staged) keeps each panel's conversion beside it."""
     w, h, r = tile
@@ -116,16 +117,10 @@ def _buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stri
                    b_converted=conv.b, emulation=conv.scratch)
 
 
-def _device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
+def device_bytes(buf: Buffers, n_c: int, n_a: int, n_b: int) -> int:
     """Device-side bytes of a plan's buffers with ``n_c``, ``n_a`` and ``n_b`` slots."""
     return (n_c * buf.c + n_a * (buf.a + buf.a_converted) + n_b * (buf.b + buf.b_converted)
             + buf.accumulator + buf.emulation)
-
-
-#: The buffers of a tile and the device bytes they take, as :class:`~oocgemm.planning.plan.Plan`
-#: reads them (public names for planning/plan.py).
-tile_buffers = _buffers
-device_bytes = _device_bytes
 
 
 def decode_window(prob: Problem, tile: tuple[int, int, int], kept: tuple[str, ...] = ()) -> int:
@@ -211,29 +206,9 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     blocks = p * q
     c_bytes = m * n * s
     complex_ = prob.dtype.startswith("complex")
-    if prob.computes_product and blocks:
-        # Serpentine order: an A row panel is reloaded for every C block unless it is the
-        # only K panel; B panels are reloaded for every block row.
-        a_loads: float = m * k * s * (1 if nk == 1 else q)
-        b_loads: float = k * n * s * p
-        flops: float = prob.flops
-        if symmetric:  # row i computes p - i blocks; a diagonal block takes B from A's slot
-            a_loads = m * k * s * (1 if nk == 1 else (p + 1) / 2)
-            b_loads = k * n * s * (p - 1) / 2
-            # a block above the diagonal in full, one on it from its diagonal up
-            flops = prob.flops * (p * (p - 1) / 2 + p * (w + 1) / (2 * w)) / (p * p)
-        compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
-            1 + model.half_size / w + model.half_size / h + model.half_size / r)
-        emulated = (strategy_of(kernel).seconds(prob, (w, h, r), model, a_loads + b_loads)
-                    if staged else None)
-        if emulated is not None:
-            compute = emulated
-        if model.accumulate_pass:
-            passes = blocks * (nk - 1 + (1 if prob.reads_c else 0))
-            compute += passes * 3 * w * h * s / model.memory_copy
-    else:
-        a_loads = b_loads = 0
-        compute = c_bytes / model.memory_copy
+    a_loads, b_loads, compute = _loads_and_compute(prob, (w, h, r), (p, q, nk), model,
+                                                   staged=staged, kernel=kernel,
+                                                   symmetric=symmetric)
     c_in = c_bytes if prob.reads_c else 0
     # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
     # its panel touches (more than the panel where its edges cut chunks), a kept operand
@@ -243,60 +218,20 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     amp_b = _amplification(h, prob.b_chunks_kn()[1], prob.b.decoded)
     decode = 0.0
     if model.decode:
-        for name, operand, loads, amp in (("A", prob.a, a_loads, amp_a),
-                                          ("B", prob.b, b_loads, amp_b),
-                                          ("C", prob.c, c_in, 1.0)):
-            if operand is None or not operand.decoded or not loads:
-                continue
-            if name == "B" and prob.shared and ("A" in (decodes or {}) or "A" in cache):
-                continue  # one matrix: A's report (or A kept) counts its decodes in both roles
-            report = (decodes or {}).get(name)
-            if report is not None:
-                decoded = report.decodes * math.prod(report.chunks) * s
-            elif name in cache:
-                decoded = math.prod(operand.shape) * s
-            else:
-                decoded = loads * amp
-            decode += decoded / model.decode
+        decode = _decode_seconds(prob, model, (a_loads, b_loads, c_in), (amp_a, amp_b),
+                                 decodes, cache)
         if model.decode_on_compute_cores:  # the cores that decode are the cores that compute
             compute += decode
 
-    # Storage traffic runs at storage rates; copies between host memory and the executor's
-    # buffers share one resource, the host's memory bandwidth (reads and writes together).
-    storage_read = storage_write = host_copy = 0.0
-    reads = [(a_loads * amp_a, prob.a, m * k * s * amp_a if "A" in cache else None),
-             (b_loads * amp_b, prob.b, k * n * s * amp_b if "B" in cache else None)]
-    if prob.shared and "A" in cache:  # one matrix kept: B's loads come from host memory
-        reads[1] = (b_loads * amp_b, prob.b, 0)
-    if prob.reads_c and prob.c is not None:
-        reads.append((c_in, prob.c, None))
-    for nbytes, operand, once in reads:
-        if operand.on_disk and once is not None:  # read once, reloads come from host memory
-            storage_read += min(once, nbytes) / model.storage_read
-            host_copy += max(nbytes - once, 0) / model.memory_copy
-        elif operand.on_disk:
-            storage_read += nbytes / model.storage_read
-        elif not (operand.zero_copy and not staged):  # else used in place
-            host_copy += nbytes / model.memory_copy
     out_disk = prob.out.on_disk if prob.out is not None else False
     out_in_place = prob.out is not None and prob.out.zero_copy and not staged
-    if out_disk:
-        storage_write = c_bytes / model.storage_write
-    elif not out_in_place:
-        host_copy += c_bytes / model.memory_copy
+    storage_read, storage_write, host_copy = _storage_and_copies(
+        prob, model, (a_loads * amp_a, b_loads * amp_b, c_in), (amp_a, amp_b), cache,
+        staged=staged, out_disk=out_disk, out_in_place=out_in_place)
     h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
     d2h = c_bytes / model.d2h if model.d2h else 0.0
-    first_panels = 0
-    if prob.computes_product:
-        r_first = max(r >> ramp, 1) if nk > 1 else r
-        a_first = w * r_first * s // (max(split_last, 1) if in_core else 1)
-        first_panels = sum(nbytes for nbytes, operand in ((a_first, prob.a),
-                                                          (r_first * h * s, prob.b))
-                           if not (operand.zero_copy and not staged))
-    fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
-        first_panels / model.memory_copy)
-    fill += first_panels / model.h2d if model.h2d else 0.0
-    fill += first_panels / model.first_touch if model.first_touch else 0.0
+    fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
+                         split_last=split_last, in_core=in_core)
     # The last block's C leaves after its last panels: with `tail` panels run stripe by
     # stripe, its rows become final over those panels' time, and only what the copies cannot
     # keep up with (at least one stripe) is left at the end.
@@ -312,6 +247,116 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
                       storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
                       overhead=n_ops * OP_OVERHEAD, decode=decode)
+
+
+def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
+                       model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool
+                       ) -> tuple[float, float, float]:
+    """Bytes of A and B loaded over the run, and the seconds of compute (GEMMs, or C's copy
+    when no product is computed)."""
+    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    w, h, r = tile
+    p, q, nk = grid
+    blocks = p * q
+    if not (prob.computes_product and blocks):
+        return 0, 0, m * n * s / model.memory_copy
+    # Serpentine order: an A row panel is reloaded for every C block unless it is the
+    # only K panel; B panels are reloaded for every block row.
+    a_loads: float = m * k * s * (1 if nk == 1 else q)
+    b_loads: float = k * n * s * p
+    flops: float = prob.flops
+    if symmetric:  # row i computes p - i blocks; a diagonal block takes B from A's slot
+        a_loads = m * k * s * (1 if nk == 1 else (p + 1) / 2)
+        b_loads = k * n * s * (p - 1) / 2
+        # a block above the diagonal in full, one on it from its diagonal up
+        flops = prob.flops * (p * (p - 1) / 2 + p * (w + 1) / (2 * w)) / (p * p)
+    complex_ = prob.dtype.startswith("complex")
+    compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
+        1 + model.half_size / w + model.half_size / h + model.half_size / r)
+    emulated = (strategy_of(kernel).seconds(prob, (w, h, r), model, a_loads + b_loads)
+                if staged else None)
+    if emulated is not None:
+        compute = emulated
+    if model.accumulate_pass:
+        passes = blocks * (nk - 1 + (1 if prob.reads_c else 0))
+        compute += passes * 3 * w * h * s / model.memory_copy
+    return a_loads, b_loads, compute
+
+
+def _decode_seconds(prob: Problem, model: DeviceModel, loads: tuple[float, float, float],
+                    amps: tuple[float, float], decodes: dict | None,
+                    cache: tuple[str, ...]) -> float:
+    """Seconds of chunk decoding: the plan's reports where known, a kept operand's chunks
+    once, else what the loads touch."""
+    s = prob.itemsize
+    decode = 0.0
+    for name, operand, nbytes, amp in (("A", prob.a, loads[0], amps[0]),
+                                       ("B", prob.b, loads[1], amps[1]),
+                                       ("C", prob.c, loads[2], 1.0)):
+        if operand is None or not operand.decoded or not nbytes:
+            continue
+        if name == "B" and prob.shared and ("A" in (decodes or {}) or "A" in cache):
+            continue  # one matrix: A's report (or A kept) counts its decodes in both roles
+        report = (decodes or {}).get(name)
+        if report is not None:
+            decoded = report.decodes * math.prod(report.chunks) * s
+        elif name in cache:
+            decoded = math.prod(operand.shape) * s
+        else:
+            decoded = nbytes * amp
+        decode += decoded / model.decode
+    return decode
+
+
+def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, float, float],
+                        amps: tuple[float, float], cache: tuple[str, ...], *, staged: bool,
+                        out_disk: bool, out_in_place: bool) -> tuple[float, float, float]:
+    """Seconds of storage reads, storage writes and host memory copies. Storage traffic runs
+    at storage rates; copies between host memory and the executor's buffers share one
+    resource, the host's memory bandwidth (reads and writes together). ``read``: the bytes
+    A, B and C are read in (chunk amplification included)."""
+    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    c_bytes = m * n * s
+    storage_read = storage_write = host_copy = 0.0
+    reads = [(read[0], prob.a, m * k * s * amps[0] if "A" in cache else None),
+             (read[1], prob.b, k * n * s * amps[1] if "B" in cache else None)]
+    if prob.shared and "A" in cache:  # one matrix kept: B's loads come from host memory
+        reads[1] = (read[1], prob.b, 0)
+    if prob.reads_c and prob.c is not None:
+        reads.append((read[2], prob.c, None))
+    for nbytes, operand, once in reads:
+        if operand.on_disk and once is not None:  # read once, reloads come from host memory
+            storage_read += min(once, nbytes) / model.storage_read
+            host_copy += max(nbytes - once, 0) / model.memory_copy
+        elif operand.on_disk:
+            storage_read += nbytes / model.storage_read
+        elif not (operand.zero_copy and not staged):  # else used in place
+            host_copy += nbytes / model.memory_copy
+    if out_disk:
+        storage_write = c_bytes / model.storage_write
+    elif not out_in_place:
+        host_copy += c_bytes / model.memory_copy
+    return storage_read, storage_write, host_copy
+
+
+def _fill_seconds(prob: Problem, tile: tuple[int, int, int], nk: int, model: DeviceModel, *,
+                  staged: bool, ramp: int, split_last: int, in_core: bool) -> float:
+    """Seconds before the first GEMM can start: the first pieces of A's and B's first
+    panels read, uploaded and touched."""
+    w, h, r = tile
+    s = prob.itemsize
+    first_panels = 0
+    if prob.computes_product:
+        r_first = max(r >> ramp, 1) if nk > 1 else r
+        a_first = w * r_first * s // (max(split_last, 1) if in_core else 1)
+        first_panels = sum(nbytes for nbytes, operand in ((a_first, prob.a),
+                                                          (r_first * h * s, prob.b))
+                           if not (operand.zero_copy and not staged))
+    fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
+        first_panels / model.memory_copy)
+    fill += first_panels / model.h2d if model.h2d else 0.0
+    fill += first_panels / model.first_touch if model.first_touch else 0.0
+    return fill
 
 
 def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: bool, stripe: int,
@@ -495,9 +540,9 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         rs = [r for r in rs if r <= depth] or [depth]
 
     def fits(tile):
-        plan_bufs = _buffers(prob, tile, model, stripe if staged else 0, kernel)
+        plan_bufs = tile_buffers(prob, tile, model, stripe if staged else 0, kernel)
         transposed = 1 if symmetric and tile[0] < prob.m else 0  # a T slot (Plan.n_t)
-        dev = _device_bytes(plan_bufs, n_c + transposed, n_a, n_b)
+        dev = device_bytes(plan_bufs, n_c + transposed, n_a, n_b)
         host = (n_stage * plan_bufs.ring + n_out * plan_bufs.out_ring + decode_window(prob, tile)
                 + assembly_window(prob, tile, plan_bufs.out_ring // prob.itemsize, min_stripes))
         return dev <= memory_limit and host <= host_memory_limit, dev, host
@@ -551,32 +596,51 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     if best is None:
         best = search(ws, hs, rs)
     if best is not None and too_slow(best):
-        pred, need = seconds(best, full=True), smallest_budgets()
-        short = [f"{name}={format_size(limit)}"
-                 + (f" (it takes {format_size(want)} or more)" if want > limit else "")
-                 for name, limit, want in (("memory_limit", memory_limit, need[0] if need else 0),
-                                           ("host_memory_limit", host_memory_limit,
-                                            need[1] if need else 0))
-                 if not need or want > limit]
-        w, h, r = best
-        raise BudgetError(
-            f"{' and '.join(short)} {'leaves' if len(short) == 1 else 'leave'} only tiles of "
-            f"w={w} h={h} r={r}: "
-            f"{round(pred.overhead / OP_OVERHEAD):,} operations, predicted "
-            f"{format_seconds(pred.total)} against {format_seconds(seconds((m, n, k)))} with "
-            f"room for the whole product")
+        raise _too_slow_error(best, seconds(best, full=True), seconds((m, n, k)),
+                              smallest_budgets(), memory_limit, host_memory_limit)
     if best is None:
-        _, dev, host = fits((1, 1, 1))
-        if dev <= memory_limit and decode_window(prob, (1, 1, 1)):
-            need = smallest_budgets(host_first=True)
-            raise BudgetError(_chunks_too_large(prob, host_memory_limit,
-                                                need[1] if need else host))
-        which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit
-                              else ("host_memory_limit", host, host_memory_limit))
-        raise BudgetError(
-            f"{which}={format_size(limit)} is too small for any tile: even w=h=r=1 needs "
-            f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers)")
+        raise _no_tile_error(prob, fits((1, 1, 1)), smallest_budgets, memory_limit,
+                             host_memory_limit, (n_c, n_a, n_b))
     return best
+
+
+def _too_slow_error(best: tuple[int, int, int], pred: Prediction, whole: float,
+              need: tuple[int, int] | None, memory_limit: int,
+              host_memory_limit: int) -> BudgetError:
+    """Why the best tile within the budgets is refused: the budgets that fall short (and what
+    the least demanding tile that is not too slow takes), its operations and its time against
+    ``whole``, the predicted seconds with room for the whole product."""
+    short = [f"{name}={format_size(limit)}"
+             + (f" (it takes {format_size(want)} or more)" if want > limit else "")
+             for name, limit, want in (("memory_limit", memory_limit, need[0] if need else 0),
+                                       ("host_memory_limit", host_memory_limit,
+                                        need[1] if need else 0))
+             if not need or want > limit]
+    w, h, r = best
+    return BudgetError(
+        f"{' and '.join(short)} {'leaves' if len(short) == 1 else 'leave'} only tiles of "
+        f"w={w} h={h} r={r}: "
+        f"{round(pred.overhead / OP_OVERHEAD):,} operations, predicted "
+        f"{format_seconds(pred.total)} against {format_seconds(whole)} with "
+        f"room for the whole product")
+
+
+def _no_tile_error(prob: Problem, smallest: tuple[bool, int, int],
+             smallest_budgets: Callable[..., tuple[int, int] | None], memory_limit: int,
+             host_memory_limit: int, buffers: tuple[int, int, int]) -> BudgetError:
+    """Why no tile fits: the budget that even a 1x1x1 tile (``smallest``: fits, device and host
+    bytes) exceeds, or the chunks that must be decoded whole."""
+    _, dev, host = smallest
+    if dev <= memory_limit and decode_window(prob, (1, 1, 1)):
+        budgets = smallest_budgets(host_first=True)
+        return BudgetError(_chunks_too_large(prob, host_memory_limit,
+                                             budgets[1] if budgets else host))
+    which, need, limit = (("memory_limit", dev, memory_limit) if dev > memory_limit
+                          else ("host_memory_limit", host, host_memory_limit))
+    n_c, n_a, n_b = buffers
+    return BudgetError(
+        f"{which}={format_size(limit)} is too small for any tile: even w=h=r=1 needs "
+        f"{format_size(need)} ({n_c} C, {n_a} A and {n_b} B buffers)")
 
 
 def _chunks_too_large(prob: Problem, limit: int, need: int) -> str:
