@@ -140,6 +140,20 @@ def test_no_events():
     assert [e for e in trace["traceEvents"] if e["ph"] == "X"] == []
 
 
+def test_a_timeline_of_instants_has_a_summary():
+    """Events of no duration (a clock too coarse for them): the report says 0, it does not
+    divide by the wall time."""
+    events = [ev(0, "read", "read-0", 1.0, 1.0, operand="A", nbytes=8),
+              ev(1, "gemm", "compute", 1.0, 1.0, flops=10),
+              ev(2, "read", "cuda:1/read-0", 1.0, 1.0, operand="B", nbytes=8),
+              ev(3, "gemm", "cuda:1/compute", 1.0, 1.0, flops=10)]
+    for some in (events[:1], events[:2], events):
+        t = Timeline.from_events(some)
+        assert t.wall == 0
+        text = str(t)
+        assert "timeline" in text and "bound" in text
+
+
 def test_summary_text_fits_one_screen():
     text = str(Timeline.from_events(PIPELINE, run_seconds=14.0))
     lines = text.splitlines()

@@ -329,14 +329,14 @@ class Timeline:
              f"{format_seconds(self.exposed_copy)} ({self.exposed_fraction:.1%} of the wall); "
              f"{self.overlap:.1%} of copy time overlapped compute"),
         ]
-        if self.flops and self.compute_busy > 0:
+        if self.flops and self.compute_busy > 0 and self.wall > 0:
             lines.append(f"  rate      {_rate(self.flops / self.wall)} over the wall, "
                          f"{_rate(self.flops / self.compute_busy)} while computing")
         moved = [link for link in self.links if link.bytes]  # not data used in place
         for i, link in enumerate(moved):
             lines.append(f"  {'links' if i == 0 else '':<9} {link.name:<13} "
                          f"{format_size(link.bytes):>9}: {link.rate / 1e9:.3g} GB/s while busy "
-                         f"({link.busy / self.wall:.0%} of the wall), "
+                         f"({self._of_wall(link.busy):.0%} of the wall), "
                          f"{link.average / 1e9:.3g} GB/s overall")
         stored = m.get("storage") or {}
         if stored.get("storage_read") or stored.get("decoded"):
@@ -351,10 +351,14 @@ class Timeline:
             mean = sum(x["flops"] for x in shares.values()) / len(shares)
             lines.append(_wrap("  devices   ", [
                 f"{name} {x['flops'] / max(self.flops, 1):.0%} of the flops "
-                f"(computing {x['compute'] / self.wall:.0%} of the wall)"
+                f"(computing {self._of_wall(x['compute']):.0%} of the wall)"
                 for name, x in shares.items()] + [f"balance {mean / most:.2f} (mean / most)"]))
         lines.append(f"  bound     {self._bound_text()}")
         return "\n".join(lines)
+
+    def _of_wall(self, seconds: float) -> float:
+        """``seconds`` over the wall time (0 for a timeline of instants)."""
+        return seconds / self.wall if self.wall > 0 else 0.0
 
     def device_shares(self) -> dict[str, dict]:
         """Per device of a run on several (lanes named 'cuda:1/compute'): its flops and the
