@@ -70,13 +70,19 @@ CASES = {
     # the data flow: loads
     "a read larger than its slot": (
         staged_plan, lambda s: changed(s, OpKind.READ, region=((0, 2), (0, 5))),
-        "10 elements do not fit slot sR0"),
+        r"writes sR0\[0:10\] past its 5 elements"),
     "a stripe uploaded at another offset": (
         staged_plan, lambda s: changed(s, OpKind.UPLOAD, 1, offset=0),
         "stripe 5:10 uploaded at offset 0"),
     # GEMM and FILL
-    "a GEMM at another offset": (staged_plan, lambda s: changed(s, OpKind.GEMM, offset=5),
-                                 r"rows 0:15 of C\(0, 0\) at offset 5"),
+    "a GEMM at another offset": (
+        staged_plan, lambda s: changed(s, OpKind.GEMM, offset=5, region=((0, 1), (0, 5))),
+        r"rows 0:5 of C\(0, 0\) at offset 5"),
+    "a GEMM past its C slot's end": (staged_plan, lambda s: changed(s, OpKind.GEMM, offset=5),
+                                     r"reads C0\[5:20\] past its 15 elements"),
+    "an upload past its slot's end": (
+        staged_plan, lambda s: changed(s, OpKind.UPLOAD, 1, offset=12),
+        r"writes C0\[12:17\] past its 15 elements"),
     "a GEMM over rows in mixed states": (
         unstaged_plan,
         lambda s: changed(s, OpKind.READ, where={"operand": "C"}, region=((0, 2), (0, 5))),

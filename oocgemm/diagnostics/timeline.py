@@ -329,15 +329,7 @@ class Timeline:
              f"{format_seconds(self.exposed_copy)} ({self.exposed_fraction:.1%} of the wall); "
              f"{self.overlap:.1%} of copy time overlapped compute"),
         ]
-        if self.flops and self.compute_busy > 0 and self.wall > 0:
-            lines.append(f"  rate      {_rate(self.flops / self.wall)} over the wall, "
-                         f"{_rate(self.flops / self.compute_busy)} while computing")
-        moved = [link for link in self.links if link.bytes]  # not data used in place
-        for i, link in enumerate(moved):
-            lines.append(f"  {'links' if i == 0 else '':<9} {link.name:<13} "
-                         f"{format_size(link.bytes):>9}: {link.rate / 1e9:.3g} GB/s while busy "
-                         f"({self._of_wall(link.busy):.0%} of the wall), "
-                         f"{link.average / 1e9:.3g} GB/s overall")
+        lines += self._rate_and_links()
         stored = m.get("storage") or {}
         if stored.get("storage_read") or stored.get("decoded"):
             lines.append(f"  storage   {format_size(stored.get('storage_read', 0))} taken from "
@@ -355,6 +347,20 @@ class Timeline:
                 for name, x in shares.items()] + [f"balance {mean / most:.2f} (mean / most)"]))
         lines.append(f"  bound     {self._bound_text()}")
         return "\n".join(lines)
+
+    def _rate_and_links(self) -> list[str]:
+        """The report's lines of the flop rate and of each link that moved bytes."""
+        lines = []
+        if self.flops and self.compute_busy > 0 and self.wall > 0:
+            lines.append(f"  rate      {_rate(self.flops / self.wall)} over the wall, "
+                         f"{_rate(self.flops / self.compute_busy)} while computing")
+        moved = [link for link in self.links if link.bytes]  # not data used in place
+        for i, link in enumerate(moved):
+            lines.append(f"  {'links' if i == 0 else '':<9} {link.name:<13} "
+                         f"{format_size(link.bytes):>9}: {link.rate / 1e9:.3g} GB/s while busy "
+                         f"({self._of_wall(link.busy):.0%} of the wall), "
+                         f"{link.average / 1e9:.3g} GB/s overall")
+        return lines
 
     def _of_wall(self, seconds: float) -> float:
         """``seconds`` over the wall time (0 for a timeline of instants)."""

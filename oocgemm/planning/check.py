@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..intervals import union
-from .schedule import ORDERED_LANES, Op, OpKind, Schedule, op_span, ordered_lane
+from .schedule import ORDERED_LANES, WHOLE, Op, OpKind, Schedule, op_span, ordered_lane
 
 
 class ScheduleError(AssertionError):
@@ -44,8 +44,16 @@ def check_schedule(schedule: Schedule, plan) -> None:
 
 
 def _span(op, slot: str, schedule: Schedule, writing: bool) -> tuple[int, int]:
+    """The elements of ``slot`` that ``op`` touches (:func:`op_span`), "the whole slot" made
+    its size; a range past the slot's end is an error."""
     lo, hi = op_span(op, slot, writing)
-    return lo, min(hi, schedule.slots[slot])
+    size = schedule.slots[slot]
+    if hi == WHOLE:
+        return lo, size
+    if hi > size:
+        raise ScheduleError(f"{op}: {'writes' if writing else 'reads'} {slot}[{lo}:{hi}] "
+                            f"past its {size} elements")
+    return lo, hi
 
 
 def _check_hazards(schedule: Schedule) -> None:
@@ -113,9 +121,6 @@ class _Hazards:
         if slot not in schedule.slots:
             raise ScheduleError(f"{op}: writes unknown slot {slot}")
         lo, hi = _span(op, slot, schedule, writing=True)
-        if hi > schedule.slots[slot]:
-            raise ScheduleError(f"{op}: writes {slot}[{lo}:{hi}] past its "
-                                f"{schedule.slots[slot]} elements")
         self.verified.pop(slot, None)
         for reader, rlo, rhi in self.reads.get(slot, ()):
             if rlo < hi and lo < rhi and reader != op.index and not before(reader):
@@ -286,9 +291,7 @@ class _Dataflow:
             raise ScheduleError(f"{op}: reads C although " + (
                 "a symmetric product meets C as it writes" if prob.reads_c else "beta == 0"))
         lo, hi, total = self.expect_stripe(op, op.operand, op.key)
-        dst = _dst(op)
-        if hi - lo > self.schedule.slots[dst]:
-            raise ScheduleError(f"{op}: {hi - lo} elements do not fit slot {dst}")
+        dst = _dst(op)  # (that it fits the slot is checked with the hazards)
         self.content[dst] = (op.operand, op.key, "input", frozenset({(lo, hi)}))
         if op.operand == "C" and not dst.startswith("s"):
             self.cstate[dst] = (op.key, _Ranges())
