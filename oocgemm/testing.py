@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import checks, machine
+from . import arguments, machine
 from .errors import OptionError, OutputError
 from .storage import files
 from .units import format_size
@@ -34,8 +34,8 @@ RANDOM_BLOCK_BYTES = 64 << 20
 
 def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
     """``dtype`` as a numpy dtype; :class:`~oocgemm.DTypeError` unless oocgemm multiplies it
-    (:func:`oocgemm.checks.check_dtype`, the check of operands' dtypes too)."""
-    return checks.check_dtype(None, dtype)
+    (:func:`oocgemm.arguments.check_dtype`, the check of operands' dtypes too)."""
+    return arguments.check_dtype(None, dtype)
 
 
 

@@ -80,7 +80,7 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     from ..api import plan as plan_product
-    from ..checks import scalar
+    from ..arguments import scalar
 
     options = _task_options(options)
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
