@@ -73,7 +73,7 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 def describe_machine() -> dict:
     """Host name, CPU, cores, memory, BLAS, GPUs and versions (``oocgemm info``'s facts), with
     the date and time of the run."""
-    from oocgemm.sysinfo import system_info
+    from oocgemm.info import system_info
 
     info = system_info()
     gpus = [d.get("name") for d in info["gpus"].get("devices", [])]

@@ -13,7 +13,7 @@ import numpy as np
 import oocgemm
 from oocgemm import machine
 from oocgemm.errors import BudgetError, OptionError, OutputError
-from oocgemm.sysinfo import blas_info
+from oocgemm.info import blas_info
 from oocgemm.testing import random_matrix
 from oocgemm.units import format_size
 

@@ -525,7 +525,7 @@ def info(as_json):
     """Versions, host cores and memory, the numpy BLAS, GPUs, and how long CUDA's start-up
     took (the context, cuBLAS, the first pinned buffers: what a process's first product
     pays once)."""
-    from .sysinfo import describe_startup, system_info
+    from .info import describe_startup, system_info
 
     data = system_info()
     if as_json:
