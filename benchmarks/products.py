@@ -14,7 +14,7 @@ import oocgemm
 from oocgemm import machine
 from oocgemm.errors import BudgetError, OptionError, OutputError
 from oocgemm.info import blas_info
-from oocgemm.testing import random_matrix
+from oocgemm.random_matrices import random_matrix
 from oocgemm.units import format_size
 
 from .common import check_dtype, max_relative_error, tolerance

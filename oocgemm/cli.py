@@ -506,7 +506,7 @@ def random(path, shape, dtype, chunks, seed, overwrite, quiet):
     values depend only on the seed, the shape and the dtype: not on --chunks or the format
     (element (i, j) comes from position i*N+j of one seekable PCG64 stream).
     """
-    from .testing import write_random
+    from .random_matrices import write_random
 
     info = write_random(path, shape, dtype, chunks=chunks, seed=seed, overwrite=overwrite,
                         progress=False if quiet else None)
