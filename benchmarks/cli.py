@@ -173,7 +173,7 @@ def small(ctx, sizes, repeat, device, json_path):
     """Small products from numpy operands: oocgemm.multiply's whole call (a new result, and
     out= a preallocated one) against CuPy's upload + matmul + download (numpy's matmul on
     the CPU), and the process's first call, which pays for CUDA's start-up."""
-    from oocgemm.sysinfo import describe_startup
+    from oocgemm.info import describe_startup
 
     from .common import write_json
     from .small import small_benchmark

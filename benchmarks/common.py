@@ -12,7 +12,7 @@ import numpy as np
 
 from oocgemm import cuda
 from oocgemm.errors import OptionError
-from oocgemm.testing import check_dtype, tolerance
+from oocgemm.random_matrices import check_dtype, tolerance
 from oocgemm.units import format_size
 
 __all__ = ["GB", "BenchError", "check_dtype", "check_room", "gbps", "markdown_table",

@@ -9,7 +9,7 @@ default zstd, as ``to_zarr`` writes, or none, as ``multiply`` writes by default)
 
 - ``oocgemm.multiply(a, b, c)``, paths in, path out;
 - ``oocgemm.dask.matmul(da.from_zarr(a), da.from_zarr(b)).to_zarr(c)`` under the threaded
-  scheduler (16 threads; with each engine run's start and end, from the tasks' events), and
+  scheduler (16 threads; with each group's run's start and end, from the tasks' events), and
   with ``--cluster`` under a ``dask.distributed.LocalCluster`` of one worker process with 16
   threads and the GPU (``resources={"GPU": 1}``);
 - dask's own ``(x @ y).to_zarr(c)`` with CuPy chunks, stopped after ``--dask-limit`` seconds.
@@ -42,7 +42,7 @@ def _timed(fn) -> float:
 
 
 def _phases(trace_dir: str, zero: float) -> list[tuple[float, float]]:
-    """Each engine task's (start, end), in seconds from ``zero`` (a ``time.time()``), from the
+    """Each group task's (start, end), in seconds from ``zero`` (a ``time.time()``), from the
     events the tasks left in ``trace_dir``."""
     spans = []
     for path in glob.glob(os.path.join(trace_dir, "task-*.json")):
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                                            "compressors": args.out_compressor},
                               progress=False)
     doc["multiply"] = time.perf_counter() - start
-    print(f"  its engine run: {result.seconds:.2f} s, tile {result.plan.tile}, kept "
+    print(f"  its run: {result.seconds:.2f} s, tile {result.plan.tile}, kept "
           f"{result.plan.cache}, decodes {_decodes(result.chunks)}; {result.timeline}",
           flush=True)
     print(f"oocgemm.multiply: {doc['multiply']:.2f} s, rel. error {check(c1, a, b):.1e}",
@@ -128,17 +128,17 @@ def main(argv=None) -> int:
     ends = sorted(t.end_time - zero_profile for t in prof.results)
     run_end = max((e for _, e in doc["blocks"]), default=0.0)
     doc["tasks_after_run"] = sum(e > run_end for e in ends)
-    print(f"  {doc['tasks_after_run']} of {len(ends)} tasks end after the engine run, the last "
+    print(f"  {doc['tasks_after_run']} of {len(ends)} tasks end after the run, the last "
           f"at {ends[-1]:.2f} s", flush=True)
-    print(f"oocgemm.dask.matmul -> to_zarr: {doc['dask_matmul']:.2f} s, {doc['tasks']} engine "
+    print(f"oocgemm.dask.matmul -> to_zarr: {doc['dask_matmul']:.2f} s, {doc['tasks']} group "
           f"task(s), {len(z.dask)} tasks, result chunks {z.chunksize}, "
           f"rel. error {check(c2, a, b):.1e}", flush=True)
-    print("  engine runs (start, end) s: "
+    print("  group runs (start, end) s: "
           + ", ".join(f"({s:.2f}, {e:.2f})" for s, e in doc["blocks"]), flush=True)
     for path in sorted(glob.glob(os.path.join(trace_dir, "task-*.json"))):
         with open(path) as f:
             task = json.load(f)
-        print(f"  an engine task: {task['seconds']:.2f} s, tile {tuple(task['tile'])}, kept "
+        print(f"  a group task: {task['seconds']:.2f} s, tile {tuple(task['tile'])}, kept "
               f"{tuple(task['cache'])}, decodes {_decodes(task['chunks'])}", flush=True)
     print(odask.timeline(trace_dir), flush=True)
 
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
             doc["cluster_tasks"] = len(z.dask.layers[z.name + "-groups"])
             doc["cluster"] = _timed(lambda: z.to_zarr(c3, **to_zarr))
         print(f"  the same through a LocalCluster of one worker process ({THREADS} "
-              f"threads, resources GPU=1): {doc['cluster']:.2f} s, {doc['cluster_tasks']} engine "
+              f"threads, resources GPU=1): {doc['cluster']:.2f} s, {doc['cluster_tasks']} group "
               f"tasks, rel. error {check(c3, a, b):.1e}", flush=True)
 
     if args.dask_limit > 0:

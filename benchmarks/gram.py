@@ -73,7 +73,7 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 def describe_machine() -> dict:
     """Host name, CPU, cores, memory, BLAS, GPUs and versions (``oocgemm info``'s facts), with
     the date and time of the run."""
-    from oocgemm.sysinfo import system_info
+    from oocgemm.info import system_info
 
     info = system_info()
     gpus = [d.get("name") for d in info["gpus"].get("devices", [])]
@@ -384,7 +384,7 @@ def measure_dask(path: str, side: str, device: str, files: list[str], *, repeat:
 # The Zarr run
 # ------------------------------------------------------------------------------------------
 def run_zarr(args, device: str, skip: frozenset[str], say) -> dict:
-    from oocgemm.testing import random_matrix
+    from oocgemm.random_matrices import random_matrix
 
     rows, cols, chunk_rows = args.rows, args.cols, args.chunk_rows
     threads = machine.cores()
@@ -547,7 +547,7 @@ def run_square(args, device: str, say) -> dict:
     """``multiply(x, x, trans_a=True)`` against ``multiply(x, y, trans_a=True)``, N x N
     float64 numpy operands, both into new arrays; interleaved, best of ``repeat`` each."""
     import oocgemm
-    from oocgemm.testing import random_matrix
+    from oocgemm.random_matrices import random_matrix
 
     n = args.square
     need = 4 * n * n * 8  # x, y, one C, its check

@@ -13,7 +13,7 @@ import numpy as np
 from oocgemm import cuda
 from oocgemm import kernel_catalog as catalog
 from oocgemm.errors import OptionError
-from oocgemm.sysinfo import gpu_info
+from oocgemm.info import gpu_info
 
 from .common import check_dtype, check_room, tolerance
 

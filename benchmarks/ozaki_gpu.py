@@ -297,7 +297,7 @@ def benchmark(sizes=(8192, 16384), n: int = 32768, *, kernels=("ozaki:16",),
     """Every case in one process."""
     import cupy
 
-    from oocgemm.sysinfo import gpu_info
+    from oocgemm.info import gpu_info
 
     out: dict = {"benchmark": "ozaki-gpu", "gpu": gpu_info(), "date": time.strftime("%Y-%m-%d"),
                  "kernels": list(kernels), "ceilings": ceilings(seconds)}

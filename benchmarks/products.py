@@ -13,8 +13,8 @@ import numpy as np
 import oocgemm
 from oocgemm import machine
 from oocgemm.errors import BudgetError, OptionError, OutputError
-from oocgemm.sysinfo import blas_info
-from oocgemm.testing import random_matrix
+from oocgemm.info import blas_info
+from oocgemm.random_matrices import random_matrix
 from oocgemm.units import format_size
 
 from .common import check_dtype, max_relative_error, tolerance

@@ -123,7 +123,7 @@ def small_benchmark(sizes=(1024, 2048, 4096), repeat: int = 7, device: str = "cu
            "dtype": "float64", "repeat": repeat, "first_call_seconds": first.get("seconds"),
            "startup": None, "sizes": results}
     if dev.kind == "cuda":
-        from oocgemm.sysinfo import startup_info
+        from oocgemm.info import startup_info
 
         doc["startup"] = startup_info(dev.index)
     return doc

@@ -35,7 +35,7 @@ import numpy as np
 
 import oocgemm
 from oocgemm import cuda
-from oocgemm.testing import random_matrix, tolerance
+from oocgemm.random_matrices import random_matrix, tolerance
 
 
 def sampled_error(out, a, b, rows) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .checks import flag
+from .arguments import flag
 from .devices import Device, device_names, resolve_device
 from .errors import OptionError
 from .options import Options

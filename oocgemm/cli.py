@@ -506,7 +506,7 @@ def random(path, shape, dtype, chunks, seed, overwrite, quiet):
     values depend only on the seed, the shape and the dtype: not on --chunks or the format
     (element (i, j) comes from position i*N+j of one seekable PCG64 stream).
     """
-    from .testing import write_random
+    from .random_matrices import write_random
 
     info = write_random(path, shape, dtype, chunks=chunks, seed=seed, overwrite=overwrite,
                         progress=False if quiet else None)
@@ -525,7 +525,7 @@ def info(as_json):
     """Versions, host cores and memory, the numpy BLAS, GPUs, and how long CUDA's start-up
     took (the context, cuBLAS, the first pinned buffers: what a process's first product
     pays once)."""
-    from .sysinfo import describe_startup, system_info
+    from .info import describe_startup, system_info
 
     data = system_info()
     if as_json:

@@ -151,7 +151,7 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
     """
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise OptionError(f"rounds must be a positive integer, got {rounds!r}")
-    from .checks import check_dtype, check_matrix, scalar
+    from .arguments import check_dtype, check_matrix, scalar
 
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     if beta != 0 and c_in is None and _c_in_side is None:

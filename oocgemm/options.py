@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import flag
+from .arguments import flag
 from .errors import OptionError
 from .units import parse_size
 

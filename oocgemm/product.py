@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import machine
-from .checks import flag, scalar
+from .arguments import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel

@@ -14,7 +14,7 @@ import zarr
 from _helpers import cli
 from click.testing import CliRunner
 
-from oocgemm import testing
+from oocgemm import random_matrices
 from oocgemm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,8 +87,8 @@ def test_random_same_seed_same_data_whatever_chunks_format_and_bands(tmp_path):
     for p in paths[1:]:
         np.testing.assert_array_equal(load(p), first)
     # tiny blocks: bands of one chunk row cut into column pieces give the same values
-    testing.write_random(tmp_path / "d.zarr", (40, 30), chunks=(3, 4), seed=11, block_bytes=64,
-                       progress=False)
+    random_matrices.write_random(tmp_path / "d.zarr", (40, 30), chunks=(3, 4), seed=11,
+                                 block_bytes=64, progress=False)
     np.testing.assert_array_equal(load(tmp_path / "d.zarr"), first)
     # a shorter matrix is a prefix of a taller one; float32 is the rounded float64
     run("random", tmp_path / "e.npy", "--shape", "9x30", "--seed", "11", "--dtype", "float32")
@@ -147,7 +147,7 @@ def test_random_interrupted_leaves_nothing(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(testing.NormalStream, "block", interrupt)
+    monkeypatch.setattr(random_matrices.NormalStream, "block", interrupt)
     result = run("random", tmp_path / "m.zarr", "--shape", "4x4", code=130)
     assert "interrupted; no output was written" in result.stderr
     assert "Traceback" not in result.output

@@ -11,7 +11,9 @@ import pytest
 from oocgemm import cuda
 
 ALIASES = [("oocgemm.hostinfo", "oocgemm.machine", "cores"),
-           ("oocgemm.hints", "oocgemm.typing", "MatrixLike")]
+           ("oocgemm.hints", "oocgemm.typing", "MatrixLike"),
+           ("oocgemm.sysinfo", "oocgemm.info", "system_info"),
+           ("oocgemm.testing", "oocgemm.random_matrices", "write_random")]
 if cuda.device_count():  # the GPU's context imports CuPy
     ALIASES.append(("oocgemm.cuda.engine", "oocgemm.cuda.context", "PROCESS"))
 

@@ -388,6 +388,25 @@ def test_design_md_names_the_modules_that_import_cupy():
     assert inside and all(str(rel) in layout for rel in inside), inside
 
 
+def test_design_md_maps_every_module():
+    """design.md's layout names every module of the package by its path from ``oocgemm/``
+    (dask/'s are named in its own section, Dask graphs): a module added without a line in the
+    map fails here."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    layout = design.partition("## Layout")[2].partition("\n## ")[0]
+    dask = design.partition("## Dask graphs")[2].partition("\n## ")[0]
+    unmapped = []
+    for source in sorted(PACKAGE.rglob("*.py")):
+        rel = source.relative_to(PACKAGE)
+        if rel.name in ("__init__.py", "__main__.py"):
+            continue  # a package's own module is its folder's line
+        named = (f"`{rel.name}`" in dask if rel.parts[0] == "dask" else
+                 re.search(rf"(?<![\w/]){re.escape(str(rel))}\b", layout) is not None)
+        if not named:
+            unmapped.append(str(rel))
+    assert not unmapped, f"modules design.md's layout does not name: {unmapped}"
+
+
 #: A path in code spans: ``oocgemm/cuda/context.py``, ``runtime/cuda_executor.py``,
 #: ``kernels/ozaki.cu``.
 PATH = re.compile(r"`([\w.-]+(?:/[\w.*-]+)+\.(?:py|cu|cuh|md|toml|c))`")

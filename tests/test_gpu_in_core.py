@@ -58,7 +58,7 @@ def test_in_core_matches_the_cpu_executor_replaying_its_plan(rng):
 
 def test_start_up_is_measured_once_and_shown(rng):
     from oocgemm.cuda import startup
-    from oocgemm.sysinfo import describe_startup, gpu_info
+    from oocgemm.info import describe_startup, gpu_info
 
     a, b = rand(rng, (256, 256)), rand(rng, (256, 256))
     oocgemm.multiply(a, b, device="cuda", progress=False)

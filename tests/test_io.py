@@ -288,13 +288,13 @@ def test_unsupported_dtype_in_a_file(rng, workdir):
 @pytest.mark.parametrize("bad", ["int8", "float16", "nonsense", object])
 def test_unsupported_dtype_by_name(tmp_path, bad):
     """A dtype asked for by name (oocgemm random, the benchmarks) fails as an operand's does."""
-    from oocgemm import testing
+    from oocgemm import random_matrices
 
     with pytest.raises(oocgemm.DTypeError, match="not supported; use one of float32"):
-        testing.check_dtype(bad)
+        random_matrices.check_dtype(bad)
     with pytest.raises(oocgemm.DTypeError):
-        testing.write_random(tmp_path / "x.npy", (2, 2), bad)
-    assert testing.check_dtype(">f8") == np.dtype(">f8")
+        random_matrices.write_random(tmp_path / "x.npy", (2, 2), bad)
+    assert random_matrices.check_dtype(">f8") == np.dtype(">f8")
 
 
 def test_complex_scalars_need_complex_operands(rng):

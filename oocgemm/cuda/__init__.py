@@ -1,6 +1,6 @@
 """What runs on the GPU. Its modules context, kernels and ozaki are the only ones of oocgemm
 that import CuPy at their top; importing this package itself does not (it, startup,
-:mod:`oocgemm.diagnostics.nvtx`, :mod:`oocgemm.sysinfo` and
+:mod:`oocgemm.diagnostics.nvtx`, :mod:`oocgemm.info` and
 :mod:`oocgemm.runtime.cuda_executor` import CuPy inside the functions that need it).
 The kernels one can name are listed outside it, in :mod:`oocgemm.kernel_catalog`."""
 

@@ -1,6 +1,11 @@
-"""CuPy-backed resources for the CUDA executor: streams, events, device and pinned buffers, and
-the cuBLAS GEMM on row-major slots. Everything here is owned by a :class:`GpuContext`, a context
-manager that synchronises and frees all of it on exit, also on error."""
+"""The GPU's side of a CUDA run, and what runs keep between them.
+
+A run's streams, events, device buffers and pinned slots, and the block operations on its
+row-major slots (the GEMM through cuBLAS, a kernel of ``kernels/`` or the Ozaki emulator;
+mirror, transpose, scale), are owned by a :class:`GpuContext`, a context manager that
+synchronises and frees them on exit, also on error. What runs keep for the next (pinned
+memory, cuBLAS handles, compiled kernels, threads) is a :class:`Resources`: an
+:class:`oocgemm.Engine`'s, freed when it closes, or the process's (:data:`PROCESS`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ driver initialised (:func:`oocgemm.cuda.device_count`), the GPU's primary contex
 by the planner's first question, :func:`oocgemm.cuda.memory_info`), cuBLAS loaded and a
 handle made (left in the run's handle pool, so the run takes it), and the first run's pinned
 ring (page-locked host buffers, kept for later runs). Each step is timed where it happens, once,
-and kept here for ``oocgemm info`` (:func:`oocgemm.sysinfo.gpu_info`).
+and kept here for ``oocgemm info`` (:func:`oocgemm.info.gpu_info`).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def held_by(ci: int, cj: int, symmetric: bool) -> tuple[int, int, Callable[..., 
 
 def _diagonal_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """A chunk on the diagonal of a symmetric product: its upper triangle, and the same
-    mirrored below (an exact copy, the plain transpose for complex dtypes, as the engine's)."""
+    mirrored below (an exact copy, the plain transpose for complex dtypes, as ``multiply``'s)."""
     square = handle.chunk(r0, r1, c0, c1)
     return np.where(np.triu(np.ones(square.shape, dtype=bool)), square, square.T)
 

@@ -1,5 +1,5 @@
-"""The graph of :func:`oocgemm.dask.matmul`: its arguments checked, C cut into groups (one engine
-run each) and chunks, and three layers: an engine task per group, per group a chain of links
+"""The graph of :func:`oocgemm.dask.matmul`: its arguments checked, C cut into groups (one run
+of oocgemm each) and chunks, and three layers: a group task per group, per group a chain of links
 each done when a block is written, and a task per chunk of the result behind the link of its
 last block. It only lays the tasks out: what they do in a worker is :mod:`.runner`'s, where C
 is cut :mod:`.partition`'s, and which half of a Gram product is computed :mod:`.gram`'s."""
@@ -42,8 +42,8 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
            beta: Scalar = 0.0, trans_a: bool = False, trans_b: bool = False,
            groups: Bounds | None = None, chunks: Bounds | None = None,
            resources: Mapping[str, float] | None = None, **options: Any) -> dask.array.Array:
-    """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one engine task per group
-    of C blocks.
+    """``alpha * op(x) @ op(y) + beta * c`` as a lazy dask array, one group task per group
+    of C blocks (each runs oocgemm's product of its group).
 
     Parameters
     ----------
@@ -51,7 +51,7 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         Dask arrays, numpy arrays, ``zarr.Array`` objects, or ``.zarr`` / ``.npy`` paths
         (``c`` with ``beta != 0`` only).
     groups
-        The parts of C, one engine run (one task) each, as ``(rows, cols)`` (each a size, or a
+        The parts of C, one run (one task) each, as ``(rows, cols)`` (each a size, or a
         list of sizes) or one size for both. Default: bands of whole rows of the plan's C
         blocks (they share their A panels), as few as host memory allows (a band is held in
         memory until its chunks are used), and under a ``dask.distributed`` Client at least
@@ -62,12 +62,12 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         it, and the result's chunks are square on it (C == C.T bit for bit).
     chunks
         The result's chunks, each within one group; a light task hands out each as soon as the
-        engine has written the blocks under it. Default: the groups cut at the inputs' chunk
+        group's run has written the blocks under it. Default: the groups cut at the inputs' chunk
         grid (A's row chunks, B's column chunks) where that grid divides them, so that
-        ``to_zarr`` writes chunks like the inputs', while the engine goes on.
+        ``to_zarr`` writes chunks like the inputs', while the run goes on.
     resources
-        dask resource annotations of the engine tasks, e.g. ``{"GPU": 1}`` for workers started
-        with ``--resources GPU=1``. An engine task holds them until its run has the device
+        dask resource annotations of the group tasks, e.g. ``{"GPU": 1}`` for workers started
+        with ``--resources GPU=1``. A group task holds them until its run has the device
         (then the run goes on in the worker while the next task waits for the device).
     options
         Keywords of :func:`oocgemm.multiply` for each task's run: ``device``,
@@ -80,7 +80,7 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     from ..api import plan as plan_product
-    from ..checks import scalar
+    from ..arguments import scalar
 
     options = _task_options(options)
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
@@ -181,7 +181,7 @@ def _bounds(ops: dict[str, Operand], groups, chunks, dtype: np.dtype, options: d
         planned = plan()
         group_bounds = [row_band(planned, n, dtype), [0, n]]
     # X^T X cut into bands: each band computes its part on and right of the diagonal only
-    # (one group too: its engine run may see parts of a dask array as two matrices)
+    # (one group too: its run may see parts of a dask array as two matrices)
     symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
     if chunk_bounds is None:
         grain = (ops["A"].grain[0], ops["B"].grain[1])
@@ -202,7 +202,7 @@ def _chains(boxes: dict, block_splits, group_name: str, wait_name: str
     """Each group's blocks, in the order its run writes them (the plan's blocks, in serpentine
     order), as a chain of tasks, each done when its block is written: a chunk's task waits
     for the chain's link of its last block, so it starts only once its data is there (at
-    most one task a group waits for the engine, whatever order the scheduler picks).
+    most one task a group waits for the group's run, whatever order the scheduler picks).
 
     Returns the chains' tasks, per group each block's link in its chain, and per group its
     block bounds (inside the group)."""

@@ -1,4 +1,4 @@
-"""Where C is cut: the groups, one engine run each (by default bands of whole rows of the plan's
+"""Where C is cut: the groups, one run of oocgemm each (by default bands of whole rows of the plan's
 C blocks, as few as ``GROUP_MEMORY`` holds and at least two per worker of a Client), the
 result's chunks (the groups cut at the inputs' grain), and which parts of a list of bounds a
 span covers. Arithmetic on bounds, and the one plan made where the graph is built: it makes no

@@ -1,4 +1,4 @@
-"""What the tasks do in a worker process. An engine task (:func:`run_group`) starts oocgemm's run of
+"""What the tasks do in a worker process. A group task (:func:`run_group`) starts oocgemm's run of
 its group in a thread, one run per device at a time in a process, and returns a
 :class:`Handle` once the run has the device; the chain's links (:func:`written`) and the
 chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written. It builds
@@ -19,21 +19,21 @@ from .partition import spanned
 from .sharing import shared_chunks
 from .traces import leave_events
 
-#: One engine run at a time per device in a process (a GPU's memory is planned for one run).
+#: One group's run at a time per device in a process (a GPU's memory is planned for one run).
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
 
 def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
            alone: bool = False) -> Handle:
-    """One engine task: starts the run of its group on this worker's device and returns, once
+    """One group task: starts the run of its group on this worker's device and returns, once
     the run has the device, a handle from which :func:`take_chunk` takes the group's ``chunks``
     chunks, each as soon as the blocks under it are written (the run goes on in a thread of
     this process; the last chunk taken waits for its end). ``alone``: the group is the whole
     product, and shares no decoded chunks with others."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph)
-    # the whole product in one run: the engine's own reads and cache, as multiply's
+    # the whole product in one run: the run's own reads and cache, as multiply's
     shared_cm = contextlib.nullcontext() if alone else shared_chunks(graph)
     shared = shared_cm.__enter__()  # left when the run ends
     try:
@@ -53,20 +53,20 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
 
 
 def written(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> Handle:
-    """A link of a group's chain: done (handing on the handle) when the engine has written
+    """A link of a group's chain: done (handing on the handle) when the run has written
     rows r0:r1, columns c0:c1 of the group."""
     handle.wait(r0, r1, c0, c1)
     return handle
 
 
 def take_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
-    """One chunk of the result, a view of its group's product, when the engine has written
+    """One chunk of the result, a view of its group's product, when the run has written
     it."""
     return handle.chunk(r0, r1, c0, c1)
 
 
 class _Run:
-    """A group's engine run in a thread: its product, and which of its blocks are written."""
+    """A group's run in a thread: its product, and which of its blocks are written."""
 
     def __init__(self, out: np.ndarray, chunks: int):
         self.out = out
@@ -108,7 +108,7 @@ class _Run:
                 self._started = self._finished = True
                 self._cond.notify_all()
 
-    # the engine's progress callable: planned(plan), then each finished event
+    # the run's progress callable: planned(plan), then each finished event
     def planned(self, plan) -> None:
         """The plan the run's C blocks belong to (again after a replan: all blocks anew)."""
         with self._cond:
@@ -170,7 +170,7 @@ class _Run:
 
 
 class Handle:
-    """What an engine task returns: its run going on in this process. Released (its graph
+    """What a group task returns: its run going on in this process. Released (its graph
     is done or cancelled), the run stops if it is still going. Pickled (moved to another
     worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
     computed there by itself."""

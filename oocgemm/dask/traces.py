@@ -1,6 +1,6 @@
-"""The events of a graph's engine runs: each task leaves its run's events in a file of its own
-under ``trace_dir``, and :func:`timeline` merges the files onto one clock. It reads and writes
-those files only; the runs record their events themselves (``events=True``)."""
+"""The events of a graph's runs (one per group): each task leaves its run's events in a file of
+its own under ``trace_dir``, and :func:`timeline` merges the files onto one clock. It reads and
+writes those files only; the runs record their events themselves (``events=True``)."""
 
 from __future__ import annotations
 

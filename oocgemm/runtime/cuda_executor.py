@@ -3,17 +3,21 @@
 Lanes (three streams and two thread pools):
 
 - reader threads fill the pinned ring (sR*) from the sources, many stripes at once;
-- stream ``h2d`` uploads A and B stripes into the device slots A0/A1, B0/B1;
-- stream ``compute`` runs the cuBLAS GEMM of each K panel into the resident C slot;
+- stream ``h2d`` uploads A and B stripes into the device slots A0.., B0..;
+- stream ``compute`` runs the GEMM of each K panel into the resident C slot (cuBLAS, a kernel
+  of ``kernels/``, or Ozaki scheme II's int8 GEMMs, as the plan's kernel says), the FILLs,
+  and a symmetric product's MIRRORs and TRANSPOSEs;
 - stream ``c`` brings C in (beta != 0) and takes finished C blocks out, stripe by stripe,
   through the output ring (sO*), while the next block computes in the other C slot;
 - writer threads drain the output ring into the sink.
 
-The dispatcher (the calling thread) walks the schedule in order and enqueues each device
-operation after its dependencies: a dependency on another stream becomes an event wait on the
-GPU, a dependency on a host operation (a READ) is waited for on the host. Host operations wait
-for the CUDA events of the device operations they depend on. No device-wide synchronisation
-happens inside the loop.
+One dispatcher thread per stream enqueues that stream's operations in schedule order, each
+after its dependencies: a dependency on another stream becomes an event wait on the GPU, a
+dependency on a host operation (a READ) is waited for on the host, so a stream held up on the
+host never holds up another. A feeder thread hands the host operations (READs, WRITEs) to
+their pools in schedule order; they wait for the CUDA events of the device operations they
+depend on. The calling thread waits for the lanes. No device-wide synchronisation happens
+inside the run.
 
 Where C's chunks are zstd and stored as files (:func:`~oocgemm.runtime.base.framed_writes`)
 a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM_GPU_ENCODE``

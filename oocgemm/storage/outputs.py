@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from .. import machine
-from ..checks import check_dtype
+from ..arguments import check_dtype
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
 from ..units import format_size

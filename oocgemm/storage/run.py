@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import machine
-from ..checks import check_dtype, check_matrix
+from ..arguments import check_dtype, check_matrix
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
 from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls

@@ -210,7 +210,7 @@ class ZarrSource(MatrixSource):
         self._array = fast_reader(array)
         self._direct = direct(self._array)
         self._hinted: set[str] = set()
-        # Of any rank until checks.check_matrix refuses all but 2 (as for every source).
+        # Of any rank until arguments.check_matrix refuses all but 2 (as for every source).
         self.shape = cast(tuple[int, int], tuple(array.shape))
         self.dtype = np.dtype(array.dtype)
         # The unit decoded at once: the shard of a sharded array. zarr's pipelines decode a

@@ -45,7 +45,7 @@ def check_dtype(role: str | None, dtype) -> np.dtype:
 
     The one check of a dtype: operands and outputs (``role`` is the operand, 'a', 'c', 'out',
     named in the message), and dtypes asked for by name (``role`` None: ``oocgemm random
-    --dtype``, :func:`oocgemm.testing.write_random`, the benchmarks' ``--dtype``)."""
+    --dtype``, :func:`oocgemm.random_matrices.write_random`, the benchmarks' ``--dtype``)."""
     dt: np.dtype | None = None
     try:
         dt = np.dtype(dtype)
