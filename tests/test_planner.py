@@ -210,3 +210,33 @@ def test_a_kept_operand_is_decoded_once():
     assert kept.decode == 400 * 300 * 8 / model.decode
     reloaded = predict(prob, (100, 100, 100), model, staged=False)
     assert reloaded.decode == 2 * kept.decode  # an A panel for each of 2 block columns
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (1000, 3, 7), (5000, 200, 30), (3, 4000, 5),
+                                   (300, 2000, 100), (1536, 64, 1024)])
+def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k, n):
+    """Operands in memory in a BLAS layout and C computed where it goes: no tile moves a
+    byte, so the planner takes the whole product as one tile without searching (no tile's
+    time predicted). The cost model agrees: no smaller tile is predicted faster."""
+    from oocgemm.planning import tiling
+    from oocgemm.planning.tiling import predict
+
+    a, b = rand(rng, (m, k)), rand(rng, (k, n))
+    predicted = []
+    monkeypatch.setattr(tiling, "predict", lambda *args, **kw: predicted.append(args[1]))
+    tiling.choose_tile(oocgemm.plan(a, b, device="cpu").problem, tiling_model(), 1 << 40,
+                       1 << 40, staged=False)
+    assert predicted == []
+    monkeypatch.undo()
+    plan = oocgemm.plan(a, b, device="cpu")
+    assert plan.tile == (m, n, k)
+    settings = dict(staged=False, split_last=plan.split_last, ramp=plan.ramp,
+                    tail=plan.tail_panels, stripe=plan.stripe, min_stripes=plan.min_stripes)
+    whole = predict(plan.problem, plan.tile, plan.model, **settings).total
+    for tile in ((m, n, max(1, k // 2)), (max(1, m // 2), n, k), (m, max(1, n // 3), k),
+                 (max(1, m // 4), max(1, n // 2), max(1, k // 4))):
+        assert whole <= predict(plan.problem, tile, plan.model, **settings).total, tile
+
+
+def tiling_model():
+    return oocgemm.plan(np.ones((2, 2)), np.ones((2, 2)), device="cpu").model

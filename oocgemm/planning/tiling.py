@@ -588,6 +588,11 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                     break  # a deeper r needs more memory
         return best[::-1] if host_first and best else best
 
+    if _in_place(prob, staged) and not symmetric and depth is None and fits((m, n, k))[0]:
+        # Nothing moves whatever the tile, so one block, one panel has the fewest operations
+        # and is never predicted slower (tests/test_planner.py): the search, hundreds of
+        # predictions (tens of milliseconds before a small product), is not needed.
+        return (m, n, k)
     # Chunk-aligned tiles first: a panel that cuts chunks decodes them twice, a cost the
     # prediction hides whenever storage is not the bottleneck. Unaligned sizes only when no
     # aligned tile fits the budgets.
@@ -602,6 +607,14 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         raise _no_tile_error(prob, fits((1, 1, 1)), smallest_budgets, memory_limit,
                              host_memory_limit, (n_c, n_a, n_b))
     return best
+
+
+def _in_place(prob: Problem, staged: bool) -> bool:
+    """Whether an unstaged run of ``prob`` uses every operand in place (in memory, in a layout
+    BLAS takes) and writes C into memory it is given: no tile then moves a byte."""
+    operands = [prob.a, prob.b, prob.out] + ([prob.c] if prob.reads_c else [])
+    return (not staged and prob.computes_product
+            and all(x is not None and x.zero_copy for x in operands))
 
 
 def _too_slow_error(best: tuple[int, int, int], pred: Prediction, whole: float,
