@@ -44,6 +44,7 @@ from .planning import (
     cuda_model,
     finished,
     in_core_shape,
+    in_place,
 )
 from .result import Result
 from .runtime.execute import execute
@@ -236,6 +237,12 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
         raise BudgetError(str(exc) + _unit_hint(memory_limit=options.memory_limit,
                                                 host_memory_limit=options.host_memory_limit)
                           ) from None
+    if (in_place(problem, staging.staged) and not symmetric
+            and tile == (problem.m, problem.n, problem.k)):
+        # One block computed where it goes: its last panel in one GEMM (row stripes let a
+        # last block be written as it becomes final, and nothing is written here). 1024^3
+        # on the CPU: 7 GEMMs took 1.4x the time of one.
+        settings["split_last"] = 1
     return finished(Plan(tile=tile, **settings))
 
 

@@ -11,6 +11,7 @@ import zarr
 from _helpers import rand
 
 import oocgemm
+from oocgemm.planning import OpKind
 from oocgemm.storage.dask_arrays import DaskSource
 from oocgemm.storage.memory import NumpySource
 from oocgemm.storage.zarr_store import ZarrSource
@@ -217,7 +218,8 @@ def test_a_kept_operand_is_decoded_once():
 def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k, n):
     """Operands in memory in a BLAS layout and C computed where it goes: no tile moves a
     byte, so the planner takes the whole product as one tile without searching (no tile's
-    time predicted). The cost model agrees: no smaller tile is predicted faster."""
+    time predicted), computed in one GEMM. The cost model agrees: no smaller tile is
+    predicted faster."""
     from oocgemm.planning import tiling
     from oocgemm.planning.tiling import predict
 
@@ -230,6 +232,9 @@ def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k
     monkeypatch.undo()
     plan = oocgemm.plan(a, b, device="cpu")
     assert plan.tile == (m, n, k)
+    # nothing to write as it becomes final: the one block's one panel is one GEMM
+    assert plan.split_last == 1
+    assert [op.kind for op in plan.schedule.ops].count(OpKind.GEMM) == 1
     settings = dict(staged=False, split_last=plan.split_last, ramp=plan.ramp,
                     tail=plan.tail_panels, stripe=plan.stripe, min_stripes=plan.min_stripes)
     whole = predict(plan.problem, plan.tile, plan.model, **settings).total

@@ -16,10 +16,10 @@ from .schedule import (
                        ordered_lane,
                        serpentine,
 )
-from .tiling import Prediction, choose_tile, in_core_shape, predict
+from .tiling import Prediction, choose_tile, in_core_shape, in_place, predict
 
 __all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
            "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model", "finished",
-           "in_core_shape",
+           "in_core_shape", "in_place",
            "ordered_lane", "predict", "serpentine", "smaller", "with_ring_decodes"]

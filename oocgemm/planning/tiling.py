@@ -588,7 +588,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                     break  # a deeper r needs more memory
         return best[::-1] if host_first and best else best
 
-    if _in_place(prob, staged) and not symmetric and depth is None and fits((m, n, k))[0]:
+    if in_place(prob, staged) and not symmetric and depth is None and fits((m, n, k))[0]:
         # Nothing moves whatever the tile, so one block, one panel has the fewest operations
         # and is never predicted slower (tests/test_planner.py): the search, hundreds of
         # predictions (tens of milliseconds before a small product), is not needed.
@@ -609,7 +609,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     return best
 
 
-def _in_place(prob: Problem, staged: bool) -> bool:
+def in_place(prob: Problem, staged: bool) -> bool:
     """Whether an unstaged run of ``prob`` uses every operand in place (in memory, in a layout
     BLAS takes) and writes C into memory it is given: no tile then moves a byte."""
     operands = [prob.a, prob.b, prob.out] + ([prob.c] if prob.reads_c else [])
