@@ -77,7 +77,10 @@ def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_result(rng, workd
     whole = oocgemm.multiply(a, b, "whole." + kind, tile=TILE, alpha=0.5, device=device)
     assert whole.resumed == 0
     # A run slowed down per block (a sleep in each write), stopped once a few blocks are done.
-    code = ("import time\nfrom oocgemm.storage import npy, zarr_store\n"
+    # (faulthandler: a run that does not end after the signal shows where its threads are)
+    code = ("import faulthandler, signal, time\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+            "from oocgemm.storage import npy, zarr_store\n"
             "from oocgemm.cli import main\n"
             "for sink in (npy.NpySink, zarr_store.ZarrSink):\n"
             "    def write(self, rows, cols, block, _write=sink.write):\n"
@@ -93,7 +96,14 @@ def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_result(rng, workd
         time.sleep(0.05)
     assert _journal_lines() >= 4, "the run never journaled a block"
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # hung: its threads' stacks, then the failure
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the run did not end within 60 s of {sig.name}; its threads:\n{err}")
     if sig != signal.SIGKILL:
         assert "C blocks are kept in" in err and "--resume" in err, err
     kept = leftovers(".")
