@@ -22,6 +22,7 @@ wait for the executor.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -460,18 +461,7 @@ class ChunkWriter(MatrixSink):
             if last:
                 self._add_frames(key, encoded)
 
-        def ended(future: Future) -> None:
-            with self._lock:
-                self._stores.discard(future)
-                if not future.cancelled() and future.exception() is not None:
-                    self._error = self._error or future.exception()
-                self._freed.notify_all()
-
-        with self._lock:
-            futures = [self._pool().submit(encode, piece) for piece in pieces]
-            self._stores.update(futures)
-        for future in futures:
-            future.add_done_callback(ended)
+        self._submit([functools.partial(encode, piece) for piece in pieces])
 
     def write_frames(self, rows, cols, pieces) -> None:
         """The frames of a stripe of C, piece by piece (:func:`.frames.encode_stripe`):
@@ -482,8 +472,7 @@ class ChunkWriter(MatrixSink):
         key = self._block(rows, cols)
         assert key is not None, "a framed stripe lies in one C block"
         with self._lock:
-            while self._spare and self.held_bytes + nbytes > self.budget:
-                self.held_bytes -= self._spare.pop(0).nbytes
+            self._drop_spares(nbytes)
             while self.held_bytes + nbytes > self.budget and self._stores:
                 self._freed.wait()
         self._add_frames(key, pieces)
@@ -521,19 +510,11 @@ class ChunkWriter(MatrixSink):
             self._stored(key, (rows, piece.cols), chunk.nbytes, self.inner.store_frames,
                          piece.index, rows, piece.cols, frames)
 
-        def ended(future: Future) -> None:
-            with self._lock:
-                self._stores.discard(future)
-                if not future.cancelled() and future.exception() is not None:
-                    self._error = self._error or future.exception()
-                self.held_bytes -= chunk.nbytes
-                self.chunks_framed += 1
-                self._freed.notify_all()
+        def ended() -> None:
+            self.held_bytes -= chunk.nbytes
+            self.chunks_framed += 1
 
-        with self._lock:
-            future = self._pool().submit(store)
-            self._stores.add(future)
-        future.add_done_callback(ended)
+        self._submit([store], ended)
 
     def _parts(self, region, data: np.ndarray):
         """The chunks of a cell: (rows, cols) and data of each."""
@@ -586,23 +567,33 @@ class ChunkWriter(MatrixSink):
         parts = self._parts(region, buffer)
         left = [len(parts)]
 
-        def ended(future: Future) -> None:
+        def ended() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._spare.append(buffer)
+                self.cells_written += 1
+
+        self._submit([functools.partial(self._store_chunk, where, part, key)
+                      for where, part in parts], ended)
+
+    def _submit(self, calls, ended=None) -> None:
+        """Hand ``calls`` (of no arguments) to the encoders. As each ends it is forgotten,
+        its failure kept for the run (raised by the next write, or the flush), and
+        ``ended`` called under the lock (what its end frees)."""
+        def done(future: Future) -> None:
             with self._lock:
                 self._stores.discard(future)
                 if not future.cancelled() and future.exception() is not None:
                     self._error = self._error or future.exception()
-                left[0] -= 1
-                if left[0] == 0:
-                    self._spare.append(buffer)
-                    self.cells_written += 1
+                if ended is not None:
+                    ended()
                 self._freed.notify_all()
 
         with self._lock:
-            futures = [self._pool().submit(self._store_chunk, where, part, key)
-                       for where, part in parts]
+            futures = [self._pool().submit(call) for call in calls]
             self._stores.update(futures)
         for future in futures:
-            future.add_done_callback(ended)
+            future.add_done_callback(done)
 
     def _raise(self) -> None:
         """An encoder's failure, raised in the run (once)."""
@@ -642,13 +633,18 @@ class ChunkWriter(MatrixSink):
         for at, spare in enumerate(self._spare):
             if spare.shape == shape:
                 return self._spare.pop(at)
-        while self._spare and self.held_bytes + nbytes > self.budget:
-            self.held_bytes -= self._spare.pop(0).nbytes
+        self._drop_spares(nbytes)
         if self.held_bytes + nbytes <= self.budget:
             self.held_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             return np.empty(shape, dtype=self.dtype)
         return _WAIT if self._stores else None
+
+    def _drop_spares(self, nbytes: int) -> None:
+        """(Under the lock) spare buffers let go until ``nbytes`` more fit the budget, or
+        none is left."""
+        while self._spare and self.held_bytes + nbytes > self.budget:
+            self.held_bytes -= self._spare.pop(0).nbytes
 
     def wait(self, cancel: bool = False) -> None:
         """Until every cell handed to the encoders is stored; ``cancel``: those not begun
