@@ -132,12 +132,12 @@ def _shape(framing: Framing, rows, cols) -> tuple:
 def _layout(framing: Framing, heights: tuple[int, ...], width: int):
     """Per piece of a stripe of this shape (chunk row by chunk row, left to right), its
     frames' (offset in the scratch, bytes); and the scratch's bytes."""
-    cc, step = framing.chunks[1], framing.frame_bytes
+    cc = framing.chunks[1]
     frames, at = [], 0
     for height in heights:
         for _ in range(-(-width // cc)):
             size = height * cc * framing.itemsize
-            frames.append([(at + lo, min(step, size - lo)) for lo in range(0, size, step)])
+            frames.append([(at + lo, hi - lo) for lo, hi in framing.cuts(size)])
             at += size
     return frames, at
 

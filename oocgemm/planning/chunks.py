@@ -32,6 +32,14 @@ def chunk_range(lo: int, hi: int, chunk: int) -> range:
     return range(lo // chunk, (hi - 1) // chunk + 1)
 
 
+def on_chunk_edges(splits: tuple[tuple[int, ...], tuple[int, ...]], chunks: tuple[int, int],
+                   shape: tuple[int, int]) -> bool:
+    """Whether every row and column split (C blocks' edges) lies on an edge of ``chunks``
+    or at the end of ``shape``: each chunk then lies in one block."""
+    return all(x % chunk == 0 or x == extent
+               for edges, chunk, extent in zip(splits, chunks, shape) for x in edges)
+
+
 def chunks_of(region: Region, chunks: tuple[int, int]) -> list[tuple[int, int]]:
     """The (row, column) indices of the chunks a region touches, row by row."""
     (r0, r1), (c0, c1) = region

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..diagnostics.events import EventLog
 from ..errors import DeviceError, ExecutionError, MemoryPressureError, OOCGemmError
+from ..planning.chunks import on_chunk_edges
 from ..planning.schedule import OpKind
 
 #: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
@@ -107,8 +108,8 @@ def framed_writes(plan, sink):
             op.beta != 0 for op in plan.schedule.ops if op.kind is OpKind.WRITE):
         return None
     chunks, prob = getattr(sink, "chunks", None), plan.problem
-    if chunks and any(x % chunk and x != extent for splits, chunk, extent in zip(
-            (plan.row_splits, plan.col_splits), chunks, (prob.m, prob.n)) for x in splits):
+    if chunks and not on_chunk_edges((plan.row_splits, plan.col_splits), chunks,
+                                     (prob.m, prob.n)):
         return None
     return sink.framing()
 

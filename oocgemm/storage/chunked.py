@@ -30,7 +30,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..errors import OOCGemmError, OutputError
-from ..planning.chunks import Load, chunk_ends, chunk_range, chunk_region, chunks_of
+from ..planning.chunks import (
+    Load,
+    chunk_ends,
+    chunk_range,
+    chunk_region,
+    chunks_of,
+    on_chunk_edges,
+)
 from .base import ChunkedSource, MatrixSink, MatrixSource
 from .frames import Framing, encode_piece, encode_stripe
 
@@ -421,11 +428,9 @@ class ChunkWriter(MatrixSink):
         """The inner sink's :class:`~oocgemm.storage.frames.Framing` where every C block
         starts on chunk edges (a chunk then lies in one block); else None."""
         framing = self.inner.framing()
-        if framing is None:
+        if framing is None or not on_chunk_edges((self._rows, self._cols), self.chunks,
+                                                 self.shape):
             return None
-        for splits, chunk, extent in zip((self._rows, self._cols), self.chunks, self.shape):
-            if any(x % chunk and x != extent for x in splits):
-                return None
         return framing
 
     def encode_frames(self):

@@ -70,9 +70,10 @@ class Framing:
         """Bytes a piece's frames compress: its rows at the chunk's full width."""
         return (piece.rows[1] - piece.rows[0]) * self.chunks[1] * self.itemsize
 
-    def cuts(self, nbytes: int) -> list[tuple[int, int]]:
-        """The frames of ``nbytes``: byte ranges of at most :attr:`frame_bytes`."""
-        step = self.frame_bytes
+    def cuts(self, nbytes: int, step: int | None = None) -> list[tuple[int, int]]:
+        """The frames of ``nbytes``: byte ranges of at most ``step`` (default:
+        :attr:`frame_bytes`)."""
+        step = step or self.frame_bytes
         return [(lo, min(lo + step, nbytes)) for lo in range(0, nbytes, step)]
 
     def padding(self, index: tuple[int, int]) -> bytes:
@@ -99,9 +100,8 @@ def encode_piece(framing: Framing, data: np.ndarray, rows, cols, piece: Piece,
     padded = np.zeros((r1 - r0, framing.chunks[1]), dtype=data.dtype)
     padded[:, :c1 - c0] = data[r0 - rows[0]:r1 - rows[0], c0 - cols[0]:c1 - cols[0]]
     raw = padded.reshape(-1).view(np.uint8)
-    step = frame_bytes or framing.frame_bytes
-    return b"".join(bytes(framing.codec.encode(raw[lo:lo + step]))
-                    for lo in range(0, raw.size, step))
+    return b"".join(bytes(framing.codec.encode(raw[lo:hi]))
+                    for lo, hi in framing.cuts(raw.size, frame_bytes))
 
 
 def encode_stripe(framing: Framing, data: np.ndarray, rows, cols) -> list[tuple[Piece, bytes]]:

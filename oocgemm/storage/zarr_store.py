@@ -20,7 +20,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import machine
 from ..errors import InputError, OptionError, OutputError
-from ..planning.chunks import chunk_region, chunks_of
+from ..planning.chunks import chunk_region, chunks_of, on_chunk_edges
 from . import files, frames, urls
 from .base import MatrixSink, MatrixSource
 
@@ -575,12 +575,15 @@ class ZarrSink(MatrixSink):
         # event loop serialises what the writer threads hand it).
         self._writer = (direct(self._array)
                         if self._temporary is not None and not self._url else None)
+        w = self._writer  # one Framing, whose padding frames are encoded once
+        self._framing = (frames.Framing(self.chunks, self.shape, self.dtype.itemsize,
+                                        codec=w.codec)
+                         if w is not None and frames.storable(w.codec, w.fill, self.dtype)
+                         else None)
 
     def _aligned(self, rows, cols) -> bool:
-        ok = True
-        for (lo, hi), chunk, extent in zip((rows, cols), self.chunks, self.shape):
-            ok &= lo % chunk == 0 and (hi % chunk == 0 or hi == extent)
-        return ok
+        """The region (not empty) covers whole chunks only."""
+        return on_chunk_edges((rows, cols), self.chunks, self.shape)
 
     def guard(self, source: ZarrSource) -> None:
         """``source`` reads the array this sink updates in place: its reads and the writes
@@ -605,10 +608,7 @@ class ZarrSink(MatrixSink):
     def framing(self):
         """C's chunks may come as zstd frames where this run creates the array on a local
         disk, unsharded, its chunks zstd without a checksum (:func:`.frames.storable`)."""
-        w = self._writer
-        if w is None or not frames.storable(w.codec, w.fill, self.dtype):
-            return None
-        return frames.Framing(self.chunks, self.shape, self.dtype.itemsize, codec=w.codec)
+        return self._framing
 
     def store_frames(self, index, rows, cols, parts) -> None:
         assert self._writer is not None
