@@ -200,6 +200,9 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
         monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
         got = gpu_framing(plan, writer)
         assert (got and got.host) == host and (got is None or not got.downloads)
+    monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")
+    with pytest.raises(oocgemm.OptionError, match="OOCGEMM_GPU_ENCODE='yes': one of 0, 1"):
+        gpu_framing(plan, writer)
     monkeypatch.delenv("OOCGEMM_GPU_ENCODE")
     assert gpu_framing(plan, writer) is None
     assert gpu_framing(plan, sink) is None  # a sink that takes no stripes of frames

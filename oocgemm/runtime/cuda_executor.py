@@ -45,6 +45,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from ..diagnostics.events import EventLog
+from ..errors import OptionError
 from ..kernel_catalog import is_ozaki
 from ..planning.schedule import OpKind, ordered_lane
 from ..storage.frames import Framing
@@ -99,6 +100,19 @@ class GpuFrames:
     """The host's encoders make frames of the other stripes (``encode_frames``)."""
 
 
+#: The values of ``OOCGEMM_GPU_ENCODE`` (:func:`gpu_framing`).
+GPU_ENCODE_MODES = ("0", "1", "last", "frames")
+
+
+def gpu_encode_mode() -> str:
+    """``OOCGEMM_GPU_ENCODE`` ('0' where unset); OptionError for a value it does not take."""
+    mode = os.environ.get("OOCGEMM_GPU_ENCODE", "0")
+    if mode not in GPU_ENCODE_MODES:
+        raise OptionError(f"OOCGEMM_GPU_ENCODE={mode!r}: one of {', '.join(GPU_ENCODE_MODES)} "
+                          f"(0, the default: C's chunks encoded whole by the host)")
+    return mode
+
+
 def gpu_framing(plan, sink) -> GpuFrames | None:
     """How a run of ``plan`` makes C's stripes into frames, after ``OOCGEMM_GPU_ENCODE``:
     '1', every stripe compressed on the GPU; 'last', :data:`GPU_SHARE` of the last C
@@ -107,7 +121,7 @@ def gpu_framing(plan, sink) -> GpuFrames | None:
     whole, the default) otherwise, or where C is not stored from frames
     (:func:`~oocgemm.runtime.base.framed_writes`); without nvCOMP, or where its buffers
     would not fit the plan's budgets, the GPU compresses nothing."""
-    mode = os.environ.get("OOCGEMM_GPU_ENCODE", "0")
+    mode = gpu_encode_mode()
     framing = framed_writes(plan, sink) if mode in ("1", "last", "frames") else None
     if framing is None:
         return None
