@@ -40,3 +40,19 @@ def test_the_cpu_staging_follows_the_strategy(rng):
     assert native.symmetric and not emulated.symmetric  # X X^T halves on the native GEMM only
     np.testing.assert_allclose(oocgemm.multiply(a, a.T, device="cpu", kernel="ozaki").out,
                                a @ a.T, rtol=1e-13)
+
+
+def test_every_strategy_has_a_gpu_launch():
+    """oocgemm.cuda.launch says how a GPU runs each strategy (importable without CuPy): a
+    strategy class added without its launch fails here, not on a GPU."""
+    from oocgemm import strategies
+    from oocgemm.cuda.launch import LAUNCHES, Cublas, Emulated, Kernel, launch_of
+
+    classes = {c for c in vars(strategies).values()
+               if isinstance(c, type) and issubclass(c, Native)}
+    assert set(LAUNCHES) == classes
+    kinds = {name: type(launch_of(strategy_of(name))) for name in CHOICES}
+    assert kinds["cublas"] is Cublas and kinds["ozaki"] is Emulated
+    assert {kinds[name] for name in KERNELS} == {Kernel}
+    assert [launch_of(strategy_of(name)).waits_across_streams for name in CHOICES] == [
+        strategy_of(name).emulated for name in CHOICES]

@@ -18,6 +18,9 @@ import numpy as np
 from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas
 
+from ..strategies import Native
+from .launch import Block, Cublas
+
 _H2D, _D2H = 1, 2
 
 _GEMM = {
@@ -225,7 +228,7 @@ PROCESS = Resources()
 class GpuContext:
     """Streams (h2d, compute, c for C in/out), a cuBLAS handle, and the buffers of one run."""
 
-    def __init__(self, index: int, dtype, kernel: str = "cublas",
+    def __init__(self, index: int, dtype, launch: Cublas | None = None,
                  resources: Resources | None = None, keep_device: bool = False):
         self.index = index
         self.keep_device = keep_device
@@ -234,11 +237,9 @@ class GpuContext:
         buffer); else return them to the GPU."""
         self.resources = resources or PROCESS
         self.dtype = np.dtype(dtype)
-        self.kernel = kernel
-        """'cublas', the name of a kernel of ``kernels/``, or 'ozaki[:N]' (with
-        :meth:`emulate`) for :meth:`gemm`."""
-        self.emulator = None
-        """The :class:`oocgemm.cuda.ozaki.Emulator` of an emulating run."""
+        self.launch = launch or Cublas(Native())
+        """How :meth:`gemm` launches the run's kernel (:mod:`oocgemm.cuda.launch`); set up
+        with :meth:`start_launch` once the slots are allocated."""
         self.device = cupy.cuda.Device(index)
         self._device_buffers: dict[str, cupy.ndarray] = {}
         self._pinned: dict[str, tuple] = {}
@@ -266,10 +267,8 @@ class GpuContext:
         try:
             for stream in self.streams.values():
                 stream.synchronize()  # nothing in flight may touch memory freed below
-            if self.emulator is not None:
-                self.emulator.close()
+            self.launch.close()
         finally:
-            self.emulator = None
             self._device_buffers.clear()
             for ptr, _ in self._pinned.values():
                 self.resources.pinned.give_back(ptr)
@@ -288,15 +287,15 @@ class GpuContext:
         """The run's cuBLAS handle, on the compute stream."""
         return self._handle
 
-    def emulate(self, plan, timing: bool = False) -> None:
-        """Emulate the GEMMs of ``plan`` (``kernel='ozaki[:N]'``) by Ozaki scheme II; call
-        once the slots are allocated."""
-        from .ozaki import Emulator
+    @property
+    def emulator(self):
+        """The :class:`oocgemm.cuda.ozaki.Emulator` of an emulating run, else None."""
+        return self.launch.emulator
 
-        slots = [name for name in plan.schedule.slots
-                 if name[0] in "AB" and name[1:].isdigit()]
-        self.emulator = Emulator(self, plan.kernel, plan.problem.clipped(plan.tile), slots,
-                                 timing=timing)
+    def start_launch(self, plan, timing: bool = False) -> None:
+        """Set up what the launch of ``plan``'s GEMMs needs beside the slots (the emulator's
+        buffers); call once the slots are allocated."""
+        self.launch.start(self, plan, timing)
 
     def on_device(self):
         """Make this GPU current in the calling thread (CuPy's current device is per thread)."""
@@ -361,32 +360,21 @@ class GpuContext:
         B^T with leading dimension h (no transpose needed); a stored-transposed B (h×r) is
         op(B) itself there, so it takes CUBLAS_OP_T with leading dimension r. Likewise for A,
         whose row stripe starts ``row0`` rows in (``row0`` columns in when stored transposed).
-        The kernels of ``kernels/`` take the row-major operands as they are.
-
-        An emulating run (:meth:`emulate`) emulates the product (``panels``: the keys of the
-        panels the slots hold; ``waits``: the events of what it waits for on other streams),
-        or falls back to cuBLAS where its panels need native DGEMM; it returns the note for
-        the run's log.
+        The run's launch (:mod:`oocgemm.cuda.launch`) takes the block first where its kernel
+        is not cuBLAS: a kernel of ``kernels/``, which takes the row-major operands as they
+        are, or the emulator (``panels``: the keys of the panels the slots hold; ``waits``:
+        the events of what it waits for on other streams), which leaves to cuBLAS the blocks
+        whose panels need native DGEMM. Returns the note for the run's log.
         """
         rows = w - row0 if rows is None else rows
         size = self.dtype.itemsize
-        note = None
-        if self.emulator is not None:
-            emulated, note = self.emulator.gemm(
-                panels, a_slot, b_slot, self.device_ptr(c_slot), w, h, r, trans_a, trans_b, alpha,
-                beta, row0, rows, waits)
-            if emulated:
-                return note
         a_ptr = self.device_ptr(a_slot) + (row0 if trans_a else row0 * r) * size
         c_ptr = self.device_ptr(c_slot) + row0 * h * size
-        if self.emulator is None and self.kernel != "cublas":
-            from . import kernels
-
-            kernels.gemm(self.kernel, rows, h, r, alpha, a_ptr, w if trans_a else r,
-                         self.device_ptr(b_slot), r if trans_b else h, beta, c_ptr, h,
-                         dtype=self.dtype, trans_a=trans_a, trans_b=trans_b,
-                         stream=self.streams["compute"], cache=self.resources.kernels)
-            return None
+        block = Block(a_slot, b_slot, c_slot, w, h, r, trans_a, trans_b, alpha, beta, row0,
+                      rows)
+        launched, note = self.launch.gemm(self, block, a_ptr, c_ptr, panels, waits)
+        if launched:
+            return note
         scalars = np.array([alpha, beta], dtype=self.dtype)
         op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
         op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N

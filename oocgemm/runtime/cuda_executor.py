@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 from ..diagnostics.events import EventLog
 from ..errors import OptionError
-from ..kernel_catalog import is_ozaki
 from ..planning.schedule import OpKind, ordered_lane
 from ..storage.frames import Framing
+from ..strategies import strategy_of
 from .base import (
     Cancelled,
     Executor,
@@ -235,17 +235,10 @@ class CudaExecutor(Executor):
 
             with cupy.cuda.Device(self.index):
                 mirror_kernel(plan.problem.itemsize, self.resources.kernels)
-        if is_ozaki(plan.kernel):
-            from ..cuda import ozaki
+        from ..cuda.launch import launch_of
 
-            ozaki.module(self.index, self.resources.kernels)
-        elif plan.kernel != "cublas":
-            from ..cuda import kernels
-
-            prob = plan.problem
-            for vec in (True, False):
-                kernels.function(plan.kernel, prob.dtype, prob.trans_a, prob.trans_b, vec,
-                                 device=self.index, cache=self.resources.kernels)
+        self._launch = launch_of(strategy_of(plan.kernel))
+        self._launch.compile(self.index, self.resources.kernels, plan.problem)
 
     # -- host lanes ---------------------------------------------------------------------------
     def _feed(self, ops, pools, gpu, host_futures, device_futures, submitted) -> None:
@@ -351,8 +344,8 @@ class CudaExecutor(Executor):
         timed: queue.SimpleQueue = queue.SimpleQueue()
         clock = feeder = None
         keep = self.plan.in_core and self.plan.device_bytes <= KEEP_DEVICE_BYTES
-        with GpuContext(self.index, self.plan.problem.dtype, self.plan.kernel,
-                        self.resources, keep_device=keep) as gpu:
+        with GpuContext(self.index, self.plan.problem.dtype, self._launch, self.resources,
+                        keep_device=keep) as gpu:
             try:
                 self._allocate(gpu)
                 # Host tasks are handed to their pools by a feeder, in schedule order, while
@@ -433,8 +426,7 @@ class CudaExecutor(Executor):
                 gpu.device_buffer(name, elements)
         if not startup.measured(self.index, "pinned"):
             startup.pinned(self.index, seconds, pinned_bytes)
-        if is_ozaki(self.plan.kernel):
-            gpu.emulate(self.plan, timing=self.log.record)
+        gpu.start_launch(self.plan, timing=self.log.record)
         if self._framed is not None and self._framed.downloads:
             from ..cuda import nvcomp
 
@@ -488,7 +480,7 @@ class CudaExecutor(Executor):
         # order, so a dependency at or before it needs no second wait. (Same-stream ones
         # need none at all; the schedule names at most one per other stream.)
         waited: dict[str, int] = {}
-        emulating = gpu.emulator is not None
+        waits_across = gpu.launch.waits_across_streams
         for op in lane_ops:
             if self._cancel.is_set():
                 raise Cancelled()
@@ -498,7 +490,7 @@ class CudaExecutor(Executor):
                     host_futures[d].result()
                     continue
                 other = _stream_of(ops[d])
-                if emulating and other != stream:
+                if waits_across and other != stream:
                     waits.append(device_futures[d].result()[1])
                 if other != stream and d > waited.get(other, -1):
                     gpu.wait(stream, device_futures[d].result()[1])
