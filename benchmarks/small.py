@@ -8,7 +8,8 @@ device=..., progress=False)``, numpy in and numpy out (and with ``out=`` a preal
 array). Each size takes fresh random operands, one untimed warm-up of each case, then
 ``repeat`` interleaved rounds; medians are reported. The process's first product (the first
 size's first oocgemm call) is timed apart: it pays for CUDA's start-up, which
-``oocgemm.cuda.startup`` breaks down. Every result is checked against numpy on sampled rows.
+``oocgemm.cuda.startup`` breaks down. The warm-up's and the last round's results are checked
+against numpy on sampled rows, after the timed rounds.
 """
 
 from __future__ import annotations
@@ -75,12 +76,14 @@ def _one_size(n: int, repeat: int, device: str, rng: np.random.Generator, first:
     for name, call in calls.items():  # warm-up, checked
         errors[name] = _check(call(), a, b, rows)
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeat):
-        for name, call in calls.items():
+    last = {}
+    for _ in range(repeat):  # no check between timed calls: numpy's BLAS threads it wakes
+        for name, call in calls.items():  # spin on after it, beside the next call's threads
             begin = time.perf_counter()
-            result = call()
+            last[name] = call()
             times[name].append(time.perf_counter() - begin)
-            errors[name] = max(errors[name], _check(result, a, b, rows))
+    for name, result in last.items():  # each case's own result (out=: its own buffer)
+        errors[name] = max(errors[name], _check(result, a, b, rows))
     plan = oocgemm.plan(a, b, device=device)
     worst = max(errors.values())
     entry = {"n": n, "in_core": plan.in_core, "operations": plan.counts.total,

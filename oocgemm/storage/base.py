@@ -38,6 +38,9 @@ class MatrixSource(abc.ABC):
     #: A whole chunk decodes straight into a caller's C-contiguous buffer by ``read_chunk``
     #: (a plain chunk file and its codec), with no decoded copy in between.
     decodes_into: bool = False
+    #: A read of a region costs what its rows do and no more (a copy out of memory or of a
+    #: file's pages, nothing decoded), so a large one may be made in row bands at once.
+    split_reads: bool = False
     #: ((r0, r1), (c0, c1)): the part of the stored matrix behind it that this source reads,
     #: where it reads a part (another matrix than the whole, by identity); None: the whole.
     region: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -111,6 +114,9 @@ class MatrixSink(abc.ABC):
     on_disk: bool = False
     name: str = "array"
     path: str | None = None
+    #: A write of a region costs what its rows do (a copy into memory), so a large one may
+    #: be made in row bands at once.
+    split_writes: bool = False
 
     @abc.abstractmethod
     def write(self, rows: tuple[int, int], cols: tuple[int, int], block: np.ndarray) -> None:

@@ -12,6 +12,8 @@ from .base import MatrixSink, MatrixSource, blas_view
 
 
 class NumpySource(MatrixSource):
+    split_reads = True  # a copy (of memory, or of a memmap's pages)
+
     def __init__(self, array: np.ndarray, name: str = "numpy array", on_disk: bool = False,
                  path: str | None = None):
         self._array = array
@@ -53,6 +55,8 @@ class CupySource(MatrixSource):
 
 class NumpySink(MatrixSink):
     """Writes into a caller's array (in place), or a new one for ``out=None``."""
+
+    split_writes = True
 
     def __init__(self, array: np.ndarray, name: str = "numpy array"):
         if not array.flags.writeable:
