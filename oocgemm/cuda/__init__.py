@@ -6,18 +6,23 @@ The kernels one can name are listed outside it, in :mod:`oocgemm.kernel_catalog`
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import os
 import time
 
 
+@functools.cache
 def cupy_installed() -> bool:
+    """Whether CuPy can be imported (asked once per process)."""
     return importlib.util.find_spec("cupy") is not None
 
 
+@functools.cache
 def driver_present() -> bool:
-    """An NVIDIA driver with at least one device node, checked without importing CuPy."""
+    """An NVIDIA driver with at least one device node, checked without importing CuPy (once
+    per process, not a listing of /dev on every call)."""
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.isdir("/proc/driver/nvidia/gpus")
 
 
