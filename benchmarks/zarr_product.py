@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from benchmarks.common import GB
+from benchmarks.common import GB, BenchError
 from benchmarks.storage_floor import drop_caches, product_floor, read_files
 from benchmarks.zarr_stores import LAYOUTS, make_store, store_files
 from oocgemm import machine
@@ -169,6 +169,23 @@ def out_options(codec: str | None) -> dict | None:
     return {"chunks": (CHUNK, CHUNK), "compressors": None if codec == "none" else codec}
 
 
+#: ``--out-codecs`` suffixes: who compresses C (``OOCGEMM_GPU_ENCODE``); none: the host's
+#: encoders, whole chunks.
+ENCODERS = {"gpu": "1", "last": "last", "frames": "frames"}
+
+
+def split_codec(codec: str | None) -> tuple[str | None, str | None]:
+    """'zstd@last' -> ('zstd', 'last'): the codec and the ``OOCGEMM_GPU_ENCODE`` it runs with
+    (None: unset)."""
+    if codec is None or "@" not in codec:
+        return codec, None
+    codec, _, suffix = codec.partition("@")
+    if suffix not in ENCODERS:
+        raise BenchError(f"unknown encoder @{suffix}: expected one of "
+                         f"{', '.join('@' + e for e in ENCODERS)}")
+    return codec, ENCODERS[suffix]
+
+
 def stored_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
                for f in files)
@@ -181,9 +198,9 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
     how = drop_caches(store_files(a, b)) if cold else ""
-    gpu = codec is not None and codec.endswith("@gpu")  # 'zstd@gpu': nvCOMP compresses C
-    if gpu:
-        codec, os.environ["OOCGEMM_GPU_ENCODE"] = codec.removesuffix("@gpu"), "1"
+    codec, mode = split_codec(codec)
+    if mode is not None:
+        os.environ["OOCGEMM_GPU_ENCODE"] = mode
     start, times = time.perf_counter(), os.times()
     try:
         r = oocgemm.multiply(
@@ -191,7 +208,7 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
             out_options=out_options(codec),
         )
     finally:
-        if gpu:
+        if mode is not None:
             del os.environ["OOCGEMM_GPU_ENCODE"]
     wall, after = time.perf_counter() - start, os.times()
     return {
@@ -281,9 +298,10 @@ def main(argv=None) -> int:
                              "is the decode floor's (oocgemm's default output: none)")
     parser.add_argument("--out-codecs", default=None,
                         help="comma list of output codecs (none, zstd, blosc, ...) to run "
-                             "oocgemm with, each into 4096² chunks ('zstd@gpu': compressed "
-                             "on the GPU, OOCGEMM_GPU_ENCODE=1); default: oocgemm's "
-                             "default output only")
+                             "oocgemm with, each into 4096² chunks; a suffix says who "
+                             "compresses C (OOCGEMM_GPU_ENCODE): @gpu the GPU (=1), @last "
+                             "the GPU most of the last block, @frames the host a stripe at "
+                             "a time; default: oocgemm's default output only")
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -342,7 +360,7 @@ def floors(a: str, b: str, c: str, work: str, args) -> None:
     say(f"decode floor (warm): read+decode {decode_s:.2f} s "
         f"({sum(x for x, _ in decoded) / decode_s / GB:.2f} GB/s), write C {write_s:.2f} s "
         f"-> {decode_s + write_s:.2f} s")
-    for codec in dict.fromkeys(c.removesuffix("@gpu") for c in (args.out_codecs or "").split(",")):
+    for codec in dict.fromkeys(split_codec(c)[0] for c in (args.out_codecs or "").split(",")):
         if codec:
             f = cpu_floor(a, b, work, args.n, codec, THREADS)
             if f:

@@ -244,3 +244,18 @@ def test_small_products_against_numpy_on_the_cpu(tmp_path):
         assert entry["correct"] and len(entry["oocgemm_out"]["seconds"]) == 2
         assert entry["ratio"] > 0 and entry["ratio_out"] > 0
     assert "--sizes" in fails("small", "--sizes", "a,b", "--device", "cpu")
+
+
+def test_zarr_product_output_encoders():
+    """--out-codecs 'zstd@last': the codec, and who compresses C (OOCGEMM_GPU_ENCODE)."""
+    from benchmarks.common import BenchError
+    from benchmarks.zarr_product import split_codec
+    from oocgemm.runtime.cuda_executor import GPU_ENCODE_MODES
+
+    assert split_codec("zstd") == ("zstd", None) and split_codec(None) == (None, None)
+    modes = {suffix: split_codec(f"zstd@{suffix}") for suffix in ("gpu", "last", "frames")}
+    assert modes == {"gpu": ("zstd", "1"), "last": ("zstd", "last"),
+                     "frames": ("zstd", "frames")}
+    assert {mode for _, mode in modes.values()} <= set(GPU_ENCODE_MODES)
+    with pytest.raises(BenchError, match="@gpu, @last, @frames"):
+        split_codec("zstd@cpu")
