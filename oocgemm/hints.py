@@ -3,11 +3,9 @@ that imports it; it warns once, on import."""
 
 from __future__ import annotations
 
-import warnings
-
 from .typing import DeviceLike, MatrixLike, Scalar, Size
+from .version import renamed
 
 __all__ = ["DeviceLike", "MatrixLike", "Scalar", "Size"]
 
-warnings.warn("oocgemm.hints is oocgemm.typing now; import it from there",
-              DeprecationWarning, stacklevel=2)
+renamed("oocgemm.hints", "oocgemm.typing")

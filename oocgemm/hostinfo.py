@@ -3,9 +3,7 @@ that imports it; it warns once, on import."""
 
 from __future__ import annotations
 
-import warnings
-
 from .machine import available_memory, cores, total_memory  # noqa: F401 - re-exported
+from .version import renamed
 
-warnings.warn("oocgemm.hostinfo is oocgemm.machine now; import it from there",
-              DeprecationWarning, stacklevel=2)
+renamed("oocgemm.hostinfo", "oocgemm.machine")

@@ -3,8 +3,6 @@ that imports it; it warns once, on import."""
 
 from __future__ import annotations
 
-import warnings
-
 from .info import (  # noqa: F401 - re-exported
     blas_info,
     describe_startup,
@@ -12,6 +10,6 @@ from .info import (  # noqa: F401 - re-exported
     startup_info,
     system_info,
 )
+from .version import renamed
 
-warnings.warn("oocgemm.sysinfo is oocgemm.info now; import it from there",
-              DeprecationWarning, stacklevel=2)
+renamed("oocgemm.sysinfo", "oocgemm.info")

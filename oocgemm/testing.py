@@ -4,8 +4,6 @@ on import."""
 
 from __future__ import annotations
 
-import warnings
-
 from .random_matrices import (  # noqa: F401 - re-exported
     DEFAULT_CHUNK,
     RANDOM_BLOCK_BYTES,
@@ -16,6 +14,6 @@ from .random_matrices import (  # noqa: F401 - re-exported
     tolerance,
     write_random,
 )
+from .version import renamed
 
-warnings.warn("oocgemm.testing is oocgemm.random_matrices now; import it from there",
-              DeprecationWarning, stacklevel=2)
+renamed("oocgemm.testing", "oocgemm.random_matrices")

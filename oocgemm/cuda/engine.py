@@ -3,8 +3,7 @@ kept for code that imports it; it warns once, on import."""
 
 from __future__ import annotations
 
-import warnings
-
+from ..version import renamed
 from .context import (  # noqa: F401 - re-exported
     PROCESS,
     SYRK_ROWS,
@@ -18,5 +17,4 @@ from .context import (  # noqa: F401 - re-exported
     mirror_kernel,
 )
 
-warnings.warn("oocgemm.cuda.engine is oocgemm.cuda.context now; import it from there",
-              DeprecationWarning, stacklevel=2)
+renamed("oocgemm.cuda.engine", "oocgemm.cuda.context")
