@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import BudgetError, OptionError
+from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
 from .chunks import chunk_region
@@ -92,7 +93,7 @@ class Plan:
     out of one; :func:`with_ring_decodes`)."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
-    kernel: str = "cublas"
+    kernel: str = DEFAULT
     """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
     done: tuple[tuple[int, int], ...] = ()
     """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
@@ -339,7 +340,7 @@ class Plan:
             + (f" + {prob.beta:g}·C" if prob.reads_c else "") + f"  ({prob.dtype}, K={prob.k})",
             f"  device      {self.device}"
             + ("  (staged through pinned host buffers)" if self.staged else "")
-            + (f", kernel {self.kernel}" if self.kernel != "cublas" else ""),
+            + (f", kernel {self.kernel}" if self.kernel != DEFAULT else ""),
             f"  tile        w={w} h={h} r={r}  ({self.chosen_by})",
             *([f"  operands    A and B are one stored matrix ({prob.a.name}): each chunk read "
                f"and decoded once for both, a panel both need staged once"]

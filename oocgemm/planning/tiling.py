@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError
+from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, most_touched, window_bytes
@@ -97,7 +98,7 @@ class Prediction:
 
 
 def tile_buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
-                 kernel: str = "cublas") -> Buffers:
+                 kernel: str = DEFAULT) -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
     that emulates (``kernel='ozaki'``, staged) keeps each panel's conversion beside it."""
     w, h, r = tile
@@ -187,7 +188,7 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
-            kernel: str = "cublas", symmetric: bool = False, in_core: bool = False
+            kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False
             ) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
@@ -461,7 +462,7 @@ IN_CORE_STRIPE_BYTES = 8 << 20
 
 
 def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, staged: bool,
-                  kernel: str = "cublas", symmetric: bool = False, split_last: int = 1,
+                  kernel: str = DEFAULT, symmetric: bool = False, split_last: int = 1,
                   min_stripes: int = 1) -> dict | None:
     """The plan settings of the in-core shape (:attr:`Plan.in_core`) for ``prob``, or None
     where it does not apply.
@@ -515,7 +516,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
                 split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1,
-                kernel: str = "cublas", symmetric: bool = False) -> tuple[int, int, int]:
+                kernel: str = DEFAULT, symmetric: bool = False) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets (with ``kernel``:
     its memory and its time, where a GPU emulates).
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import DeviceError
+from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 
 
@@ -25,7 +26,7 @@ class Staging:
     ``min_stripes`` and ``ramp_granule`` for the planner), by name."""
 
 
-def cpu_settings(problem, model, kernel: str = "cublas") -> dict:
+def cpu_settings(problem, model, kernel: str = DEFAULT) -> dict:
     """The CPU executor's: 4 reader threads; the last K panel of a block runs in 4 row
     stripes (the run's last block in tapering ones), so that the run's last block is written
     stripe by stripe as its rows become final rather than all after its last GEMM; then what
@@ -33,7 +34,7 @@ def cpu_settings(problem, model, kernel: str = "cublas") -> dict:
     return strategy_of(kernel).stage("cpu", {"readers": 4, "split_last": 4}, problem)
 
 
-def cuda_settings(problem, model, kernel: str = "cublas") -> dict:
+def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
     """The CUDA executor's.
 
     Pageable -> pinned copies need many threads to approach PCIe rates (on the H100: 16
