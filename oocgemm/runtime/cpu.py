@@ -42,6 +42,26 @@ from .base import (
 )
 from .staging import cpu_settings
 
+#: Seconds a lane waits on a dependency before it looks at its state again (:func:`_settled`).
+LOOK_AGAIN = 0.25
+
+
+def _settled(fut: Future):
+    """``fut.result()``, looking at the future again every :data:`LOOK_AGAIN` seconds rather
+    than trusting its wake-up alone. The compute thread is the caller's, where Ctrl-C and
+    SIGTERM raise, and CPython's ``Future.set_result`` marks the future done before it wakes
+    the threads waiting on it: an interrupt that lands between the two leaves them asleep for
+    good (``cancel()`` does nothing to a done future), and the run's ``shutdown(wait=True)``
+    with them. (That was the rare hang after SIGTERM under load: a reader asleep on a GEMM
+    that was done.) ``exception(timeout)`` raises only its own timeout; an operation's error,
+    a TimeoutError too, comes from ``result()``."""
+    while True:
+        try:
+            fut.exception(timeout=LOOK_AGAIN)
+        except TimeoutError:  # not done yet
+            continue
+        return fut.result()
+
 
 class CpuExecutor(Executor):
     """Replays ``plan.schedule`` on the host.
@@ -257,7 +277,7 @@ class CpuExecutor(Executor):
     def _task(self, op, futures, lane_prefix: str):
         def run():
             for d in op.deps:
-                futures[d].result()
+                _settled(futures[d])
             self._timed(op, lane_prefix, pooled=True)
         return run
 
