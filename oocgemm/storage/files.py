@@ -39,7 +39,10 @@ def signals_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
+        # SIGTERM's handler first: a Ctrl-C between the two swaps is then still noted (and
+        # delivered below), where SIGINT's first would raise it with SIGTERM's noting handler
+        # left in place for good. (A SIGTERM between them meets its own handler, as it would.)
+        for signum, handler in reversed(previous.items()):
             signal.signal(signum, handler)
         if arrived:
             _deliver(arrived[0], previous[arrived[0]])
