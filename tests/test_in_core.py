@@ -232,6 +232,20 @@ def test_a_small_product_moves_in_few_stripes(fake_gpu):
     assert all(op.elements * 8 >= 8 << 20 for op in ups["A"] + ups["B"])
 
 
+def test_copies_in_bands_only_where_one_read_of_each_operand_leaves_threads_idle(fake_gpu):
+    """The CUDA executor's rule (runtime.cuda_executor.few_copies), on the planner's plans: n =
+    1024 is one read of A and of B (and of C with beta) and one write; n = 2048 moves each in
+    four stripes, which keep the readers busy; a panelled plan never."""
+    from oocgemm.runtime.cuda_executor import few_copies
+
+    assert few_copies(cuda_plan(1024, 1024, 1024))
+    assert few_copies(cuda_plan(1000, 1313, 777, beta=0.5))
+    assert not few_copies(cuda_plan(2048, 2048, 2048))
+    assert not few_copies(cuda_plan(8192, 1024, 1024))  # A and C in eight stripes
+    panelled = cuda_plan(1024, 1024, 1024, tile=(512, 512, 512))
+    assert not panelled.in_core and not few_copies(panelled)
+
+
 # -- products --------------------------------------------------------------------------------
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
                                              (True, True)])

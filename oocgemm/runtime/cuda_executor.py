@@ -156,6 +156,19 @@ def gpu_framing(plan, sink) -> GpuFrames | None:
     return GpuFrames(framing, indices, writes, stripes, ring, host=mode != "1")
 
 
+def few_copies(plan) -> bool:
+    """Whether a run of ``plan`` copies its operands in row bands (:func:`in_bands`): an
+    in-core product with one read of each operand and one write of C, which would leave
+    most of their pools' threads idle. n = 1024 on the H200: 5.2 -> 4.5 ms; where the
+    stripes already keep the threads busy (n = 2048, 4096: eight reads) bands only contend
+    (8.4 -> 10.3 ms, 19 -> 23 ms)."""
+    if not plan.in_core:
+        return False
+    reads = [op.operand for op in plan.schedule.ops if op.kind is OpKind.READ]
+    writes = sum(op.kind is OpKind.WRITE for op in plan.schedule.ops)
+    return len(reads) == len(set(reads)) and writes <= 1
+
+
 def _on_host(op) -> bool:
     return op.kind in (OpKind.READ, OpKind.WRITE)
 
@@ -226,7 +239,7 @@ class CudaExecutor(Executor):
 
             self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
-        if plan.in_core:  # its copies of memory may go in bands (_few_copies), this many
+        if plan.in_core:  # its copies of memory may go in bands (few_copies), this many
             self.readers = max(self.readers, BAND_THREADS)  # at once
             self.writers = max(self.writers, BAND_THREADS)
         self.index = index
@@ -357,7 +370,7 @@ class CudaExecutor(Executor):
         submitted: list[Future] = []  # the pools' futures of this run's host tasks
         crew = self.resources.crews.acquire(self.readers, self.writers, LANE_THREADS)
         pools = {"read": crew.read, "write": crew.write}
-        self._split = pools if self._few_copies() else None
+        self._split = pools if few_copies(self.plan) else None
         # (op, stream, start, end, reported) of each device operation the clock thread is to
         # time; reported: on_event hears of it (GEMMs and FILLs, for the progress bars).
         timed: queue.SimpleQueue = queue.SimpleQueue()
@@ -425,17 +438,6 @@ class CudaExecutor(Executor):
                     self._encoder.close()
                     self._encoder = None
         return self.log
-
-    def _few_copies(self) -> bool:
-        """Whether the run's copies of memory go in row bands (:func:`in_bands`): an
-        in-core product with a read of each operand and a write of C, which leave most of
-        their pools' threads idle. n = 1024 on the H200: 5.2 -> 4.5 ms; where the stripes
-        already keep the threads busy (n = 2048, 4096: eight reads) bands only contend
-        (8.4 -> 10.3 ms, 19 -> 23 ms)."""
-        if not self.plan.in_core:
-            return False
-        kinds = [op.kind for op in self.schedule.ops]
-        return kinds.count(OpKind.READ) <= 2 and kinds.count(OpKind.WRITE) <= 1
 
     def _allocate(self, gpu) -> None:
         """The schedule's slots: device buffers, and the pinned ring (the first run on the
