@@ -239,8 +239,8 @@ class CudaExecutor(Executor):
 
             self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
-        if plan.in_core:  # its copies of memory may go in bands (few_copies), this many
-            self.readers = max(self.readers, BAND_THREADS)  # at once
+        if few_copies(plan):  # its copies of memory go in bands, on this many at once
+            self.readers = max(self.readers, BAND_THREADS)
             self.writers = max(self.writers, BAND_THREADS)
         self.index = index
         self._framed = gpu_framing(plan, sink)
@@ -296,9 +296,7 @@ class CudaExecutor(Executor):
                 if op.kind is OpKind.READ:
                     source, out = self.sources[op.operand], gpu.host_view(op.dst, op.shape)
                     if self._split and source.split_reads:
-                        in_bands(lambda lo, hi: source.read((r0 + lo, r0 + hi), (c0, c1),
-                                                            out[lo:hi]),
-                                 r1 - r0, out[0].nbytes, self._split["read"], BAND_THREADS)
+                        self._banded("read", source.read, op.region, out)
                     else:
                         source.read((r0, r1), (c0, c1), out)
                 elif self._framed is not None and op.index in self._framed.writes:
@@ -308,10 +306,8 @@ class CudaExecutor(Executor):
                                          (r0, r1), (c0, c1))
                     self.sink.write_frames((r0, r1), (c0, c1), pieces)
                 elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
-                    block = gpu.host_view(op.src[0], op.shape)
-                    in_bands(lambda lo, hi: self.sink.write((r0 + lo, r0 + hi), (c0, c1),
-                                                            block[lo:hi]),
-                             r1 - r0, block[0].nbytes, self._split["write"], BAND_THREADS)
+                    self._banded("write", self.sink.write, op.region,
+                                 gpu.host_view(op.src[0], op.shape))
                 else:  # WRITE from the output ring
                     self.sink.write((r0, r1), (c0, c1),
                                     with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
@@ -321,6 +317,13 @@ class CudaExecutor(Executor):
             lane = "read" if op.kind is OpKind.READ else "write"
             self._report(op, thread_lane(lane), start, end, wanted=self.on_event is not None)
         return run
+
+    def _banded(self, pool: str, move, region, buffer) -> None:
+        """``move(rows, cols, part)`` (a source's read or the sink's write) of ``region``
+        through ``buffer``, in row bands on the run's ``pool`` (:func:`in_bands`)."""
+        (r0, r1), cols = region
+        in_bands(lambda lo, hi: move((r0 + lo, r0 + hi), cols, buffer[lo:hi]), r1 - r0,
+                 buffer[0].nbytes, self._split[pool], BAND_THREADS)
 
     # -- device lanes -------------------------------------------------------------------------
     def _enqueue(self, gpu, op, waits=()) -> None:
