@@ -92,3 +92,43 @@ def test_engine_close_stops_its_threads(rng):
         resources = engine.resources("cuda")
         assert resources.crews._idle
     assert not resources.crews._idle
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_a_product_of_few_operations_runs_in_the_calling_thread(rng, monkeypatch, beta):
+    """One read of each operand and one write of C (n = 1024): the run replays its schedule
+    in the calling thread (no feeder, dispatchers or clock), with the same result and the
+    same events; a product of more stripes (n = 2048) keeps its threads."""
+    from oocgemm.runtime.cuda_executor import CudaExecutor
+
+    inline = []
+    real = CudaExecutor._run_inline
+    monkeypatch.setattr(CudaExecutor, "_run_inline",
+                        lambda self: inline.append(self.plan.problem.m) or real(self))
+    for n in (1024, 2048):
+        a, b = rand(rng, (n, n - 3)), rand(rng, (n - 3, n + 5))
+        c = rand(rng, (n, n + 5)) if beta else None
+        out = poisoned((n, n + 5))
+        r = oocgemm.multiply(a, b, out, c=c, beta=beta, device="cuda", progress=False)
+        assert r.plan.in_core
+        assert_gemm(out, a, b, c, beta=beta)
+        kinds = sorted(e.kind for e in r.timeline.events)
+        assert kinds.count("gemm") >= 1 and kinds.count("write") >= 1
+        assert len(r.timeline.events) == len(r.plan.schedule.ops)
+    assert inline == [1024]
+
+
+def test_a_failed_write_of_a_product_run_inline_is_an_error_and_leaves_nothing(
+        rng, tmp_path, monkeypatch):
+    """A product run in the calling thread fails as a threaded one does."""
+    from oocgemm.errors import OOCGemmError
+    from oocgemm.storage import npy
+
+    def full(self, rows, cols, block):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(npy.NpySink, "write", full)
+    a, b = rand(rng, (1024, 1024)), rand(rng, (1024, 1024))
+    with pytest.raises(OOCGemmError, match="No space left"):
+        oocgemm.multiply(a, b, str(tmp_path / "c.npy"), device="cuda", progress=False)
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary

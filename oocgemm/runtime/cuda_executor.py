@@ -157,11 +157,12 @@ def gpu_framing(plan, sink) -> GpuFrames | None:
 
 
 def few_copies(plan) -> bool:
-    """Whether a run of ``plan`` copies its operands in row bands (:func:`in_bands`): an
-    in-core product with one read of each operand and one write of C, which would leave
-    most of their pools' threads idle. n = 1024 on the H200: 5.2 -> 4.5 ms; where the
-    stripes already keep the threads busy (n = 2048, 4096: eight reads) bands only contend
-    (8.4 -> 10.3 ms, 19 -> 23 ms)."""
+    """Whether a run of ``plan`` copies its operands in row bands (:func:`in_bands`) and
+    runs in the calling thread (:meth:`CudaExecutor._run_inline`): an in-core product with
+    one read of each operand and one write of C, which would leave most of their pools'
+    threads idle. Bands at n = 1024 on the H200: 5.2 -> 4.5 ms; where the stripes already
+    keep the threads busy (n = 2048, 4096: eight reads) they only contend (8.4 -> 10.3 ms,
+    19 -> 23 ms)."""
     if not plan.in_core:
         return False
     reads = [op.operand for op in plan.schedule.ops if op.kind is OpKind.READ]
@@ -289,34 +290,40 @@ class CudaExecutor(Executor):
                     device_futures[d].result()[1].synchronize()
             if self._cancel.is_set():
                 raise Cancelled()
-            start = self.log.now()
-            (r0, r1), (c0, c1) = op.region
-            self._nvtx.push(op)
-            try:
-                if op.kind is OpKind.READ:
-                    source, out = self.sources[op.operand], gpu.host_view(op.dst, op.shape)
-                    if self._split and source.split_reads:
-                        self._banded("read", source.read, op.region, out)
-                    else:
-                        source.read((r0, r1), (c0, c1), out)
-                elif self._framed is not None and op.index in self._framed.writes:
-                    from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
-
-                    pieces = read_stripe(self._framed.framing, gpu.pinned_bytes(op.src[0]),
-                                         (r0, r1), (c0, c1))
-                    self.sink.write_frames((r0, r1), (c0, c1), pieces)
-                elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
-                    self._banded("write", self.sink.write, op.region,
-                                 gpu.host_view(op.src[0], op.shape))
-                else:  # WRITE from the output ring
-                    self.sink.write((r0, r1), (c0, c1),
-                                    with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
-            finally:
-                self._nvtx.pop()
-            end = self.log.now()
-            lane = "read" if op.kind is OpKind.READ else "write"
-            self._report(op, thread_lane(lane), start, end, wanted=self.on_event is not None)
+            self._host_op(op, gpu)
         return run
+
+    def _host_op(self, op, gpu, thread: str | None = None) -> None:
+        """Run the READ or WRITE ``op`` now (what it waits for is done) and log it on the
+        calling pool thread's lane ('read-3'), or on ``thread``'s of its pool ('0')."""
+        start = self.log.now()
+        (r0, r1), (c0, c1) = op.region
+        self._nvtx.push(op)
+        try:
+            if op.kind is OpKind.READ:
+                source, out = self.sources[op.operand], gpu.host_view(op.dst, op.shape)
+                if self._split and source.split_reads:
+                    self._banded("read", source.read, op.region, out)
+                else:
+                    source.read((r0, r1), (c0, c1), out)
+            elif self._framed is not None and op.index in self._framed.writes:
+                from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
+
+                pieces = read_stripe(self._framed.framing, gpu.pinned_bytes(op.src[0]),
+                                     (r0, r1), (c0, c1))
+                self.sink.write_frames((r0, r1), (c0, c1), pieces)
+            elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
+                self._banded("write", self.sink.write, op.region,
+                             gpu.host_view(op.src[0], op.shape))
+            else:  # WRITE from the output ring
+                self.sink.write((r0, r1), (c0, c1),
+                                with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
+        finally:
+            self._nvtx.pop()
+        end = self.log.now()
+        pool = "read" if op.kind is OpKind.READ else "write"
+        lane = thread_lane(pool) if thread is None else f"{pool}-{thread}"
+        self._report(op, lane, start, end, wanted=self.on_event is not None)
 
     def _banded(self, pool: str, move, region, buffer) -> None:
         """``move(rows, cols, part)`` (a source's read or the sink's write) of ``region``
@@ -367,6 +374,9 @@ class CudaExecutor(Executor):
         from ..diagnostics.nvtx import Ranges
 
         self._nvtx = Ranges()
+        if self._framed is None and not self._launch.waits_across_streams \
+                and few_copies(self.plan):
+            return self._run_inline()
         ops = self.schedule.ops
         host_futures, device_futures = _Futures(), _Futures()  # device: (start, end) events
         lane_futures: list[Future] = []
@@ -440,6 +450,67 @@ class CudaExecutor(Executor):
                     gpu.streams["c"].synchronize()
                     self._encoder.close()
                     self._encoder = None
+        return self.log
+
+    def _run_inline(self) -> EventLog:
+        """:meth:`run` of a product of a few operations (:func:`few_copies`), in the calling
+        thread: each operation in schedule order, the host's now (their copies in bands),
+        the device's enqueued on their streams after event waits for what they wait for on
+        the others, their times read once the streams are done. No feeder, dispatcher or
+        clock thread: n = 1024's run took 3.0 ms in threads, 2.0 of them the operations.
+        The schedule's order is one its dependencies allow, so nothing waits out of turn."""
+        from ..cuda.context import GpuContext
+
+        ops = self.schedule.ops
+        crew = self.resources.crews.acquire(self.readers, self.writers, LANE_THREADS)
+        self._split = {"read": crew.read, "write": crew.write}
+        timing = self.log.record or self.on_event is not None
+        ends: dict[int, object] = {}  # device operations: the event of their end
+        timed = []  # (op, stream, start event, end event)
+        keep = self.plan.device_bytes <= KEEP_DEVICE_BYTES
+        try:
+            with GpuContext(self.index, self.plan.problem.dtype, self._launch, self.resources,
+                            keep_device=keep) as gpu:
+                self._allocate(gpu)
+                reference = gpu.event("compute")
+                reference.synchronize()
+                origin = self.log.now()
+                for op in ops:
+                    if self._cancel.is_set():
+                        raise Cancelled()
+                    if _on_host(op):
+                        for d in op.deps:
+                            if d in ends:
+                                ends[d].synchronize()
+                        self._host_op(op, gpu, thread="0")  # one lane each: in turn
+                        continue
+                    stream = _stream_of(op)
+                    for d in op.deps:  # host ones are done: they came before it
+                        if d in ends and _stream_of(ops[d]) != stream:
+                            gpu.wait(stream, ends[d])
+                    start = gpu.event(stream) if timing else None
+                    self._nvtx.push(op)
+                    try:
+                        self._enqueue(gpu, op)
+                    finally:
+                        self._nvtx.pop()
+                    ends[op.index] = gpu.event(stream)
+                    timed.append((op, stream, start, ends[op.index]))
+                for stream_ in gpu.streams.values():
+                    stream_.synchronize()
+                for op, stream, start, end in timed:
+                    if not timing:
+                        self.log.count(op)
+                        continue
+                    reported = self.on_event is not None and op.kind in (OpKind.GEMM,
+                                                                          OpKind.FILL)
+                    self._report(op, stream, origin + gpu.elapsed_ms(reference, start) / 1e3,
+                                 origin + gpu.elapsed_ms(reference, end) / 1e3,
+                                 wanted=reported)
+        except BaseException as exc:
+            raise failure(exc, ()) from None
+        finally:
+            self.resources.crews.give_back(crew)
         return self.log
 
     def _allocate(self, gpu) -> None:
