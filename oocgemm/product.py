@@ -24,6 +24,8 @@ says what happened.
 from __future__ import annotations
 
 import numbers
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -200,8 +202,14 @@ class Product:
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = _budgets(self.device, self.options)
         staging = staging_for(self.device.kind, problem, model, kernel)
-        return plan_product(problem, self.options, str(self.device), kernel, model, mem, host,
-                            staging)
+        args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
+        key = _plan_key(*args)
+        plan = SMALL_PLANS.get(key)
+        if plan is None:
+            plan = plan_product(*args)
+            if key is not None and _one_block(plan):
+                SMALL_PLANS.put(key, plan)
+        return plan
 
 
 # ------------------------------------------------------------------------------------------
@@ -244,6 +252,62 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
         # on the CPU: 7 GEMMs took 1.4x the time of one.
         settings["split_last"] = 1
     return finished(Plan(tile=tile, **settings))
+
+
+class PlanCache:
+    """The last few plans of one C block and one K panel, by what made them
+    (:func:`plan_product` is a pure function of its arguments, and a plan with its schedule
+    is immutable): a loop of small products of one shape plans once. Planning and building
+    the schedule took 0.5 ms of the 3.6 ms of an n = 1024 product from numpy on the H200; a
+    product of many blocks runs for seconds, and its plans (schedules of thousands of
+    operations) are not kept."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._plans: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key) -> Plan | None:
+        if key is None:
+            return None
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+#: The process's plans of small products (:class:`PlanCache`).
+SMALL_PLANS = PlanCache()
+
+
+def _one_block(plan: Plan) -> bool:
+    """One C block and one K panel: a schedule of a few operations."""
+    prob = plan.problem
+    return plan.tile[0] >= prob.m and plan.tile[1] >= prob.n and plan.tile[2] >= prob.k
+
+
+def _plan_key(problem: Problem, options: Options, device: str, kernel: str, model, mem: int,
+              host: int, staging: Staging):
+    """What :func:`plan_product` reads of its arguments, hashable; None where a part is not
+    (such a plan is made each time)."""
+    key = (problem, type(problem.alpha), type(problem.beta), options.tile, device, kernel,
+           model, mem, host, staging.staged, tuple(sorted(staging.settings.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _budgets(dev: Device, options: Options):

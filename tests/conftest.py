@@ -71,3 +71,15 @@ def workdir(tmp_path, monkeypatch):
     """A fresh directory that is also the current directory (relative paths land in it)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_kept():
+    """Each test plans afresh: the process's plans of small products
+    (``oocgemm.product.SMALL_PLANS``) are not carried from one test into the next, where a
+    test may patch what the planner reads."""
+    from oocgemm.product import SMALL_PLANS
+
+    SMALL_PLANS.clear()
+    yield
+    SMALL_PLANS.clear()

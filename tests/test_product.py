@@ -123,3 +123,42 @@ def test_the_command_line_flags_come_from_the_one_definition():
         for name in flagged - own:
             assert tuple(params[name].opts) == defined[name]["flags"]
             assert params[name].help == defined[name]["help"]
+
+
+def test_small_products_of_one_shape_plan_once_and_each_runs_on_its_own_data(rng):
+    """A loop of small products: the second of the same shape, scalars and budgets gets the
+    first's plan (the same object: its schedule is built once); each result is its own."""
+    m, n, k = 67, 41, 53
+    plans = []
+    for beta in (0.0, 0.0, 0.5, 0.5):
+        a, b, c = rand(rng, (m, k)), rand(rng, (k, n)), rand(rng, (m, n))
+        out = poisoned((m, n))
+        result = oocgemm.multiply(a, b, out, c=c, alpha=-2.0, beta=beta, device="cpu",
+                                  progress=False)
+        assert_gemm(out, a, b, c, alpha=-2.0, beta=beta)
+        plans.append(result.plan)
+    assert plans[0].n_blocks == 1
+    assert plans[1] is plans[0] and plans[3] is plans[2]
+    assert plans[2] is not plans[0] and plans[2].problem.beta == 0.5  # beta: another plan
+    other = oocgemm.plan(rand(rng, (m + 1, k)), rand(rng, (k, n)), device="cpu")
+    assert other is not plans[0] and other.problem.m == m + 1
+
+
+def test_plans_of_many_blocks_are_made_each_time(rng):
+    """Only plans of one C block and one K panel are kept: the others are made anew."""
+    a, b = rand(rng, (90, 70)), rand(rng, (70, 80))
+    first, second = (oocgemm.plan(a, b, device="cpu", tile=(32, 32, 32)) for _ in range(2))
+    assert first.n_blocks > 1
+    assert first == second and first is not second
+
+
+def test_the_plan_cache_keeps_the_last_few():
+    from oocgemm.product import PlanCache
+
+    cache = PlanCache(size=2)
+    plans = [object(), object(), object()]
+    for key, plan in zip("xyz", plans):
+        cache.put(key, plan)
+        cache.get("x")  # used again: kept, while y is the oldest unused
+    assert cache.get("x") is plans[0] and cache.get("y") is None and cache.get("z") is plans[2]
+    assert cache.get(None) is None
