@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import cupy
 import numpy as np
@@ -120,37 +121,55 @@ class PinnedPool:
                 runtime.hostUnregister(ptr)  # the pages go with the last reference
 
 
+class Lanes(NamedTuple):
+    """A run's cuBLAS handle and its streams ('h2d', 'compute', 'c'), the handle on the
+    compute stream."""
+
+    handle: int
+    streams: dict
+
+
 class HandlePool:
-    """cuBLAS handles per GPU, kept for reuse between runs (creating and destroying one cost
-    milliseconds a run); a run holds its own, so that concurrent runs never share a stream
-    setting."""
+    """cuBLAS handles per GPU with their streams (:class:`Lanes`), kept for reuse between
+    runs (creating and destroying a handle cost milliseconds a run; new streams cost a small
+    product's run 0.1 ms, its first GEMM on them the most); a run holds its own, so that
+    concurrent runs never share a stream."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._idle: dict[int, list[int]] = {}
+        self._idle: dict[int, list[Lanes]] = {}
 
-    def acquire(self, index: int) -> int:
-        """A handle for GPU ``index``, which must be the current device."""
+    def acquire(self, index: int) -> Lanes:
+        """A handle and its streams for GPU ``index``, which must be the current device."""
         with self._lock:
             idle = self._idle.get(index)
             if idle:
                 return idle.pop()
+        # C's stream first: what runs there (C's compression on the GPU, when it is
+        # compressed there) holds up the output's writers, and the GEMMs can wait.
+        # (CUDA clamps a priority beyond its range to the highest it has.)
+        streams = {"h2d": cupy.cuda.Stream(non_blocking=True),
+                   "compute": cupy.cuda.Stream(non_blocking=True),
+                   "c": cupy.cuda.Stream(non_blocking=True, priority=-1024)}
         handle = cublas.create()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        return handle
+        cublas.setStream(handle, streams["compute"].ptr)
+        return Lanes(handle, streams)
 
-    def give_back(self, index: int, handle: int) -> None:
+    def give_back(self, index: int, lanes: Lanes) -> None:
+        """``lanes`` for the next run (nothing may be in flight on their streams)."""
         with self._lock:
-            self._idle.setdefault(index, []).append(handle)
+            self._idle.setdefault(index, []).append(lanes)
 
     def release(self) -> None:
-        """Destroy the idle handles."""
+        """Destroy the idle handles (and drop their streams)."""
         with self._lock:
             idle, self._idle = self._idle, {}
-        for index, handles in idle.items():
+        for index, kept in idle.items():
             with cupy.cuda.Device(index):
-                for handle in handles:
-                    cublas.destroy(handle)
+                for lanes in kept:
+                    cublas.setStream(lanes.handle, 0)
+                    cublas.destroy(lanes.handle)
 
 
 class Crew:
@@ -243,21 +262,15 @@ class GpuContext:
         self.device = cupy.cuda.Device(index)
         self._device_buffers: dict[str, cupy.ndarray] = {}
         self._pinned: dict[str, tuple] = {}
-        self._handle = None
+        self._lanes: Lanes | None = None
         self.streams: dict[str, cupy.cuda.Stream] = {}
 
     # -- lifetime ----------------------------------------------------------------------------
     def __enter__(self) -> GpuContext:
         self.device.__enter__()
         try:
-            # C's stream first: what runs there (C's compression on the GPU, when it is
-            # compressed there) holds up the output's writers, and the GEMMs can wait.
-            # (CUDA clamps a priority beyond its range to the highest it has.)
-            self.streams = {"h2d": cupy.cuda.Stream(non_blocking=True),
-                            "compute": cupy.cuda.Stream(non_blocking=True),
-                            "c": cupy.cuda.Stream(non_blocking=True, priority=-1024)}
-            self._handle = self.resources.handles.acquire(self.index)
-            cublas.setStream(self._handle, self.streams["compute"].ptr)
+            self._lanes = self.resources.handles.acquire(self.index)
+            self.streams = self._lanes.streams
         except BaseException:
             self.device.__exit__(None, None, None)
             raise
@@ -273,10 +286,9 @@ class GpuContext:
             for ptr, _ in self._pinned.values():
                 self.resources.pinned.give_back(ptr)
             self._pinned.clear()
-            if self._handle is not None:
-                cublas.setStream(self._handle, 0)  # not a stream about to be destroyed
-                self.resources.handles.give_back(self.index, self._handle)
-                self._handle = None
+            if self._lanes is not None:
+                self.resources.handles.give_back(self.index, self._lanes)
+                self._lanes = None
             self.streams = {}
             if not self.keep_device:
                 cupy.get_default_memory_pool().free_all_blocks()
@@ -285,7 +297,7 @@ class GpuContext:
     @property
     def handle(self) -> int:
         """The run's cuBLAS handle, on the compute stream."""
-        return self._handle
+        return self._lanes.handle if self._lanes is not None else None
 
     @property
     def emulator(self):
@@ -385,7 +397,7 @@ class GpuContext:
                                      scalars, lo, min(SYRK_ROWS, row0 + rows - lo))
                 return note
             _GEMM[self.dtype](
-                self._handle, op_b, op_a, h, rows, r,
+                self.handle, op_b, op_a, h, rows, r,
                 scalars[0:1].ctypes.data, self.device_ptr(b_slot), r if trans_b else h,
                 a_ptr, w if trans_a else r,
                 scalars[1:2].ctypes.data, c_ptr, h)
@@ -402,14 +414,14 @@ class GpuContext:
         # Row-major upper is column-major lower; op(A)'s stripe is A's column-major matrix
         # itself when A is stored transposed (N), its transpose otherwise (T).
         _SYRK[self.dtype](
-            self._handle, cublas.CUBLAS_FILL_MODE_LOWER,
+            self.handle, cublas.CUBLAS_FILL_MODE_LOWER,
             cublas.CUBLAS_OP_N if trans_a else cublas.CUBLAS_OP_T, rows, r,
             scalars[0:1].ctypes.data, a_ptr, lda, scalars[1:2].ctypes.data, c_ptr, h)
         col0 = row0 + rows
         if col0 < h:
             b_ptr = self.device_ptr(b_slot) + (col0 * r if trans_b else col0) * size
             _GEMM[self.dtype](
-                self._handle, cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
+                self.handle, cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
                 cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N, h - col0, rows, r,
                 scalars[0:1].ctypes.data, b_ptr, r if trans_b else h, a_ptr, lda,
                 scalars[1:2].ctypes.data, c_ptr + rows * size, h)
