@@ -115,7 +115,36 @@ def test_a_product_of_few_operations_runs_in_the_calling_thread(rng, monkeypatch
         kinds = sorted(e.kind for e in r.timeline.events)
         assert kinds.count("gemm") >= 1 and kinds.count("write") >= 1
         assert len(r.timeline.events) == len(r.plan.schedule.ops)
+        if n == 1024:  # A's copy started while B's ran: on a lane of its own
+            lanes = {e.operand: e.lane for e in r.timeline.events if e.kind == "read"}
+            assert lanes["B"] == "read-0" and lanes["A"] == "read-1"
     assert inline == [1024]
+
+
+def test_a_failed_read_started_ahead_is_an_error_and_the_next_product_is_right(
+        rng, monkeypatch):
+    """A's copy, started while B's runs, fails: the run raises, none of its bands outlives
+    it (the next product, which takes the same pinned buffers, is right)."""
+    from oocgemm.errors import OOCGemmError
+    from oocgemm.storage.memory import NumpySource
+
+    a, b = rand(rng, (1024, 1024)), rand(rng, (1024, 1024))
+    real = NumpySource.read
+
+    def failing(self, rows, cols, out):
+        if self._array is a and rows[0] >= 512:
+            raise OSError(5, "Input/output error")
+        return real(self, rows, cols, out)
+
+    monkeypatch.setattr(NumpySource, "read", failing)
+    with pytest.raises(OOCGemmError, match="Input/output error"):
+        oocgemm.multiply(a, b, poisoned((1024, 1024)), device="cuda", progress=False)
+    monkeypatch.setattr(NumpySource, "read", real)
+    for _ in range(3):
+        a, b = rand(rng, (1024, 1024)), rand(rng, (1024, 1024))
+        out = poisoned((1024, 1024))
+        oocgemm.multiply(a, b, out, device="cuda", progress=False)
+        assert_gemm(out, a, b)
 
 
 def test_a_failed_write_of_a_product_run_inline_is_an_error_and_leaves_nothing(

@@ -114,45 +114,64 @@ def framed_writes(plan, sink):
     return sink.framing()
 
 
-#: The least bytes of a row band that :func:`in_bands` gives a thread of its own.
+#: The least bytes of a row band that :class:`Bands` gives a thread of its own.
 BAND_BYTES = 1 << 20
 
 
-def in_bands(work, rows: int, row_bytes: int, pool, threads: int) -> None:
-    """``work(lo, hi)`` over row bands covering ``[0, rows)``: on the calling thread and on
-    up to ``threads - 1`` threads of ``pool`` that are free now, each band at least
-    `BAND_BYTES` (rows of ``row_bytes``). A copy of an in-core product's operand (8 MB at
-    n = 1024) takes one thread 0.8-1.0 ms on the H200's host, which four do in about a
-    quarter of that.
+class Bands:
+    """``work(lo, hi)`` over row bands covering ``[0, rows)``, each at least `BAND_BYTES`
+    (rows of ``row_bytes``), started now on up to ``threads`` threads of ``pool`` (one fewer
+    with ``caller``: the calling thread takes its share in :meth:`join`). A copy of an
+    in-core product's operand (8 MB at n = 1024) takes one thread 0.8-1.0 ms on the H200's
+    host, and four 0.5 ms.
 
-    The bands are taken from a shared queue by whoever is free; once the calling thread
-    finds none left it cancels the helpers that have not started (all of its pool's threads
-    may be busy, some waiting on this very call) and waits only for those that have. So the
-    call never waits for a queued task, and is as quick as the calling thread alone when
-    the pool has no thread to spare. The first error raises once every band started is done.
+    The bands are taken from a shared queue by whoever is free; once :meth:`join`'s thread
+    finds none left it cancels the helpers that have not started (all of the pool's threads
+    may be busy, some waiting on this very call) and waits only for those that have. So a
+    join never waits for a queued task, and is as quick as its thread alone when the pool
+    has no thread to spare. Bands started ahead (``caller=False``) let the copies of two
+    operands overlap; :meth:`stop` ends them where the run fails before their join.
     """
-    step = max(1, BAND_BYTES // max(1, row_bytes), -(-rows // max(1, threads)))
-    bands = iter([(lo, min(lo + step, rows)) for lo in range(0, rows, step)])
-    lock = threading.Lock()
 
-    def drain() -> None:
+    def __init__(self, work, rows: int, row_bytes: int, pool, threads: int, *,
+                 caller: bool = True):
+        step = max(1, BAND_BYTES // max(1, row_bytes), -(-rows // max(1, threads)))
+        self._work = work
+        self._bands = iter([(lo, min(lo + step, rows)) for lo in range(0, rows, step)])
+        self._lock = threading.Lock()
+        helpers = min(threads, -(-rows // step)) - (1 if caller else 0)
+        self._helpers = [pool.submit(self._drain) for _ in range(max(0, helpers))]
+
+    def _drain(self) -> None:
         while True:
-            with lock:
-                band = next(bands, None)
+            with self._lock:
+                band = next(self._bands, None)
             if band is None:
                 return
-            work(*band)
+            self._work(*band)
 
-    helpers = [pool.submit(drain) for _ in range(min(threads, -(-rows // step)) - 1)]
-    try:
-        drain()
-    finally:
-        for helper in helpers:
+    def join(self) -> None:
+        """Take the bands left on the calling thread, then wait for the helpers that have
+        started; the first error raises once every band started is done."""
+        try:
+            self._drain()
+        finally:
+            self._settle()
+        for helper in self._helpers:
+            if not helper.cancelled() and helper.exception() is not None:
+                raise helper.exception()
+
+    def stop(self) -> None:
+        """Leave the bands not started and wait for those that have (a run that failed,
+        before the buffers they fill go); their errors are dropped."""
+        with self._lock:
+            self._bands = iter(())
+        self._settle()
+
+    def _settle(self) -> None:
+        for helper in self._helpers:
             if not helper.cancel():
-                helper.exception()  # wait for it, its error raised below
-    for helper in helpers:
-        if not helper.cancelled() and helper.exception() is not None:
-            raise helper.exception()
+                helper.exception()  # wait for it
 
 
 def thread_lane(prefix: str) -> str:
