@@ -90,8 +90,42 @@ def test_engine_close_stops_its_threads(rng):
     with oocgemm.Engine(device="cuda") as engine:
         engine.multiply(a, b, progress=False)
         resources = engine.resources("cuda")
-        assert resources.crews._idle
-    assert not resources.crews._idle
+        assert resources.crews._idle and resources.handles._idle
+    assert not resources.crews._idle and not resources.handles._idle
+
+
+def test_runs_keep_their_handle_and_streams_and_concurrent_runs_have_their_own(rng):
+    """A run's cuBLAS handle comes with its streams (cuda.context.Lanes): the next run takes
+    the same; runs at once each take their own, and every product is right."""
+    import threading
+
+    a, b = rand(rng, (1024, 1024)), rand(rng, (1024, 1024))
+    with oocgemm.Engine(device="cuda") as engine:
+        engine.multiply(a, b, progress=False)
+        pool = engine.resources("cuda").handles
+        (kept,) = pool._idle[0]
+        for _ in range(3):
+            assert_gemm(engine.multiply(a, b, progress=False).out, a, b)
+            assert pool._idle[0] == [kept]
+        results, errors = {}, []
+
+        def run(i):
+            try:
+                x, y = rand(np.random.default_rng(i), (1024, 1024)), b
+                results[i] = (x, engine.multiply(x, y, progress=False).out)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for x, out in results.values():
+            assert_gemm(out, x, b)
+        lanes = pool._idle[0]
+        assert kept in lanes and len({id(x.streams["compute"]) for x in lanes}) == len(lanes)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])
