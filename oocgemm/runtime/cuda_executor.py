@@ -303,13 +303,12 @@ class CudaExecutor(Executor):
         self._nvtx.push(op)
         try:
             if op.kind is OpKind.READ:
-                source, out = self.sources[op.operand], gpu.host_view(op.dst, op.shape)
-                if ahead is not None:
-                    ahead[1].join()
-                elif self._split and source.split_reads:
-                    self._banded("read", source.read, op.region, out).join()
+                bands = ahead[1] if ahead is not None else self._read_bands(op, gpu)
+                if bands is not None:
+                    bands.join()
                 else:
-                    source.read((r0, r1), (c0, c1), out)
+                    self.sources[op.operand].read((r0, r1), (c0, c1),
+                                                  gpu.host_view(op.dst, op.shape))
             elif self._framed is not None and op.index in self._framed.writes:
                 from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
 
@@ -337,6 +336,15 @@ class CudaExecutor(Executor):
         return Bands(lambda lo, hi: move((r0 + lo, r0 + hi), cols, buffer[lo:hi]), r1 - r0,
                      buffer[0].nbytes, self._split[pool], BAND_THREADS, caller=caller)
 
+    def _read_bands(self, op, gpu, caller: bool = True) -> Bands | None:
+        """The bands of READ ``op``, started now, where the run copies in bands and its
+        source reads in them; else None."""
+        source = self.sources[op.operand]
+        if not (self._split and source.split_reads):
+            return None
+        return self._banded("read", source.read, op.region, gpu.host_view(op.dst, op.shape),
+                            caller=caller)
+
     def _read_ahead(self, ops, i: int, gpu, ahead: dict) -> None:
         """Start the bands of the next READ after ``ops[i]`` on the read pool now, into
         ``ahead`` (index: (start, Bands)), where nothing it waits for is left (what it
@@ -347,11 +355,9 @@ class CudaExecutor(Executor):
         if nxt is None or nxt.index in ahead or not all(
                 d < i and _on_host(ops[d]) for d in nxt.deps):
             return
-        source = self.sources[nxt.operand]
-        if source.split_reads:
-            ahead[nxt.index] = (self.log.now(), self._banded(
-                "read", source.read, nxt.region, gpu.host_view(nxt.dst, nxt.shape),
-                caller=False))
+        start, bands = self.log.now(), self._read_bands(nxt, gpu, caller=False)
+        if bands is not None:
+            ahead[nxt.index] = (start, bands)
 
     # -- device lanes -------------------------------------------------------------------------
     def _enqueue(self, gpu, op, waits=()) -> None:
@@ -422,7 +428,7 @@ class CudaExecutor(Executor):
                 reference = gpu.event("compute")
                 reference.synchronize()
                 origin = self.log.now()
-                if self.log.record or self.on_event is not None:
+                if self._timing:
                     clock = crew.lanes.submit(self._clock, timed, reference, origin, gpu)
                 # One dispatcher per stream, each enqueuing its own operations in schedule
                 # order: a stream held up on the host (the C stream waiting for writers to free
@@ -485,7 +491,6 @@ class CudaExecutor(Executor):
         ops = self.schedule.ops
         crew = self.resources.crews.acquire(self.readers, self.writers, LANE_THREADS)
         self._split = {"read": crew.read, "write": crew.write}
-        timing = self.log.record or self.on_event is not None
         ends: dict[int, object] = {}  # device operations: the event of their end
         timed = []  # (op, stream, start event, end event)
         ahead: dict[int, tuple] = {}  # READs whose bands started early: (start, Bands)
@@ -505,14 +510,12 @@ class CudaExecutor(Executor):
                 for stream_ in gpu.streams.values():
                     stream_.synchronize()
                 for op, stream, start, end in timed:
-                    if not timing:
+                    if self._timing:
+                        self._report(op, stream,
+                                     *self._clock_times(start, end, gpu, reference, origin),
+                                     wanted=self._reported(op))
+                    else:
                         self.log.count(op)
-                        continue
-                    reported = self.on_event is not None and op.kind in (OpKind.GEMM,
-                                                                          OpKind.FILL)
-                    self._report(op, stream, origin + gpu.elapsed_ms(reference, start) / 1e3,
-                                 origin + gpu.elapsed_ms(reference, end) / 1e3,
-                                 wanted=reported)
         except BaseException as exc:
             raise failure(exc, ()) from None
         finally:
@@ -522,7 +525,7 @@ class CudaExecutor(Executor):
     def _replay_inline(self, ops, gpu, ends: dict, timed: list, ahead: dict) -> None:
         """:meth:`_run_inline`'s operations in schedule order: the host's run now (a READ
         whose bands started ahead on its own lane, 'read-1'), the device's enqueued."""
-        timing = self.log.record or self.on_event is not None
+        timing = self._timing
         for i, op in enumerate(ops):
             if self._cancel.is_set():
                 raise Cancelled()
@@ -586,17 +589,34 @@ class CudaExecutor(Executor):
         drain (the lanes report the failure)."""
         failed = False
         while (item := timed.get()) is not None:
-            op, stream, start, end, reported = item
             if failed or self._cancel.is_set():
                 continue
+            op, stream, start, end = item
             try:
                 end.synchronize()
-                t0 = origin + gpu.elapsed_ms(reference, start) / 1e3
-                t1 = origin + gpu.elapsed_ms(reference, end) / 1e3
+                times = self._clock_times(start, end, gpu, reference, origin)
             except Exception:
                 failed = True
                 continue
-            self._report(op, stream, t0, t1, wanted=reported)
+            self._report(op, stream, *times, wanted=self._reported(op))
+
+    @property
+    def _timing(self) -> bool:
+        """Whether device operations are timed (their start events): a log that records
+        events, or a progress callable that is handed them."""
+        return self.log.record or self.on_event is not None
+
+    def _reported(self, op) -> bool:
+        """Whether the device operation ``op`` is handed to ``on_event`` (the progress bar's
+        GEMMs and FILLs)."""
+        return self.on_event is not None and op.kind in (OpKind.GEMM, OpKind.FILL)
+
+    @staticmethod
+    def _clock_times(start, end, gpu, reference, origin) -> tuple[float, float]:
+        """The times on the log's clock of a device operation's ``start`` and ``end`` events
+        (done): ``origin`` is when the GPU passed the event ``reference``."""
+        return (origin + gpu.elapsed_ms(reference, start) / 1e3,
+                origin + gpu.elapsed_ms(reference, end) / 1e3)
 
     def _dispatch(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed) -> None:
         """Enqueue one stream's operations in order, each after its dependencies: host ones
@@ -617,7 +637,7 @@ class CudaExecutor(Executor):
             group.cancel_all()
 
     def _dispatch_lane(self, gpu, stream, lane_ops, ops, host_futures, device_futures, timed):
-        timing = self.log.record or self.on_event is not None
+        timing = self._timing
         # Per other stream, the latest op this stream already waits for: streams run in
         # order, so a dependency at or before it needs no second wait. (Same-stream ones
         # need none at all; the schedule names at most one per other stream.)
@@ -647,8 +667,7 @@ class CudaExecutor(Executor):
             finally:
                 self._nvtx.pop()
             device_futures[op.index].set_result((start, end))
-            reported = self.on_event is not None and op.kind in (OpKind.GEMM, OpKind.FILL)
-            if self.log.record or reported:
-                timed.put((op, stream, start, end, reported))
+            if self.log.record or self._reported(op):
+                timed.put((op, stream, start, end))
             else:
                 self.log.count(op)
