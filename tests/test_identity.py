@@ -444,3 +444,45 @@ def test_a_part_of_a_stored_matrix_is_another_matrix_on_the_same_bytes(stored):
     assert not same_matrix(ids[0], ids[1])
     assert same_matrix(ids[0], identity(Region(open_source(array, "x"), (0, 8), (0, 8))))
     assert all(overlaps(identity(whole), x) for x in ids)
+
+
+def test_one_calls_identities_are_remembered_by_the_objects_asked_about(rng, npy, monkeypatch):
+    """remembered(): each (object, source) pair is looked at once in one call's checks (they
+    ask about each operand twice), and each answer is identity's own."""
+    from oocgemm.storage.identity import remembered
+
+    asked = []
+    real = identity_module.identity
+    monkeypatch.setattr(identity_module, "identity",
+                        lambda obj, source=None: asked.append(obj) or real(obj, source))
+    x = rng.standard_normal((4, 4))
+    source = open_source("a.npy", "a")
+    identify = remembered()
+    found = [identify(x), identify("a.npy", source), identify(x[1:]), identify(x),
+             identify("a.npy", source)]
+    assert found == [real(x), real("a.npy", source), real(x[1:]), real(x), real("a.npy", source)]
+    assert found[3] is found[0] and found[4] is found[1]
+    assert len(asked) == 3  # x, the path with its source, the view: once each
+    assert identify("a.npy") == real("a.npy") and len(asked) == 4  # without the source: again
+
+
+def test_an_output_of_one_call_is_checked_against_each_input_once(rng, monkeypatch):
+    """open_run: a and b are looked at once each (one_matrix and the output's check share
+    the answers), and an output that views an input is still refused."""
+    from oocgemm.errors import OutputError
+    from oocgemm.storage.run import open_run
+
+    calls = []
+    real = identity_module.identity
+    monkeypatch.setattr(identity_module, "identity",
+                        lambda obj, source=None: calls.append(obj) or real(obj, source))
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 6))
+    with open_run(a, b, np.empty((6, 6))):
+        pass
+    assert len(calls) == 3  # a, b, out
+    held = rng.standard_normal((6, 10))
+    square = held[:5, :5]
+    with pytest.raises(OutputError, match="is the same matrix as a"):
+        open_run(a, square, a)
+    with pytest.raises(OutputError, match="shares storage with b"):
+        open_run(a, square, held[:, 2:7])

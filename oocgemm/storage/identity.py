@@ -25,7 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import posixpath
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -36,7 +36,7 @@ from . import urls
 from .base import MatrixSink, MatrixSource, library_of
 
 __all__ = ["KINDS", "Identity", "Layout", "check_output", "identity", "one_matrix", "overlaps",
-           "same_matrix"]
+           "remembered", "same_matrix"]
 
 #: The kinds of :class:`Identity`, as :attr:`Identity.kind` spells them.
 KINDS = ("file", "memory", "store", "dask", "unknown")
@@ -180,10 +180,27 @@ def same_matrix(x: Identity, y: Identity) -> bool:
     return x.layout is not None or x.span == y.span
 
 
-def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource) -> bool:
+def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource, *,
+               identify=identity) -> bool:
     """Whether operands ``a`` and ``b`` (as the user passed them, with the sources opened for
-    them) are one stored matrix, so that one read serves both roles (:func:`same_matrix`)."""
-    return same_matrix(identity(a, source_a), identity(b, source_b))
+    them) are one stored matrix, so that one read serves both roles (:func:`same_matrix`).
+    ``identify``: :func:`identity`, or :func:`remembered`'s."""
+    return same_matrix(identify(a, source_a), identify(b, source_b))
+
+
+def remembered() -> Callable[..., Identity]:
+    """:func:`identity`, each answer kept by the objects asked about: the checks of one call
+    (one matrix in both roles, the output against each input) ask about each operand twice.
+    For the span of one call, while the objects it holds live (the key is their ``id``)."""
+    known: dict[tuple[int, int], Identity] = {}
+
+    def identify(obj, source=None) -> Identity:
+        key = (id(obj), id(source))
+        found = known.get(key)
+        if found is None:
+            found = known[key] = identity(obj, source)
+        return found
+    return identify
 
 
 def overlaps(x: Identity, y: Identity) -> bool:
@@ -205,7 +222,7 @@ def overlaps(x: Identity, y: Identity) -> bool:
     return any(overlaps(r, y) for r in x.reads) or any(overlaps(x, r) for r in y.reads)
 
 
-def check_output(out, inputs, c=None) -> bool:
+def check_output(out, inputs, c=None, *, identify=identity) -> bool:
     """Refuse an output that shares storage with an input, by what is behind both: an
     :class:`~oocgemm.errors.OutputError` that names them, before any work. ``inputs``:
     ``(role, obj, source)`` of each input that is read (``obj`` as the user passed it);
@@ -213,16 +230,17 @@ def check_output(out, inputs, c=None) -> bool:
 
     Returns True where ``c`` is ``out`` (the same matrix under any spelling: an update in
     place, each block of C read right before it is written); C that overlaps ``out``
-    otherwise is refused like any input. Nothing is read but what :func:`identity` reads."""
-    target = identity(out)
+    otherwise is refused like any input. Nothing is read but what :func:`identity` reads
+    (``identify``: it, or :func:`remembered`'s)."""
+    target = identify(out)
     in_place = False
     if c is not None:
-        if same_matrix(identity(c[1], c[2]), target):
+        if same_matrix(identify(c[1], c[2]), target):
             in_place = True
         else:
             inputs = [*inputs, c]
     for role, obj, source in inputs:
-        found = identity(obj, source)
+        found = identify(obj, source)
         if overlaps(found, target):
             what = "is the same matrix as" if same_matrix(found, target) else "shares storage with"
             hint = " (pass it as c=out to update it in place)" if role == "c" else ""
@@ -458,8 +476,8 @@ def _layout(shape: tuple[int, ...], dtype: np.dtype, strides: tuple[int, ...], o
     if 0 in shape:
         strides = (0,) * len(shape)
     else:
-        strides = tuple(0 if n == 1 else s for n, s in zip(shape, strides))
-    return Layout(tuple(int(n) for n in shape), np.dtype(dtype).str, strides, int(offset))
+        strides = tuple([0 if n == 1 else s for n, s in zip(shape, strides)])
+    return Layout(tuple(map(int, shape)), np.dtype(dtype).str, strides, int(offset))
 
 
 def _extent(start: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
@@ -467,8 +485,12 @@ def _extent(start: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsi
     """``[lowest, highest + 1)`` byte of an array whose element 0 is at ``start``."""
     if 0 in shape:
         return (start, start)
-    low = start + sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
-    high = start + sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0) + itemsize
+    low, high = start, start + itemsize
+    for n, s in zip(shape, strides):
+        if s < 0:
+            low += s * (n - 1)
+        else:
+            high += s * (n - 1)
     return (low, high)
 
 
@@ -481,7 +503,7 @@ def _numpy(array: np.ndarray) -> Identity:
         root = root.base
     # np.memmap keeps its file offset on the array that owns the mapping; its views copy the
     # attribute unchanged, so the offset of a view is found from its address in the mapping
-    filename = getattr(root, "filename", None)
+    filename = getattr(root, "filename", None) if isinstance(root, np.memmap) else None
     offset = getattr(root, "offset", None)
     if filename is not None and isinstance(offset, int) and isinstance(root.base, mmap.mmap):
         found = _file(os.fspath(filename))
