@@ -301,13 +301,30 @@ def _plan_key(problem: Problem, options: Options, device: str, kernel: str, mode
               host: int, staging: Staging):
     """What :func:`plan_product` reads of its arguments, hashable; None where a part is not
     (such a plan is made each time)."""
-    key = (problem, type(problem.alpha), type(problem.beta), options.tile, device, kernel,
-           model, mem, host, staging.staged, tuple(sorted(staging.settings.items())))
     try:
-        hash(key)
-    except TypeError:
+        return _Key((problem, type(problem.alpha), type(problem.beta), options.tile, device,
+                     kernel, model, mem, host, staging.staged,
+                     tuple(sorted(staging.settings.items()))))
+    except TypeError:  # a part that cannot be hashed
         return None
-    return key
+
+
+class _Key:
+    """A plan's key with its hash taken once: hashing the problem (its operands, nested
+    dataclasses) is most of what a cache hit costs, and a lookup hashes its key twice."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self._hash == other._hash \
+            and self.parts == other.parts
 
 
 def _budgets(dev: Device, options: Options):

@@ -245,3 +245,17 @@ def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k
 
 def tiling_model():
     return oocgemm.plan(np.ones((2, 2)), np.ones((2, 2)), device="cpu").model
+
+
+def test_device_models_are_made_once_per_machine(monkeypatch):
+    """cuda_model() and cpu_model() are the same object each call (a small product's plan
+    asked for one each time), and the CPU's follows the cores the process may use."""
+    from oocgemm import machine
+    from oocgemm.planning.model import cpu_model, cuda_model
+
+    assert cuda_model() is cuda_model()
+    here = cpu_model()
+    assert cpu_model() is here and here.flops == 35e9 * machine.cores()
+    monkeypatch.setattr(machine, "cores", lambda: 99)  # an affinity set to other cores
+    other = cpu_model()
+    assert other is not here and other.flops == 35e9 * 99

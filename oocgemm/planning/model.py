@@ -8,6 +8,7 @@ pipelined run takes about the largest of them plus the fill and drain that nothi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .. import machine
@@ -68,6 +69,7 @@ class DeviceModel:
                                + self.half_size / max(r, 1))
 
 
+@functools.cache
 def cuda_model() -> DeviceModel:
     """H100 80GB over PCIe gen5, as measured there: 55 TFLOP/s DGEMM, 55 GB/s each way; a
     GEMM with r = 128 runs at about half rate."""
@@ -87,7 +89,11 @@ def cuda_model() -> DeviceModel:
 
 def cpu_model() -> DeviceModel:
     """numpy BLAS on this host: about 35 GFLOP/s per core in float64 (0.56 TFLOP/s on 16)."""
-    cores = machine.cores()
+    return _cpu_model(machine.cores())
+
+
+@functools.cache
+def _cpu_model(cores: int) -> DeviceModel:
     # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
     # for copies between warm buffers.
     # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on
