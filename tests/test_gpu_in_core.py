@@ -128,6 +128,29 @@ def test_runs_keep_their_handle_and_streams_and_concurrent_runs_have_their_own(r
         assert kept in lanes and len({id(x.streams["compute"]) for x in lanes}) == len(lanes)
 
 
+def test_runs_record_the_events_their_lanes_kept(rng):
+    """The CUDA events a run records go back to its lanes once its streams are done, at most
+    KEEP_EVENTS of them: the next run records those again, and its timeline is right."""
+    from oocgemm.cuda.context import KEEP_EVENTS
+
+    a, b = rand(rng, (1024, 1024)), rand(rng, (1024, 1024))
+    with oocgemm.Engine(device="cuda") as engine:
+        engine.multiply(a, b, progress=False)
+        (kept,) = engine.resources("cuda").handles._idle[0]
+        first = {id(ev) for ev in kept.events}
+        assert 0 < len(first) <= KEEP_EVENTS
+        result = engine.multiply(a, b, progress=False)
+        assert {id(ev) for ev in kept.events} == first  # the same ones, no more
+        assert_gemm(result.out, a, b)
+        events = {e.kind: e for e in result.timeline.events}
+        assert events["upload"].end <= events["gemm"].start + 1e-4
+        assert events["gemm"].end <= events["download"].start + 1e-4
+        assert 0 < events["gemm"].seconds < result.seconds
+        big = rand(rng, (4096, 4096))  # a run of many events keeps no more than its bound
+        assert_gemm(engine.multiply(big, big, progress=False).out, big, big)
+        assert len(kept.events) <= KEEP_EVENTS
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5])
 def test_a_product_of_few_operations_runs_in_the_calling_thread(rng, monkeypatch, beta):
     """One read of each operand and one write of C (n = 1024): the run replays its schedule

@@ -121,12 +121,19 @@ class PinnedPool:
                 runtime.hostUnregister(ptr)  # the pages go with the last reference
 
 
+#: CUDA events a handle's :class:`Lanes` keep for the next run: a small product records
+#: nine, and making each cost it a few microseconds.
+KEEP_EVENTS = 64
+
+
 class Lanes(NamedTuple):
     """A run's cuBLAS handle and its streams ('h2d', 'compute', 'c'), the handle on the
-    compute stream."""
+    compute stream, and the idle events that runs on them record (at most
+    :data:`KEEP_EVENTS`)."""
 
     handle: int
     streams: dict
+    events: list
 
 
 class HandlePool:
@@ -154,7 +161,7 @@ class HandlePool:
         handle = cublas.create()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.setStream(handle, streams["compute"].ptr)
-        return Lanes(handle, streams)
+        return Lanes(handle, streams, [])
 
     def give_back(self, index: int, lanes: Lanes) -> None:
         """``lanes`` for the next run (nothing may be in flight on their streams)."""
@@ -264,6 +271,7 @@ class GpuContext:
         self._pinned: dict[str, tuple] = {}
         self._lanes: Lanes | None = None
         self.streams: dict[str, cupy.cuda.Stream] = {}
+        self._events: list = []  # those the run recorded: its lanes' again once it is done
 
     # -- lifetime ----------------------------------------------------------------------------
     def __enter__(self) -> GpuContext:
@@ -281,7 +289,11 @@ class GpuContext:
             for stream in self.streams.values():
                 stream.synchronize()  # nothing in flight may touch memory freed below
             self.launch.close()
+            if self._lanes is not None:  # every event passed: they may be recorded again
+                kept = self._lanes.events
+                kept.extend(self._events[:max(0, KEEP_EVENTS - len(kept))])
         finally:
+            self._events = []
             self._device_buffers.clear()
             for ptr, _ in self._pinned.values():
                 self.resources.pinned.give_back(ptr)
@@ -349,8 +361,13 @@ class GpuContext:
         runtime.memcpyAsync(self._pinned[stage][0], src, nbytes, _D2H, self.streams[stream].ptr)
 
     def event(self, stream: str):
-        ev = cupy.cuda.Event(block=False, disable_timing=False)
+        """A timing event recorded on ``stream`` now (one the lanes kept, or a new one)."""
+        try:
+            ev = self._lanes.events.pop()
+        except (IndexError, AttributeError):  # none kept (or no lanes: not entered)
+            ev = cupy.cuda.Event(block=False, disable_timing=False)
         ev.record(self.streams[stream])
+        self._events.append(ev)
         return ev
 
     def wait(self, stream: str, event) -> None:

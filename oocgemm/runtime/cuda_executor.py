@@ -241,7 +241,8 @@ class CudaExecutor(Executor):
 
             self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
         self.writers = writers or max(2, plan.n_out)
-        if few_copies(plan):  # its copies of memory go in bands, on this many at once
+        self._few = few_copies(plan)
+        if self._few:  # its copies of memory go in bands, on this many at once
             self.readers = max(self.readers, 2 * BAND_THREADS)
             self.writers = max(self.writers, BAND_THREADS)
         self.index = index
@@ -402,7 +403,7 @@ class CudaExecutor(Executor):
 
         self._nvtx = Ranges()
         if self._framed is None and not self._launch.waits_across_streams \
-                and few_copies(self.plan):
+                and self._few:
             return self._run_inline()
         ops = self.schedule.ops
         host_futures, device_futures = _Futures(), _Futures()  # device: (start, end) events
@@ -410,7 +411,7 @@ class CudaExecutor(Executor):
         submitted: list[Future] = []  # the pools' futures of this run's host tasks
         crew = self.resources.crews.acquire(self.readers, self.writers, LANE_THREADS)
         pools = {"read": crew.read, "write": crew.write}
-        self._split = pools if few_copies(self.plan) else None
+        self._split = pools if self._few else None
         # (op, stream, start, end, reported) of each device operation the clock thread is to
         # time; reported: on_event hears of it (GEMMs and FILLs, for the progress bars).
         timed: queue.SimpleQueue = queue.SimpleQueue()
