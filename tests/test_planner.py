@@ -259,3 +259,75 @@ def test_device_models_are_made_once_per_machine(monkeypatch):
     monkeypatch.setattr(machine, "cores", lambda: 99)  # an affinity set to other cores
     other = cpu_model()
     assert other is not here and other.flops == 35e9 * 99
+
+
+def _planned_both_ways(monkeypatch, problem, device, kernel, mem, host):
+    """plan_product's tile (or its refusal) with the search's floors, and without them (each
+    block's every depth predicted, as before the floors)."""
+    from oocgemm.options import Options
+    from oocgemm.planning import cpu_model, cuda_model, tiling
+    from oocgemm.product import plan_product
+    from oocgemm.runtime.staging import staging_for
+
+    model = cuda_model() if device == "cuda:0" else cpu_model()
+    staging = staging_for(device.partition(":")[0], problem, model, kernel)
+    answers = []
+    for floors in (True, False):
+        if not floors:
+            monkeypatch.setattr(tiling, "_resource_floor", lambda *args, **kwargs: 0.0)
+        try:
+            plan = plan_product(problem, Options.of("test"), device, kernel, model, mem, host,
+                                staging)
+            answers.append(plan.tile)
+        except oocgemm.BudgetError as exc:
+            answers.append(str(exc))
+    monkeypatch.undo()
+    return answers
+
+
+@pytest.mark.parametrize("device,kernel", [("cpu", "numpy"), ("cuda:0", "cublas")])
+def test_the_search_floors_never_change_the_tile(rng, workdir, monkeypatch, device, kernel):
+    """choose_tile passes over the blocks whose floor (their busiest resource at any depth)
+    is above a time it already has: the tile it picks is the one it picks with every
+    block's depths predicted, over operands in memory, in compressed Zarr chunks (ragged,
+    transposed, 32768² as in the benchmarks), a Gram product, beta != 0, alpha == 0, and
+    budgets from a few chunks to all of it."""
+    from oocgemm.kernel_catalog import check_kernel
+
+    if kernel == "numpy":
+        kernel = check_kernel(None, np.dtype("float64"))
+    zarr.create_array("a.zarr", shape=(9000, 7001), dtype="f8", chunks=(1000, 700))
+    zarr.create_array("b.zarr", shape=(7001, 5003), dtype="f4", chunks=(512, 1024))
+    zarr.create_array("x.zarr", shape=(20000, 3000), dtype="f8", chunks=(4096, 3000))
+    zarr.create_array("big.zarr", shape=(32768, 32768), dtype="f8", chunks=(4096, 4096))
+    problems = [
+        oocgemm.plan(rand(rng, (1000, 777)), rand(rng, (777, 1313)), device="cpu").problem,
+        oocgemm.plan("a.zarr", "b.zarr", device="cpu").problem,
+        oocgemm.plan("b.zarr", "a.zarr", trans_a=True, trans_b=True, device="cpu").problem,
+        oocgemm.plan("x.zarr", "x.zarr", trans_a=True, device="cpu").problem,  # Gram
+        oocgemm.plan(rand(rng, (600, 900)), rand(rng, (900, 700)), c=rand(rng, (600, 700)),
+                     beta=0.5, device="cpu").problem,
+        oocgemm.plan("a.zarr", "b.zarr", alpha=0.0, device="cpu").problem,
+        oocgemm.plan("big.zarr", "big.zarr", "c.zarr", device="cpu").problem,
+    ]
+    tiles = set()
+    for problem in problems:
+        for mem, host in ((128 << 20, 1 << 30), (512 << 20, 64 << 30), (16 << 30, 4 << 30)):
+            with_floors, without = _planned_both_ways(monkeypatch, problem, device, kernel,
+                                                      mem, host)
+            assert with_floors == without, (problem, mem, host)
+            tiles.add(with_floors)
+    assert len(tiles) >= 12  # budgets and shapes that plan differently, each compared
+    # and the floor is one: no depth of a block is predicted below it
+    from oocgemm.planning import cpu_model, cuda_model, tiling
+
+    model = cuda_model() if device == "cuda:0" else cpu_model()
+    for problem in problems:
+        m, n, k = problem.m, problem.n, problem.k
+        for w, h in ((m, n), (max(1, m // 3), n), (m, max(1, n // 5)), (64, 96)):
+            floor = tiling._resource_floor(problem, (w, h), model, staged=device != "cpu",
+                                           kernel=kernel, symmetric=False)
+            for r in (1, 64, max(1, k // 2), k):
+                total = tiling.predict(problem, (w, h, r), model, staged=device != "cpu",
+                                       kernel=kernel).total
+                assert 0 < floor <= total, (problem, (w, h, r))

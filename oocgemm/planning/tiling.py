@@ -250,6 +250,38 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
                       overhead=n_ops * OP_OVERHEAD, decode=decode)
 
 
+def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *,
+                    staged: bool, kernel: str, symmetric: bool) -> float:
+    """A floor of :func:`predict`'s total (without a plan's ``cache`` or ``decodes``) for the
+    C block ``block`` (w, h) at any K depth r: its busiest resource at r = K, where each is
+    least busy (A loaded the fewest times, the GEMMs' smallest overhead), without fill,
+    drain or overhead. 0 where the kernel times its own compute (the emulation), which need
+    not shrink as r grows. A tenth of a prediction's cost: :func:`choose_tile` passes over
+    the blocks whose floor is above a time it already has."""
+    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    w, h, r = prob.clipped((block[0], block[1], k))
+    p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
+    nk = 1 if prob.computes_product and k else 0
+    if staged and strategy_of(kernel).seconds(prob, (w, h, r), model, 0.0) is not None:
+        return 0.0
+    a_loads, b_loads, compute = _loads_and_compute(prob, (w, h, r), (p, q, nk), model,
+                                                   staged=staged, kernel=kernel,
+                                                   symmetric=symmetric)
+    c_in = m * n * s if prob.reads_c else 0
+    amps = (_amplification(w, prob.a_chunks_mk()[0], prob.a.decoded),
+            _amplification(h, prob.b_chunks_kn()[1], prob.b.decoded))
+    decode = (_decode_seconds(prob, model, (a_loads, b_loads, c_in), amps, None, ())
+              if model.decode else 0.0)
+    out_disk = prob.out.on_disk if prob.out is not None else False
+    out_in_place = prob.out is not None and prob.out.zero_copy and not staged
+    copies = _storage_and_copies(prob, model, (a_loads * amps[0], b_loads * amps[1], c_in),
+                                 amps, (), staged=staged, out_disk=out_disk,
+                                 out_in_place=out_in_place)
+    h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
+    d2h = m * n * s / model.d2h if model.d2h else 0.0
+    return max(compute, decode, h2d, d2h, *copies)
+
+
 def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
                        model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool
                        ) -> tuple[float, float, float]:
@@ -558,17 +590,41 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     def blocks(ws, hs):  # a symmetric product's C blocks are square
         return [(w, w) for w in ws] if symmetric else [(w, h) for w in ws for h in hs]
 
-    def search(ws, hs, rs):
-        best, best_time = None, math.inf
-        for w, h in blocks(ws, hs):
-            if not fits((w, h, 1))[0]:
-                continue
-            for r in _r_candidates(rs, lambda r, w=w, h=h: fits((w, h, r))[0]):
-                tile = (w, h, r)
+    def best_depth(w, h, rs):
+        """(time, tile) of the best K depth for the block (w, h) (None where none fits),
+        first among equals."""
+        best = None
+        if fits((w, h, 1))[0]:
+            for r in _r_candidates(rs, lambda r: fits((w, h, r))[0]):
                 # Prefer square-ish, larger tiles on ties (fewer, larger operations).
-                t = seconds(tile) * (1 + 1e-9 * (abs(w - h) - w - h - r))
-                if t < best_time:
-                    best, best_time = tile, t
+                t = seconds((w, h, r)) * (1 + 1e-9 * (abs(w - h) - w - h - r))
+                if best is None or t < best[0]:
+                    best = (t, (w, h, r))
+        return best
+
+    def search(ws, hs, rs):
+        # Each block's floor (its busiest resource at any depth) is known in microseconds,
+        # and no depth is predicted below it: a block whose floor is above a time already
+        # found is passed over. The time to beat comes first from the blocks of the lowest
+        # floors; then every block is taken in order, so that among equal times the first
+        # still wins, as without the floors.
+        floors = {pair: _resource_floor(prob, pair, model, staged=staged, kernel=kernel,
+                                        symmetric=symmetric)
+                  * (1 - 1e-9 * (pair[0] + pair[1] + k)) for pair in blocks(ws, hs)}
+        known = {}
+        bar = math.inf
+        for pair in sorted(floors, key=floors.__getitem__):
+            known[pair] = best_depth(*pair, rs)
+            if known[pair] is not None:
+                bar = known[pair][0]
+                break
+        best, best_time = None, math.inf
+        for pair, floor in floors.items():
+            if floor > min(bar, best_time):
+                continue
+            found = known[pair] if pair in known else best_depth(*pair, rs)
+            if found is not None and found[0] < best_time:
+                best_time, best = found
         return best
 
     def too_slow(tile) -> bool:
