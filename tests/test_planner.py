@@ -318,6 +318,13 @@ def test_the_search_floors_never_change_the_tile(rng, workdir, monkeypatch, devi
             assert with_floors == without, (problem, mem, host)
             tiles.add(with_floors)
     assert len(tiles) >= 12  # budgets and shapes that plan differently, each compared
+    refusals = set()  # budgets too small: the same refusal, which the floors speed up too
+    for mem, host in ((16 << 10, 64 << 30), (64 << 10, 64 << 30), (32 << 20, 64 << 10)):
+        with_floors, without = _planned_both_ways(monkeypatch, problems[0], device, kernel,
+                                                  mem, host)
+        assert with_floors == without, (mem, host)
+        refusals.add(with_floors if isinstance(with_floors, str) else None)
+    assert len(refusals - {None}) >= 1
     # and the floor is one: no depth of a block is predicted below it
     from oocgemm.planning import cpu_model, cuda_model, tiling
 

@@ -8,6 +8,7 @@ executor replays.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -627,14 +628,22 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                 best_time, best = found
         return best
 
+    @functools.cache
+    def slow() -> float:
+        """The time above which a tile is too slow (with room for the whole product)."""
+        return max(SLOW_FLOOR, SLOWDOWN * seconds((m, n, k)))
+
     def too_slow(tile) -> bool:
-        return seconds(tile) > max(SLOW_FLOOR, SLOWDOWN * seconds((m, n, k)))
+        return seconds(tile) > slow()
 
     def smallest_budgets(host_first=False):
         """(device, host) bytes of the least demanding tile that is not too slow (least
         device memory first, or least host memory among those that fit the device's)."""
         best = None
         for w, h in blocks(ws, hs):
+            if _resource_floor(prob, (w, h), model, staged=staged, kernel=kernel,
+                               symmetric=symmetric) > slow():
+                continue  # too slow at every depth
             for r in rs:
                 if not too_slow((w, h, r)):
                     _, dev, host = fits((w, h, r))
