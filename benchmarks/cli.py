@@ -6,6 +6,7 @@
     python -m benchmarks kernels                    # the kernels of kernels/ against cuBLAS
     python -m benchmarks power                      # their SM clock, board power, energy per flop
     python -m benchmarks bandwidth                  # host memcpy and host<->device copies
+    python -m benchmarks planning                   # the planner's tile search, large products
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # ozaki_gpu, gram
@@ -336,6 +337,33 @@ def bandwidth(as_json):
     if not res["gpus"]:
         lines.append(f"  {'gpus':<10} none found")
     click.echo("\n".join(["bandwidth", *lines]))
+
+
+# ------------------------------------------------------------------------------------------
+# planning
+# ------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--sizes", default="16384,32768,65536", show_default=True,
+              help="Comma-separated N: NxN float64 operands in host memory (described, not "
+                   "allocated).")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Plans of each case; medians are reported.")
+@_common
+def planning(ctx, sizes, repeat, as_json):
+    """The planner's choice of tile for large products (the CUDA model under 16 GB, and the
+    CPU's), against the search that predicts every depth of every block."""
+    from .planning import planning_benchmark
+
+    res = planning_benchmark(tuple(int(x) for x in sizes.split(",")), repeat=repeat)
+    if as_json:
+        echo_json(res)
+        return
+    lines = [f"  {'n':>6} {'device':<7} {'planning':>10} {'every depth':>12}  tile"]
+    for row in res["rows"]:
+        lines.append(f"  {row['n']:>6} {row['device']:<7} {_seconds(row['seconds']):>10} "
+                     f"{_seconds(row['every_depth_seconds']):>12}  {tuple(row['tile'])}")
+    click.echo("\n".join([f"planning (median of {repeat}), float64 in host memory",
+                          *lines]))
 
 
 # ------------------------------------------------------------------------------------------

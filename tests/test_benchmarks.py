@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import subprocess
 import sys
@@ -244,6 +245,26 @@ def test_small_products_against_numpy_on_the_cpu(tmp_path):
         assert entry["correct"] and len(entry["oocgemm_out"]["seconds"]) == 2
         assert entry["ratio"] > 0 and entry["ratio_out"] > 0
     assert "--sizes" in fails("small", "--sizes", "a,b", "--device", "cpu")
+
+
+def test_planning_times_both_searches_and_they_agree(monkeypatch):
+    """python -m benchmarks planning: the planner's search with its floors and with every
+    depth predicted, timed, the same tile from both; a search that picked another tile is
+    an error."""
+    from benchmarks import planning
+    from benchmarks.common import BenchError
+
+    result = run("planning", "--sizes", "8192", "--repeat", "1")
+    assert "every depth" in result.stdout and "cuda:0" in result.stdout
+    data = planning.planning_benchmark((8192,), repeat=1)
+    assert [row["device"] for row in data["rows"]] == ["cuda:0", "cpu"]
+    assert all(row["seconds"] > 0 and row["every_depth_seconds"] > 0 for row in data["rows"])
+    best = (16384, 32768)  # the block both searches take for n = 32768 under 16 GB
+    monkeypatch.setattr(planning.tiling, "_resource_floor",  # a floor that hides it
+                        lambda problem, block, *args, **kwargs: math.inf if block == best
+                        else 0.0)
+    with pytest.raises(BenchError, match="every depth predicted"):
+        planning.planning_benchmark((32768,), devices=("cuda:0",), repeat=1)  # out of core
 
 
 def test_zarr_product_output_encoders():
