@@ -62,7 +62,9 @@ class Native:
                 loaded: float) -> float | None:
         """Its compute time in a staged plan where it differs from the dtype's GEMM (whose
         time the cost model gives), with ``loaded`` bytes of A and B panels loaded; None for
-        the same."""
+        the same. No longer for a deeper K panel (a larger r, fewer bytes loaded) of the
+        same block: the planner's search counts on it
+        (:func:`oocgemm.planning.tiling._resource_floor`)."""
         return None
 
     def stage(self, kind: str, settings: dict, prob: Problem) -> dict:

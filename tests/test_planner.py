@@ -285,7 +285,8 @@ def _planned_both_ways(monkeypatch, problem, device, kernel, mem, host):
     return answers
 
 
-@pytest.mark.parametrize("device,kernel", [("cpu", "numpy"), ("cuda:0", "cublas")])
+@pytest.mark.parametrize("device,kernel", [("cpu", "numpy"), ("cuda:0", "cublas"),
+                                           ("cuda:0", "ozaki"), ("cpu", "ozaki")])
 def test_the_search_floors_never_change_the_tile(rng, workdir, monkeypatch, device, kernel):
     """choose_tile passes over the blocks whose floor (their busiest resource at any depth)
     is above a time it already has: the tile it picks is the one it picks with every

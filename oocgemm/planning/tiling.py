@@ -255,16 +255,14 @@ def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *
                     staged: bool, kernel: str, symmetric: bool) -> float:
     """A floor of :func:`predict`'s total (without a plan's ``cache`` or ``decodes``) for the
     C block ``block`` (w, h) at any K depth r: its busiest resource at r = K, where each is
-    least busy (A loaded the fewest times, the GEMMs' smallest overhead), without fill,
-    drain or overhead. 0 where the kernel times its own compute (the emulation), which need
-    not shrink as r grows. A tenth of a prediction's cost: :func:`choose_tile` passes over
-    the blocks whose floor is above a time it already has."""
+    least busy (A loaded the fewest times, the GEMMs' smallest overhead; a kernel that times
+    its own compute, the emulation, times it no longer for a deeper panel), without fill,
+    drain or overhead. A tenth of a prediction's cost: :func:`choose_tile` passes over the
+    blocks whose floor is above a time it already has."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped((block[0], block[1], k))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = 1 if prob.computes_product and k else 0
-    if staged and strategy_of(kernel).seconds(prob, (w, h, r), model, 0.0) is not None:
-        return 0.0
     a_loads, b_loads, compute = _loads_and_compute(prob, (w, h, r), (p, q, nk), model,
                                                    staged=staged, kernel=kernel,
                                                    symmetric=symmetric)
