@@ -12,6 +12,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import BudgetError
 from ..kernel_catalog import DEFAULT
@@ -205,12 +206,45 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
-    blocks = p * q
-    c_bytes = m * n * s
     complex_ = prob.dtype.startswith("complex")
-    a_loads, b_loads, compute = _loads_and_compute(prob, (w, h, r), (p, q, nk), model,
-                                                   staged=staged, kernel=kernel,
-                                                   symmetric=symmetric)
+    busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
+                 symmetric=symmetric, decodes=decodes, cache=cache)
+    fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
+                         split_last=split_last, in_core=in_core)
+    # The last block's C leaves after its last panels: with `tail` panels run stripe by
+    # stripe, its rows become final over those panels' time, and only what the copies cannot
+    # keep up with (at least one stripe) is left at the end.
+    out_disk, out_in_place = _output_kind(prob, staged)
+    per_byte = 1 / (model.storage_write if out_disk else model.memory_copy)
+    per_byte += 1 / model.d2h if model.d2h else 0.0
+    per_byte += 1 / model.first_touch if model.first_touch else 0.0
+    block_out = 0 if out_in_place else w * h * s * per_byte
+    tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
+    drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
+    n_ops = _operations(p * q, nk, (w, h, r), staged=staged, stripe=stripe,
+                        min_stripes=min_stripes, reads_c=prob.reads_c,
+                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1))
+    return Prediction(**busy, fill=fill, drain=drain, overhead=n_ops * OP_OVERHEAD)
+
+
+def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
+    """(C goes to storage, C is computed where it goes: an unstaged run's output in memory
+    in a BLAS layout)."""
+    out_disk = prob.out.on_disk if prob.out is not None else False
+    return out_disk, prob.out is not None and prob.out.zero_copy and not staged
+
+
+def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
+          model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool,
+          decodes: dict | None = None, cache: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Each resource's busy seconds over the run of the tiling ``tile`` (clipped) of
+    ``grid`` blocks and panels: :class:`Prediction`'s ``compute``, ``decode``, ``h2d``,
+    ``d2h``, ``storage_read``, ``storage_write`` and ``host_copy``."""
+    m, n, s = prob.m, prob.n, prob.itemsize
+    w, h, _ = tile
+    c_bytes = m * n * s
+    a_loads, b_loads, compute = _loads_and_compute(prob, tile, grid, model, staged=staged,
+                                                   kernel=kernel, symmetric=symmetric)
     c_in = c_bytes if prob.reads_c else 0
     # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
     # its panel touches (more than the panel where its edges cut chunks), a kept operand
@@ -224,31 +258,15 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
                                  decodes, cache)
         if model.decode_on_compute_cores:  # the cores that decode are the cores that compute
             compute += decode
-
-    out_disk = prob.out.on_disk if prob.out is not None else False
-    out_in_place = prob.out is not None and prob.out.zero_copy and not staged
+    out_disk, out_in_place = _output_kind(prob, staged)
     storage_read, storage_write, host_copy = _storage_and_copies(
         prob, model, (a_loads * amp_a, b_loads * amp_b, c_in), (amp_a, amp_b), cache,
         staged=staged, out_disk=out_disk, out_in_place=out_in_place)
-    h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
-    d2h = c_bytes / model.d2h if model.d2h else 0.0
-    fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
-                         split_last=split_last, in_core=in_core)
-    # The last block's C leaves after its last panels: with `tail` panels run stripe by
-    # stripe, its rows become final over those panels' time, and only what the copies cannot
-    # keep up with (at least one stripe) is left at the end.
-    per_byte = 1 / (model.storage_write if out_disk else model.memory_copy)
-    per_byte += 1 / model.d2h if model.d2h else 0.0
-    per_byte += 1 / model.first_touch if model.first_touch else 0.0
-    block_out = 0 if out_in_place else w * h * s * per_byte
-    tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
-    drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
-    n_ops = _operations(blocks, nk, (w, h, r), staged=staged, stripe=stripe,
-                        min_stripes=min_stripes, reads_c=prob.reads_c,
-                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1))
-    return Prediction(compute=compute, h2d=h2d, d2h=d2h, storage_read=storage_read,
-                      storage_write=storage_write, host_copy=host_copy, fill=fill, drain=drain,
-                      overhead=n_ops * OP_OVERHEAD, decode=decode)
+    return {"compute": compute, "decode": decode,
+            "h2d": (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0,
+            "d2h": c_bytes / model.d2h if model.d2h else 0.0,
+            "storage_read": storage_read, "storage_write": storage_write,
+            "host_copy": host_copy}
 
 
 def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *,
@@ -257,28 +275,14 @@ def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *
     C block ``block`` (w, h) at any K depth r: its busiest resource at r = K, where each is
     least busy (A loaded the fewest times, the GEMMs' smallest overhead; a kernel that times
     its own compute, the emulation, times it no longer for a deeper panel), without fill,
-    drain or overhead. A tenth of a prediction's cost: :func:`choose_tile` passes over the
+    drain or overhead. A third of a prediction's cost: :func:`choose_tile` passes over the
     blocks whose floor is above a time it already has."""
-    m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
+    m, n, k = prob.m, prob.n, prob.k
     w, h, r = prob.clipped((block[0], block[1], k))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = 1 if prob.computes_product and k else 0
-    a_loads, b_loads, compute = _loads_and_compute(prob, (w, h, r), (p, q, nk), model,
-                                                   staged=staged, kernel=kernel,
-                                                   symmetric=symmetric)
-    c_in = m * n * s if prob.reads_c else 0
-    amps = (_amplification(w, prob.a_chunks_mk()[0], prob.a.decoded),
-            _amplification(h, prob.b_chunks_kn()[1], prob.b.decoded))
-    decode = (_decode_seconds(prob, model, (a_loads, b_loads, c_in), amps, None, ())
-              if model.decode else 0.0)
-    out_disk = prob.out.on_disk if prob.out is not None else False
-    out_in_place = prob.out is not None and prob.out.zero_copy and not staged
-    copies = _storage_and_copies(prob, model, (a_loads * amps[0], b_loads * amps[1], c_in),
-                                 amps, (), staged=staged, out_disk=out_disk,
-                                 out_in_place=out_in_place)
-    h2d = (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0
-    d2h = m * n * s / model.d2h if model.d2h else 0.0
-    return max(compute, decode, h2d, d2h, *copies)
+    return max(_busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
+                     symmetric=symmetric).values())
 
 
 def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
