@@ -34,6 +34,19 @@ def _case_names(cases: str | None) -> tuple[str, ...] | None:
     return tuple(c.strip() for c in cases.split(",")) if cases else None
 
 
+def _sizes(sizes: str) -> tuple[int, ...]:
+    """--sizes "1024,2048" as (1024, 2048); a usage error (exit 2) for anything but
+    positive integers."""
+    try:
+        ns = tuple(int(x) for x in sizes.split(","))
+    except ValueError:
+        ns = ()
+    if not ns or min(ns) < 1:
+        raise click.BadParameter(f"expected N,N,... (positive integers), got {sizes!r}",
+                                 param_hint="--sizes")
+    return ns
+
+
 def _seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
@@ -179,11 +192,7 @@ def small(ctx, sizes, repeat, device, json_path):
     from .common import write_json
     from .small import small_benchmark
 
-    try:
-        ns = tuple(int(x) for x in sizes.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected N,N,... got {sizes!r}", param_hint="--sizes"
-                                 ) from None
+    ns = _sizes(sizes)
     click.echo(f"small: {', '.join(map(str, ns))} on {device}, {repeat} round(s)...", err=True)
     res = small_benchmark(ns, repeat, device, on_size=lambda e: click.echo(
         f"  n={e['n']}: oocgemm {_seconds(e['oocgemm']['median_seconds'])}, "
@@ -354,7 +363,7 @@ def planning(ctx, sizes, repeat, as_json):
     CPU's), against the search that predicts every depth of every block."""
     from .planning import planning_benchmark
 
-    res = planning_benchmark(tuple(int(x) for x in sizes.split(",")), repeat=repeat)
+    res = planning_benchmark(_sizes(sizes), repeat=repeat)
     if as_json:
         echo_json(res)
         return

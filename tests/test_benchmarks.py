@@ -256,6 +256,8 @@ def test_planning_times_both_searches_and_they_agree(monkeypatch):
 
     result = run("planning", "--sizes", "8192", "--repeat", "1")
     assert "every depth" in result.stdout and "cuda:0" in result.stdout
+    for bad in ("a,b", "0", "8192,-1"):
+        assert "--sizes" in fails("planning", "--sizes", bad)
     data = planning.planning_benchmark((8192,), repeat=1)
     assert [row["device"] for row in data["rows"]] == ["cuda:0", "cpu"]
     assert all(row["seconds"] > 0 and row["every_depth_seconds"] > 0 for row in data["rows"])
