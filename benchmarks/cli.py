@@ -186,7 +186,8 @@ def gpu(ctx, big, cases, workdir, as_json):
 def small(ctx, sizes, repeat, device, json_path):
     """Small products from numpy operands: oocgemm.multiply's whole call (a new result, and
     out= a preallocated one) against CuPy's upload + matmul + download (numpy's matmul on
-    the CPU), and the process's first call, which pays for CUDA's start-up."""
+    the CPU), on a GPU the same moves through pinned memory one after another with nothing
+    else (n = 1024's floor), and the process's first call, which pays for CUDA's start-up."""
     from oocgemm.info import describe_startup
 
     from .common import write_json
@@ -201,15 +202,21 @@ def small(ctx, sizes, repeat, device, json_path):
     lines = [f"small products, float64, {res['device']}, median of {repeat} "
              f"(ratio = oocgemm / {base}: under 1 is faster)",
              f"  {'n':>6}  {'oocgemm':>9}  {base:>9}  {'ratio':>6}  {'out=':>9}  "
-             f"{base + ' out=':>11}  {'ratio':>6}  in core  error"]
+             f"{base + ' out=':>11}  {'ratio':>6}  {'staged':>9}  {'ratio':>6}  in core  error"]
     for e in res["sizes"]:
+        staged = ((_seconds(e['staged']['median_seconds']), f"{e['staged_ratio']:6.3f}")
+                  if "staged" in e else ("-", "-"))
         lines.append(
             f"  {e['n']:>6}  {_seconds(e['oocgemm']['median_seconds']):>9}  "
             f"{_seconds(e['baseline']['median_seconds']):>9}  {e['ratio']:6.3f}  "
             f"{_seconds(e['oocgemm_out']['median_seconds']):>9}  "
             f"{_seconds(e['baseline_out']['median_seconds']):>11}  {e['ratio_out']:6.3f}  "
+            f"{staged[0]:>9}  {staged[1]:>6}  "
             f"{'yes' if e['in_core'] else 'no':>7}  {e['max_rel_error']:.2g} "
             f"{'ok' if e['correct'] else 'FAILED'}")
+    if any("staged" in e for e in res["sizes"]):
+        lines.append("  staged: the moves through pinned memory one after another, nothing "
+                     "else (benchmarks.small.Staged): n = 1024's floor; ratio staged / " + base)
     lines.append(f"  first call (n={ns[0]}): {_seconds(res['first_call_seconds'])}")
     if res["startup"] is not None:
         lines.append(f"  CUDA start-up: {describe_startup({'startup': res['startup']})}")

@@ -244,7 +244,23 @@ def test_small_products_against_numpy_on_the_cpu(tmp_path):
     for entry in data["sizes"]:
         assert entry["correct"] and len(entry["oocgemm_out"]["seconds"]) == 2
         assert entry["ratio"] > 0 and entry["ratio_out"] > 0
+        assert "staged" not in entry  # the moves through pinned memory: a GPU's
     assert "--sizes" in fails("small", "--sizes", "a,b", "--device", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")
+def test_small_products_against_cupy_beside_the_staged_moves(tmp_path):
+    """On a GPU: the moves through pinned memory alone timed beside oocgemm and CuPy, their
+    product checked too."""
+    path = tmp_path / "small.json"
+    result = run("small", "--sizes", "512,1024", "--repeat", "2", "--json", path)
+    assert "staged" in result.stdout and "CUDA start-up" in result.stdout
+    data = json.loads(path.read_text())
+    assert data["baseline"] == "cupy" and data["startup"]["seconds"]["total"] > 0
+    for entry in data["sizes"]:
+        assert entry["correct"] and len(entry["staged"]["seconds"]) == 2
+        assert entry["staged_ratio"] > 0
 
 
 def test_planning_times_both_searches_and_they_agree(monkeypatch):
