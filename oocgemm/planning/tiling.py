@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BudgetError
@@ -76,7 +76,6 @@ class Prediction:
     fill: float
     drain: float
     overhead: float
-    resources: dict = field(default_factory=dict)
     decode: float = 0.0
     """Decoding chunks of compressed storage (the decoder threads together)."""
 
