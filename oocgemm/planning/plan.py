@@ -176,8 +176,10 @@ class Plan:
                            self.out_stripes)
 
     # ---- memory ---------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def buffers(self) -> Buffers:
+        """The buffers' sizes (made once: a kept plan of a small product is asked for them
+        at each run)."""
         return tile_buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
                         self.kernel)
 
