@@ -35,7 +35,8 @@ from .common import max_relative_error, tolerance
 SAMPLED_ROWS = 16
 CASES = ("oocgemm", "oocgemm_out", "baseline", "baseline_out")
 #: Threads that :class:`Staged` copies A and B (at once) and C on, in row bands: 8 moved
-#: two 8 MB operands fastest on the H200's host (0.76 ms; the engine's bands use as many).
+#: two 8 MB operands fastest on the H200's host (0.76 ms; the engine copies A and B on as
+#: many, C on four).
 STAGED_THREADS = 8
 
 
