@@ -367,3 +367,54 @@ def test_what_a_resume_did_not_take_is_named_after_the_commit(rng, workdir):
         r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
     assert r.resumed == 8
     assert leftovers(".") == [os.path.basename(first)]
+
+
+def _layout_texts(code: str, seeds=range(6)) -> set[str]:
+    """What ``code`` prints in processes of different string hashes (set orders)."""
+    return {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**ENV, "PYTHONHASHSEED": str(seed)}).stdout
+            for seed in seeds}
+
+
+def test_an_outputs_layout_is_journaled_alike_by_every_process():
+    """A codec's repr may show a set (zarr's BloscCodec: its tunable attributes), whose order
+    is the process's: the layout in a run's fingerprint is its codecs' configuration."""
+    code = ("import numcodecs\n"
+            "from zarr import codecs\n"
+            "from oocgemm.storage.resume import layout_text\n"
+            "print(layout_text({'chunks': (64, 64), 'zarr_format': 3, 'compressors': "
+            "codecs.BloscCodec(cname='lz4', clevel=5), 'shards': None, 'filters': "
+            "[numcodecs.Blosc('lz4', 5)], 'tags': {'b', 'a', 'c'}}))\n")
+    (text,) = _layout_texts(code)
+    assert '"cname": "lz4"' in text and '"clevel": 5' in text
+
+
+def test_a_blosc_output_resumes_in_a_process_of_other_hashes(rng, workdir):
+    """Interrupted under one PYTHONHASHSEED, resumed under another: the same product."""
+    a, b = _inputs(rng, "npy")
+    args = ["multiply", a, b, "-o", "c.zarr", "--tile", ",".join(map(str, TILE)), "--device",
+            "cpu", "-q", "--out-compressor", "blosc", "--out-chunks", "64x48"]
+    code = ("import time\n"
+            "from oocgemm.storage import zarr_store\n"
+            "from oocgemm.cli import main\n"
+            "def write(self, rows, cols, block, _write=zarr_store.ZarrSink.write):\n"
+            "    _write(self, rows, cols, block)\n"
+            "    time.sleep(0.2)\n"
+            "zarr_store.ZarrSink.write = write\n"
+            f"main({args!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "PYTHONHASHSEED": "0"})
+    deadline = time.monotonic() + 60
+    while _journal_lines() < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert "--resume" in err, err
+    resumed = [x for x in args if x != "-q"] + ["--resume"]
+    done = subprocess.run([sys.executable, "-m", "oocgemm", *resumed], capture_output=True,
+                          text=True, env={**ENV, "PYTHONHASHSEED": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "resumed:" in done.stdout + done.stderr
+    np.testing.assert_allclose(zarr.open_array("c.zarr", mode="r")[...], np.load(a) @ np.load(b),
+                               rtol=1e-12, atol=1e-12 * 200)
+    assert leftovers(".") == []

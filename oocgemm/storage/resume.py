@@ -12,6 +12,7 @@ about the temporary outputs of other runs; nothing here removes them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -45,7 +46,34 @@ def fingerprint(plan: Plan, inputs: dict, out, in_place: bool, layout: dict) -> 
                         "alpha": repr(prob.alpha), "beta": repr(prob.beta),
                         "trans_a": prob.trans_a, "trans_b": prob.trans_b},
             "out": {"path": os.path.abspath(os.fspath(out)), "in_place": in_place,
-                    "layout": repr(sorted(layout.items()))}}
+                    "layout": layout_text(layout)}}
+
+
+def layout_text(layout: dict) -> str:
+    """An output's ``layout`` as text that every process writes alike: codecs by their
+    configuration (zarr's ``to_dict``, numcodecs' ``get_config``), where their repr may show
+    a set, whose order is the process's (a blosc codec's: an identical resume was refused
+    about half the time)."""
+    return json.dumps(_plain(layout), sort_keys=True)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(repr(v) for v in value)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    for method in ("to_dict", "get_config"):
+        config = getattr(value, method, None)
+        if callable(config):
+            try:
+                return _plain(config())
+            except Exception:  # noqa: BLE001 - a codec that cannot say: its repr
+                break
+    return repr(value)
 
 
 def schedule_key(plan: Plan) -> dict:
