@@ -96,6 +96,14 @@ def test_out_options_shape_the_output(inputs, options, check):
     (dict(compressors="zstd:x"), "level must be an integer"),
     (dict(zarr_format=4), "must be 2 or 3"),
     (dict(chunks=(8, 8), shards=(12, 12)), "not a valid Zarr array layout"),
+    (dict(chunks=(16, 16), shards=(8, 8)), "not a valid Zarr array layout"),  # shard < chunk
+    (dict(chunks=(16, 16), shards=(16, 8)), "not a valid Zarr array layout"),
+    (dict(compressors="gzip:10"), "compressor 'gzip:10'"),  # refused by the codec itself
+    (dict(compressors="zstd:1000"), "compressor 'zstd:1000'"),
+    (dict(compressors="blosc:20"), "not a valid Zarr array layout"),  # only its encoder says
+    (dict(compressors="lz4:-1"), "not a valid Zarr array layout"),
+    (dict(compressors="blosc:20", zarr_format=2), "not a valid Zarr array layout"),
+    (dict(compressors="gzip:10", zarr_format=2), "not a valid Zarr array layout"),
     ("zstd", "must be a dict"),
 ])
 def test_bad_out_options_fail_before_any_work(inputs, options, message):
@@ -132,6 +140,12 @@ def test_cli_layout_flags(inputs):
                                     "cpu", "--out-compressor", "nope"])
     assert bad.exit_code == 2 and "error: unknown compressor" in bad.output
     assert not os.path.exists("d.zarr")
+    for flags in (["--out-compressor", "gzip:10"], ["--out-compressor", "blosc:20"],
+                  ["--out-chunks", "16x16", "--out-shards", "8x8"]):
+        bad = CliRunner().invoke(main, ["multiply", "a.npy", "b.npy", "-o", "d.zarr",
+                                        "--device", "cpu", *flags])
+        assert bad.exit_code == 2 and bad.output.startswith("error: "), (flags, bad.output)
+        assert "Traceback" not in bad.output and not os.path.exists("d.zarr")
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])

@@ -441,14 +441,21 @@ def check_zarr_options(options, shape, dtype, path: str | None) -> dict:
     if set(options) <= {"zarr_format"}:  # nothing of the user's to try
         return options
     trial = dict(options)
-    trial.setdefault("chunks", tuple(max(1, min(x, 64)) for x in shape))
-    if trial.get("shards") is not None:
-        trial["chunks"] = tuple(min(c, s) for c, s in zip(trial["chunks"], trial["shards"]))
+    if trial.get("chunks") is None:  # default chunks come later, inside the shards
+        trial["chunks"] = tuple(max(1, min(x, 64)) for x in shape)
+        if trial.get("shards") is not None:
+            trial["chunks"] = tuple(min(c, s) for c, s in zip(trial["chunks"],
+                                                              trial["shards"]))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.create_array(store=zarr.storage.MemoryStore(), shape=shape, dtype=dtype,
-                              **trial)
+            tried = zarr.create_array(store=zarr.storage.MemoryStore(), shape=shape,
+                                      dtype=dtype, **trial)
+            # One chunk stored (not of the fill value, which zarr would not store): a
+            # codec's settings that only its encoder checks (blosc's clevel) fail here
+            # rather than at the run's first write.
+            if all(shape):
+                tried[(0,) * len(shape)] = 1
     except Exception as exc:
         raise OptionError(f"out_options {options!r} are not a valid Zarr array layout: "
                           f"{type(exc).__name__}: {exc}") from None
@@ -482,7 +489,10 @@ def compressor(spec: str, zarr_format: int = 3):
                                                  clevel=5 if level is None else level)}
     if name not in made:
         raise OptionError(f"unknown compressor {spec!r}; known: none, {', '.join(made)}")
-    return made[name]()
+    try:
+        return made[name]()
+    except (ValueError, TypeError) as exc:  # a level out of the codec's range
+        raise OptionError(f"compressor {spec!r}: {exc}") from None
 
 
 def _reopen(path: str, tries: int = 50):
