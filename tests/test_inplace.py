@@ -111,6 +111,29 @@ def test_in_place_out_of_wrong_shape_is_refused_and_left_alone(rng, workdir, suf
     np.testing.assert_array_equal(load(path), old)
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".npy"])
+@pytest.mark.parametrize("stored, inputs", [("float32", "float64"), ("float64", "complex128")])
+def test_in_place_update_of_a_stored_out_keeps_its_dtype_or_is_refused(rng, workdir, suffix,
+                                                                      stored, inputs):
+    """A stored output updated in place is written anew: in the product's dtype it would
+    have changed the user's array's type (float64 to complex128 silently). Refused before any
+    work, the array left as it was; the same dtype updates it."""
+    a, b = rand(rng, (4, 3)).astype(inputs), rand(rng, (3, 5)).astype(inputs)
+    path = "c" + suffix
+    old = rand(rng, (4, 5)).astype(stored)
+    save(path, old)
+    with pytest.raises(oocgemm.DTypeError, match=f"is {stored} and is updated in place"):
+        oocgemm.multiply(a, b, path, beta=1.0, device="cpu")
+    kept = load(path)
+    assert kept.dtype == np.dtype(stored)
+    np.testing.assert_array_equal(kept, old)
+    assert leftovers(".") == []
+    a, b = np.real(a).astype(stored), np.real(b).astype(stored)
+    oocgemm.multiply(a, b, path, beta=1.0, device="cpu")
+    assert load(path).dtype == np.dtype(stored)
+    assert_gemm(load(path), a, b, old, beta=1.0, dtype=stored)
+
+
 def test_in_place_out_that_is_not_a_matrix(rng, workdir):
     a, b = rand(rng, (4, 3)), rand(rng, (3, 5))
     np.save("c.npy", rand(rng, (20,)))

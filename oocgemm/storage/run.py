@@ -289,6 +289,13 @@ def _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options, storage_op
         in_place |= check_output(out, [("a", a, src_a), ("b", b, src_b)], read_c,
                                  identify=identify)
     dtype = _dtype(src_a, src_b, src_c if reads_c else None, alpha, beta)
+    if in_place and is_path(out) and src_c is not None and np.dtype(src_c.dtype) != dtype:
+        # A stored output updated in place is written anew and swapped in: in the product's
+        # dtype it would change the user's array's type.
+        raise DTypeError(f"out {os.fspath(out)!r} is {np.dtype(src_c.dtype)} and is updated in "
+                         f"place (beta != 0 without c), but the product is {dtype}: an update "
+                         f"in place keeps out's dtype; give a and b that dtype, or pass "
+                         f"c={os.fspath(out)!r} and another out")
     out_operand = check_out(out, (m, n), dtype)
     out_options = check_out_options(out, out_options, (m, n), dtype, in_place)
     if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
