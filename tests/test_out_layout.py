@@ -94,6 +94,10 @@ def test_out_options_shape_the_output(inputs, options, check):
     (dict(chunks=(8,)), "two positive integers"),
     (dict(compressors="lzma9"), "unknown compressor"),
     (dict(compressors="zstd:x"), "level must be an integer"),
+    (dict(compressors="zstd:"), "level must be an integer"),
+    (dict(compressors="none:3"), "none takes no level"),
+    (dict(compressors=""), "unknown compressor"),
+    (dict(chunks=(True, 8)), "two positive integers"),
     (dict(zarr_format=4), "must be 2 or 3"),
     (dict(chunks=(8, 8), shards=(12, 12)), "not a valid Zarr array layout"),
     (dict(chunks=(16, 16), shards=(8, 8)), "not a valid Zarr array layout"),  # shard < chunk

@@ -428,7 +428,8 @@ def check_zarr_options(options, shape, dtype, path: str | None) -> dict:
         if options.get(name) is not None:
             value = options[name]
             ok = (isinstance(value, (tuple, list)) and len(value) == 2
-                  and all(isinstance(x, numbers.Integral) and int(x) >= 1 for x in value))
+                  and all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                          and int(x) >= 1 for x in value))
             if not ok:
                 raise OptionError(f"out_options[{name!r}] must be two positive integers, got "
                                   f"{value!r}")
@@ -464,12 +465,14 @@ def check_zarr_options(options, shape, dtype, path: str | None) -> dict:
 
 def compressor(spec: str, zarr_format: int = 3):
     """A compressor from ``NAME[:LEVEL]``: none, zstd, gzip, blosc (lz4), lz4 (blosc)."""
-    name, _, level_text = spec.strip().lower().partition(":")
+    name, colon, level_text = spec.strip().lower().partition(":")
     try:
-        level = int(level_text) if level_text else None
+        level = int(level_text) if level_text or colon else None
     except ValueError:
         raise OptionError(f"compressor {spec!r}: the level must be an integer") from None
-    if name in ("none", ""):
+    if name == "none":
+        if level is not None:
+            raise OptionError(f"compressor {spec!r}: none takes no level")
         return None
     if zarr_format == 2:
         import numcodecs
