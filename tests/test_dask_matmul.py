@@ -388,13 +388,23 @@ def _gram_flops(x: np.ndarray, outer: bool) -> int:
 
 
 def _check_gram_graph(z) -> None:
-    """Every group counts every take from its handle (mirrored chunks included), so that its
-    last take, and only it, waits for the run's end."""
+    """Every group counts every take from its handle, so that its last take, and only it,
+    waits for the run's end; a chunk below the diagonal takes nothing from a handle: it is
+    the result chunk across it, transposed (the same bits wherever that was computed)."""
+    from oocgemm.dask.gram import transposed
+
     groups = _groups(z)
     takes = {key[1:]: task[9] for key, task in groups.items()}
-    chained = collections.Counter(task[1][1:3] for task in z.dask.layers[z.name].values())
+    pieces = z.dask.layers[z.name]
+    below = {key: task for key, task in pieces.items() if task[0] is transposed}
+    assert sorted(key[1:] for key in below) == sorted(
+        (ci, cj) for ci in range(len(z.chunks[0])) for cj in range(len(z.chunks[1])) if ci > cj)
+    assert all(task[1] == (z.name, key[2], key[1]) for key, task in below.items())
+    chained = collections.Counter(task[1][1:3] for key, task in pieces.items()
+                                  if key not in below)
     assert takes == dict(chained)
-    assert sum(takes.values()) == len(z.chunks[0]) * len(z.chunks[1])
+    n = len(z.chunks[0])
+    assert sum(takes.values()) == n * (n + 1) // 2
 
 
 @pytest.mark.parametrize("kind", ["path", "zarr", "from_zarr", "dask"])
@@ -442,6 +452,25 @@ def test_gram_bands_under_a_distributed_local_cluster(rng, workdir):
             assert_gemm(got, x, x, trans_a=trans_a, trans_b=not trans_a)
             assert np.array_equal(got, got.T)
             assert odask.timeline(f"trace{trace}").flops < 0.75 * _gram_flops(x, not trans_a)
+
+
+def test_gram_under_worker_processes_is_exactly_symmetric(rng, workdir):
+    """Worker processes of two threads: a chunk task may run where its group's run is not,
+    and computes its chunk there by itself (another order of sums). A chunk below the
+    diagonal is the result chunk across it, transposed, wherever each ran: C == C.T bit for
+    bit (it was not, on every compute, when it was taken from the group's moved handle)."""
+    distributed = pytest.importorskip("distributed")
+    x = rand(rng, (64, 2600))
+    zarr.create_array("x.zarr", shape=x.shape, dtype="f8", chunks=(64, 1024))[...] = x
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        for _ in range(2):
+            z = odask.matmul("x.zarr", "x.zarr", trans_a=True, device="cpu")
+            _check_gram_graph(z)
+            got = z.compute()
+            assert_gemm(got, x, x, trans_a=True)
+            assert np.array_equal(got, got.T)
 
 
 def test_gram_with_beta_groups_or_chunks_computes_the_full_product(rng, workdir, monkeypatch):

@@ -2,8 +2,8 @@
 (:func:`is_gram`; ``matmul(x.T, x)`` is seen through to ``x`` read transposed), each band's part
 on and right of the diagonal (:func:`band_boxes`), and each chunk of the result taken from the chunk
 that holds it: as is above the diagonal, its upper triangle mirrored on it, the transpose of the
-chunk across below it (:func:`held_by`), so that C == C.T bit for bit. Where the bands and chunks
-are cut is :mod:`.partition`'s; the runs compute their boxes like any group."""
+result chunk across below it (:func:`held_by`), so that C == C.T bit for bit. Where the bands
+and chunks are cut is :mod:`.partition`'s; the runs compute their boxes like any group."""
 
 from __future__ import annotations
 
@@ -58,16 +58,20 @@ def band_boxes(rows: list[int], cols: list[int], symmetric: bool
             for i in range(len(rows) - 1) for j in range(len(cols) - 1)}
 
 
-def held_by(ci: int, cj: int, symmetric: bool) -> tuple[int, int, Callable[..., np.ndarray]]:
+def held_by(ci: int, cj: int, symmetric: bool
+            ) -> tuple[int, int, Callable[..., np.ndarray] | None]:
     """Result chunk (ci, cj) as ``(ti, tj, take)``: the chunk of the groups' products that
-    holds it, and the task that makes it of that one. A symmetric product's groups compute
-    the chunks on and above the diagonal: one below it is the one across, transposed, and a
-    diagonal chunk is its upper triangle, mirrored, so that C == C.T bit for bit."""
+    holds it, and the task that takes it from that one's group. A symmetric product's groups
+    compute the chunks on and above the diagonal: a diagonal chunk is its upper triangle,
+    mirrored; one below the diagonal (``take`` None) is the result chunk across it,
+    transposed (:func:`transposed`): made of that chunk's own bits wherever it was
+    computed, so that C == C.T bit for bit (a group's handle moved to another worker
+    computes a chunk there by itself, in another order of sums)."""
     if not symmetric or ci < cj:
         return ci, cj, take_chunk
     if ci == cj:
         return ci, cj, _diagonal_chunk
-    return cj, ci, _mirrored_chunk
+    return cj, ci, None
 
 
 def _diagonal_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
@@ -77,7 +81,7 @@ def _diagonal_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.nd
     return np.where(np.triu(np.ones(square.shape, dtype=bool)), square, square.T)
 
 
-def _mirrored_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
-    """A chunk below the diagonal of a symmetric product: the transpose of the chunk across
-    it, rows r0:r1 and columns c0:c1 of its group (a contiguous copy)."""
-    return np.ascontiguousarray(handle.chunk(r0, r1, c0, c1).T)
+def transposed(chunk: np.ndarray) -> np.ndarray:
+    """A chunk below the diagonal of a symmetric product: the result chunk across it,
+    transposed (a contiguous copy)."""
+    return np.ascontiguousarray(chunk.T)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import OptionError, ShapeError
 from ..planning.schedule import serpentine
-from .gram import band_boxes, held_by, is_gram, seen_through
+from .gram import band_boxes, held_by, is_gram, seen_through, transposed
 from .operands import Operand
 from .partition import (
     bounds_of_sizes,
@@ -99,7 +99,8 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     # Each result chunk: the chunk of a group's product that holds it, and how it is taken
     held = {(ci, cj): held_by(ci, cj, symmetric) for ci in range(len(chunk_bounds[0]) - 1)
             for cj in range(len(chunk_bounds[1]) - 1)}
-    takes = collections.Counter((row_of[ti], col_of[tj]) for ti, tj, _ in held.values())
+    takes = collections.Counter((row_of[ti], col_of[tj]) for ti, tj, take in held.values()
+                                if take is not None)
     layer = {}
     for (i, j), (r, q) in boxes.items():
         layer[(group_name, i, j)] = (
@@ -109,8 +110,11 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
             len(rows) == len(cols) == 2)
     wait_name = name + "-written"
     waits, link, inner_of = _chains(boxes, planned or group_bounds, group_name, wait_name)
-    pieces = {}
+    pieces: dict[tuple, tuple] = {}
     for (ci, cj), (ti, tj, take) in held.items():
+        if take is None:  # below a symmetric product's diagonal: the chunk across it
+            pieces[(name, ci, cj)] = (transposed, (name, cj, ci))
+            continue
         i, j = row_of[ti], col_of[tj]
         (top, _), (left, _) = boxes[(i, j)]
         r0, r1 = chunk_bounds[0][ti] - top, chunk_bounds[0][ti + 1] - top
