@@ -161,6 +161,17 @@ def check_kernel(kernel, dtype) -> str:
     return name
 
 
+def check_kernel_name(kernel) -> None:
+    """``kernel=`` a name this catalogue knows (before the dtype it multiplies is known:
+    :func:`check_kernel` checks that later); OptionError otherwise."""
+    name = kernel.strip().lower() if isinstance(kernel, str) else None
+    if name is not None and is_ozaki(name):
+        _check_ozaki(name, "float64")  # its count of moduli
+    elif name not in CHOICES:
+        raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)} "
+                          f"(or ozaki:N, N moduli)")
+
+
 def _check_ozaki(name: str, dtype) -> str:
     count = name.partition(":")[2]
     if count:

@@ -112,9 +112,25 @@ class Options:
         kernel = given.get("kernel")
         if kernel is not None and not isinstance(kernel, str):
             raise OptionError(f"kernel must be a name, got {kernel!r}")
+        if kernel is not None:
+            from .kernel_catalog import check_kernel_name
+
+            check_kernel_name(kernel)
+        spec = (given.get("out_options") or {}).get("compressors")
+        if isinstance(spec, str):  # its name and level now; the rest with the output
+            from .storage.zarr_store import compressor
+
+            compressor(spec, given["out_options"].get("zarr_format", 3))
         for name in ("overwrite", "events", "verify", "resume"):
             if name in given:
                 given[name] = flag(name, given[name])
+        progress = given.get("progress")
+        if progress is not None and not callable(progress):
+            try:
+                given["progress"] = flag("progress", progress)
+            except OptionError:
+                raise OptionError(f"progress must be None, True, False or a callable, got "
+                                  f"{progress!r}") from None
         engine = given.get("engine")
         if engine is not None and not hasattr(engine, "resources"):
             raise OptionError(f"engine must be an oocgemm.Engine, got {type(engine).__name__}")

@@ -22,6 +22,15 @@ def test_options_are_normalised():
                             "storage_options": {"anon": True}}
     assert Options.of("here", tile=[3, 2, 1]).tile == (3, 2, 1)
     assert Options.of("here").keywords() == {}
+    assert Options.of("here", progress=np.bool_(False)).progress is False
+    assert Options.of("here", progress=print).progress is print
+    assert Options.of("here", kernel="ozaki:14").kernel == "ozaki:14"
+
+
+def test_an_engine_refuses_bad_options_when_made():
+    for bad in ({"kernel": "bogus"}, {"out_options": {"compressors": "foo"}}):
+        with pytest.raises(oocgemm.OptionError):
+            oocgemm.Engine(device="cpu", **bad)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -33,6 +42,13 @@ def test_options_are_normalised():
     ({"storage_options": "anon"}, "storage_options must be a dict"),
     ({"out_options": ["chunks"]}, "out_options must be a dict"),
     ({"kernel": 3}, "kernel must be a name"),
+    ({"kernel": "bogus"}, "unknown kernel 'bogus'"),
+    ({"kernel": "ozaki:99"}, "ozaki:N takes N"),
+    ({"out_options": {"compressors": "foo"}}, "unknown compressor 'foo'"),
+    ({"out_options": {"compressors": "gzip:10"}}, "compressor 'gzip:10'"),
+    ({"progress": "yes"}, "progress must be None, True, False or a callable"),
+    ({"progress": 1.5}, "progress must be None, True, False or a callable"),
+    ({"progress": 0}, "progress must be None, True, False or a callable"),
 ])
 def test_bad_options_are_refused_by_name(bad, match):
     with pytest.raises(oocgemm.OptionError, match=match):
