@@ -205,10 +205,12 @@ def _flags(names) -> list:
             for name, default, spec in on_the_command_line() if name in names]
 
 
-def _product_options(func):
-    """The options that describe a product (shared by ``multiply`` and ``plan``): its terms,
-    the plan's options of :class:`~oocgemm.options.Options`, and ``out_options`` spelled as
-    four flags."""
+def _product_options(func=None, *, transposes: bool = True):
+    """The options that describe a product (shared by ``multiply``, ``plan`` and, without
+    ``transposes``, ``gram``): its terms, the plan's options of
+    :class:`~oocgemm.options.Options`, and ``out_options`` spelled as four flags."""
+    if func is None:
+        return lambda f: _product_options(f, transposes=transposes)
     from .options import PLANS
 
     options = [
@@ -218,8 +220,9 @@ def _product_options(func):
                      help="Scale of C. Non-zero reads C: from --c, else OUT is updated in place."),
         click.option("-c", "--c", "c", metavar="PATH", default=None,
                      help="The C matrix that --beta scales (.zarr or .npy)."),
-        click.option("--trans-a", is_flag=True, help="Use the transpose of A."),
-        click.option("--trans-b", is_flag=True, help="Use the transpose of B."),
+        *([click.option("--trans-a", is_flag=True, help="Use the transpose of A."),
+           click.option("--trans-b", is_flag=True, help="Use the transpose of B.")]
+          if transposes else []),
         *_flags(PLANS),
         click.option("--out-chunks", type=CHUNKS, default=None,
                      help="Chunk shape of a new .zarr OUT (default: at most 64 MiB, tiling "
@@ -359,19 +362,15 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
 @click.option("-o", "--out", required=True, metavar="PATH",
               help="Where the Gram matrix goes (.zarr or .npy).")
 @click.option("--outer", is_flag=True, help="X X^T instead of X^T X.")
-@_product_options
+@_product_options(transposes=False)
 @_run_options
 @click.pass_context
-def gram_command(ctx, x, outer, trans_a, trans_b, **rest):
+def gram_command(ctx, x, outer, **rest):
     """Compute the Gram matrix OUT = alpha*X^T X + beta*C (--outer: X X^T).
 
     X is read once, and only the blocks on and above the diagonal are computed; OUT is
     exactly symmetric. The same as `multiply X X --trans-a` (or --trans-b with --outer).
     """
-    if trans_a or trans_b:
-        from .errors import OptionError
-
-        raise OptionError("gram takes --outer (X X^T) or not (X^T X), not --trans-a/--trans-b")
     ctx.invoke(multiply, a=x, b=x, trans_a=not outer, trans_b=outer, **rest)
 
 
