@@ -430,3 +430,20 @@ def test_cli_unwritable_timeline_path_exits_2_before_the_run(operands, workdir, 
 def test_timeline_save_to_a_missing_directory_is_an_output_error(workdir):
     with pytest.raises(oocgemm.OutputError, match="cannot write the timeline"):
         Timeline.from_events(PIPELINE).save(workdir / "no" / "run.json")
+
+
+def test_links_are_those_that_moved_bytes(rng, tmp_path):
+    """Operands in memory are used in place on the CPU: their reads move nothing, and no
+    'read' link is listed (link('read') is a KeyError); from .npy files, the reads move their
+    bytes."""
+    a, b = rand(rng, (40, 30)), rand(rng, (30, 20))
+    t = oocgemm.multiply(a, b, device="cpu", tile=(16, 16, 16)).timeline
+    assert all(x.bytes > 0 for x in t.links)
+    assert "read" not in {x.name for x in t.links}
+    with pytest.raises(KeyError, match="no link 'read' moved anything"):
+        t.link("read")
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    t = oocgemm.multiply(str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), device="cpu",
+                         tile=(16, 16, 16)).timeline
+    assert t.link("read").bytes > 0 and t.link("read").rate > 0

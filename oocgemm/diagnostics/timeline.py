@@ -354,8 +354,7 @@ class Timeline:
         if self.flops and self.compute_busy > 0 and self.wall > 0:
             lines.append(f"  rate      {_rate(self.flops / self.wall)} over the wall, "
                          f"{_rate(self.flops / self.compute_busy)} while computing")
-        moved = [link for link in self.links if link.bytes]  # not data used in place
-        for i, link in enumerate(moved):
+        for i, link in enumerate(self.links):
             lines.append(f"  {'links' if i == 0 else '':<9} {link.name:<13} "
                          f"{format_size(link.bytes):>9}: {link.rate / 1e9:.3g} GB/s while busy "
                          f"({self._of_wall(link.busy):.0%} of the wall), "
@@ -431,8 +430,10 @@ def _link_stats(events: tuple[Event, ...], wall: float) -> list[LinkStats]:
         ops = [e for e in events if e.kind == kind]
         if not ops:
             continue
-        busy = measure(union((e.start, e.end) for e in ops))
         nbytes = sum(e.nbytes for e in ops)
+        if not nbytes:  # data used in place: nothing crossed this link
+            continue
+        busy = measure(union((e.start, e.end) for e in ops))
         links.append(LinkStats(name, len(ops), nbytes, busy,
                                nbytes / busy if busy > 0 else 0.0,
                                nbytes / wall if wall > 0 else 0.0))
