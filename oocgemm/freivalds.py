@@ -50,6 +50,9 @@ class VerifyReport:
     """The residual there, |C x - (alpha A B x + beta C_in x)|."""
     tolerance: float
     """Its tolerance."""
+    unchecked: int = 0
+    """Rows of C the test cannot check: their side ``alpha A B x + beta C_in x`` is not
+    finite (an inf or NaN in the inputs, or an overflow). Not passed while any is."""
 
     def __bool__(self) -> bool:
         return self.ok
@@ -58,6 +61,11 @@ class VerifyReport:
         where = (f"worst at row {self.worst_row} (rows {self.worst_rows[0]}:{self.worst_rows[1]}): "
                  f"residual {self.residual:.3g} against tolerance {self.tolerance:.3g}, "
                  f"ratio {self.worst_ratio:.3g}")
+        if self.unchecked:
+            outcome = ("FAILED" if self.worst_ratio > 1 else "cannot check"
+                       f" {self.unchecked} row(s): not finite on the inputs' side (inf or NaN"
+                       " in a, b or c_in, or an overflow)")
+            return f"verify: {outcome} ({self.rounds} random vectors); {where}"
         return (f"verify: {'passed' if self.ok else 'FAILED'} ({self.rounds} random vectors); "
                 + where)
 
@@ -173,33 +181,52 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
                     or isinstance(alpha, complex) or isinstance(beta, complex))
         wide = _wide(complex_)
         x = _x if _x is not None else random_vectors(n, rounds, complex_, seed)
-        bx, bx_abs = _apply(srcs["b"], x, trans_b, wide)
-        abx, abx_abs = _apply(srcs["a"], bx, trans_a, wide, x_abs=bx_abs)
-        cx, cx_abs = _apply(srcs["c"], x, False, wide)
-        want = alpha * abx
-        eps_c = np.finfo(compute).eps
-        eps = np.finfo(np.float64).eps
-        tol = LAMBDA * ((np.sqrt(k + 2) * (eps_c + eps)) * abs(alpha) * abx_abs
-                        + (eps_c + np.sqrt(n + 2) * eps) * cx_abs)
-        if beta != 0:
-            side = _c_in_side if _c_in_side is not None else prepare_c_in(
-                c_in, x, storage_options=fs)
-            want = want + beta * side.value
-            tol = tol + LAMBDA * 2 * eps_c * abs(beta) * side.value_abs
-        tol = tol + np.finfo(np.float64).tiny
-        residual = np.abs(cx - want)
-        ratio = residual / tol
-        ratio = np.where(np.isfinite(ratio), ratio, np.inf)  # NaN in C fails the check
-        if ratio.size == 0:
-            return VerifyReport(True, rounds, 0.0, -1, (0, 0), 0.0, 0.0)
-        row, col = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        rows_of_c = int(srcs["c"].shape[0])
-        unit = int(srcs["c"].chunks[0]) if srcs["c"].chunks else max(1, rows_of_c)
-        band = (int(row // unit * unit), min(rows_of_c, int(row // unit + 1) * unit))
-        worst = float(ratio[row, col])
-        return VerifyReport(ok=bool(worst <= 1.0), rounds=rounds, worst_ratio=worst,
-                            worst_row=int(row), worst_rows=band,
-                            residual=float(residual[row, col]), tolerance=float(tol[row, col]))
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide,
+                           compute, fs, _c_in_side)
     finally:
         for src in srcs.values():
             src.close()
+
+
+def _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide, compute, fs,
+            c_in_side) -> VerifyReport:
+    """:func:`verify`'s sides and their comparison, row by row (non-finite values are
+    judged, not warned of)."""
+    bx, bx_abs = _apply(srcs["b"], x, trans_b, wide)
+    abx, abx_abs = _apply(srcs["a"], bx, trans_a, wide, x_abs=bx_abs)
+    cx, cx_abs = _apply(srcs["c"], x, False, wide)
+    want = alpha * abx
+    eps_c = np.finfo(compute).eps
+    eps = np.finfo(np.float64).eps
+    size = abs(alpha) * abx_abs  # x's entries are of one magnitude: bounds every |C_ij|
+    tol_in = LAMBDA * np.sqrt(k + 2) * (eps_c + eps) * size
+    if beta != 0:
+        side = c_in_side if c_in_side is not None else prepare_c_in(
+            c_in, x, storage_options=fs)
+        want = want + beta * side.value
+        size = size + abs(beta) * side.value_abs
+        tol_in = tol_in + LAMBDA * 2 * eps_c * abs(beta) * side.value_abs
+    tol = tol_in + LAMBDA * (eps_c + np.sqrt(n + 2) * eps) * cx_abs + np.finfo(np.float64).tiny
+    residual = np.abs(cx - want)
+    # A row whose inputs' side is not finite, or whose terms may overflow, cannot be checked
+    # (counted apart); elsewhere a ratio that is not finite is C's doing (a NaN or inf in
+    # it), and fails the check.
+    checkable = np.broadcast_to((np.isfinite(want) & np.isfinite(size)).all(axis=1)[:, None],
+                                want.shape)
+    ratio = residual / tol
+    ratio = np.where(checkable, np.where(np.isfinite(ratio), ratio, np.inf), 0.0)
+    if ratio.size == 0:
+        return VerifyReport(True, rounds, 0.0, -1, (0, 0), 0.0, 0.0)
+    unchecked = int(np.count_nonzero(~checkable.all(axis=1)))
+    row, col = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    if unchecked and ratio[row, col] <= 1.0:  # point at the first row it cannot check
+        row, col = np.argwhere(~checkable)[0]
+    rows_of_c = int(srcs["c"].shape[0])
+    unit = int(srcs["c"].chunks[0]) if srcs["c"].chunks else max(1, rows_of_c)
+    band = (int(row // unit * unit), min(rows_of_c, int(row // unit + 1) * unit))
+    worst = float(ratio[row, col])
+    return VerifyReport(ok=bool(worst <= 1.0 and not unchecked), rounds=rounds,
+                        worst_ratio=worst, worst_row=int(row), worst_rows=band,
+                        residual=float(residual[row, col]), tolerance=float(tol[row, col]),
+                        unchecked=unchecked)

@@ -84,6 +84,37 @@ def test_nan_in_c_fails(rng):
     assert not oocgemm.verify(a, b, c)
 
 
+def test_rows_whose_inputs_side_is_not_finite_cannot_be_checked(rng, workdir):
+    """An inf in a, or a product that overflows: those rows of C cannot be checked. The
+    report says so (not 'FAILED': C is what numpy gives), with no numpy warnings; multiply
+    with verify commits nothing and says why. C's own inf where the inputs are finite still
+    fails."""
+    import warnings
+
+    a, b = rand(rng, (20, 10)), rand(rng, (10, 15))
+    bad = a.copy()
+    bad[3, 2] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with np.errstate(invalid="ignore"):
+            c = bad @ b
+        report = oocgemm.verify(bad, b, c)
+        assert not report and report.unchecked == 1 and report.worst_row == 3
+        assert "cannot check 1 row(s)" in str(report)
+        with np.errstate(over="ignore"):
+            c = (a @ b) * 1e308  # the product overflows: infs in C, as multiply's
+        report = oocgemm.verify(a, b, c, alpha=1e308)
+        assert not report and report.unchecked > 0 and "cannot check" in str(report)
+        c = a @ b
+        c[5, 5] = np.inf
+        report = oocgemm.verify(a, b, c)
+        assert not report and report.unchecked == 0 and "FAILED" in str(report)
+    with pytest.raises(ExecutionError, match="could not be checked, so nothing was committed"):
+        with np.errstate(invalid="ignore"):  # the product's own inf * 0, as numpy's a @ b
+            oocgemm.multiply(bad, b, "c.npy", device="cpu", verify=True)
+    assert leftovers(".") == [] and not (workdir / "c.npy").exists()
+
+
 def test_multiply_verify_commits_only_a_checked_product(rng, workdir, monkeypatch):
     a, b, c0 = rand(rng, (60, 40)), rand(rng, (40, 50)), rand(rng, (60, 50))
     np.save("c.npy", c0)
