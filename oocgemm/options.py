@@ -57,8 +57,8 @@ class Options:
     kernel: str | None = field(default=None, metadata=_cli(
         "--kernel", metavar="NAME",
         help="Per-block GEMM on a GPU: cublas (default), naive, tiled, opt, regblock or dmma "
-             "(kernels/); ozaki: float64 emulated in exact integers, rounded once (CPU so "
-             "far)."))
+             "(kernels/); ozaki[:N]: float64 emulated on int8 products in exact integers, "
+             "rounded once (GPU or CPU)."))
     """The per-block GEMM on a GPU ('cublas', 'dmma', ...), or None for the default."""
     out_options: dict | None = None
     """The layout of a new ``.zarr`` output (``zarr.create_array`` keywords); on the command

@@ -293,9 +293,9 @@ def _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options, storage_op
         # A stored output updated in place is written anew and swapped in: in the product's
         # dtype it would change the user's array's type.
         raise DTypeError(f"out {os.fspath(out)!r} is {np.dtype(src_c.dtype)} and is updated in "
-                         f"place (beta != 0 without c), but the product is {dtype}: an update "
-                         f"in place keeps out's dtype; give a and b that dtype, or pass "
-                         f"c={os.fspath(out)!r} and another out")
+                         f"place (beta != 0, C read from out), but the product is {dtype}: an "
+                         f"update in place keeps out's dtype; give a and b that dtype, or "
+                         f"write the product to another out")
     out_operand = check_out(out, (m, n), dtype)
     out_options = check_out_options(out, out_options, (m, n), dtype, in_place)
     if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
