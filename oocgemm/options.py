@@ -164,7 +164,8 @@ def parse_tile(tile) -> tuple[int, int, int]:
         parts = list(tile) if isinstance(tile, (tuple, list)) else [tile]
     try:
         values = tuple(int(p) for p in parts)
-        ok = len(values) == 3 and all(float(p) == int(p) for p in parts)
+        ok = (len(values) == 3 and all(float(p) == int(p) for p in parts)
+              and not any(isinstance(p, bool) for p in parts))
     except (TypeError, ValueError):
         ok = False
     if not ok or min(values) < 1:

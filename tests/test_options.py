@@ -37,6 +37,7 @@ def test_an_engine_refuses_bad_options_when_made():
     ({"memory_limt": "1GB"}, r"here: unknown options \['memory_limt'\]"),
     ({"tile": (8, 6)}, "tile must be three positive integers"),
     ({"tile": "8,6,0"}, "tile must be three positive integers"),
+    ({"tile": (True, 5, 5)}, "tile must be three positive integers"),
     ({"memory_limit": "16 parsecs"}, "unknown unit"),
     ({"host_memory_limit": -1}, "host_memory_limit"),
     ({"storage_options": "anon"}, "storage_options must be a dict"),
