@@ -116,11 +116,18 @@ class Options:
             from .kernel_catalog import check_kernel_name
 
             check_kernel_name(kernel)
-        spec = (given.get("out_options") or {}).get("compressors")
-        if isinstance(spec, str):  # its name and level now; the rest with the output
-            from .storage.zarr_store import compressor
+        layout = given.get("out_options") or {}
+        if isinstance(layout.get("compressors"), str):
+            # its name and level now; the level's range with the Zarr format where it is
+            # given (else the output's group picks it, later)
+            if layout.get("zarr_format") in (2, 3):
+                from .storage.zarr_store import compressor
 
-            compressor(spec, given["out_options"].get("zarr_format", 3))
+                compressor(layout["compressors"], layout["zarr_format"])
+            else:
+                from .storage.outputs import parse_compressor
+
+                parse_compressor(layout["compressors"])
         for name in ("overwrite", "events", "verify", "resume"):
             if name in given:
                 given[name] = flag(name, given[name])

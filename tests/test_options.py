@@ -27,6 +27,19 @@ def test_options_are_normalised():
     assert Options.of("here", kernel="ozaki:14").kernel == "ozaki:14"
 
 
+def test_a_compressors_level_is_left_to_the_outputs_format_where_none_is_given(workdir, rng):
+    """zstd:30 is a level numcodecs takes (a v2 array) and zarr's v3 codec refuses: without a
+    zarr_format, the output's group picks the format, so the level is not judged early."""
+    import zarr
+
+    zarr.open_group("g.zarr", mode="w", zarr_format=2)
+    a, b = rand(rng, (20, 10)), rand(rng, (10, 15))
+    oocgemm.multiply(a, b, "g.zarr/c", device="cpu", out_options={"compressors": "zstd:30"})
+    np.testing.assert_allclose(zarr.open_array("g.zarr/c", mode="r")[:], a @ b, rtol=1e-12)
+    with pytest.raises(oocgemm.OptionError, match="compressor 'zstd:30'"):
+        oocgemm.multiply(a, b, "c3.zarr", device="cpu", out_options={"compressors": "zstd:30"})
+
+
 def test_an_engine_refuses_bad_options_when_made():
     for bad in ({"kernel": "bogus"}, {"out_options": {"compressors": "foo"}}):
         with pytest.raises(oocgemm.OptionError):
@@ -46,7 +59,8 @@ def test_an_engine_refuses_bad_options_when_made():
     ({"kernel": "bogus"}, "unknown kernel 'bogus'"),
     ({"kernel": "ozaki:99"}, "ozaki:N takes N"),
     ({"out_options": {"compressors": "foo"}}, "unknown compressor 'foo'"),
-    ({"out_options": {"compressors": "gzip:10"}}, "compressor 'gzip:10'"),
+    ({"out_options": {"compressors": "gzip:10", "zarr_format": 3}}, "compressor 'gzip:10'"),
+    ({"out_options": {"compressors": "zstd:x"}}, "level must be an integer"),
     ({"progress": "yes"}, "progress must be None, True, False or a callable"),
     ({"progress": 1.5}, "progress must be None, True, False or a callable"),
     ({"progress": 0}, "progress must be None, True, False or a callable"),

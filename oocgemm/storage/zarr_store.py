@@ -23,6 +23,7 @@ from ..errors import InputError, OptionError, OutputError
 from ..planning.chunks import chunk_region, chunks_of, on_chunk_edges
 from . import files, frames, urls
 from .base import MatrixSink, MatrixSource
+from .outputs import parse_compressor
 
 
 def open_zarr_array(path: str, role: str):
@@ -465,14 +466,8 @@ def check_zarr_options(options, shape, dtype, path: str | None) -> dict:
 
 def compressor(spec: str, zarr_format: int = 3):
     """A compressor from ``NAME[:LEVEL]``: none, zstd, gzip, blosc (lz4), lz4 (blosc)."""
-    name, colon, level_text = spec.strip().lower().partition(":")
-    try:
-        level = int(level_text) if level_text or colon else None
-    except ValueError:
-        raise OptionError(f"compressor {spec!r}: the level must be an integer") from None
+    name, level = parse_compressor(spec)
     if name == "none":
-        if level is not None:
-            raise OptionError(f"compressor {spec!r}: none takes no level")
         return None
     if zarr_format == 2:
         import numcodecs
@@ -490,8 +485,6 @@ def compressor(spec: str, zarr_format: int = 3):
                                                    clevel=5 if level is None else level),
                 "lz4": lambda: codecs.BloscCodec(cname="lz4",
                                                  clevel=5 if level is None else level)}
-    if name not in made:
-        raise OptionError(f"unknown compressor {spec!r}; known: none, {', '.join(made)}")
     try:
         return made[name]()
     except (ValueError, TypeError) as exc:  # a level out of the codec's range
