@@ -57,17 +57,19 @@ class VerifyReport:
     def __bool__(self) -> bool:
         return self.ok
 
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing it checked failed, but some rows it could not check (:attr:`unchecked`)."""
+        return bool(self.unchecked) and self.worst_ratio <= 1.0
+
     def __str__(self) -> str:
         where = (f"worst at row {self.worst_row} (rows {self.worst_rows[0]}:{self.worst_rows[1]}): "
                  f"residual {self.residual:.3g} against tolerance {self.tolerance:.3g}, "
                  f"ratio {self.worst_ratio:.3g}")
-        if self.unchecked:
-            outcome = ("FAILED" if self.worst_ratio > 1 else "cannot check"
-                       f" {self.unchecked} row(s): not finite on the inputs' side (inf or NaN"
-                       " in a, b or c_in, or an overflow)")
-            return f"verify: {outcome} ({self.rounds} random vectors); {where}"
-        return (f"verify: {'passed' if self.ok else 'FAILED'} ({self.rounds} random vectors); "
-                + where)
+        outcome = ("passed" if self.ok else
+                   f"cannot check {self.unchecked} row(s): not finite on the inputs' side (inf "
+                   f"or NaN in a, b or c_in, or an overflow)" if self.inconclusive else "FAILED")
+        return f"verify: {outcome} ({self.rounds} random vectors); {where}"
 
 
 def _bands(src, rows_total: int, cols: int):

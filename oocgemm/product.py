@@ -383,7 +383,7 @@ class _Check:
                         trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
                         storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
                         _checking=True)
-        if not report and report.unchecked and report.worst_ratio <= 1.0:
+        if report.inconclusive:
             raise ExecutionError(f"the product could not be checked, so nothing was committed "
                                  f"(run without verify to keep it): {report}")
         if not report:
