@@ -214,16 +214,15 @@ def _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide, co
     # A row whose inputs' side is not finite, or whose terms may overflow, cannot be checked
     # (counted apart); elsewhere a ratio that is not finite is C's doing (a NaN or inf in
     # it), and fails the check.
-    checkable = np.broadcast_to((np.isfinite(want) & np.isfinite(size)).all(axis=1)[:, None],
-                                want.shape)
+    checkable = (np.isfinite(want) & np.isfinite(size)).all(axis=1)  # by row
     ratio = residual / tol
-    ratio = np.where(checkable, np.where(np.isfinite(ratio), ratio, np.inf), 0.0)
+    ratio = np.where(checkable[:, None], np.where(np.isfinite(ratio), ratio, np.inf), 0.0)
     if ratio.size == 0:
         return VerifyReport(True, rounds, 0.0, -1, (0, 0), 0.0, 0.0)
-    unchecked = int(np.count_nonzero(~checkable.all(axis=1)))
-    row, col = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    unchecked = int(np.count_nonzero(~checkable))
+    row, col = (int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
     if unchecked and ratio[row, col] <= 1.0:  # point at the first row it cannot check
-        row, col = np.argwhere(~checkable)[0]
+        row, col = int(np.flatnonzero(~checkable)[0]), 0
     rows_of_c = int(srcs["c"].shape[0])
     unit = int(srcs["c"].chunks[0]) if srcs["c"].chunks else max(1, rows_of_c)
     band = (int(row // unit * unit), min(rows_of_c, int(row // unit + 1) * unit))

@@ -146,13 +146,9 @@ def check_kernel(kernel, dtype) -> str:
     OptionError
         An unknown name, or a kernel that does not handle ``dtype``.
     """
-    name = DEFAULT if kernel is None else kernel
-    name = name.strip().lower() if isinstance(name, str) else None
-    if name is not None and is_ozaki(name):
-        return _check_ozaki(name, dtype)
-    if name not in CHOICES:
-        raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)} "
-                          f"(or ozaki:N, N moduli)")
+    name = check_kernel_name(DEFAULT if kernel is None else kernel)
+    if is_ozaki(name):
+        return name if str(dtype) == "float64" else DEFAULT
     if name != DEFAULT:
         spec = KERNELS[name]
         if str(dtype) not in spec.dtypes:
@@ -161,23 +157,21 @@ def check_kernel(kernel, dtype) -> str:
     return name
 
 
-def check_kernel_name(kernel) -> None:
-    """``kernel=`` a name this catalogue knows (before the dtype it multiplies is known:
-    :func:`check_kernel` checks that later); OptionError otherwise."""
+def check_kernel_name(kernel) -> str:
+    """``kernel=`` normalised, a name this catalogue knows (ozaki:N with a count of moduli
+    it takes), before the dtype it multiplies is known (:func:`check_kernel` checks that);
+    OptionError otherwise."""
     name = kernel.strip().lower() if isinstance(kernel, str) else None
     if name is not None and is_ozaki(name):
-        _check_ozaki(name, "float64")  # its count of moduli
-    elif name not in CHOICES:
+        count = name.partition(":")[2]
+        if count:
+            from .ozaki import MAX_MODULI
+
+            if not count.isdigit() or not 1 <= int(count) <= MAX_MODULI:
+                raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {MAX_MODULI} "
+                                  f"moduli")
+        return name
+    if name not in CHOICES:
         raise OptionError(f"unknown kernel {kernel!r}; expected one of {', '.join(CHOICES)} "
                           f"(or ozaki:N, N moduli)")
-
-
-def _check_ozaki(name: str, dtype) -> str:
-    count = name.partition(":")[2]
-    if count:
-        from .ozaki import MAX_MODULI
-
-        if not count.isdigit() or not 1 <= int(count) <= MAX_MODULI:
-            raise OptionError(f"kernel {name!r}: ozaki:N takes N from 1 to {MAX_MODULI} "
-                              f"moduli")
-    return name if str(dtype) == "float64" else DEFAULT
+    return name
