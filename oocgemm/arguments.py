@@ -1,5 +1,5 @@
 """The checks of a product's arguments that every entry point makes (multiply, plan, verify,
-oocgemm.dask): scalars, dtypes, matrices."""
+oocgemm.dask): scalars, dtypes, matrices, an output's compressor spelled NAME[:LEVEL]."""
 
 from __future__ import annotations
 
@@ -65,3 +65,23 @@ def check_matrix(role: str, src: MatrixSource) -> None:
     if len(src.shape) != 2:
         raise InputError(f"{role} ({src.name}) is not a matrix: shape {tuple(src.shape)} has "
                          f"{len(src.shape)} dimension(s), expected 2")
+
+
+#: The compressors a new Zarr output may name (``NAME[:LEVEL]``), beside none.
+COMPRESSORS = ("zstd", "gzip", "blosc", "lz4")
+
+
+def parse_compressor(spec: str) -> tuple[str, int | None]:
+    """``NAME[:LEVEL]`` as (name, level or None), the name one of :data:`COMPRESSORS` or
+    none (which takes no level); OptionError otherwise. The level's range is the codec's,
+    which the output's Zarr format picks (:func:`oocgemm.storage.zarr_store.compressor`)."""
+    name, colon, level_text = spec.strip().lower().partition(":")
+    try:
+        level = int(level_text) if level_text or colon else None
+    except ValueError:
+        raise OptionError(f"compressor {spec!r}: the level must be an integer") from None
+    if name == "none" and level is not None:
+        raise OptionError(f"compressor {spec!r}: none takes no level")
+    if name != "none" and name not in COMPRESSORS:
+        raise OptionError(f"unknown compressor {spec!r}; known: none, {', '.join(COMPRESSORS)}")
+    return name, level

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .arguments import flag
+from .arguments import flag, parse_compressor
 from .errors import OptionError
 from .units import parse_size
 
@@ -125,8 +125,6 @@ class Options:
 
                 compressor(layout["compressors"], layout["zarr_format"])
             else:
-                from .storage.outputs import parse_compressor
-
                 parse_compressor(layout["compressors"])
         for name in ("overwrite", "events", "verify", "resume"):
             if name in given:

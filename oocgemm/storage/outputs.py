@@ -19,25 +19,6 @@ from ..planning import Operand, Plan
 from ..units import format_size
 from . import is_path, kind_of_path, urls
 
-#: The compressors a new Zarr output may name (``NAME[:LEVEL]``), beside none.
-COMPRESSORS = ("zstd", "gzip", "blosc", "lz4")
-
-
-def parse_compressor(spec: str) -> tuple[str, int | None]:
-    """``NAME[:LEVEL]`` as (name, level or None), the name one of :data:`COMPRESSORS` or
-    none (which takes no level); OptionError otherwise. The level's range is the codec's,
-    which the output's Zarr format picks (:func:`oocgemm.storage.zarr_store.compressor`)."""
-    name, colon, level_text = spec.strip().lower().partition(":")
-    try:
-        level = int(level_text) if level_text or colon else None
-    except ValueError:
-        raise OptionError(f"compressor {spec!r}: the level must be an integer") from None
-    if name == "none" and level is not None:
-        raise OptionError(f"compressor {spec!r}: none takes no level")
-    if name != "none" and name not in COMPRESSORS:
-        raise OptionError(f"unknown compressor {spec!r}; known: none, {', '.join(COMPRESSORS)}")
-    return name, level
-
 
 def check_out(out, shape: tuple[int, int], dtype: np.dtype) -> Operand:
     """The output described for the planner; refused when it cannot take C."""

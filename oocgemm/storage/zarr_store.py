@@ -19,11 +19,11 @@ import zarr
 from zarr.core.buffer import cpu as zarr_cpu
 
 from .. import machine
+from ..arguments import parse_compressor
 from ..errors import InputError, OptionError, OutputError
 from ..planning.chunks import chunk_region, chunks_of, on_chunk_edges
 from . import files, frames, urls
 from .base import MatrixSink, MatrixSource
-from .outputs import parse_compressor
 
 
 def open_zarr_array(path: str, role: str):
