@@ -1,6 +1,7 @@
-"""Chunks decoded straight from their files (``oocgemm.storage.zarr_store.direct``) give what
-zarr gives, for every layout that qualifies; every other layout goes through zarr; a corrupt
-or truncated chunk is an InputError naming it."""
+"""Chunks decoded straight from their files (``oocgemm.storage.zarr_store.direct_reader``:
+chunk files, and shards whose inner chunks are plain) give what zarr gives, for every layout
+that qualifies; every other layout goes through zarr; a corrupt or truncated chunk or shard
+is an InputError naming it."""
 
 from __future__ import annotations
 
@@ -25,9 +26,17 @@ DIRECT = {
     "v2-zstd": dict(zarr_format=2),
     "v2-raw": dict(zarr_format=2, compressors=None),
     "v2-blosc-lz4": dict(zarr_format=2, compressors=numcodecs.Blosc(cname="lz4")),
+    "v3-sharded": dict(zarr_format=3, shards=(32, 32)),
+    "v3-sharded-raw": dict(zarr_format=3, shards=(32, 32), compressors=None),
+    "v3-sharded-gzip-index-first": dict(
+        zarr_format=3, chunks=(32, 32), compressors=None, filters=None,
+        serializer=zarr.codecs.ShardingCodec(
+            chunk_shape=(16, 16), codecs=[zarr.codecs.BytesCodec(), zarr.codecs.GzipCodec()],
+            index_codecs=[zarr.codecs.BytesCodec()], index_location="start")),
 }
 THROUGH_ZARR = {
-    "v3-sharded": dict(zarr_format=3, shards=(32, 32)),
+    "v3-sharded-crc": dict(zarr_format=3, shards=(32, 32),
+                           compressors=[zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]),
     "v2-fortran": dict(zarr_format=2, order="F"),
     "v3-filtered": dict(zarr_format=3, filters=[zarr.codecs.TransposeCodec(order=(1, 0))]),
     "v3-crc": dict(zarr_format=3, compressors=[zarr.codecs.ZstdCodec(),
@@ -49,8 +58,8 @@ def test_chunks_as_zarr_reads_them(rng, workdir, layout):
     """Ragged edges, and a band of chunks never written (read as the fill value, 7)."""
     x = rand(rng, (50, 37))
     options = DIRECT.get(layout) or THROUGH_ZARR[layout]
-    array = zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(16, 16),
-                              fill_value=7.0, **options)
+    array = zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype,
+                              **{"chunks": (16, 16), **options}, fill_value=7.0)
     array[:40] = x[:40]
     want = zarr.open_array("x.zarr", mode="r")[:]
     assert np.array_equal(want[48:], np.full((2, 37), 7.0))  # chunks never written
@@ -60,17 +69,42 @@ def test_chunks_as_zarr_reads_them(rng, workdir, layout):
         assert np.array_equal(got, want[where]), where
 
 
-@pytest.mark.parametrize("layout", ["v3-zstd", "v3-raw", "v2-zstd"])
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-raw", "v2-zstd", "v3-sharded",
+                                    "v3-sharded-raw"])
 def test_a_corrupt_or_truncated_chunk_is_named(rng, workdir, layout):
-    x = rand(rng, (32, 32))
-    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(16, 16),
-                      **DIRECT[layout])[:] = x
+    x = rand(rng, (64, 64))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype,
+                      **{"chunks": (16, 16), **DIRECT[layout]})[:] = x
     src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
+    side = src.chunks[0]
     path = src._direct.path((1, 0))
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(InputError, match=r"chunk \(1, 0\) \(corrupt or truncated chunk"):
-        src.read_chunk((1, 0), np.empty((16, 16)))
+        src.read_chunk((1, 0), np.empty((side, side)))
+
+
+@pytest.mark.parametrize("where", ["index", "inner chunk"])
+def test_a_damaged_shard_is_named(rng, workdir, where):
+    """A flipped byte in a shard's index fails its crc32c; one in the header of an inner
+    chunk's zstd frame (its first, where the index is at the end) fails its decode: either
+    is an InputError naming the shard, not wrong numbers."""
+    x = rand(rng, (64, 64))
+    zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype, chunks=(16, 16),
+                      shards=(32, 32))[:] = x
+    src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
+    path = src._direct.path((0, 1))
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        at = len(data) - 10 if where == "index" else 0
+        data[at] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+    out = np.empty((32, 32))
+    with pytest.raises(InputError, match=r"chunk \(0, 1\) \(corrupt or truncated chunk"):
+        src.read_chunk((0, 1), out)
+    src.read_chunk((1, 1), out)  # the shards around it read as before
+    np.testing.assert_array_equal(out, x[32:, 32:])
 
 
 def test_products_through_direct_chunks(rng, workdir):
@@ -80,6 +114,15 @@ def test_products_through_direct_chunks(rng, workdir):
                       zarr_format=2)[:] = b
     result = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
     assert_gemm(result.out, a, b)
+    # shards (of ragged edges) read straight from their files, either operand
+    zarr.create_array("s.zarr", shape=b.shape, dtype=b.dtype, chunks=(10, 8),
+                      shards=(20, 16))[:] = b
+    zarr.create_array("t.zarr", shape=a.shape, dtype=a.dtype, chunks=(16, 8), shards=(32, 16),
+                      compressors=None)[:] = a
+    for tile in ((16, 16, 16), (70, 33, 45)):
+        result = oocgemm.multiply("t.zarr", "s.zarr", device="cpu", tile=tile)
+        assert_gemm(result.out, a, b)
+        assert result.chunks["A"]["decodes"] == 3 * 3 and result.chunks["B"]["decodes"] == 9
 
 
 def test_panels_that_are_whole_chunks_are_used_in_place(rng, workdir):
