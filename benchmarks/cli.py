@@ -9,6 +9,7 @@
     python -m benchmarks planning                   # the planner's tile search, large products
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
+                                                    # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
@@ -390,6 +391,9 @@ _OWN_MAINS = {
     "zarr-product": ("zarr_product", "oocgemm on Zarr stores against dask on the same."),
     "dask-matmul": ("dask_matmul", "oocgemm.dask.matmul against oocgemm.multiply and dask's own."),
     "gpu-decode": ("gpu_decode", "Decoding zstd chunks on the GPU (nvCOMP) against the CPU."),
+    "gpu-decode-product": ("gpu_decode_product",
+                           "Inputs decoded on the GPU into the panels, beside multiply."),
+    "zarr-inputs": ("zarr_inputs", "Zarr inputs into a numpy output, per layout."),
     "gpu-encode": ("gpu_encode", "Compressing zstd chunks of C on the GPU (nvCOMP)."),
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
     "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),

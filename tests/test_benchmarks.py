@@ -100,7 +100,7 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
-                    "dask-matmul", "gpu-decode", "gram"):
+                    "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs"):
         assert command in proc.stdout
 
 
@@ -229,6 +229,16 @@ def test_zarr_io_makes_floors_and_decodes_its_stores(tmp_path, capsys):
     zarr.create_array(str(foreign), shape=(8, 8), dtype="f8", chunks=(4, 4))
     assert zarr_io.main(["decode", str(foreign)]) == 2
     assert "not written by make" in capsys.readouterr().err
+
+
+def test_zarr_inputs_runs_each_layout_and_checks_it(tmp_path, capsys):
+    from benchmarks import zarr_inputs
+
+    assert zarr_inputs.main(["--n", "1024", "--chunk", "512", "--workdir", str(tmp_path),
+                             "--repeat", "1", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["v3", "v3-sharded"]
+    assert all(float(line.rsplit("error", 1)[1]) < 1e-12 for line in lines)
 
 
 def test_small_products_against_numpy_on_the_cpu(tmp_path):
