@@ -16,7 +16,8 @@ class Event:
     index: int
     """The operation's index in the schedule."""
     kind: str
-    """'read', 'upload', 'fill', 'gemm', 'download', 'write' (an operation of the schedule),
+    """'read', 'upload', 'decode', 'fill', 'gemm', 'download', 'write' (an operation of the
+    schedule),
     or 'store': a chunk of C encoded and stored behind the run by the output's writer
     (index -1)."""
     operand: str
@@ -58,7 +59,7 @@ KIND_NAMES = {"read": "read", "upload": "H2D", "fill": "fill", "gemm": "gemm",
 #: One colour per kind (plots, NVTX ranges), '#rrggbb'.
 KIND_COLORS = {"gemm": "#2ca02c", "fill": "#98df8a", "read": "#ff7f0e", "upload": "#1f77b4",
                "download": "#9467bd", "write": "#d62728", "mirror": "#bcbd22",
-               "transpose": "#17becf", "store": "#8c564b"}
+               "transpose": "#17becf", "store": "#8c564b", "decode": "#e377c2"}
 
 
 def op_name(kind: str, operand: str) -> str:

@@ -3,7 +3,7 @@
 from .check import ScheduleError, check_schedule
 from .finish import STAGING, finished, smaller
 from .model import DeviceModel, cpu_model, cuda_model
-from .plan import Plan, with_ring_decodes
+from .plan import Plan, with_gpu_decode, with_ring_decodes
 from .problem import Operand, Problem
 from .schedule import (
                        ORDERED_LANES,
@@ -22,4 +22,5 @@ __all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", 
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
            "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model", "finished",
            "in_core_shape", "in_place",
-           "ordered_lane", "predict", "serpentine", "smaller", "with_ring_decodes"]
+           "ordered_lane", "predict", "serpentine", "smaller", "with_gpu_decode",
+           "with_ring_decodes"]

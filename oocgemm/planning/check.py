@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..intervals import union
+from .grid import chunk_region, chunks_of
 from .schedule import ORDERED_LANES, WHOLE, Op, OpKind, Schedule, op_span, ordered_lane
 
 
@@ -281,9 +282,29 @@ class _Dataflow:
             self.download(op)
         elif op.kind is OpKind.WRITE:
             self.write(op)
+        elif op.kind is OpKind.DECODE:
+            self.decode(op)
 
     # -- the operations, one method each ---------------------------------------------------
+    def expect_object(self, op: Op) -> None:
+        """A stored object of a panel decoded on the device: one object of the operand's
+        grid (clipped at the array's edges), inside the panel."""
+        x = self.prob.a if op.operand == "A" else self.prob.b
+        if x.chunks is None:
+            raise ScheduleError(f"{op}: objects of {op.operand}, which is not chunked")
+        (r0, r1), (c0, c1) = self.region_of(op.operand, op.key)
+        (s0, s1), (d0, d1) = op.region
+        index = (s0 // x.chunks[0], d0 // x.chunks[1])
+        if (chunk_region(index, x.chunks, x.shape) != op.region
+                or not (r0 <= s0 < s1 <= r1 and c0 <= d0 < d1 <= c1)):
+            raise ScheduleError(f"{op}: region {op.region} is not a stored object of "
+                                f"{op.operand}{op.key} {((r0, r1), (c0, c1))}")
+
     def read(self, op: Op) -> None:
+        if op.operand in self.plan.gpu_decode:  # a stored object, as stored
+            self.expect_object(op)
+            self.content[_dst(op)] = (op.operand, op.key, "object", op.region)
+            return
         prob = self.prob
         if op.operand in ("A", "B") and not prob.computes_product:
             raise ScheduleError(f"{op}: reads {op.operand} although no product is computed")
@@ -298,6 +319,9 @@ class _Dataflow:
             self.cstate[dst][1].set(lo, hi, "input")
 
     def upload(self, op: Op) -> None:
+        if op.operand in self.plan.gpu_decode:
+            self.upload_object(op)
+            return
         tag = self.content.get(op.src[0])
         lo, hi, total = self.expect_stripe(op, op.operand, op.key)
         if tag is None or tag[:2] != (op.operand, op.key) or tag[3] != frozenset({(lo, hi)}):
@@ -316,6 +340,46 @@ class _Dataflow:
             if self.cstate.get(dst, (None,))[0] != op.key:
                 self.cstate[dst] = (op.key, _Ranges())
             self.cstate[dst][1].set(lo, hi, "input")
+
+    def upload_object(self, op: Op) -> None:
+        """A stored object into its cell of a Z slot: the cell of its place in the panel's
+        objects, row by row."""
+        self.expect_object(op)
+        tag = self.content.get(op.src[0])
+        if tag != (op.operand, op.key, "object", op.region):
+            raise ScheduleError(f"{op}: uploads {tag}, expected the object {op.region} of "
+                                f"{op.operand}{op.key}")
+        x = self.prob.a if op.operand == "A" else self.prob.b
+        assert x.chunks is not None
+        region = self.region_of(op.operand, op.key)
+        place = chunks_of(region, x.chunks).index(
+            (op.region[0][0] // x.chunks[0], op.region[1][0] // x.chunks[1]))
+        if op.offset != place * self.plan.object_cell(op.operand) // self.prob.itemsize:
+            raise ScheduleError(f"{op}: object {place} of {op.operand}{op.key} uploaded at "
+                                f"offset {op.offset}, not its cell's")
+        z = _dst(op)
+        previous = self.content.get(z)
+        objects = set(previous[3]) if previous is not None and previous[:3] == (
+            op.operand, op.key, "objects") else set()
+        self.content[z] = (op.operand, op.key, "objects", frozenset(objects | {op.region}))
+
+    def decode(self, op: Op) -> None:
+        """A panel from every stored object it covers, each in its cell of the Z slot."""
+        if op.operand not in self.plan.gpu_decode:
+            raise ScheduleError(f"{op}: decodes {op.operand}, which the plan does not decode "
+                                f"on the device")
+        x = self.prob.a if op.operand == "A" else self.prob.b
+        assert x.chunks is not None
+        region = self.region_of(op.operand, op.key)
+        want = frozenset(chunk_region(index, x.chunks, x.shape)
+                         for index in chunks_of(region, x.chunks))
+        tag = self.content.get(op.src[0])
+        if op.region != region or tag != (op.operand, op.key, "objects", want):
+            raise ScheduleError(f"{op}: decodes {tag}, expected every object of "
+                                f"{op.operand}{op.key} {region}")
+        (r0, r1), (c0, c1) = region
+        self.content[_dst(op)] = (op.operand, op.key, "input",
+                                  frozenset({(0, (r1 - r0) * (c1 - c0))}))
 
     def compute(self, op: Op) -> None:
         """A GEMM or FILL: rows of a C block, started or accumulated into."""

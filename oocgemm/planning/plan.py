@@ -14,7 +14,7 @@ from ..errors import BudgetError, OptionError
 from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
-from .chunks import chunk_region
+from .chunks import chunk_region, on_chunk_edges
 from .model import DeviceModel
 from .problem import Problem
 from .schedule import OpKind, stripe_rows
@@ -91,6 +91,15 @@ class Plan:
     chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
     decodes each chunk straight into its pinned ring buffer (no decoded chunk held, no copy
     out of one; :func:`with_ring_decodes`)."""
+    gpu_decode: tuple[str, ...] = ()
+    """Operands ('A', 'B') of zstd frames (:attr:`Operand.zstd_frames
+    <oocgemm.planning.problem.Operand.zstd_frames>`) decoded on the device: a load reads each
+    stored object it covers (a chunk file or a shard) whole, as stored, into a ring buffer,
+    uploads it into its cell of a compressed slot (``ZA0``.., ``ZB0``..: :attr:`n_z` of them),
+    and one DECODE puts every frame of them in place in the panel slot. Its panels and blocks
+    start on the objects' edges; staged plans only, not the in-core shape."""
+    n_z: int = 2
+    """Compressed slots of each operand decoded on the device (:attr:`gpu_decode`)."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = DEFAULT
@@ -185,7 +194,46 @@ class Plan:
 
     @property
     def device_bytes(self) -> int:
-        return device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
+        return (device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
+                + sum(self.n_z * self.z_slot(x) for x in self.gpu_decode)
+                + self.decode_scratch)
+
+    # ---- operands decoded on the device ---------------------------------------------------
+    def problem_operand(self, operand: str):
+        """The problem's :class:`~oocgemm.planning.problem.Operand` of 'A' or 'B'."""
+        return self.problem.a if operand == "A" else self.problem.b
+
+    def object_cell(self, operand: str) -> int:
+        """Bytes of one stored object's cell in a Z slot (:attr:`gpu_decode`): what its zstd
+        frames take at most (zstd's bound), and a shard's index, rounded to 256 bytes and to
+        whole elements."""
+        x = self.problem.a if operand == "A" else self.problem.b
+        assert x.chunks is not None and x.zstd_frames is not None
+        frames = math.prod(-(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
+        frame = math.prod(x.zstd_frames) * self.problem.itemsize
+        cell = frames * (zstd_bound(frame) + 16) + 4
+        step = math.lcm(256, self.problem.itemsize)
+        return -(-cell // step) * step
+
+    def z_slot(self, operand: str) -> int:
+        """Bytes of a Z slot: a cell for each stored object a panel of ``operand`` covers."""
+        x = self.problem.a if operand == "A" else self.problem.b
+        assert x.chunks is not None
+        w, h, r = self.tile
+        rows, cols = (w, r) if operand == "A" else (r, h)
+        if (self.problem.trans_a if operand == "A" else self.problem.trans_b):
+            rows, cols = cols, rows
+        # (panels start on the objects' edges: _check_gpu_decode)
+        objects = (-(-min(rows, x.shape[0]) // x.chunks[0])
+                   * -(-min(cols, x.shape[1]) // x.chunks[1]))
+        return objects * self.object_cell(operand)
+
+    @property
+    def decode_scratch(self) -> int:
+        """Bytes a device decodes a panel's frames into before it places them (the largest
+        panel decoded on the device; one, used by the DECODEs in turn)."""
+        buf = self.buffers
+        return max([buf.a if x == "A" else buf.b for x in self.gpu_decode], default=0)
 
     @property
     def host_bytes(self) -> int:
@@ -275,6 +323,7 @@ class Plan:
         if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
                               f"at most {depth} (its int32 products stay exact up to there)")
+        self._check_gpu_decode()
         if self.device_bytes > self.memory_limit:
             raise BudgetError(
                 f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
@@ -286,11 +335,43 @@ class Plan:
                 f"over host_memory_limit={format_size(self.host_memory_limit)}")
         return self
 
+    def _check_gpu_decode(self) -> None:
+        """Panels decoded on the device: staged, not in core, of operands of zstd frames,
+        every load starting on the objects' edges (whole objects, clipped at the array's
+        end only)."""
+        prob = self.problem
+        for name in self.gpu_decode:
+            x = prob.a if name == "A" else prob.b
+            why = ("it is not stored as zstd frames in local files" if x.zstd_frames is None
+                   else "the plan is not staged" if not self.staged
+                   else "the in-core shape loads A in row stripes" if self.in_core
+                   else "one matrix in both roles" if prob.shared
+                   else "a ramped first panel cuts the objects" if self.ramp_pieces else None)
+            if why is None:
+                assert x.chunks is not None
+                outer = self.row_splits if name == "A" else self.col_splits
+                splits = (outer, self.k_splits) if name == "A" else (self.k_splits, outer)
+                if (prob.trans_a if name == "A" else prob.trans_b):
+                    splits = splits[::-1]
+                if not on_chunk_edges(splits, x.chunks, x.shape):
+                    why = (f"its blocks or K panels cut its stored objects of "
+                           f"{x.chunks[0]}x{x.chunks[1]}")
+                elif self.buffers.ring < self.object_cell(name):
+                    why = (f"its ring buffers ({format_size(self.buffers.ring)}) are smaller "
+                           f"than a stored object's cell ({format_size(self.object_cell(name))})")
+            if why is not None:
+                raise OptionError(f"tile {self.tile}: {name} cannot be decoded on the device: "
+                                  f"{why}")
+
     def _device_breakdown(self) -> str:
         buf = self.buffers
         parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}",
                  f"A {self.n_a}x{format_size(buf.a)}",
                  f"B {self.n_b}x{format_size(buf.b)}"]
+        for x in self.gpu_decode:
+            parts.append(f"compressed {x} {self.n_z}x{format_size(self.z_slot(x))}")
+        if self.gpu_decode:
+            parts.append(f"decoding {format_size(self.decode_scratch)}")
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
         if buf.emulation:
@@ -373,6 +454,12 @@ class Plan:
         return "\n".join(lines)
 
 
+def zstd_bound(nbytes: int) -> int:
+    """The most bytes zstd's frame of ``nbytes`` takes (``ZSTD_COMPRESSBOUND``)."""
+    small = (128 << 10) - nbytes >> 11 if nbytes < 128 << 10 else 0
+    return nbytes + (nbytes >> 8) + small
+
+
 def _splits(extent: int, step: int) -> tuple[int, ...]:
     if extent == 0:
         return (0,)
@@ -381,6 +468,19 @@ def _splits(extent: int, step: int) -> tuple[int, ...]:
 
 #: How ``print(plan)`` names the traffic levels (``Counts.traffic``, and the chunks decoded).
 TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)"}
+
+
+def with_gpu_decode(plan: Plan, operands: tuple[str, ...]) -> Plan:
+    """``plan`` with ``operands`` decoded on the device (:attr:`Plan.gpu_decode`), its ring
+    buffers large enough for one stored object's cell each, validated (OptionError where a
+    panel cuts an object, BudgetError where it no longer fits)."""
+    trial = replace(plan, gpu_decode=tuple(operands), into_ring=tuple(
+        x for x in plan.into_ring if x not in operands), cache=tuple(
+        x for x in plan.cache if x not in operands))
+    cell = max((trial.object_cell(x) for x in operands
+                if trial.problem_operand(x).zstd_frames is not None), default=0)
+    stripe = max(plan.stripe, -(-cell // plan.problem.itemsize))
+    return replace(trial, stripe=stripe).validate()
 
 
 def with_ring_decodes(plan: Plan) -> Plan:

@@ -28,6 +28,10 @@ class Operand:
     decodes_into: bool = False
     """A whole chunk decodes straight into a caller's buffer (a plain chunk file and its
     codec): a staged plan may decode it into a pinned ring buffer (``Plan.into_ring``)."""
+    zstd_frames: tuple[int, int] | None = None
+    """The decoded shape of one zstd frame (a chunk, or an inner chunk of a shard) where every
+    stored object is a local file of zstd frames of plain bytes, which a device may decode
+    (``Plan.gpu_decode``); None otherwise."""
 
     @property
     def decoded(self) -> bool:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .grid import chunk_region, chunks_of
+
 
 class OpKind(str, enum.Enum):
     READ = "read"          # storage -> slot (host staging, or the working slot when unstaged)
@@ -41,6 +43,7 @@ class OpKind(str, enum.Enum):
     WRITE = "write"        # slot -> storage
     MIRROR = "mirror"      # C slot rows: below the diagonal := the transpose of above it
     TRANSPOSE = "transpose"  # T slot := C slot transposed (the block across the diagonal)
+    DECODE = "decode"      # panel slot := the stored objects in a Z slot, decoded in place
 
     def __str__(self) -> str:
         return self.value
@@ -114,11 +117,12 @@ class Op:
 
 
 #: The in-order lanes: each runs its operations one at a time, in schedule order, in every
-#: executor. CUDA: the streams ``h2d`` (A and B uploads), ``compute`` (GEMM, FILL) and ``c``
-#: (C uploads and downloads). CPU: the compute thread (GEMM, FILL) and one copy thread that
-#: runs every UPLOAD and DOWNLOAD in schedule order, which keeps ``h2d``'s order and ``c``'s
-#: (and more). READs and WRITEs run on thread pools, in no order: no lane.
-ORDERED_LANES = ("h2d", "compute", "c")
+#: executor. CUDA: the streams ``h2d`` (A and B uploads), ``compute`` (GEMM, FILL), ``c``
+#: (C uploads and downloads) and ``decode`` (DECODE: panels decoded on the device). CPU: the
+#: compute thread (GEMM, FILL) and one copy thread that runs every UPLOAD, DOWNLOAD and
+#: DECODE in schedule order, which keeps ``h2d``'s order, ``c``'s and ``decode``'s (and
+#: more). READs and WRITEs run on thread pools, in no order: no lane.
+ORDERED_LANES = ("h2d", "compute", "c", "decode")
 
 
 #: What runs on the compute lane: the products and the elementwise work on C slots.
@@ -128,6 +132,8 @@ COMPUTE_OPS = frozenset({OpKind.GEMM, OpKind.FILL, OpKind.MIRROR, OpKind.TRANSPO
 def _lane(kind: OpKind, operand: str) -> str | None:
     if kind in COMPUTE_OPS:
         return "compute"
+    if kind is OpKind.DECODE:
+        return "decode"
     if kind is OpKind.UPLOAD:
         return "c" if operand == "C" else "h2d"
     if kind is OpKind.DOWNLOAD:
@@ -178,7 +184,7 @@ def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
         return (op.offset, op.offset + op.elements)
     if op.kind is OpKind.MIRROR:
         return (op.offset if writing else 0, op.offset + op.elements)
-    if op.kind is OpKind.TRANSPOSE and not writing:
+    if op.kind in (OpKind.TRANSPOSE, OpKind.DECODE) and not writing:
         return (0, WHOLE)
     if op.kind in (OpKind.GEMM, OpKind.FILL):
         if slot == op.dst:
@@ -311,13 +317,14 @@ class _Builder:
                  + [f"C{i}" for i in range(plan.n_c)] + [f"T{i}" for i in range(plan.n_t)])
         if plan.staged:
             names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
+        names += [f"Z{x}{i}" for x in plan.gpu_decode for i in range(plan.n_z)]
         self.state = {name: _SlotState(name) for name in names}
         self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
                             "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
         self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
         self.ring = plan.buffers.ring // self.s  # elements of a ring buffer going up
         self.out_ring = plan.buffers.out_ring // self.s  # ...and of one coming down
-        self.stage_turn = {"sR": 0, "sO": 0, "T": 0}
+        self.stage_turn = {"sR": 0, "sO": 0, "T": 0, "ZA": 0, "ZB": 0}
         self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
 
@@ -366,7 +373,8 @@ class _Builder:
         return self.state[slot].producers(lo, hi)
 
     def next_stage(self, ring: str) -> str:
-        count = {"sR": self.plan.n_stage, "sO": self.plan.n_out, "T": self.plan.n_t}[ring]
+        count = {"sR": self.plan.n_stage, "sO": self.plan.n_out, "T": self.plan.n_t,
+                 "ZA": self.plan.n_z, "ZB": self.plan.n_z}[ring]
         turn = self.stage_turn[ring]
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
@@ -427,6 +435,9 @@ class _Builder:
         :meth:`load_stripes`)."""
         region = self.region(operand, key)
         hazards = self.state[dst].refill()  # every stripe waits for the old content's readers
+        if operand in self.plan.gpu_decode:
+            self.load_objects(operand, key, region, dst, hazards)
+            return
         if not self.plan.staged:
             self.emit(OpKind.READ, operand, key, (), dst, hazards, region,
                       nbytes=self.nbytes(region))
@@ -456,6 +467,28 @@ class _Builder:
             target.writers.append((read + 1, offset, offset + elements, lane))
             target._memo = None
             target.last_use = self.clock
+
+    def load_objects(self, operand: str, key, region, dst: str, hazards: list[int]) -> None:
+        """A panel decoded on the device (:attr:`Plan.gpu_decode`): each stored object it
+        covers (a chunk file or a shard, row by row) read whole into a ring buffer and
+        uploaded into its cell of the next Z slot, then one DECODE of them all into ``dst``
+        (after the old content's readers, ``hazards``)."""
+        x = self.prob.a if operand == "A" else self.prob.b
+        assert x.chunks is not None
+        z = self.next_stage("Z" + operand)
+        z_hazards = self.state[z].refill()
+        cell = self.plan.object_cell(operand) // self.s
+        uploads = []
+        for k, index in enumerate(chunks_of(region, x.chunks)):
+            part = chunk_region(index, x.chunks, x.shape)
+            nbytes = self.nbytes(part)
+            stage = self.next_stage("sR")
+            read = self.emit(OpKind.READ, operand, key, (), stage, self.state[stage].refill(),
+                             part, nbytes=nbytes)
+            uploads.append(self.emit(OpKind.UPLOAD, operand, key, (stage,), z,
+                                     [read] + z_hazards, part, nbytes=nbytes, offset=k * cell))
+        self.emit(OpKind.DECODE, operand, key, (z,), dst, uploads + hazards, region,
+                  nbytes=self.nbytes(region))
 
     def ensure(self, operand: str, key: tuple[int, int], pinned: set[str], cuts=None) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot
@@ -708,8 +741,8 @@ class _Builder:
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h,
                  "T": w * h}
         sizes |= {"sR": self.ring, "sO": self.out_ring}
-        return {name: sizes[name[:2] if name.startswith("s") else name[0]]
-                for name in self.state}
+        sizes |= {f"Z{x}": self.plan.z_slot(x) // self.s for x in self.plan.gpu_decode}
+        return {name: sizes[name[:2] if name[0] in "sZ" else name[0]] for name in self.state}
 
 
 class _Counter(_Builder):
@@ -739,7 +772,12 @@ class _Counter(_Builder):
         region = self.region(operand, key)
         nbytes = self.nbytes(region)
         stripes = 1
-        if self.plan.staged and cuts is None:
+        if operand in self.plan.gpu_decode:  # an object a stripe, and its DECODE
+            x = self.prob.a if operand == "A" else self.prob.b
+            assert x.chunks is not None
+            stripes = len(chunks_of(region, x.chunks))
+            self.counted[OpKind.DECODE] += 1
+        elif self.plan.staged and cuts is None:
             stripes = self._stripes(region)
         elif self.plan.staged:  # a few cuts (the in-core shape's C stripes): listed
             stripes = sum(1 for _ in self.load_stripes(region, cuts))

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..diagnostics.events import EventLog
+from ..planning.grid import chunk_region, chunks_of
 from ..planning.schedule import OpKind
 from ..storage.frames import encode_stripe
 from ..strategies import strategy_of
@@ -41,6 +42,11 @@ from .base import (
     with_c,
 )
 from .staging import cpu_settings
+
+#: How the replay runs the operations of a panel decoded on the device (Plan.gpu_decode).
+_OBJECT_OPS = {OpKind.READ: lambda ex, op: ex._read_object(op),
+               OpKind.UPLOAD: lambda ex, op: ex._upload_object(op),
+               OpKind.DECODE: lambda ex, op: ex._decode(op)}
 
 #: Seconds a lane waits on a dependency before it looks at its state again (:func:`_settled`).
 LOOK_AGAIN = 0.25
@@ -100,6 +106,8 @@ class CpuExecutor(Executor):
         self._bound: dict[str, np.ndarray] = {}  # slot -> zero-copy view it stands for now
         self._analysed: dict[str, tuple] = {}  # 'A'/'B' -> (panel key, ozaki.Panel) last used
         self._alloc_lock = threading.Lock()
+        # panels decoded on the device: a ring buffer's or a cell's object (index, size, frames)
+        self._objects: dict = {}
         # A symmetric product that reads C meets it as blocks are written: its C slots are
         # scratch, never the output's region (which may be C itself, still to be read).
         self._binds = not (plan.symmetric and plan.problem.reads_c)
@@ -146,6 +154,8 @@ class CpuExecutor(Executor):
         """Run one operation; return the bytes it actually moved (0 where a slot stands for
         the data in place)."""
         kind = op.kind
+        if op.operand in self.plan.gpu_decode and kind in _OBJECT_OPS:
+            return _OBJECT_OPS[kind](self, op)
         if kind is OpKind.READ:
             (r0, r1), (c0, c1) = op.region
             source = self.sources[op.operand]
@@ -205,6 +215,40 @@ class CpuExecutor(Executor):
         else:  # pragma: no cover - the schedule has no other kinds
             raise AssertionError(kind)
         return op.nbytes
+
+    # -- panels decoded on the device (Plan.gpu_decode), replayed on the host ---------------
+    def _read_object(self, op) -> int:
+        """A stored object into its ring buffer, as stored; its frames kept with it."""
+        source, chunks = self.sources[op.operand], self.plan.problem_operand(op.operand).chunks
+        index = (op.region[0][0] // chunks[0], op.region[1][0] // chunks[1])
+        size, frames = source.read_object(index, self._buffer(op.dst).view(np.uint8))
+        self._objects[op.dst] = (index, size, frames)
+        return size
+
+    def _upload_object(self, op) -> int:
+        """An object's bytes into its cell of the Z slot."""
+        index, size, frames = self._objects[op.src[0]]
+        start = op.offset * self.dtype.itemsize
+        cells = self._buffer(op.dst).view(np.uint8)
+        cells[start:start + size] = self._buffer(op.src[0]).view(np.uint8)[:size]
+        self._objects[(op.dst, op.offset)] = (index, size, frames)
+        return size
+
+    def _decode(self, op) -> int:
+        """Every object of the panel decoded from its cell into its place in the slot."""
+        source = self.sources[op.operand]
+        chunks = self.plan.problem_operand(op.operand).chunks
+        (r0, r1), (c0, c1) = op.region
+        panel = self.view(op.dst, op.shape)
+        cells = self._buffer(op.src[0]).view(np.uint8)
+        cell = self.plan.object_cell(op.operand)
+        for k, index in enumerate(chunks_of(op.region, chunks)):
+            got, size, frames = self._objects[(op.src[0], k * cell // self.dtype.itemsize)]
+            assert got == index, (got, index)
+            (s0, s1), (d0, d1) = chunk_region(index, chunks, source.shape)
+            source.decode_object(index, cells[k * cell:k * cell + size], frames,
+                                 panel[s0 - r0:s1 - r0, d0 - c0:d1 - c0])
+        return 0
 
     def _gemm(self, op) -> None:
         if op.beta == 0 and not self.plan.staged:  # starts a block: C is not read
@@ -293,7 +337,7 @@ class CpuExecutor(Executor):
             "write": ThreadPoolExecutor(self.writers, thread_name_prefix="oocgemm-write"),
         }
         pool_of = {OpKind.READ: "read", OpKind.UPLOAD: "copy", OpKind.DOWNLOAD: "copy",
-                   OpKind.WRITE: "write"}
+                   OpKind.DECODE: "copy", OpKind.WRITE: "write"}
         compute = []
         try:
             for op in ops:
@@ -328,4 +372,5 @@ class CpuExecutor(Executor):
                 workers.shutdown(wait=True)
             self._buffers.clear()
             self._bound.clear()
+            self._objects.clear()
         return self.log

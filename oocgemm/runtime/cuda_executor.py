@@ -223,6 +223,9 @@ class CudaExecutor(Executor):
                  writers: int | None = None, record: bool = True, resources=None):
         if not plan.staged:
             raise ValueError("the CUDA executor replays staged plans only")
+        if plan.gpu_decode:
+            raise OptionError("panels decoded on the device (Plan.gpu_decode) are replayed by "
+                              "the CPU executor only so far")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
         index = int(plan.device.partition(":")[2] or 0)

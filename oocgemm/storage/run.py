@@ -76,7 +76,8 @@ class RunIO:
         rows, cols = src.shape
         zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None
         return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=zero_copy,
-                       sliced=src.sliced, decodes_into=src.decodes_into)
+                       sliced=src.sliced, decodes_into=src.decodes_into,
+                       zstd_frames=getattr(src, "zstd_frames", None))
 
     def layout(self, plan: Plan) -> dict:
         """The layout of the output path a run of ``plan`` writes (:func:`output_layout`);
@@ -359,7 +360,7 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
         if name == "B" and plan.problem.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
         elif (src.on_disk and src.chunks is not None and not src.sliced
-              and isinstance(src, ChunkedSource)):
+              and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders,

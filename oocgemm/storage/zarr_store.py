@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import zarr
@@ -71,6 +71,18 @@ def fast_reader(array: zarr.Array, threads: int = 0) -> zarr.Array:
         return array
 
 
+class Frame(NamedTuple):
+    """One compressed unit of a stored object (a chunk file, or an inner chunk of a shard):
+    its bytes in the object, and the rows and columns of the object's region it decodes into
+    (clipped at the array's edges; its decoded shape is the reader's ``frame_shape``)."""
+
+    offset: int
+    nbytes: int
+    """0: never written, the fill value."""
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+
+
 class _Direct:
     """Whole chunks of a local, unsharded Zarr array whose chunks are plain C-order bytes,
     compressed or not, decoded straight into the caller's buffer: the chunk file read, its
@@ -92,6 +104,43 @@ class _Direct:
     def sliceable(self) -> bool:
         """Raw chunk files: a read may take part of a chunk from its file's pages."""
         return self.codec is None
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """The decoded shape of one frame: a chunk."""
+        return self.chunks
+
+    def frames(self, data, size: int, shape) -> list[Frame]:
+        """The frames of an object of ``size`` bytes (``data``) whose region is ``shape``."""
+        return [Frame(0, size, (0, shape[0]), (0, shape[1]))]
+
+    def decode_frames(self, data, frames: list[Frame], out: np.ndarray) -> None:
+        """Each of ``frames`` (in ``data``, the object's bytes) decoded into its place in
+        ``out`` (the object's region); frames never written take the fill value."""
+        shape = self.frame_shape
+        frame_bytes = math.prod(shape) * self.dtype.itemsize
+        scratch = np.empty(shape, dtype=self.dtype) if self.codec is not None else None
+        for frame in frames:
+            target = out[frame.rows[0]:frame.rows[1], frame.cols[0]:frame.cols[1]]
+            if frame.nbytes == 0:  # never written: the fill value
+                target[...] = self.fill
+                continue
+            end = frame.offset + frame.nbytes
+            if end > len(data):
+                raise ValueError(f"a frame at {frame.offset} runs past the object's end")
+            rows, cols = target.shape
+            if scratch is None:
+                if frame.nbytes != frame_bytes:
+                    raise ValueError(f"a raw frame of {frame.nbytes} bytes, expected "
+                                     f"{frame_bytes}")
+                chunk = np.frombuffer(data, dtype=self.dtype, count=math.prod(shape),
+                                      offset=frame.offset).reshape(shape)
+                np.copyto(target, chunk[:rows, :cols], casting="same_kind")
+                del chunk  # a mapping closes only once no array uses it
+            else:
+                with memoryview(data) as view:
+                    self.codec.decode(view[frame.offset:end], out=scratch)
+                np.copyto(target, scratch[:rows, :cols], casting="same_kind")
 
     def path(self, index) -> str:
         root = self.array.store_path.store.root  # type: ignore[attr-defined]  # LocalStore
@@ -185,59 +234,48 @@ class _DirectSharded(_Direct):
     def sliceable(self) -> bool:
         return False  # a shard is decoded whole, raw or not
 
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return self.inner
+
     def read(self, index, out: np.ndarray) -> None:
         """Shard ``index`` into ``out`` (its region, clipped at the array's edges)."""
         try:
             with open(self.path(index), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < self.index_bytes:
-                    raise ValueError(f"{size} bytes, shorter than the shard's index")
                 with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
-                    self._inner_chunks(data, size, out)
+                    self.decode_frames(data, self.frames(data, size, out.shape), out)
         except FileNotFoundError:  # never written: the fill value
             out[...] = self.fill
 
-    def _table(self, data, size: int) -> np.ndarray:
-        """(offset, nbytes) of every inner chunk, from the shard's index."""
+    def frames(self, data, size: int, shape) -> list[Frame]:
+        """The inner chunks of a shard of ``size`` bytes whose region is ``shape``, from its
+        index (at its start or end; its crc32c checked where it has one)."""
+        if size < self.index_bytes:
+            raise ValueError(f"{size} bytes, shorter than the shard's index")
         at = size - self.index_bytes if self.index_at_end else 0
-        raw = data[at:at + self.index_bytes]
+        raw = bytes(data[at:at + self.index_bytes])
         if self.index_crc:
             import google_crc32c
 
-            stored = int.from_bytes(raw[-4:], "little")
-            if google_crc32c.value(raw[:-4]) != stored:
+            if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
                 raise ValueError("the shard's index fails its crc32c check")
-        return np.frombuffer(raw, dtype="<u8", count=2 * math.prod(self.grid)).reshape(
+        table = np.frombuffer(raw, dtype="<u8", count=2 * math.prod(self.grid)).reshape(
             self.grid + (2,))
-
-    def _inner_chunks(self, data, size: int, out: np.ndarray) -> None:
-        table = self._table(data, size)
-        (ir, ic), chunk_bytes = self.inner, math.prod(self.inner) * self.dtype.itemsize
-        scratch = np.empty(self.inner, dtype=self.dtype)  # (for compressed inner chunks)
+        found = []
+        (ir, ic) = self.inner
         for gi, gj in np.ndindex(*self.grid):
             r0, c0 = gi * ir, gj * ic
-            rows, cols = min(ir, out.shape[0] - r0), min(ic, out.shape[1] - c0)
+            rows, cols = min(ir, shape[0] - r0), min(ic, shape[1] - c0)
             if rows <= 0 or cols <= 0:
                 continue  # past the array's edge
-            target = out[r0:r0 + rows, c0:c0 + cols]
             offset, nbytes = (int(v) for v in table[gi, gj])
-            if offset == nbytes == _MISSING:  # never written: the fill value
-                target[...] = self.fill
-                continue
-            if offset + nbytes > size:
+            if offset == nbytes == _MISSING:
+                offset = nbytes = 0  # never written
+            elif offset + nbytes > size:
                 raise ValueError(f"inner chunk {(gi, gj)} runs past the shard's end")
-            if self.codec is None:
-                if nbytes != chunk_bytes:
-                    raise ValueError(f"inner chunk {(gi, gj)} holds {nbytes} bytes, "
-                                     f"expected {chunk_bytes}")
-                chunk = np.frombuffer(data, dtype=self.dtype, count=ir * ic,
-                                      offset=offset).reshape(self.inner)
-                np.copyto(target, chunk[:rows, :cols], casting="same_kind")
-                del chunk  # the mapping closes only once no array uses it
-            else:
-                with memoryview(data) as view:
-                    self.codec.decode(view[offset:offset + nbytes], out=scratch)
-                np.copyto(target, scratch[:rows, :cols], casting="same_kind")
+            found.append(Frame(offset, nbytes, (r0, r0 + rows), (c0, c0 + cols)))
+        return found
 
 
 _MISSING = (1 << 64) - 1
@@ -439,6 +477,60 @@ class ZarrSource(MatrixSource):
             return os.stat(path).st_size
         except OSError:  # never written: the fill value
             return 0
+
+    # -- objects as stored, for a GPU to decode (Plan.gpu_decode) --------------------------
+    @property
+    def zstd_frames(self) -> tuple[int, int] | None:
+        """The decoded shape of one frame (a chunk, or an inner chunk of a shard) where every
+        stored object is a local file of zstd frames of plain bytes (what nvCOMP decodes);
+        None otherwise."""
+        d = self._direct
+        if d is None or type(d.codec).__name__ != "Zstd" or self.chunks is None:
+            return None
+        return cast(tuple[int, int], tuple(d.frame_shape))
+
+    def read_object(self, index, into: np.ndarray) -> tuple[int, list[Frame]]:
+        """The stored bytes of the object (chunk file, or shard) at ``index`` (in units of
+        :attr:`chunks`) into ``into`` (bytes), and its frames; ``(0, [a frame of the fill
+        value])`` for an object never written. InputError for one that does not fit
+        ``into`` or whose index is damaged."""
+        assert self._direct is not None and self.chunks is not None
+        (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+        where = f"{self.name}: rows {r0}:{r1}, columns {c0}:{c1}, chunk {tuple(index)}"
+        try:
+            with self.lock or contextlib.nullcontext(), open(self._direct.path(index), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > into.nbytes:
+                    raise InputError(
+                        f"{where}: its file holds {size} bytes, more than the {into.nbytes} "
+                        f"a zstd frame of its size takes at most (written by another "
+                        f"encoder?); decode it on the host (decode='host')")
+                got = f.readinto(into[:size].data)
+            if got != size:
+                raise ValueError(f"read {got} of {size} bytes")
+            found = self._direct.frames(into, size, (r1 - r0, c1 - c0))
+        except FileNotFoundError:  # never written: the fill value
+            return 0, [Frame(0, 0, (0, r1 - r0), (0, c1 - c0))]
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"{where} (corrupt or truncated chunk? {type(exc).__name__}: "
+                             f"{exc})") from exc
+        self.count(size, (r1 - r0) * (c1 - c0) * self.dtype.itemsize)
+        return size, found
+
+    def decode_object(self, index, data, frames: list[Frame], out: np.ndarray) -> None:
+        """An object's frames (:meth:`read_object`) decoded on the host into ``out`` (its
+        region): what a GPU's DECODE does, for the CPU's replay and for frames a GPU
+        refused (which fail here with the codec's message)."""
+        assert self._direct is not None and self.chunks is not None
+        try:
+            self._direct.decode_frames(data, frames, out)
+        except Exception as exc:
+            (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+            raise InputError(f"{self.name}: cannot read rows {r0}:{r1}, columns {c0}:{c1}, "
+                             f"chunk {tuple(index)} (corrupt or truncated chunk? "
+                             f"{type(exc).__name__}: {exc})") from exc
 
     def _read_direct(self, index, out, rows, cols) -> None:
         (r0, r1), (c0, c1) = rows, cols

@@ -1,0 +1,146 @@
+"""Panels decoded on the device (``Plan.gpu_decode``), replayed by the CPU executor: each
+stored object a load covers (a chunk file of one zstd frame, or a shard of many) is read as
+stored into a ring buffer, uploaded into its cell of a Z slot, and one DECODE per panel puts
+every frame in place. The schedule passes its checker (which fails on a tampered one), the
+counts agree with the built list, the product equals numpy's over ragged shapes, transposed
+operands, shards with their index at either end and chunks never written; plans whose panels
+cut the objects, or operands that are not zstd frames, are refused; a damaged object or one
+larger than its cell is an InputError naming it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import zarr
+from _helpers import assert_gemm, poisoned, rand
+
+import oocgemm
+from oocgemm.errors import InputError, OptionError
+from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
+from oocgemm.runtime.cpu import CpuExecutor
+from oocgemm.storage.memory import NumpySink
+from oocgemm.storage.run import chunk_readers
+from oocgemm.storage.zarr_store import ZarrSource
+
+LAYOUTS = {
+    "v3": dict(chunks=(16, 12)),
+    "v2": dict(chunks=(16, 12), zarr_format=2),
+    "v3-sharded": dict(chunks=(8, 4), shards=(16, 12)),
+    "v3-sharded-index-first": dict(
+        chunks=(16, 12), compressors=None, filters=None,
+        serializer=zarr.codecs.ShardingCodec(
+            chunk_shape=(8, 6), codecs=[zarr.codecs.BytesCodec(), zarr.codecs.ZstdCodec()],
+            index_codecs=[zarr.codecs.BytesCodec()], index_location="start")),
+}
+
+
+def store(path, x, layout, written=None):
+    array = zarr.create_array(path, shape=x.shape, dtype=x.dtype, fill_value=7.0,
+                              **LAYOUTS[layout])
+    rows = x.shape[0] if written is None else written
+    array[:rows] = x[:rows]
+    return zarr.open_array(path, mode="r")
+
+
+def run(plan, arrays, out):
+    sources = chunk_readers(plan, {name: ZarrSource(z, name.lower())
+                                   for name, z in arrays.items()})
+    try:
+        return CpuExecutor(plan, sources, NumpySink(out)).run()
+    finally:
+        for src in sources.values():
+            src.close()
+
+
+def gpu_plan(za, zb, tile, operands=("A", "B"), **keywords):
+    plan = oocgemm.plan(za, zb, device="cpu", tile=tile, **keywords)
+    plan = dataclasses.replace(plan, staged=True, stripe=64, n_stage=3, n_out=2)
+    return with_gpu_decode(plan, operands)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("trans", [False, True])
+def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
+    """Ragged edges (50 x 96 @ 96 x 37 on 16 x 12 objects: K panels of 48 start on both
+    operands' edges), rows of A never written (the fill value, 7), both operands stored
+    transposed."""
+    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
+    a[44:] = 7.0  # what A's stored array holds there: its fill value
+    za = store("a.zarr", a.T.copy() if trans else a, layout,
+               written=None if trans else 44)
+    zb = store("b.zarr", b.T.copy() if trans else b, layout)
+    tile = (24, 16, 48) if trans else (32, 24, 48)
+    plan = gpu_plan(za, zb, tile, trans_a=trans, trans_b=trans)
+    check_schedule(plan.schedule, plan)
+    assert plan.counts.ops == plan.schedule.counts().ops
+    ops = plan.schedule.ops
+    decodes = [op for op in ops if op.kind is OpKind.DECODE]
+    assert {op.operand for op in decodes} == {"A", "B"}
+    assert all(op.lane == "decode" for op in decodes)
+    out = poisoned((50, 37))
+    log = run(plan, {"A": za, "B": zb}, out)
+    assert_gemm(out, a, b)
+    moved = sum(e.nbytes for e in log.events() if e.kind == "read")
+    assert 0 < moved < sum(op.nbytes for op in ops if op.kind is OpKind.READ) * 1.1
+
+
+def test_the_checker_refuses_a_tampered_decode(rng, workdir):
+    a, b = rand(rng, (32, 32)), rand(rng, (32, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    plan = gpu_plan(za, zb, (16, 24, 32))
+    ops = list(plan.schedule.ops)
+    decode = next(op for op in ops if op.kind is OpKind.DECODE)
+    upload = ops[decode.index - 1]
+    cases = [  # an upload not waited for; a cell out of place
+        dataclasses.replace(decode, deps=tuple(d for d in decode.deps if d != upload.index)),
+        dataclasses.replace(upload, offset=upload.offset + 1),
+    ]
+    for tampered in cases:
+        bad = list(ops)
+        bad[tampered.index] = tampered
+        with pytest.raises(ScheduleError):
+            check_schedule(dataclasses.replace(plan.schedule, ops=tuple(bad)), plan)
+
+
+@pytest.mark.parametrize("tile, why", [
+    ((16, 24, 8), "cut its stored objects"),     # K panels of 8 in chunks 12 wide
+    ((20, 24, 12), "cut its stored objects"),    # blocks of 20 rows in chunks 16 high
+])
+def test_panels_that_cut_the_objects_are_refused(rng, workdir, tile, why):
+    a, b = rand(rng, (32, 36)), rand(rng, (36, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    with pytest.raises(OptionError, match=why):
+        gpu_plan(za, zb, tile, operands=("A",))
+
+
+def test_only_zstd_frames_staged_out_of_core(rng, workdir):
+    a, b = rand(rng, (32, 24)), rand(rng, (24, 24))
+    zarr.create_array("raw.zarr", shape=a.shape, dtype=a.dtype, chunks=(16, 12),
+                      compressors=None)[:] = a
+    za, zb = zarr.open_array("raw.zarr", mode="r"), store("b.zarr", b, "v3")
+    with pytest.raises(OptionError, match="not stored as zstd frames"):
+        gpu_plan(za, zb, (16, 24, 12), operands=("A",))
+    plan = oocgemm.plan(zb, zb, device="cpu", tile=(16, 24, 12))  # not staged
+    with pytest.raises(OptionError, match="not staged"):
+        with_gpu_decode(plan, ("B",))
+    staged = gpu_plan(store("a.zarr", a, "v3"), zb, (16, 24, 12), operands=("A",))
+    with pytest.raises(OptionError, match="ring buffers"):
+        dataclasses.replace(staged, stripe=16).validate()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "grown"])
+def test_a_damaged_object_is_named(rng, workdir, damage):
+    a, b = rand(rng, (32, 24)), rand(rng, (24, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    plan = gpu_plan(za, zb, (16, 24, 32))
+    path = ZarrSource(za, "a")._direct.path((1, 0))
+    with open(path, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(30)
+        else:  # larger than zstd's bound allows a frame of its chunk
+            f.seek(0, 2)
+            f.write(b"\0" * plan.object_cell("A"))
+    with pytest.raises(InputError, match=r"chunk \(1, 0\)") as info:
+        run(plan, {"A": za, "B": zb}, poisoned((32, 24)))
+    assert ("more than the" in str(info.value)) == (damage == "grown")
