@@ -17,9 +17,8 @@ class Event:
     """The operation's index in the schedule."""
     kind: str
     """'read', 'upload', 'decode', 'fill', 'gemm', 'download', 'write' (an operation of the
-    schedule),
-    or 'store': a chunk of C encoded and stored behind the run by the output's writer
-    (index -1)."""
+    schedule), or 'store': a chunk of C encoded and stored behind the run by the output's
+    writer (index -1)."""
     operand: str
     """'A', 'B' or 'C': whose data the operation moved or produced."""
     key: tuple[int, int]

@@ -44,9 +44,8 @@ from .base import (
 from .staging import cpu_settings
 
 #: How the replay runs the operations of a panel decoded on the device (Plan.gpu_decode).
-_OBJECT_OPS = {OpKind.READ: lambda ex, op: ex._read_object(op),
-               OpKind.UPLOAD: lambda ex, op: ex._upload_object(op),
-               OpKind.DECODE: lambda ex, op: ex._decode(op)}
+_OBJECT_OPS = {OpKind.READ: "_read_object", OpKind.UPLOAD: "_upload_object",
+               OpKind.DECODE: "_decode"}
 
 #: Seconds a lane waits on a dependency before it looks at its state again (:func:`_settled`).
 LOOK_AGAIN = 0.25
@@ -155,7 +154,7 @@ class CpuExecutor(Executor):
         the data in place)."""
         kind = op.kind
         if op.operand in self.plan.gpu_decode and kind in _OBJECT_OPS:
-            return _OBJECT_OPS[kind](self, op)
+            return getattr(self, _OBJECT_OPS[kind])(op)
         if kind is OpKind.READ:
             (r0, r1), (c0, c1) = op.region
             source = self.sources[op.operand]
