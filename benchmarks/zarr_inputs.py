@@ -2,7 +2,7 @@
 Zarr alone, per layout.
 
     python -m benchmarks.zarr_inputs --n 32768 --layouts v3,v3-sharded --workdir DIR
-        [--repeat 3] [--memory-limit 16GB] [--device cuda]
+        [--repeat 3] [--memory-limit 16GB] [--device cuda] [--tile W,H,R] [--label NAME]
 
 For each layout (``benchmarks.zarr_stores.make_store``: zstd, zarr's defaults, 4096² chunks or
 shards of 512² chunks; the stores are made once under ``DIR`` and kept), it runs
@@ -27,7 +27,7 @@ from benchmarks.zarr_stores import make_store
 
 
 def run(layout: str, n: int, chunk: int, workdir: str, repeat: int, memory_limit: str,
-        device: str, out: np.ndarray) -> dict:
+        device: str, out: np.ndarray, tile=None) -> dict:
     import oocgemm
 
     paths = []
@@ -40,10 +40,10 @@ def run(layout: str, n: int, chunk: int, workdir: str, repeat: int, memory_limit
     for _ in range(repeat):
         wall, cpu = time.perf_counter(), time.process_time()
         result = oocgemm.multiply(*paths, out=out, device=device, memory_limit=memory_limit,
-                                  progress=False)
+                                  tile=tile, progress=False)
         runs.append((time.perf_counter() - wall, time.process_time() - cpu))
     return {"layout": layout, "runs": runs, "tile": result.plan.tile,
-            "error": _check(out, *paths)}
+            "decoded_on_device": result.plan.gpu_decode, "error": _check(out, *paths)}
 
 
 def main(argv=None) -> int:
@@ -56,16 +56,20 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--memory-limit", default="16GB")
     p.add_argument("--device", default="auto")
+    p.add_argument("--tile", default=None, help="W,H,R (the planner's where not given)")
+    p.add_argument("--label", default="", help="a name for the lines printed")
     args = p.parse_args(argv)
+    tile = tuple(int(x) for x in args.tile.split(",")) if args.tile else None
     out = np.empty((args.n, args.n))
     out.fill(0)  # pages touched once, outside every timing
     try:
         for layout in args.layouts.split(","):
             r = run(layout, args.n, args.chunk, args.workdir, args.repeat, args.memory_limit,
-                    args.device, out)
+                    args.device, out, tile)
             runs = " ".join(f"{w:.2f} s ({c:.0f} cpu)" for w, c in r["runs"])
-            print(f"{r['layout']:11s} {runs}  tile {r['tile']}  error {r['error']:.1e}",
-                  flush=True)
+            where = "+".join(r["decoded_on_device"]) or "-"
+            print(f"{args.label}{r['layout']:11s} {runs}  tile {r['tile']}  decoded on the "
+                  f"device: {where}  error {r['error']:.1e}", flush=True)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

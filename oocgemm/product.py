@@ -24,6 +24,7 @@ says what happened.
 from __future__ import annotations
 
 import numbers
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ from .planning import (
     finished,
     in_core_shape,
     in_place,
+    with_gpu_decode,
 )
 from .result import Result
 from .runtime.execute import execute
@@ -209,10 +211,40 @@ class Product:
             plan = plan_product(*args)
             if key is not None and _one_block(plan):
                 SMALL_PLANS.put(key, plan)
+        if self.device.kind == "cuda" and gpu_decode_wanted():
+            plan = decoded_on_device(plan)
         return plan
 
 
 # ------------------------------------------------------------------------------------------
+def gpu_decode_wanted() -> bool:
+    """``OOCGEMM_GPU_DECODE=1``: decode the inputs' zstd frames on the GPU where the plan
+    allows (:func:`decoded_on_device`); '0' or unset: on the host. OptionError for another
+    value."""
+    mode = os.environ.get("OOCGEMM_GPU_DECODE", "0")
+    if mode not in ("0", "1"):
+        raise OptionError(f"OOCGEMM_GPU_DECODE={mode!r}: 0 or 1")
+    return mode == "1"
+
+
+def decoded_on_device(plan: Plan) -> Plan:
+    """``plan`` with its operands of zstd frames decoded on the device
+    (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
+    can; unchanged where its tile cuts their stored objects, or the room it takes does not
+    fit the budgets."""
+    prob = plan.problem
+    able = tuple(name for name, x in (("A", prob.a), ("B", prob.b))
+                 if x.zstd_frames is not None and x.chunks is not None)
+    if prob.shared or not plan.staged or plan.in_core:
+        return plan
+    for operands in ([able] if len(able) == 2 else []) + [(name,) for name in able]:
+        try:
+            return with_gpu_decode(plan, operands)
+        except (OptionError, BudgetError):
+            continue
+    return plan
+
+
 def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,
                  mem: int, host: int, staging: Staging) -> Plan:
     """The plan of ``problem`` on ``device`` (its name) with ``kernel`` (checked), its cost

@@ -239,6 +239,7 @@ def test_zarr_inputs_runs_each_layout_and_checks_it(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["v3", "v3-sharded"]
     assert all(float(line.rsplit("error", 1)[1]) < 1e-12 for line in lines)
+    assert all("decoded on the device: -" in line for line in lines)
 
 
 def test_small_products_against_numpy_on_the_cpu(tmp_path):

@@ -144,3 +144,107 @@ def test_a_damaged_object_is_named(rng, workdir, damage):
     with pytest.raises(InputError, match=r"chunk \(1, 0\)") as info:
         run(plan, {"A": za, "B": zb}, poisoned((32, 24)))
     assert ("more than the" in str(info.value)) == (damage == "grown")
+
+
+# -- which plans decode on the device (OOCGEMM_GPU_DECODE=1) --------------------------------
+def cuda_plan(za, zb, tile):
+    """A CUDA plan of ``za @ zb`` with the user's ``tile``, made without a GPU."""
+    from oocgemm.options import Options
+    from oocgemm.planning import cuda_model
+    from oocgemm.product import plan_product
+    from oocgemm.runtime.staging import staging_for
+    from oocgemm.storage.run import open_run
+
+    with open_run(za, zb, None) as io:
+        m, n, k = io.shape
+        a, b, c, out = io.operands()
+        problem = oocgemm.planning.Problem(m=m, n=n, k=k, itemsize=8, dtype="float64", a=a,
+                                           b=b, c=c, out=out, alpha=1.0, beta=0.0)
+    model = cuda_model()
+    return plan_product(problem, Options.of("test", tile=tile), "cuda:0", "cublas", model,
+                        1 << 30, 1 << 30, staging_for("cuda", problem, model, "cublas"))
+
+
+def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
+    from oocgemm.product import decoded_on_device, gpu_decode_wanted
+
+    a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3-sharded")
+    both = decoded_on_device(cuda_plan(za, zb, (32, 24, 48)))
+    assert both.gpu_decode == ("A", "B") and both.buffers.ring >= both.object_cell("A")
+    check_schedule(both.schedule, both)
+    # K panels of 24 cut B's 16-row objects, not A's 12-wide ones: A alone
+    assert decoded_on_device(cuda_plan(za, zb, (32, 24, 24))).gpu_decode == ("A",)
+    assert decoded_on_device(cuda_plan(za, zb, (20, 20, 20))).gpu_decode == ()
+    monkeypatch.setenv("OOCGEMM_GPU_DECODE", "yes")
+    with pytest.raises(OptionError, match="OOCGEMM_GPU_DECODE='yes'"):
+        gpu_decode_wanted()
+    monkeypatch.setenv("OOCGEMM_GPU_DECODE", "1")
+    assert gpu_decode_wanted()
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+def gpu_or_skip():
+    from oocgemm import cuda
+
+    if cuda.device_count() == 0:
+        pytest.skip("no CUDA GPU (or no CuPy)")
+    from oocgemm.cuda import nvcomp
+
+    if nvcomp.library() is None:
+        pytest.skip("nvCOMP (nvidia-libnvcomp-cu12/13) is not installed")
+
+
+def run_on_gpu(plan, arrays, out):
+    from oocgemm.runtime.cuda_executor import CudaExecutor
+
+    sources = chunk_readers(plan, {name: ZarrSource(z, name.lower())
+                                   for name, z in arrays.items()})
+    try:
+        return CudaExecutor(plan, sources, NumpySink(out)).run()
+    finally:
+        for src in sources.values():
+            src.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("trans", [False, True])
+def test_products_decoded_on_the_gpu(rng, workdir, layout, trans):
+    gpu_or_skip()
+    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
+    a[44:] = 7.0
+    za = store("a.zarr", a.T.copy() if trans else a, layout, written=None if trans else 44)
+    zb = store("b.zarr", b.T.copy() if trans else b, layout)
+    plan = oocgemm.plan(za, zb, device="cuda", tile=(24, 16, 48) if trans else (32, 24, 48),
+                        trans_a=trans, trans_b=trans)
+    plan = with_gpu_decode(plan, ("A", "B"))
+    out = poisoned((50, 37))
+    log = run_on_gpu(plan, {"A": za, "B": zb}, out)
+    assert_gemm(out, a, b)
+    assert any(e.kind == "decode" and e.lane == "decode" for e in log.events())
+
+
+@pytest.mark.gpu
+def test_a_frame_the_gpu_cannot_decode_is_named(rng, workdir):
+    gpu_or_skip()
+    a, b = rand(rng, (32, 24)), rand(rng, (24, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    plan = with_gpu_decode(oocgemm.plan(za, zb, device="cuda", tile=(16, 24, 32)), ("A", "B"))
+    path = ZarrSource(za, "a")._direct.path((1, 0))
+    with open(path, "r+b") as f:
+        f.truncate(30)
+    with pytest.raises(InputError, match=r"chunk \(1, 0\)"):
+        run_on_gpu(plan, {"A": za, "B": zb}, poisoned((32, 24)))
+
+
+@pytest.mark.gpu
+def test_multiply_decodes_on_the_gpu_when_asked(rng, workdir, monkeypatch):
+    gpu_or_skip()
+    a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
+    store("a.zarr", a, "v3-sharded")
+    store("b.zarr", b, "v3")
+    monkeypatch.setenv("OOCGEMM_GPU_DECODE", "1")
+    result = oocgemm.multiply("a.zarr", "b.zarr", device="cuda", tile=(32, 24, 48))
+    assert result.plan.gpu_decode == ("A", "B")
+    assert_gemm(result.out, a, b)

@@ -127,8 +127,8 @@ KEEP_EVENTS = 64
 
 
 class Lanes(NamedTuple):
-    """A run's cuBLAS handle and its streams ('h2d', 'compute', 'c'), the handle on the
-    compute stream, and the idle events that runs on them record (at most
+    """A run's cuBLAS handle and its streams ('h2d', 'compute', 'c', 'decode'), the handle on
+    the compute stream, and the idle events that runs on them record (at most
     :data:`KEEP_EVENTS`)."""
 
     handle: int
@@ -155,9 +155,11 @@ class HandlePool:
         # C's stream first: what runs there (C's compression on the GPU, when it is
         # compressed there) holds up the output's writers, and the GEMMs can wait.
         # (CUDA clamps a priority beyond its range to the highest it has.)
+        # The decode stream too: the GEMMs wait for the panels it decodes.
         streams = {"h2d": cupy.cuda.Stream(non_blocking=True),
                    "compute": cupy.cuda.Stream(non_blocking=True),
-                   "c": cupy.cuda.Stream(non_blocking=True, priority=-1024)}
+                   "c": cupy.cuda.Stream(non_blocking=True, priority=-1024),
+                   "decode": cupy.cuda.Stream(non_blocking=True, priority=-1024)}
         handle = cublas.create()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.setStream(handle, streams["compute"].ptr)

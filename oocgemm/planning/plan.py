@@ -215,25 +215,36 @@ class Plan:
         step = math.lcm(256, self.problem.itemsize)
         return -(-cell // step) * step
 
-    def z_slot(self, operand: str) -> int:
-        """Bytes of a Z slot: a cell for each stored object a panel of ``operand`` covers."""
-        x = self.problem.a if operand == "A" else self.problem.b
+    def panel_objects(self, operand: str) -> int:
+        """Stored objects a panel of ``operand`` covers at most (its panels start on the
+        objects' edges: :meth:`_check_gpu_decode`)."""
+        x = self.problem_operand(operand)
         assert x.chunks is not None
         w, h, r = self.tile
         rows, cols = (w, r) if operand == "A" else (r, h)
         if (self.problem.trans_a if operand == "A" else self.problem.trans_b):
             rows, cols = cols, rows
-        # (panels start on the objects' edges: _check_gpu_decode)
-        objects = (-(-min(rows, x.shape[0]) // x.chunks[0])
-                   * -(-min(cols, x.shape[1]) // x.chunks[1]))
-        return objects * self.object_cell(operand)
+        return (-(-min(rows, x.shape[0]) // x.chunks[0])
+                * -(-min(cols, x.shape[1]) // x.chunks[1]))
+
+    def panel_frames(self, operand: str) -> int:
+        """zstd frames a panel of ``operand`` decodes at most."""
+        x = self.problem_operand(operand)
+        assert x.chunks is not None and x.zstd_frames is not None
+        return self.panel_objects(operand) * math.prod(
+            -(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
+
+    def z_slot(self, operand: str) -> int:
+        """Bytes of a Z slot: a cell for each stored object a panel of ``operand`` covers."""
+        return self.panel_objects(operand) * self.object_cell(operand)
 
     @property
     def decode_scratch(self) -> int:
-        """Bytes a device decodes a panel's frames into before it places them (the largest
-        panel decoded on the device; one, used by the DECODEs in turn)."""
-        buf = self.buffers
-        return max([buf.a if x == "A" else buf.b for x in self.gpu_decode], default=0)
+        """Bytes a device decodes a panel's frames into before it places them (whole frames,
+        an edge's too, of the largest panel decoded on the device; one, used by the DECODEs
+        in turn)."""
+        return max((self.panel_frames(x) * math.prod(self.problem_operand(x).zstd_frames)
+                    * self.problem.itemsize for x in self.gpu_decode), default=0)
 
     @property
     def host_bytes(self) -> int:

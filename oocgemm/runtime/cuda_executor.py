@@ -205,8 +205,9 @@ class _Futures(dict):
 
 def _stream_of(op) -> str:
     """The stream a device operation runs on: its in-order lane (h2d: A and B uploads,
-    compute: GEMM and FILL, c: C uploads and downloads). The schedule counts on each stream
-    running its operations in schedule order (:func:`oocgemm.planning.schedule.ordered_lane`)."""
+    compute: GEMM and FILL, c: C uploads and downloads, decode: DECODE). The schedule counts
+    on each stream running its operations in schedule order
+    (:func:`oocgemm.planning.schedule.ordered_lane`)."""
     return ordered_lane(op)
 
 
@@ -223,9 +224,6 @@ class CudaExecutor(Executor):
                  writers: int | None = None, record: bool = True, resources=None):
         if not plan.staged:
             raise ValueError("the CUDA executor replays staged plans only")
-        if plan.gpu_decode:
-            raise OptionError("panels decoded on the device (Plan.gpu_decode) are replayed by "
-                              "the CPU executor only so far")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
         index = int(plan.device.partition(":")[2] or 0)
@@ -254,6 +252,10 @@ class CudaExecutor(Executor):
         if self._framed is not None and self._framed.host:
             sink.encode_frames()
         self._encoder = None  # the run's StripeEncoder (self._framed)
+        # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, and the stored
+        # objects a ring buffer or a Z slot's cell holds: (chunk, size, frames)
+        self._decoder = None
+        self._objects: dict = {}
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
             import cupy
@@ -306,7 +308,12 @@ class CudaExecutor(Executor):
         (r0, r1), (c0, c1) = op.region
         self._nvtx.push(op)
         try:
-            if op.kind is OpKind.READ:
+            if op.kind is OpKind.READ and op.operand in self.plan.gpu_decode:
+                source = self.sources[op.operand]  # a stored object, as stored
+                index = (r0 // source.chunks[0], c0 // source.chunks[1])
+                self._objects[op.dst] = (index, *source.read_object(
+                    index, gpu.pinned_bytes(op.dst)))
+            elif op.kind is OpKind.READ:
                 bands = ahead[1] if ahead is not None else self._read_bands(op, gpu)
                 if bands is not None:
                     bands.join()
@@ -369,7 +376,14 @@ class CudaExecutor(Executor):
         streams, which an emulated GEMM's panel conversion waits for too)."""
         stream = _stream_of(op)
         trans = self.schedule.transposed
-        if op.kind is OpKind.UPLOAD:
+        if op.kind is OpKind.UPLOAD and op.operand in self.plan.gpu_decode:
+            found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
+            self._objects[(op.dst, op.offset)] = found
+            gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
+        elif op.kind is OpKind.DECODE:
+            self._decoder.decode(op, gpu.device_ptr(op.src[0]), gpu.device_ptr(op.dst),
+                                 self._objects, gpu.streams[stream])
+        elif op.kind is OpKind.UPLOAD:
             gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
         elif op.kind is OpKind.DOWNLOAD and self._encoder is not None \
                 and op.index in self._framed.downloads:
@@ -461,6 +475,8 @@ class CudaExecutor(Executor):
                         host_futures[op.index].result()
                 for stream in gpu.streams.values():
                     stream.synchronize()
+                if self._decoder is not None:  # a frame nvCOMP refused fails the run
+                    self._decoder.finish()
                 if gpu.emulator is not None and gpu.emulator.timing:
                     for phase, seconds in gpu.emulator.seconds().items():
                         self.log.add_time(phase, seconds)
@@ -481,6 +497,11 @@ class CudaExecutor(Executor):
                     gpu.streams["c"].synchronize()
                     self._encoder.close()
                     self._encoder = None
+                if self._decoder is not None:
+                    gpu.streams["decode"].synchronize()
+                    self._decoder.close()
+                    self._decoder = None
+                self._objects.clear()
         return self.log
 
     def _run_inline(self) -> EventLog:
@@ -576,6 +597,12 @@ class CudaExecutor(Executor):
         if not startup.measured(self.index, "pinned"):
             startup.pinned(self.index, seconds, pinned_bytes)
         gpu.start_launch(self.plan, timing=self.log.record)
+        if self.plan.gpu_decode:
+            from ..cuda.decode import PanelDecoder
+
+            self._decoder = PanelDecoder(
+                self.plan, {x: self.sources[x].name for x in self.plan.gpu_decode},
+                {x: self.sources[x].fill_value for x in self.plan.gpu_decode})
         if self._framed is not None and self._framed.downloads:
             from ..cuda import nvcomp
 

@@ -77,7 +77,8 @@ class RunIO:
         zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None
         return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=zero_copy,
                        sliced=src.sliced, decodes_into=src.decodes_into,
-                       zstd_frames=getattr(src, "zstd_frames", None))
+                       zstd_frames=getattr(src, "zstd_frames", None)
+                       if src.dtype == self.dtype else None)
 
     def layout(self, plan: Plan) -> dict:
         """The layout of the output path a run of ``plan`` writes (:func:`output_layout`);

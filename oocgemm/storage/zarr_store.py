@@ -480,6 +480,11 @@ class ZarrSource(MatrixSource):
 
     # -- objects as stored, for a GPU to decode (Plan.gpu_decode) --------------------------
     @property
+    def fill_value(self):
+        """What chunks never written hold."""
+        return self._array.metadata.fill_value
+
+    @property
     def zstd_frames(self) -> tuple[int, int] | None:
         """The decoded shape of one frame (a chunk, or an inner chunk of a shard) where every
         stored object is a local file of zstd frames of plain bytes (what nvCOMP decodes);
