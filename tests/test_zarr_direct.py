@@ -35,6 +35,11 @@ DIRECT = {
             index_codecs=[zarr.codecs.BytesCodec()], index_location="start")),
 }
 THROUGH_ZARR = {
+    "v3-big-endian": dict(zarr_format=3, serializer=zarr.codecs.BytesCodec(endian="big")),
+    "v3-sharded-big-endian": dict(
+        zarr_format=3, chunks=(32, 32), compressors=None, filters=None,
+        serializer=zarr.codecs.ShardingCodec(
+            chunk_shape=(16, 16), codecs=[zarr.codecs.BytesCodec(endian="big")])),
     "v3-sharded-crc": dict(zarr_format=3, shards=(32, 32),
                            compressors=[zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]),
     "v2-fortran": dict(zarr_format=2, order="F"),

@@ -225,7 +225,7 @@ class _DirectSharded(_Direct):
         self.chunks = tuple(cast(tuple, array.shards))  # the unit read: a shard
         self.inner = tuple(sharding.chunk_shape)
         self.grid = tuple(s // c for s, c in zip(self.chunks, self.inner))
-        self.index_at_end = getattr(sharding.index_location, "value", "end") == "end"
+        self.index_at_end = _setting(sharding.index_location, "end") == "end"
         names = [type(c).__name__ for c in sharding.index_codecs]
         self.index_crc = "Crc32cCodec" in names
         self.index_bytes = 16 * math.prod(self.grid) + (4 if self.index_crc else 0)
@@ -282,6 +282,14 @@ _MISSING = (1 << 64) - 1
 """A shard index's offset and size of an inner chunk never written."""
 
 
+def _setting(value, default: str) -> str:
+    """A codec's setting as its name: zarr before 3.4 holds enums ('little' as
+    ``Endian.little``), 3.4 the names themselves; ``default`` where it is unset."""
+    if value is None:
+        return default
+    return str(getattr(value, "value", value))
+
+
 def _plain_codec(array: zarr.Array) -> tuple[bool, Any]:
     """(True, the numcodecs codec or None for raw bytes) where ``array``'s chunks (inner
     chunks, when sharded) are the C-order bytes of its native little-endian dtype, raw or
@@ -297,7 +305,7 @@ def _plain_codec(array: zarr.Array) -> tuple[bool, Any]:
     if array.metadata.zarr_format == 2:
         return array.metadata.order == "C", compressor  # a numcodecs codec already
     serializer = array.serializer
-    endian = getattr(getattr(serializer, "endian", None), "value", "little")
+    endian = _setting(getattr(serializer, "endian", None), "little")
     if type(serializer).__name__ != "BytesCodec" or endian != "little":
         return False, None
     if compressor is None:
@@ -310,8 +318,8 @@ def _plain_codec(array: zarr.Array) -> tuple[bool, Any]:
         return True, numcodecs.GZip(level=level)
     if name == "BloscCodec":  # (a decode reads how it was shuffled from the frame)
         blosc = cast(Any, compressor)
-        shuffle = getattr(getattr(blosc, "shuffle", None), "value", "shuffle")
-        cname = getattr(blosc.cname, "value", blosc.cname)
+        shuffle = _setting(getattr(blosc, "shuffle", None), "shuffle")
+        cname = _setting(blosc.cname, blosc.cname)
         return True, numcodecs.Blosc(
             cname=cname, clevel=blosc.clevel, blocksize=blosc.blocksize,
             shuffle={"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[shuffle])
@@ -344,7 +352,7 @@ def direct_reader(array: zarr.Array) -> _Direct | None:
             return None
         (sharding,) = cast(Any, array.metadata).codecs
         index = [type(c).__name__ for c in sharding.index_codecs]
-        endian = getattr(getattr(sharding.index_codecs[0], "endian", None), "value", "little")
+        endian = _setting(getattr(sharding.index_codecs[0], "endian", None), "little")
         if index not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or endian != "little":
             return None
         plain, codec = _plain_codec(array)
