@@ -248,3 +248,77 @@ def test_multiply_decodes_on_the_gpu_when_asked(rng, workdir, monkeypatch):
     result = oocgemm.multiply("a.zarr", "b.zarr", device="cuda", tile=(32, 24, 48))
     assert result.plan.gpu_decode == ("A", "B")
     assert_gemm(result.out, a, b)
+
+
+# -- the GPU's batches and copies, replayed on the host ---------------------------------------
+def replay_batch(plan, op, cells, z, fill, itemsize=8):
+    """DECODE ``op`` as the GPU does it (:func:`oocgemm.cuda.decode.panel_batch`), with
+    numcodecs for nvCOMP and numpy for the 2D copies, each checked as CUDA checks them
+    (widths within both pitches, every byte inside its buffer): the panel."""
+    import numcodecs
+    import numpy as np
+
+    from oocgemm.cuda.decode import panel_batch
+
+    batch, copies, what = panel_batch(plan, op, cells)
+    assert len(what) == len(batch)
+    scratch = np.zeros(plan.decode_scratch, dtype=np.uint8)
+    for at, nbytes, content, out in batch:
+        data = numcodecs.Zstd().decode(z[at:at + nbytes].tobytes())
+        assert len(data) == content and out + content <= scratch.size
+        scratch[out:out + content] = np.frombuffer(data, np.uint8)
+    x = plan.problem_operand(op.operand)
+    sources = {"scratch": scratch.view(np.float64),
+               "fill": np.full(x.chunks, fill).ravel()}
+    (r0, r1), (c0, c1) = op.region
+    panel = np.full((r1 - r0) * (c1 - c0), np.nan)
+    for c in copies:
+        src = sources[c.source]
+        assert c.width <= c.src_pitch and c.width <= c.dst_pitch
+        assert c.src + (c.height - 1) * c.src_pitch + c.width <= src.size
+        assert c.dst + (c.height - 1) * c.dst_pitch + c.width <= panel.size
+        for row in range(c.height):
+            panel[c.dst + row * c.dst_pitch:c.dst + row * c.dst_pitch + c.width] = \
+                src[c.src + row * c.src_pitch:c.src + row * c.src_pitch + c.width]
+    return panel.reshape(r1 - r0, c1 - c0)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("trans", [False, True])
+def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, trans):
+    """Every panel's DECODE as the GPU runs it equals zarr's read of the panel: rows of A
+    never written (whole objects, and inner chunks, of the fill value), ragged edges."""
+    import numpy as np
+
+    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
+    a[44:] = 7.0
+    za = store("a.zarr", a.T.copy() if trans else a, layout, written=None if trans else 44)
+    zb = store("b.zarr", b.T.copy() if trans else b, layout)
+    plan = oocgemm.plan(za, zb, device="cpu", tile=(24, 16, 48) if trans else (32, 24, 48),
+                        trans_a=trans, trans_b=trans)
+    plan = with_gpu_decode(dataclasses.replace(plan, staged=True, n_stage=3, n_out=2),
+                           ("A", "B"))
+    arrays = {"A": za, "B": zb}
+    sources = {name: ZarrSource(z, name.lower()) for name, z in arrays.items()}
+    stages, cells, slots = {}, {}, {}
+    decodes = 0
+    for op in plan.schedule.ops:
+        if op.operand not in arrays:
+            continue
+        source = sources[op.operand]
+        if op.kind is OpKind.READ:
+            buffer = np.empty(plan.buffers.ring, dtype=np.uint8)
+            index = (op.region[0][0] // source.chunks[0], op.region[1][0] // source.chunks[1])
+            stages[op.dst] = (index, *source.read_object(index, buffer), buffer)
+        elif op.kind is OpKind.UPLOAD:
+            index, size, frames, buffer = stages[op.src[0]]
+            z = slots.setdefault(op.dst, np.zeros(plan.schedule.slots[op.dst] * 8, np.uint8))
+            z[op.offset * 8:op.offset * 8 + size] = buffer[:size]
+            cells[(op.dst, op.offset)] = (index, size, frames)
+        elif op.kind is OpKind.DECODE:
+            (r0, r1), (c0, c1) = op.region
+            want = arrays[op.operand][r0:r1, c0:c1]
+            got = replay_batch(plan, op, cells, slots[op.src[0]], 7.0)
+            np.testing.assert_array_equal(got, want, err_msg=f"{op}")
+            decodes += 1
+    assert decodes == plan.counts.ops[OpKind.DECODE] > 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,8 +57,60 @@ class _Table:
         self.back_sizes = np.frombuffer(self.back, np.uint64, frames, offset=8 * frames)
         self.event = None
         self.what: list[tuple[str, tuple[int, int]]] = []  # (operand's name, chunk) a frame
-        self.count = 0  # frames of the batch
-        self.frame_bytes = 0
+        self.count = 0  # zstd frames of the batch
+        self.capacity = frames
+
+
+class Copy(NamedTuple):
+    """A 2D copy into a panel slot (elements): ``height`` rows of ``width``, from ``src`` in
+    the scratch buffer or in a buffer of the fill value (``source``), rows ``src_pitch``
+    apart, to ``dst``, rows ``dst_pitch`` apart."""
+
+    dst: int
+    dst_pitch: int
+    source: str
+    """'scratch' (a decoded frame) or 'fill' (a buffer of the fill value of the stored
+    object's shape)."""
+    src: int
+    src_pitch: int
+    width: int
+    height: int
+
+
+def panel_batch(plan, op, cells: dict):
+    """What DECODE ``op`` does, as data: ``(batch, copies, what)``. ``batch``: nvCOMP's
+    frames, each ``(bytes into the Z slot, compressed bytes, decoded bytes, bytes into the
+    scratch buffer)`` (a chunk stored as several zstd frames gives several, one after the
+    other in its frame's place); ``copies``: the :class:`Copy` of each frame into its place
+    in the panel (clipped at the array's edges; what was never written, a frame or a whole
+    object, from the fill buffer); ``what``: the (operand, chunk) of each of ``batch``.
+    ``cells``: (Z slot, offset) -> (chunk, size, frames) of the objects uploaded."""
+    s = plan.problem.itemsize
+    x = plan.problem_operand(op.operand)
+    shape = x.zstd_frames
+    frame_bytes = math.prod(shape) * s
+    cell = plan.object_cell(op.operand)
+    (r0, _), (c0, c1) = op.region
+    cols = c1 - c0
+    batch, copies, what = [], [], []
+    decoded = 0  # frames decoded into the scratch buffer so far
+    for k, index in enumerate(chunks_of(op.region, x.chunks)):
+        got, _, frames = cells[(op.src[0], k * cell // s)]
+        assert got == index, (got, index)
+        (o0, _), (p0, _) = chunk_region(index, x.chunks, x.shape)
+        for frame in frames:
+            at = (o0 - r0 + frame.rows[0]) * cols + p0 - c0 + frame.cols[0]
+            width, height = frame.cols[1] - frame.cols[0], frame.rows[1] - frame.rows[0]
+            if frame.nbytes == 0:  # never written: the fill value
+                copies.append(Copy(at, cols, "fill", 0, x.chunks[1], width, height))
+                continue
+            out = decoded * frame_bytes
+            decoded += 1
+            for offset, nbytes, start, content in frame.pieces:  # (checked on the host)
+                batch.append((k * cell + offset, nbytes, content, out + start))
+                what.append((op.operand, index))
+            copies.append(Copy(at, cols, "scratch", out // s, shape[1], width, height))
+    return batch, copies, what
 
 
 class PanelDecoder:
@@ -94,38 +147,24 @@ class PanelDecoder:
     def decode(self, op, z_ptr: int, slot_ptr: int, cells: dict, stream) -> None:
         """Enqueue DECODE ``op`` on ``stream``: the objects in their cells of the Z slot at
         ``z_ptr`` (``cells``: (Z slot, offset) -> (chunk, size, frames)), decoded into the
-        panel slot at ``slot_ptr``."""
+        panel slot at ``slot_ptr`` as :func:`panel_batch` says."""
         from cupy.cuda import runtime
 
-        plan, s = self.plan, self.itemsize
-        x = plan.problem_operand(op.operand)
-        shape = x.zstd_frames
-        frame_bytes = math.prod(shape) * s
-        cell = plan.object_cell(op.operand)
-        (r0, _), (c0, c1) = op.region
-        cols = c1 - c0
+        x = self.plan.problem_operand(op.operand)
         table = self._table()
-        placed, fills = [], []
-        for k, index in enumerate(chunks_of(op.region, x.chunks)):
-            got, _, frames = cells[(op.src[0], k * cell // s)]
-            assert got == index, (got, index)
-            (o0, _), (p0, _) = chunk_region(index, x.chunks, x.shape)
-            for frame in frames:
-                at = (o0 - r0 + frame.rows[0]) * cols + p0 - c0 + frame.cols[0]
-                if frame.nbytes == 0:  # never written: the fill value
-                    fills.append((at, frame))
-                    continue
-                j = len(placed)
-                table.entries[:, j] = (z_ptr + k * cell + frame.offset, frame.nbytes,
-                                       frame_bytes, self.scratch.data.ptr + j * frame_bytes)
-                table.what.append((op.operand, index))
-                placed.append((at, frame))
-        n = len(placed)
+        batch, copies, what = panel_batch(self.plan, op, cells)
+        base = self.scratch.data.ptr
+        pieces = [(z_ptr + at, nbytes, content, base + out) for at, nbytes, content, out in batch]
+        n = len(pieces)
+        table = self._fit(table, n, stream)
+        table.what = what
+        if n:
+            table.entries[:, :n] = np.array(pieces, dtype=np.uint64).T
         ptr = stream.ptr
         if n:
             runtime.memcpyAsync(table.device.data.ptr, table.entries.ctypes.data,
                                 table.entries.nbytes, _H2D, ptr)
-            row = self.frames * 8
+            row = table.capacity * 8
             dev = table.device.data.ptr
             status = self.lib.nvcompBatchedZstdDecompressAsync(
                 ctypes.c_void_p(dev), ctypes.c_void_p(dev + row), ctypes.c_void_p(dev + 2 * row),
@@ -139,26 +178,20 @@ class PanelDecoder:
                                 4 * n, _D2H, ptr)
             runtime.memcpyAsync(table.back_sizes.ctypes.data, table.sizes.data.ptr, 8 * n,
                                 _D2H, ptr)
-        for j, (at, frame) in enumerate(placed):
-            self._place(slot_ptr, at, cols, self.scratch.data.ptr + j * frame_bytes, shape,
-                        frame, ptr)
-        for at, frame in fills:
-            self._place(slot_ptr, at, cols, self._fill_frame(op.operand, shape, stream), shape,
-                        frame, ptr)
-        table.count, table.frame_bytes = n, frame_bytes
+        s = self.itemsize
+        fill = self._fill_frame(op.operand, x.chunks, stream) if any(
+            c.source == "fill" for c in copies) else 0
+        for c in copies:
+            src = (base if c.source == "scratch" else fill) + c.src * s
+            runtime.memcpy2DAsync(slot_ptr + c.dst * s, c.dst_pitch * s, src, c.src_pitch * s,
+                                  c.width * s, c.height, _D2D, ptr)
+        table.count = n
         table.event = stream.record()
 
-    def _place(self, slot_ptr: int, at: int, cols: int, src: int, shape, frame, stream):
-        """A decoded frame (``shape``, at ``src``) into the panel slot, clipped to ``frame``."""
-        from cupy.cuda import runtime
-
-        s = self.itemsize
-        runtime.memcpy2DAsync(slot_ptr + at * s, cols * s, src, shape[1] * s,
-                              (frame.cols[1] - frame.cols[0]) * s,
-                              frame.rows[1] - frame.rows[0], _D2D, stream)
-
     def _fill_frame(self, operand: str, shape, stream) -> int:
-        """A device frame of ``operand``'s fill value (made on ``stream`` the first time)."""
+        """A device buffer of ``shape`` (a stored object's: the largest region a frame of the
+        fill value covers) holding ``operand``'s fill value, made on ``stream`` the first
+        time."""
         import cupy
 
         key = (operand, tuple(shape))
@@ -168,12 +201,34 @@ class PanelDecoder:
                                               dtype=self.plan.problem.dtype)
         return self._filled[key].data.ptr
 
+    def _fit(self, table: _Table, n: int, stream) -> _Table:
+        """``table``, or one made larger for a batch of ``n`` zstd frames (chunks stored as
+        several frames each), with nvCOMP's scratch made larger to match (once what runs on
+        ``stream`` is done with the old one)."""
+        if n <= table.capacity:
+            return table
+        import cupy
+
+        stream.synchronize()
+        self.tables[self.tables.index(table)] = table = _Table(n)
+        if n > self.frames:
+            self.frames = n
+            temp = ctypes.c_size_t()
+            status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
+                ctypes.c_size_t(n), ctypes.c_size_t(self.frame_bytes), _DecodeOpts(),
+                ctypes.byref(temp), ctypes.c_size_t(self.plan.decode_scratch),
+                ctypes.c_void_p(0))
+            if status:
+                raise RuntimeError(f"nvCOMP DecompressGetTempSize failed (status {status})")
+            if temp.value > self.temp.nbytes:
+                self.temp = cupy.empty(temp.value, dtype=np.uint8)
+        return table
+
     def _table(self) -> _Table:
         """The next table, once the DECODE that used it is done and its statuses are good."""
         table = self.tables[self.turn]
         self.turn = (self.turn + 1) % len(self.tables)
         self._settle(table)
-        table.what = []
         return table
 
     def _settle(self, table: _Table) -> None:
@@ -183,7 +238,7 @@ class PanelDecoder:
         table.event = None
         n = table.count
         bad = np.flatnonzero((table.back_statuses[:n] != 0)
-                             | (table.back_sizes[:n] != table.frame_bytes))
+                             | (table.back_sizes[:n] != table.entries[2, :n]))
         if bad.size:
             operand, index = table.what[int(bad[0])]
             raise InputError(f"{self.names.get(operand, operand)}: chunk {tuple(index)} "

@@ -118,3 +118,56 @@ def storable(codec, fill, dtype: np.dtype) -> bool:
     if type(codec).__name__ != "Zstd" or getattr(codec, "checksum", False):
         return False
     return bool(fill == 0 or fill is None) and np.dtype(dtype).isnative
+
+
+#: The first four bytes of a zstd frame (little-endian), and of a skippable frame's (the
+#: last four bits vary).
+ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE = 0x184D2A50
+
+
+def zstd_pieces(data, offset: int, nbytes: int) -> list[tuple[int, int, int | None]]:
+    """The zstd frames of the stream at ``data[offset:offset + nbytes]``, each ``(offset,
+    nbytes, decoded bytes or None where its header does not say)``, from the frames' and
+    blocks' headers alone (nothing decoded): ValueError where a frame is not one or does not
+    end exactly where the stream does (cut short, or bytes after it). A GPU decoder given a
+    frame cut short may read past it and report success; the host's decoder does not."""
+    view = memoryview(data)
+    end, pos = offset + nbytes, offset
+    pieces = []
+    while pos < end:
+        if end - pos < 8:
+            raise ValueError(f"{end - pos} bytes at {pos}: not a whole zstd frame")
+        magic = int.from_bytes(view[pos:pos + 4], "little")
+        if magic & 0xFFFFFFF0 == _SKIPPABLE:
+            pos += 8 + int.from_bytes(view[pos + 4:pos + 8], "little")
+            continue
+        if magic != ZSTD_MAGIC:
+            raise ValueError(f"no zstd frame at {pos} (magic {magic:#010x})")
+        descriptor = view[pos + 4]
+        if descriptor & 0x08:
+            raise ValueError(f"the zstd frame at {pos} sets a reserved bit")
+        single = descriptor >> 5 & 1
+        size_bytes = (single, 2, 4, 8)[descriptor >> 6]
+        header = 5 + (1 - single) + (0, 1, 2, 4)[descriptor & 3]
+        content = None
+        if size_bytes:
+            content = int.from_bytes(view[pos + header:pos + header + size_bytes], "little")
+            content += 256 if size_bytes == 2 else 0
+        at = pos + header + size_bytes
+        while True:
+            if at + 3 > end:
+                raise ValueError(f"the zstd frame at {pos} is cut short")
+            block = int.from_bytes(view[at:at + 3], "little")
+            kind = block >> 1 & 3
+            if kind == 3:
+                raise ValueError(f"the zstd frame at {pos} has a block of a reserved kind")
+            at += 3 + (1 if kind == 1 else block >> 3)
+            if block & 1:
+                break
+        at += 4 if descriptor & 0x04 else 0  # the content's checksum
+        if at > end:
+            raise ValueError(f"the zstd frame at {pos} is cut short")
+        pieces.append((pos, at - pos, content))
+        pos = at
+    return pieces

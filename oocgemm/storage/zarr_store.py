@@ -81,6 +81,10 @@ class Frame(NamedTuple):
     """0: never written, the fill value."""
     rows: tuple[int, int]
     cols: tuple[int, int]
+    pieces: tuple = ()
+    """Its zstd frames, where it was read for a GPU to decode (:meth:`ZarrSource.read_object`):
+    (offset in the object, bytes, where its content starts in the decoded frame, its
+    decoded bytes), checked to end where the frame does."""
 
 
 class _Direct:
@@ -521,7 +525,8 @@ class ZarrSource(MatrixSource):
                 got = f.readinto(into[:size].data)
             if got != size:
                 raise ValueError(f"read {got} of {size} bytes")
-            found = self._direct.frames(into, size, (r1 - r0, c1 - c0))
+            found = [self._pieces(into, frame)
+                     for frame in self._direct.frames(into, size, (r1 - r0, c1 - c0))]
         except FileNotFoundError:  # never written: the fill value
             return 0, [Frame(0, 0, (0, r1 - r0), (0, c1 - c0))]
         except InputError:
@@ -531,6 +536,26 @@ class ZarrSource(MatrixSource):
                              f"{exc})") from exc
         self.count(size, (r1 - r0) * (c1 - c0) * self.dtype.itemsize)
         return size, found
+
+    def _pieces(self, data, frame: Frame) -> Frame:
+        """``frame`` with its zstd frames (:func:`~oocgemm.storage.frames.zstd_pieces`): each
+        where its decoded bytes go, which must add up to the whole frame's."""
+        assert self._direct is not None
+        if frame.nbytes == 0:
+            return frame
+        whole = math.prod(self._direct.frame_shape) * self.dtype.itemsize
+        found = frames.zstd_pieces(data, frame.offset, frame.nbytes)
+        if len(found) == 1 and found[0][2] is None:
+            return frame._replace(pieces=((found[0][0], found[0][1], 0, whole),))
+        sizes = [content for _, _, content in found if content is not None]
+        if len(sizes) != len(found) or sum(sizes) != whole:
+            raise ValueError(f"zstd frames of {[c for _, _, c in found]} bytes, not the "
+                             f"{whole} of a chunk")
+        pieces, at = [], 0
+        for (offset, nbytes, _), content in zip(found, sizes):
+            pieces.append((offset, nbytes, at, content))
+            at += content
+        return frame._replace(pieces=tuple(pieces))
 
     def decode_object(self, index, data, frames: list[Frame], out: np.ndarray) -> None:
         """An object's frames (:meth:`read_object`) decoded on the host into ``out`` (its
