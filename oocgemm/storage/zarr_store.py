@@ -521,7 +521,7 @@ class ZarrSource(MatrixSource):
                     raise InputError(
                         f"{where}: its file holds {size} bytes, more than the {into.nbytes} "
                         f"a zstd frame of its size takes at most (written by another "
-                        f"encoder?); decode it on the host (decode='host')")
+                        f"encoder?); decode it on the host (unset OOCGEMM_GPU_DECODE)")
                 got = f.readinto(into[:size].data)
             if got != size:
                 raise ValueError(f"read {got} of {size} bytes")
