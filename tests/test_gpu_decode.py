@@ -43,11 +43,12 @@ def store(path, x, layout, written=None):
     return zarr.open_array(path, mode="r")
 
 
-def run(plan, arrays, out):
+def run(plan, arrays, out, executor=CpuExecutor):
+    """``plan`` run by ``executor`` on the Zarr ``arrays`` ('A', 'B') into ``out``."""
     sources = chunk_readers(plan, {name: ZarrSource(z, name.lower())
                                    for name, z in arrays.items()})
     try:
-        return CpuExecutor(plan, sources, NumpySink(out)).run()
+        return executor(plan, sources, NumpySink(out)).run()
     finally:
         for src in sources.values():
             src.close()
@@ -59,19 +60,25 @@ def gpu_plan(za, zb, tile, operands=("A", "B"), **keywords):
     return with_gpu_decode(plan, operands)
 
 
+def ragged(rng, layout, trans, device="cpu"):
+    """(a, b, their stores, a plan decoding both on the device): 50 x 96 @ 96 x 37 on 16 x
+    12 objects (K panels of 48 start on both operands' edges), rows of A never written (the
+    fill value, 7), or both operands stored transposed."""
+    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
+    a[44:] = 7.0  # what A's stored array holds there: its fill value
+    za = store("a.zarr", a.T.copy() if trans else a, layout, written=None if trans else 44)
+    zb = store("b.zarr", b.T.copy() if trans else b, layout)
+    plan = oocgemm.plan(za, zb, device=device, tile=(24, 16, 48) if trans else (32, 24, 48),
+                        trans_a=trans, trans_b=trans)
+    if device == "cpu":  # the CPU executor replays a staged plan too
+        plan = dataclasses.replace(plan, staged=True, stripe=64, n_stage=3, n_out=2)
+    return a, b, za, zb, with_gpu_decode(plan, ("A", "B"))
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("trans", [False, True])
 def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
-    """Ragged edges (50 x 96 @ 96 x 37 on 16 x 12 objects: K panels of 48 start on both
-    operands' edges), rows of A never written (the fill value, 7), both operands stored
-    transposed."""
-    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
-    a[44:] = 7.0  # what A's stored array holds there: its fill value
-    za = store("a.zarr", a.T.copy() if trans else a, layout,
-               written=None if trans else 44)
-    zb = store("b.zarr", b.T.copy() if trans else b, layout)
-    tile = (24, 16, 48) if trans else (32, 24, 48)
-    plan = gpu_plan(za, zb, tile, trans_a=trans, trans_b=trans)
+    a, b, za, zb, plan = ragged(rng, layout, trans)
     check_schedule(plan.schedule, plan)
     assert plan.counts.ops == plan.schedule.counts().ops
     ops = plan.schedule.ops
@@ -198,13 +205,7 @@ def gpu_or_skip():
 def run_on_gpu(plan, arrays, out):
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
-    sources = chunk_readers(plan, {name: ZarrSource(z, name.lower())
-                                   for name, z in arrays.items()})
-    try:
-        return CudaExecutor(plan, sources, NumpySink(out)).run()
-    finally:
-        for src in sources.values():
-            src.close()
+    return run(plan, arrays, out, executor=CudaExecutor)
 
 
 @pytest.mark.gpu
@@ -212,13 +213,7 @@ def run_on_gpu(plan, arrays, out):
 @pytest.mark.parametrize("trans", [False, True])
 def test_products_decoded_on_the_gpu(rng, workdir, layout, trans):
     gpu_or_skip()
-    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
-    a[44:] = 7.0
-    za = store("a.zarr", a.T.copy() if trans else a, layout, written=None if trans else 44)
-    zb = store("b.zarr", b.T.copy() if trans else b, layout)
-    plan = oocgemm.plan(za, zb, device="cuda", tile=(24, 16, 48) if trans else (32, 24, 48),
-                        trans_a=trans, trans_b=trans)
-    plan = with_gpu_decode(plan, ("A", "B"))
+    a, b, za, zb, plan = ragged(rng, layout, trans, device="cuda")
     out = poisoned((50, 37))
     log = run_on_gpu(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
@@ -290,14 +285,7 @@ def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, 
     never written (whole objects, and inner chunks, of the fill value), ragged edges."""
     import numpy as np
 
-    a, b = rand(rng, (50, 96)), rand(rng, (96, 37))
-    a[44:] = 7.0
-    za = store("a.zarr", a.T.copy() if trans else a, layout, written=None if trans else 44)
-    zb = store("b.zarr", b.T.copy() if trans else b, layout)
-    plan = oocgemm.plan(za, zb, device="cpu", tile=(24, 16, 48) if trans else (32, 24, 48),
-                        trans_a=trans, trans_b=trans)
-    plan = with_gpu_decode(dataclasses.replace(plan, staged=True, n_stage=3, n_out=2),
-                           ("A", "B"))
+    _, _, za, zb, plan = ragged(rng, layout, trans)
     arrays = {"A": za, "B": zb}
     sources = {name: ZarrSource(z, name.lower()) for name, z in arrays.items()}
     stages, cells, slots = {}, {}, {}
