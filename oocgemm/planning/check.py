@@ -289,7 +289,7 @@ class _Dataflow:
     def expect_object(self, op: Op) -> None:
         """A stored object of a panel decoded on the device: one object of the operand's
         grid (clipped at the array's edges), inside the panel."""
-        x = self.prob.a if op.operand == "A" else self.prob.b
+        x = self.plan.problem_operand(op.operand)
         if x.chunks is None:
             raise ScheduleError(f"{op}: objects of {op.operand}, which is not chunked")
         (r0, r1), (c0, c1) = self.region_of(op.operand, op.key)
@@ -349,7 +349,7 @@ class _Dataflow:
         if tag != (op.operand, op.key, "object", op.region):
             raise ScheduleError(f"{op}: uploads {tag}, expected the object {op.region} of "
                                 f"{op.operand}{op.key}")
-        x = self.prob.a if op.operand == "A" else self.prob.b
+        x = self.plan.problem_operand(op.operand)
         assert x.chunks is not None
         region = self.region_of(op.operand, op.key)
         place = chunks_of(region, x.chunks).index(
@@ -368,7 +368,7 @@ class _Dataflow:
         if op.operand not in self.plan.gpu_decode:
             raise ScheduleError(f"{op}: decodes {op.operand}, which the plan does not decode "
                                 f"on the device")
-        x = self.prob.a if op.operand == "A" else self.prob.b
+        x = self.plan.problem_operand(op.operand)
         assert x.chunks is not None
         region = self.region_of(op.operand, op.key)
         want = frozenset(chunk_region(index, x.chunks, x.shape)

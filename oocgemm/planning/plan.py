@@ -207,7 +207,7 @@ class Plan:
         """Bytes of one stored object's cell in a Z slot (:attr:`gpu_decode`): what its zstd
         frames take at most (zstd's bound), and a shard's index, rounded to 256 bytes and to
         whole elements."""
-        x = self.problem.a if operand == "A" else self.problem.b
+        x = self.problem_operand(operand)
         assert x.chunks is not None and x.zstd_frames is not None
         frames = math.prod(-(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
         frame = math.prod(x.zstd_frames) * self.problem.itemsize

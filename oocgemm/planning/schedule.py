@@ -473,7 +473,7 @@ class _Builder:
         covers (a chunk file or a shard, row by row) read whole into a ring buffer and
         uploaded into its cell of the next Z slot, then one DECODE of them all into ``dst``
         (after the old content's readers, ``hazards``)."""
-        x = self.prob.a if operand == "A" else self.prob.b
+        x = self.plan.problem_operand(operand)
         assert x.chunks is not None
         z = self.next_stage("Z" + operand)
         z_hazards = self.state[z].refill()
@@ -773,7 +773,7 @@ class _Counter(_Builder):
         nbytes = self.nbytes(region)
         stripes = 1
         if operand in self.plan.gpu_decode:  # an object a stripe, and its DECODE
-            x = self.prob.a if operand == "A" else self.prob.b
+            x = self.plan.problem_operand(operand)
             assert x.chunks is not None
             stripes = len(chunks_of(region, x.chunks))
             self.counted[OpKind.DECODE] += 1
