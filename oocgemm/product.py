@@ -23,6 +23,7 @@ says what happened.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import threading
@@ -48,6 +49,7 @@ from .planning import (
     finished,
     in_core_shape,
     in_place,
+    on_object_edges,
     with_gpu_decode,
 )
 from .result import Result
@@ -230,18 +232,23 @@ def gpu_decode_wanted() -> bool:
 def decoded_on_device(plan: Plan) -> Plan:
     """``plan`` with its operands of zstd frames decoded on the device
     (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
-    can; unchanged where its tile cuts their stored objects, or the room it takes does not
-    fit the budgets."""
+    can. The planner's tile gives way to the nearest on the stored objects' edges that fits
+    the budgets (:func:`~oocgemm.planning.finish.on_object_edges`); a tile the user gave
+    does not. Unchanged where none does."""
     prob = plan.problem
     able = tuple(name for name, x in (("A", prob.a), ("B", prob.b))
                  if x.zstd_frames is not None and x.chunks is not None)
     if prob.shared or not plan.staged or plan.in_core:
         return plan
     for operands in ([able] if len(able) == 2 else []) + [(name,) for name in able]:
-        try:
-            return with_gpu_decode(plan, operands)
-        except (OptionError, BudgetError):
-            continue
+        tiles = [plan.tile] if plan.chosen_by == "tile" else on_object_edges(plan, operands)
+        for tile in tiles:
+            try:
+                trial = plan if tile == plan.tile else finished(dataclasses.replace(
+                    plan, tile=tile, chosen_by="planner, on the stored objects' edges"))
+                return with_gpu_decode(trial, operands)
+            except (OptionError, BudgetError):
+                continue
     return plan
 
 

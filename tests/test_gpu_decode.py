@@ -154,22 +154,24 @@ def test_a_damaged_object_is_named(rng, workdir, damage):
 
 
 # -- which plans decode on the device (OOCGEMM_GPU_DECODE=1) --------------------------------
-def cuda_plan(za, zb, tile):
-    """A CUDA plan of ``za @ zb`` with the user's ``tile``, made without a GPU."""
+def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False):
+    """A CUDA plan of ``za @ zb`` (the user's ``tile``, or the planner's for None) within
+    ``memory`` of GPU and host memory, made without a GPU."""
     from oocgemm.options import Options
     from oocgemm.planning import cuda_model
     from oocgemm.product import plan_product
     from oocgemm.runtime.staging import staging_for
     from oocgemm.storage.run import open_run
 
-    with open_run(za, zb, None) as io:
+    with open_run(za, zb, None, trans_a=trans_a) as io:
         m, n, k = io.shape
         a, b, c, out = io.operands()
         problem = oocgemm.planning.Problem(m=m, n=n, k=k, itemsize=8, dtype="float64", a=a,
-                                           b=b, c=c, out=out, alpha=1.0, beta=0.0)
+                                           b=b, c=c, out=out, alpha=1.0, beta=0.0,
+                                           trans_a=trans_a)
     model = cuda_model()
     return plan_product(problem, Options.of("test", tile=tile), "cuda:0", "cublas", model,
-                        1 << 30, 1 << 30, staging_for("cuda", problem, model, "cublas"))
+                        memory, memory, staging_for("cuda", problem, model, "cublas"))
 
 
 def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
@@ -188,6 +190,38 @@ def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
         gpu_decode_wanted()
     monkeypatch.setenv("OOCGEMM_GPU_DECODE", "1")
     assert gpu_decode_wanted()
+
+
+def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
+    """n = 32768 in 4096² zstd chunks (metadata only: planning reads nothing else), 16 GiB:
+    the planner's K panels of 2048 cut the chunks; decoding on the device takes the nearest
+    tile on their edges that fits, and a tile the user gave stays as it is."""
+    from oocgemm.planning import on_object_edges
+    from oocgemm.product import decoded_on_device
+
+    n, side = 32768, 4096
+    za = zarr.create_array("a.zarr", shape=(n, n), chunks=(side, side), dtype="f8")
+    zb = zarr.create_array("b.zarr", shape=(n, n), chunks=(side, 2 * side), dtype="f8",
+                           shards=(2 * side, 2 * side))
+    planned = cuda_plan(za, zb, None, memory=16 << 30)
+    assert planned.tile[2] % side and planned.gpu_decode == ()
+    decoded = decoded_on_device(planned)
+    w, h, r = decoded.tile
+    assert decoded.gpu_decode == ("A", "B") and r == 2 * side
+    assert w % side == 0 and h % (2 * side) == 0 and decoded.device_bytes <= 16 << 30
+    check_schedule(decoded.schedule, decoded)
+    tiles = on_object_edges(planned, ("A", "B"))
+    assert [t[0] * t[1] for t in tiles] == sorted((t[0] * t[1] for t in tiles), reverse=True)
+    assert all(t[0] % side == 0 and t[1] % (2 * side) == 0 and t[2] == 2 * side
+               for t in tiles) and tiles[-1][:2] == (side, 2 * side)
+    given = cuda_plan(za, zb, planned.tile, memory=16 << 30)
+    assert decoded_on_device(given).tile == planned.tile
+    assert decoded_on_device(given).gpu_decode == ()
+    # A stored transposed: its columns are op(A)'s rows
+    zt = zarr.create_array("t.zarr", shape=(n, n), chunks=(2 * side, side), dtype="f8")
+    transposed = cuda_plan(zt, zb, None, memory=16 << 30, trans_a=True)
+    assert all(t[0] % side == 0 and t[2] % (2 * side) == 0
+               for t in on_object_edges(transposed, ("A",)))
 
 
 # -- on a GPU ---------------------------------------------------------------------------------

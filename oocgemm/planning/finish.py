@@ -6,6 +6,7 @@ chosen for that tile."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import BudgetError
 from .plan import Plan, with_ring_decodes
@@ -52,6 +53,39 @@ def with_cache(plan: Plan) -> Plan:
     if not chosen:
         return plan
     return dataclasses.replace(plan, cache=chosen).validate()
+
+
+def on_object_edges(plan: Plan, operands: tuple[str, ...]) -> list[tuple[int, int, int]]:
+    """Tiles near ``plan.tile`` whose blocks and K panels start on the stored objects' edges
+    of ``operands`` (what decoding them on the device needs, :attr:`Plan.gpu_decode`),
+    largest blocks first: the K panel rounded up to a common multiple of their objects' K
+    sides; the block's rows (of A's objects) and columns (of B's) rounded up, then halved on
+    the objects' edges down to one object. Each clipped to the problem."""
+    prob = plan.problem
+    w, h, r = plan.tile
+    sides = {"w": 1, "h": 1, "k": 1}
+    for name in operands:
+        x = plan.problem_operand(name)
+        rows, cols = x.chunks
+        if (prob.trans_a if name == "A" else prob.trans_b):
+            rows, cols = cols, rows  # (op(A)'s rows, its K) or (op(B)'s K, its columns)
+        if name == "A":
+            sides["w"], sides["k"] = rows, math.lcm(sides["k"], cols)
+        else:
+            sides["h"], sides["k"] = cols, math.lcm(sides["k"], rows)
+
+    def choices(x: int, side: int, extent: int) -> list[int]:
+        found, x = [], min(-(-x // side) * side, extent)
+        while True:
+            found.append(x)
+            if x <= side:
+                return found
+            x = max(side, x // 2 // side * side)
+
+    depth = min(-(-r // sides["k"]) * sides["k"], prob.k)
+    tiles = [(a, b, depth) for a in choices(w, sides["w"], prob.m)
+             for b in choices(h, sides["h"], prob.n)]
+    return sorted(dict.fromkeys(tiles), key=lambda t: -t[0] * t[1])
 
 
 def smaller(plan: Plan, memory_limit: int, host_memory_limit: int, why: str) -> Plan:
