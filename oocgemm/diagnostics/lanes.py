@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 #: Display order of lane families (anything else comes last, by name).
-_LANE_ORDER = {"compute": 0, "h2d": 1, "c": 2, "d2h": 3, "copy": 4, "read": 5, "write": 6,
-               "encode": 7}
+_LANE_ORDER = {"compute": 0, "h2d": 1, "decode": 2, "c": 3, "d2h": 4, "copy": 5, "read": 6,
+               "write": 7, "encode": 8}
 
 
 def lane_family(lane: str) -> str:
