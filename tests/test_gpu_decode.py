@@ -206,6 +206,8 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     planned = cuda_plan(za, zb, None, memory=16 << 30)
     assert planned.tile[2] % side and planned.gpu_decode == ()
     decoded = decoded_on_device(planned)
+    assert "A and B go up as stored and are decoded on the device" in str(decoded)
+    assert decoded.summary()["gpu_decode"] == ["A", "B"] and planned.summary()["gpu_decode"] == []
     w, h, r = decoded.tile
     assert decoded.gpu_decode == ("A", "B") and r == 2 * side
     assert w % side == 0 and h % (2 * side) == 0 and decoded.device_bytes <= 16 << 30

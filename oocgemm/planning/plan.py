@@ -416,6 +416,7 @@ class Plan:
             "symmetric": self.symmetric,
             "shared": self.problem.shared,
             "in_core": self.in_core,
+            "gpu_decode": list(self.gpu_decode),
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
@@ -455,6 +456,9 @@ class Plan:
                 for k, v in {**traffic, "decoded": self.decoded_bytes}.items() if v),
             *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
               for n, report in enumerate(self.chunk_reports())),
+            *([f"  on device   {' and '.join(self.gpu_decode)} go up as stored and are "
+               f"decoded on the device, a panel's zstd frames at once"]
+              if self.gpu_decode else []),
             f"  work        {self.flops / 1e9:.4g} GFLOP"
             + (f" (symmetric: the {self.n_blocks} blocks on and above the diagonal of "
                f"{p}x{q}, each above it also written across; {prob.flops / 1e9:.4g} GFLOP in "
