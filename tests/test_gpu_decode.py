@@ -253,7 +253,12 @@ def test_products_decoded_on_the_gpu(rng, workdir, layout, trans):
     out = poisoned((50, 37))
     log = run_on_gpu(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
-    assert any(e.kind == "decode" and e.lane == "decode" for e in log.events())
+    events = log.events()
+    assert any(e.kind == "decode" and e.lane == "decode" for e in events)
+    for kind in ("read", "upload"):  # what moved: the compressed bytes, not the region's
+        moved = sum(e.nbytes for e in events if e.kind == kind)
+        planned = sum(op.nbytes for op in plan.schedule.ops if op.kind.value == kind)
+        assert 0 < moved < planned * 1.1 and moved != planned
 
 
 @pytest.mark.gpu

@@ -252,8 +252,9 @@ class CudaExecutor(Executor):
         if self._framed is not None and self._framed.host:
             sink.encode_frames()
         self._encoder = None  # the run's StripeEncoder (self._framed)
-        # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, and the stored
-        # objects a ring buffer or a Z slot's cell holds: (chunk, size, frames)
+        # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, the stored
+        # objects a ring buffer or a Z slot's cell holds, (chunk, size, frames), and the bytes
+        # each UPLOAD of one moves (by its index, for its event)
         self._decoder = None
         self._objects: dict = {}
         # Compile before the run is timed, and fail before any byte is read.
@@ -306,6 +307,7 @@ class CudaExecutor(Executor):
         ``ahead``: (start, :class:`Bands`) of a READ whose bands started earlier."""
         start = self.log.now() if ahead is None else ahead[0]
         (r0, r1), (c0, c1) = op.region
+        moved = None  # the bytes it moved, where they are not the region's
         self._nvtx.push(op)
         try:
             if op.kind is OpKind.READ and op.operand in self.plan.gpu_decode:
@@ -313,6 +315,7 @@ class CudaExecutor(Executor):
                 index = (r0 // source.chunks[0], c0 // source.chunks[1])
                 self._objects[op.dst] = (index, *source.read_object(
                     index, gpu.pinned_bytes(op.dst)))
+                moved = self._objects[op.dst][1]
             elif op.kind is OpKind.READ:
                 bands = ahead[1] if ahead is not None else self._read_bands(op, gpu)
                 if bands is not None:
@@ -337,7 +340,7 @@ class CudaExecutor(Executor):
         end = self.log.now()
         pool = "read" if op.kind is OpKind.READ else "write"
         lane = thread_lane(pool) if thread is None else f"{pool}-{thread}"
-        self._report(op, lane, start, end, wanted=self.on_event is not None)
+        self._report(op, lane, start, end, wanted=self.on_event is not None, nbytes=moved)
 
     def _banded(self, pool: str, move, region, buffer, caller: bool = True) -> Bands:
         """``move(rows, cols, part)`` (a source's read or the sink's write) of ``region``
@@ -379,6 +382,7 @@ class CudaExecutor(Executor):
         if op.kind is OpKind.UPLOAD and op.operand in self.plan.gpu_decode:
             found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
             self._objects[(op.dst, op.offset)] = found
+            self._objects[op.index] = found[1]  # the bytes it moves, for its event
             gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
         elif op.kind is OpKind.DECODE:
             self._decoder.decode(op, gpu.device_ptr(op.src[0]), gpu.device_ptr(op.dst),
@@ -629,7 +633,8 @@ class CudaExecutor(Executor):
             except Exception:
                 failed = True
                 continue
-            self._report(op, stream, *times, wanted=self._reported(op))
+            self._report(op, stream, *times, wanted=self._reported(op),
+                         nbytes=self._objects.pop(op.index, None))
 
     @property
     def _timing(self) -> bool:
