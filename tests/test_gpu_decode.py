@@ -216,6 +216,11 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     assert [t[0] * t[1] for t in tiles] == sorted((t[0] * t[1] for t in tiles), reverse=True)
     assert all(t[0] % side == 0 and t[1] % (2 * side) == 0 and t[2] == 2 * side
                for t in tiles) and tiles[-1][:2] == (side, 2 * side)
+    # memory running short: the smaller plan decodes on the host (its tile may cut objects)
+    from oocgemm.planning import smaller
+
+    again = smaller(decoded, 8 << 30, 16 << 30, "out of memory")
+    assert again.gpu_decode == () and again.device_bytes <= 8 << 30
     given = cuda_plan(za, zb, planned.tile, memory=16 << 30)
     assert decoded_on_device(given).tile == planned.tile
     assert decoded_on_device(given).gpu_decode == ()

@@ -19,13 +19,15 @@ STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "
 
 def finished(plan: Plan) -> Plan:
     """``plan`` with its tile chosen, ready to run (a plan finished again, for another tile,
-    decides its ring decodes and kept operands anew)."""
+    decides its ring decodes and kept operands anew, and decodes on the host)."""
     if plan.staged and not plan.in_core:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
+    # (inputs decoded on the device are asked for of a finished plan, its tile in hand:
+    # oocgemm.product.decoded_on_device; a replan's tile may cut their objects)
     return with_cache(with_ring_decodes(
-        dataclasses.replace(plan, cache=(), into_ring=()).validate()))
+        dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=()).validate()))
 
 
 def with_cache(plan: Plan) -> Plan:
