@@ -10,15 +10,20 @@ larger than its cell is an InputError naming it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
+import numcodecs
+import numpy as np
 import pytest
 import zarr
 from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
+from oocgemm.cuda.decode import panel_batch
 from oocgemm.errors import InputError, OptionError
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
 from oocgemm.runtime.cpu import CpuExecutor
+from oocgemm.storage.frames import zstd_pieces
 from oocgemm.storage.memory import NumpySink
 from oocgemm.storage.run import chunk_readers
 from oocgemm.storage.zarr_store import ZarrSource
@@ -296,11 +301,6 @@ def replay_batch(plan, op, cells, z, fill, itemsize=8):
     """DECODE ``op`` as the GPU does it (:func:`oocgemm.cuda.decode.panel_batch`), with
     numcodecs for nvCOMP and numpy for the 2D copies, each checked as CUDA checks them
     (widths within both pitches, every byte inside its buffer): the panel."""
-    import numcodecs
-    import numpy as np
-
-    from oocgemm.cuda.decode import panel_batch
-
     batch, copies, what = panel_batch(plan, op, cells)
     assert len(what) == len(batch)
     scratch = np.zeros(plan.decode_scratch, dtype=np.uint8)
@@ -324,15 +324,10 @@ def replay_batch(plan, op, cells, z, fill, itemsize=8):
     return panel.reshape(r1 - r0, c1 - c0)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("trans", [False, True])
-def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, trans):
-    """Every panel's DECODE as the GPU runs it equals zarr's read of the panel: rows of A
-    never written (whole objects, and inner chunks, of the fill value), ragged edges."""
-    import numpy as np
-
-    _, _, za, zb, plan = ragged(rng, layout, trans)
-    arrays = {"A": za, "B": zb}
+def replay_decodes(plan, arrays, fill=7.0) -> int:
+    """Every DECODE of ``arrays``' operands ('A', 'B': Zarr arrays) as the GPU runs it
+    (:func:`replay_batch`), its objects read and uploaded as the schedule says, checked
+    against zarr's read of its panel; how many there were."""
     sources = {name: ZarrSource(z, name.lower()) for name, z in arrays.items()}
     stages, cells, slots = {}, {}, {}
     decodes = 0
@@ -341,18 +336,58 @@ def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, 
             continue
         source = sources[op.operand]
         if op.kind is OpKind.READ:
-            buffer = np.empty(plan.buffers.ring, dtype=np.uint8)
+            into = np.empty(plan.buffers.ring, dtype=np.uint8)
             index = (op.region[0][0] // source.chunks[0], op.region[1][0] // source.chunks[1])
-            stages[op.dst] = (index, *source.read_object(index, buffer), buffer)
+            stages[op.dst] = (index, *source.read_object(index, into), into)
         elif op.kind is OpKind.UPLOAD:
-            index, size, frames, buffer = stages[op.src[0]]
+            index, size, frames, into = stages[op.src[0]]
             z = slots.setdefault(op.dst, np.zeros(plan.schedule.slots[op.dst] * 8, np.uint8))
-            z[op.offset * 8:op.offset * 8 + size] = buffer[:size]
+            z[op.offset * 8:op.offset * 8 + size] = into[:size]
             cells[(op.dst, op.offset)] = (index, size, frames)
         elif op.kind is OpKind.DECODE:
             (r0, r1), (c0, c1) = op.region
-            want = arrays[op.operand][r0:r1, c0:c1]
-            got = replay_batch(plan, op, cells, slots[op.src[0]], 7.0)
-            np.testing.assert_array_equal(got, want, err_msg=f"{op}")
+            np.testing.assert_array_equal(replay_batch(plan, op, cells, slots[op.src[0]], fill),
+                                          arrays[op.operand][r0:r1, c0:c1], err_msg=f"{op}")
             decodes += 1
+    return decodes
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("trans", [False, True])
+def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, trans):
+    """Every panel's DECODE as the GPU runs it equals zarr's read of the panel: rows of A
+    never written (whole objects, and inner chunks, of the fill value), ragged edges."""
+    _, _, za, zb, plan = ragged(rng, layout, trans)
+    decodes = replay_decodes(plan, {"A": za, "B": zb})
     assert decodes == plan.counts.ops[OpKind.DECODE] > 0
+
+
+def test_chunks_of_several_frames_go_as_several_pieces(rng, workdir):
+    """A chunk stored as zstd frames back to back (as the GPU's encoder writes C's chunks)
+    is read by zarr as one stream; on the device each frame is a piece of the batch, decoded
+    into its place in the chunk's frame. A frame cut short is refused before it goes up."""
+    a, b = rand(rng, (32, 48)), rand(rng, (48, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    zstd = numcodecs.Zstd()
+    for root, _, files in os.walk("a.zarr/c"):
+        for name in files:
+            path = os.path.join(root, name)
+            raw = np.frombuffer(zstd.decode(open(path, "rb").read()), np.uint8)
+            cut = raw.size // 3 // 8 * 8
+            with open(path, "wb") as f:  # three frames: a third, the rest in two
+                f.write(zstd.encode(raw[:cut]) + zstd.encode(raw[cut:2 * cut])
+                        + zstd.encode(raw[2 * cut:]))
+    np.testing.assert_array_equal(zarr.open_array("a.zarr")[:], a)  # zarr reads them
+    plan = gpu_plan(za, zb, (16, 24, 48))
+    sources = {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")}
+    buffer = np.empty(plan.buffers.ring, dtype=np.uint8)
+    size, frames = sources["A"].read_object((1, 0), buffer)
+    assert [len(f.pieces) for f in frames] == [3]
+    assert [p[2] for p in frames[0].pieces] == [0, cut, 2 * cut]
+    with pytest.raises(ValueError, match="cut short"):
+        zstd_pieces(buffer, 0, size - 1)
+    # the whole product, and every DECODE as the GPU runs it
+    out = poisoned((32, 24))
+    run(plan, {"A": za, "B": zb}, out)
+    assert_gemm(out, a, b)
+    assert replay_decodes(plan, {"A": za}) == 2
