@@ -25,7 +25,7 @@ from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_dec
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.frames import zstd_pieces
 from oocgemm.storage.memory import NumpySink
-from oocgemm.storage.run import chunk_readers
+from oocgemm.storage.run import chunk_counts, chunk_readers
 from oocgemm.storage.zarr_store import ZarrSource
 
 LAYOUTS = {
@@ -49,11 +49,12 @@ def store(path, x, layout, written=None):
 
 
 def run(plan, arrays, out, executor=CpuExecutor):
-    """``plan`` run by ``executor`` on the Zarr ``arrays`` ('A', 'B') into ``out``."""
+    """``plan`` run by ``executor`` on the Zarr ``arrays`` ('A', 'B') into ``out``: its log,
+    and what its sources say they decoded (:func:`chunk_counts`)."""
     sources = chunk_readers(plan, {name: ZarrSource(z, name.lower())
                                    for name, z in arrays.items()})
     try:
-        return executor(plan, sources, NumpySink(out)).run()
+        return executor(plan, sources, NumpySink(out)).run(), chunk_counts(sources)
     finally:
         for src in sources.values():
             src.close()
@@ -91,8 +92,11 @@ def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
     assert {op.operand for op in decodes} == {"A", "B"}
     assert all(op.lane == "decode" for op in decodes)
     out = poisoned((50, 37))
-    log = run(plan, {"A": za, "B": zb}, out)
+    log, counts = run(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
+    # (an object never written is not read: its READ takes the fill value)
+    assert counts["A"]["on_device"] and 0 < counts["A"]["decodes"] <= sum(
+        op.kind is OpKind.READ and op.operand == "A" for op in ops)
     moved = sum(e.nbytes for e in log.events() if e.kind == "read")
     assert 0 < moved < sum(op.nbytes for op in ops if op.kind is OpKind.READ) * 1.1
 
@@ -261,7 +265,7 @@ def test_products_decoded_on_the_gpu(rng, workdir, layout, trans):
     gpu_or_skip()
     a, b, za, zb, plan = ragged(rng, layout, trans, device="cuda")
     out = poisoned((50, 37))
-    log = run_on_gpu(plan, {"A": za, "B": zb}, out)
+    log, _ = run_on_gpu(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
     events = log.events()
     assert any(e.kind == "decode" and e.lane == "decode" for e in events)
@@ -294,6 +298,7 @@ def test_multiply_decodes_on_the_gpu_when_asked(rng, workdir, monkeypatch):
     result = oocgemm.multiply("a.zarr", "b.zarr", device="cuda", tile=(32, 24, 48))
     assert result.plan.gpu_decode == ("A", "B")
     assert_gemm(result.out, a, b)
+    assert result.chunks["A"]["on_device"] and result.chunks["A"]["decodes"] >= 4 * 2
 
 
 # -- the GPU's batches and copies, replayed on the host ---------------------------------------

@@ -50,11 +50,17 @@ class MatrixSource(abc.ABC):
     #: Bytes of the chunks decoded so far (stored dtype): 0 where nothing is decoded.
     decoded_bytes: int = 0
 
-    def count(self, stored: int, decoded: int = 0) -> None:
-        """Add to :attr:`bytes_read` and :attr:`decoded_bytes` (from any thread)."""
+    #: Stored objects (chunk files, shards) read as stored for a device to decode
+    #: (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`).
+    objects_read: int = 0
+
+    def count(self, stored: int, decoded: int = 0, objects: int = 0) -> None:
+        """Add to :attr:`bytes_read`, :attr:`decoded_bytes` and :attr:`objects_read` (from
+        any thread)."""
         with _COUNTING:
             self.bytes_read += stored
             self.decoded_bytes += decoded
+            self.objects_read += objects
 
     @abc.abstractmethod
     def read(self, rows: tuple[int, int], cols: tuple[int, int], out: np.ndarray) -> None:

@@ -393,6 +393,13 @@ def chunk_counts(readers: dict) -> dict:
     counts: dict = {}
     seen: dict[int, str] = {}  # one reader for one matrix in both roles: reported once, as A
     for name, src in readers.items():
+        if src.objects_read:  # decoded on the device, from its objects as stored
+            assert src.chunks is not None
+            rows, cols = src.shape
+            counts[name] = {"chunks": -(-rows // src.chunks[0]) * -(-cols // src.chunks[1]),
+                            "decodes": src.objects_read, "decoded_bytes": src.decoded_bytes,
+                            "peak_bytes": 0, "kept": False, "into_ring": False,
+                            "on_device": True, "copy_seconds": 0.0, "roles": name}
         if not isinstance(src, ChunkReader):
             continue
         if id(src) in seen:
@@ -401,6 +408,6 @@ def chunk_counts(readers: dict) -> dict:
         seen[id(src)] = name
         counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
                         "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
-                        "kept": src.kept, "into_ring": src.into,
+                        "kept": src.kept, "into_ring": src.into, "on_device": False,
                         "copy_seconds": src.copy_seconds, "roles": name}
     return counts

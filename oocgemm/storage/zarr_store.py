@@ -534,7 +534,7 @@ class ZarrSource(MatrixSource):
         except Exception as exc:
             raise InputError(f"{where} (corrupt or truncated chunk? {type(exc).__name__}: "
                              f"{exc})") from exc
-        self.count(size, (r1 - r0) * (c1 - c0) * self.dtype.itemsize)
+        self.count(size, (r1 - r0) * (c1 - c0) * self.dtype.itemsize, objects=1)
         return size, found
 
     def _pieces(self, data, frame: Frame) -> Frame:
