@@ -225,6 +225,15 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     assert [t[0] * t[1] for t in tiles] == sorted((t[0] * t[1] for t in tiles), reverse=True)
     assert all(t[0] % side == 0 and t[1] % (2 * side) == 0 and t[2] == 2 * side
                for t in tiles) and tiles[-1][:2] == (side, 2 * side)
+    # K panels already on the edges of 1024² chunks, the first in ramp pieces (of a chunk
+    # each, on their edges too): decoded on the device as planned
+    small = {name: zarr.create_array(f"{name}1024.zarr", shape=(n, n), chunks=(1024, 1024),
+                                     dtype="f8") for name in "ab"}
+    ramped = cuda_plan(small["a"], small["b"], None, memory=16 << 30)
+    assert ramped.ramp_pieces and not ramped.tile[2] % 1024
+    on_device = decoded_on_device(ramped)
+    assert on_device.gpu_decode == ("A", "B") and on_device.ramp_pieces
+    check_schedule(on_device.schedule, on_device)
     # memory running short: the smaller plan decodes on the host (its tile may cut objects)
     from oocgemm.planning import smaller
 

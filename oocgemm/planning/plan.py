@@ -356,8 +356,7 @@ class Plan:
             why = ("it is not stored as zstd frames in local files" if x.zstd_frames is None
                    else "the plan is not staged" if not self.staged
                    else "the in-core shape loads A in row stripes" if self.in_core
-                   else "one matrix in both roles" if prob.shared
-                   else "a ramped first panel cuts the objects" if self.ramp_pieces else None)
+                   else "one matrix in both roles" if prob.shared else None)
             if why is None:
                 assert x.chunks is not None
                 outer = self.row_splits if name == "A" else self.col_splits
