@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InputError
-from ..planning.grid import chunk_region, chunks_of
+from ..planning.schedule import object_cells
 from . import nvcomp
 
 _H2D, _D2H, _D2D = 1, 2, 3
@@ -89,15 +89,13 @@ def panel_batch(plan, op, cells: dict):
     x = plan.problem_operand(op.operand)
     shape = x.zstd_frames
     frame_bytes = math.prod(shape) * s
-    cell = plan.object_cell(op.operand)
     (r0, _), (c0, c1) = op.region
     cols = c1 - c0
     batch, copies, what = [], [], []
     decoded = 0  # frames decoded into the scratch buffer so far
-    for k, index in enumerate(chunks_of(op.region, x.chunks)):
-        got, _, frames = cells[(op.src[0], k * cell // s)]
+    for index, ((o0, _), (p0, _)), offset in object_cells(plan, op.operand, op.region):
+        got, _, frames = cells[(op.src[0], offset)]
         assert got == index, (got, index)
-        (o0, _), (p0, _) = chunk_region(index, x.chunks, x.shape)
         for frame in frames:
             at = (o0 - r0 + frame.rows[0]) * cols + p0 - c0 + frame.cols[0]
             width, height = frame.cols[1] - frame.cols[0], frame.rows[1] - frame.rows[0]
@@ -106,8 +104,8 @@ def panel_batch(plan, op, cells: dict):
                 continue
             out = decoded * frame_bytes
             decoded += 1
-            for offset, nbytes, start, content in frame.pieces:  # (checked on the host)
-                batch.append((k * cell + offset, nbytes, content, out + start))
+            for at_piece, nbytes, start, content in frame.pieces:  # (checked on the host)
+                batch.append((offset * s + at_piece, nbytes, content, out + start))
                 what.append((op.operand, index))
             copies.append(Copy(at, cols, "scratch", out // s, shape[1], width, height))
     return batch, copies, what

@@ -351,9 +351,11 @@ class _Dataflow:
                                 f"{op.operand}{op.key}")
         x = self.plan.problem_operand(op.operand)
         assert x.chunks is not None
-        region = self.region_of(op.operand, op.key)
-        place = chunks_of(region, x.chunks).index(
-            (op.region[0][0] // x.chunks[0], op.region[1][0] // x.chunks[1]))
+        (r0, _), (c0, c1) = self.region_of(op.operand, op.key)
+        (ch_r, ch_c) = x.chunks
+        # its place among the panel's objects, row by row (the panel starts on their edges)
+        across = -(-c1 // ch_c) - c0 // ch_c
+        place = ((op.region[0][0] - r0) // ch_r * across + (op.region[1][0] - c0) // ch_c)
         if op.offset != place * self.plan.object_cell(op.operand) // self.prob.itemsize:
             raise ScheduleError(f"{op}: object {place} of {op.operand}{op.key} uploaded at "
                                 f"offset {op.offset}, not its cell's")

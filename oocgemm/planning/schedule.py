@@ -473,20 +473,16 @@ class _Builder:
         covers (a chunk file or a shard, row by row) read whole into a ring buffer and
         uploaded into its cell of the next Z slot, then one DECODE of them all into ``dst``
         (after the old content's readers, ``hazards``)."""
-        x = self.plan.problem_operand(operand)
-        assert x.chunks is not None
         z = self.next_stage("Z" + operand)
         z_hazards = self.state[z].refill()
-        cell = self.plan.object_cell(operand) // self.s
         uploads = []
-        for k, index in enumerate(chunks_of(region, x.chunks)):
-            part = chunk_region(index, x.chunks, x.shape)
+        for _, part, offset in object_cells(self.plan, operand, region):
             nbytes = self.nbytes(part)
             stage = self.next_stage("sR")
             read = self.emit(OpKind.READ, operand, key, (), stage, self.state[stage].refill(),
                              part, nbytes=nbytes)
             uploads.append(self.emit(OpKind.UPLOAD, operand, key, (stage,), z,
-                                     [read] + z_hazards, part, nbytes=nbytes, offset=k * cell))
+                                     [read] + z_hazards, part, nbytes=nbytes, offset=offset))
         self.emit(OpKind.DECODE, operand, key, (z,), dst, uploads + hazards, region,
                   nbytes=self.nbytes(region))
 
@@ -837,6 +833,18 @@ def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, in
         span = hi - lo
         bounds[-1:] = [lo + span // 2, lo + 3 * span // 4, lo + 7 * span // 8, hi]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def object_cells(plan, operand: str, region) -> list[tuple[tuple[int, int], tuple, int]]:
+    """The stored objects that a panel ``region`` of ``operand`` decoded on the device
+    (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`) covers, row by row:
+    ``(index in the object grid, its region clipped at the array's edges, the offset of its
+    cell in the Z slot in elements)``. Where a load's UPLOADs put them and its DECODE finds
+    them."""
+    x = plan.problem_operand(operand)
+    cell = plan.object_cell(operand) // plan.problem.itemsize
+    return [(index, chunk_region(index, x.chunks, x.shape), k * cell)
+            for k, index in enumerate(chunks_of(region, x.chunks))]
 
 
 def stripe_rows(rows: int, cols: int, ring: int, min_stripes: int) -> int:

@@ -24,8 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..planning.grid import chunk_region, chunks_of
-from ..planning.schedule import OpKind
+from ..planning.schedule import OpKind, object_cells
 from ..storage.frames import encode_stripe
 from ..strategies import strategy_of
 from .base import (
@@ -236,16 +235,15 @@ class CpuExecutor(Executor):
     def _decode(self, op) -> int:
         """Every object of the panel decoded from its cell into its place in the slot."""
         source = self.sources[op.operand]
-        chunks = self.plan.problem_operand(op.operand).chunks
-        (r0, r1), (c0, c1) = op.region
+        (r0, _), (c0, _) = op.region
         panel = self.view(op.dst, op.shape)
         cells = self._buffer(op.src[0]).view(np.uint8)
-        cell = self.plan.object_cell(op.operand)
-        for k, index in enumerate(chunks_of(op.region, chunks)):
-            got, size, frames = self._objects[(op.src[0], k * cell // self.dtype.itemsize)]
+        for index, ((s0, s1), (d0, d1)), offset in object_cells(self.plan, op.operand,
+                                                                 op.region):
+            got, size, frames = self._objects[(op.src[0], offset)]
             assert got == index, (got, index)
-            (s0, s1), (d0, d1) = chunk_region(index, chunks, source.shape)
-            source.decode_object(index, cells[k * cell:k * cell + size], frames,
+            start = offset * self.dtype.itemsize
+            source.decode_object(index, cells[start:start + size], frames,
                                  panel[s0 - r0:s1 - r0, d0 - c0:d1 - c0])
         return 0
 

@@ -254,9 +254,10 @@ class CudaExecutor(Executor):
         self._encoder = None  # the run's StripeEncoder (self._framed)
         # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, the stored
         # objects a ring buffer or a Z slot's cell holds, (chunk, size, frames), and the bytes
-        # each UPLOAD of one moves (by its index, for its event)
+        # each UPLOAD of one moves (by the UPLOAD's index, until its event is logged)
         self._decoder = None
         self._objects: dict = {}
+        self._moved: dict[int, int] = {}
         # Compile before the run is timed, and fail before any byte is read.
         if plan.symmetric:
             import cupy
@@ -382,7 +383,7 @@ class CudaExecutor(Executor):
         if op.kind is OpKind.UPLOAD and op.operand in self.plan.gpu_decode:
             found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
             self._objects[(op.dst, op.offset)] = found
-            self._objects[op.index] = found[1]  # the bytes it moves, for its event
+            self._moved[op.index] = found[1]
             gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
         elif op.kind is OpKind.DECODE:
             self._decoder.decode(op, gpu.device_ptr(op.src[0]), gpu.device_ptr(op.dst),
@@ -506,6 +507,7 @@ class CudaExecutor(Executor):
                     self._decoder.close()
                     self._decoder = None
                 self._objects.clear()
+                self._moved.clear()
         return self.log
 
     def _run_inline(self) -> EventLog:
@@ -634,7 +636,7 @@ class CudaExecutor(Executor):
                 failed = True
                 continue
             self._report(op, stream, *times, wanted=self._reported(op),
-                         nbytes=self._objects.pop(op.index, None))
+                         nbytes=self._moved.pop(op.index, None))
 
     @property
     def _timing(self) -> bool:
