@@ -44,6 +44,7 @@ import numpy as np
 from benchmarks.common import GB, BenchError
 from benchmarks.gpu_decode import zstd_frames
 from benchmarks.zarr_stores import describe_store, make_store
+from oocgemm.errors import OOCGemmError
 
 _ALIGN = 256
 
@@ -370,7 +371,7 @@ def main(argv=None) -> int:
                 extra = "".join(f", {k} {v[k]:.3g}" for k in ("error", "last_gemm_s") if k in v)
                 print(f"  {key:20s} {v['seconds']:7.3f} s  cpu {v['cpu_seconds']:6.1f} s{extra}",
                       flush=True)
-    except BenchError as e:
+    except (BenchError, OOCGemmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:

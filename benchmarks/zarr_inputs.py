@@ -24,6 +24,7 @@ import numpy as np
 from benchmarks.common import BenchError
 from benchmarks.gpu_decode_product import _check
 from benchmarks.zarr_stores import make_store
+from oocgemm.errors import OOCGemmError
 
 
 def run(layout: str, n: int, chunk: int, workdir: str, repeat: int, memory_limit: str,
@@ -59,7 +60,10 @@ def main(argv=None) -> int:
     p.add_argument("--tile", default=None, help="W,H,R (the planner's where not given)")
     p.add_argument("--label", default="", help="a name for the lines printed")
     args = p.parse_args(argv)
-    tile = tuple(int(x) for x in args.tile.split(",")) if args.tile else None
+    try:
+        tile = tuple(int(x) for x in args.tile.split(",")) if args.tile else None
+    except ValueError:
+        p.error(f"--tile {args.tile!r}: three integers W,H,R")
     out = np.empty((args.n, args.n))
     out.fill(0)  # pages touched once, outside every timing
     try:
@@ -70,7 +74,7 @@ def main(argv=None) -> int:
             where = "+".join(r["decoded_on_device"]) or "-"
             print(f"{args.label}{r['layout']:11s} {runs}  tile {r['tile']}  decoded on the "
                   f"device: {where}  error {r['error']:.1e}", flush=True)
-    except BenchError as e:
+    except (BenchError, OOCGemmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

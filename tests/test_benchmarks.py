@@ -240,6 +240,13 @@ def test_zarr_inputs_runs_each_layout_and_checks_it(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == ["v3", "v3-sharded"]
     assert all(float(line.rsplit("error", 1)[1]) < 1e-12 for line in lines)
     assert all("decoded on the device: -" in line for line in lines)
+    # a tile that is not one: an error, no traceback
+    assert zarr_inputs.main(["--n", "1024", "--chunk", "512", "--workdir", str(tmp_path),
+                             "--repeat", "1", "--device", "cpu", "--tile", "1,2"]) == 2
+    assert "tile" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        zarr_inputs.main(["--workdir", str(tmp_path), "--tile", "a,b,c"])
+    assert exit_.value.code == 2
 
 
 def test_small_products_against_numpy_on_the_cpu(tmp_path):
