@@ -173,17 +173,23 @@ def out_options(codec: str | None) -> dict | None:
 #: encoders, whole chunks.
 ENCODERS = {"gpu": "1", "last": "last", "frames": "frames"}
 
+#: ``--out-codecs`` ending: the inputs decoded on the GPU (``OOCGEMM_GPU_DECODE=1``).
+GPU_INPUTS = "+gpuin"
 
-def split_codec(codec: str | None) -> tuple[str | None, str | None]:
-    """'zstd@last' -> ('zstd', 'last'): the codec and the ``OOCGEMM_GPU_ENCODE`` it runs with
-    (None: unset)."""
+
+def split_codec(codec: str | None) -> tuple[str | None, dict]:
+    """'zstd@last+gpuin' -> ('zstd', {'OOCGEMM_GPU_ENCODE': 'last', 'OOCGEMM_GPU_DECODE':
+    '1'}): the codec and the environment it runs with (what is not named stays unset)."""
+    env = {}
+    if codec is not None and codec.endswith(GPU_INPUTS):
+        codec, env["OOCGEMM_GPU_DECODE"] = codec[:-len(GPU_INPUTS)], "1"
     if codec is None or "@" not in codec:
-        return codec, None
+        return codec, env
     codec, _, suffix = codec.partition("@")
     if suffix not in ENCODERS:
         raise BenchError(f"unknown encoder @{suffix}: expected one of "
                          f"{', '.join('@' + e for e in ENCODERS)}")
-    return codec, ENCODERS[suffix]
+    return codec, {"OOCGEMM_GPU_ENCODE": ENCODERS[suffix], **env}
 
 
 def stored_bytes(path: str) -> int:
@@ -198,9 +204,9 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
     shutil.rmtree(c, ignore_errors=True)  # a new output, as a user's run writes: replacing
     os.sync()  # one deletes the old after the rename, which is not the product's time
     how = drop_caches(store_files(a, b)) if cold else ""
-    codec, mode = split_codec(codec)
-    if mode is not None:
-        os.environ["OOCGEMM_GPU_ENCODE"] = mode
+    codec, env = split_codec(codec)
+    kept = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     start, times = time.perf_counter(), os.times()
     try:
         r = oocgemm.multiply(
@@ -208,8 +214,11 @@ def run_oocgemm(a: str, b: str, c: str, memory_limit: str, device: str, cold: bo
             out_options=out_options(codec),
         )
     finally:
-        if mode is not None:
-            del os.environ["OOCGEMM_GPU_ENCODE"]
+        for name, value in kept.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     wall, after = time.perf_counter() - start, os.times()
     return {
         "cold": how,
@@ -301,7 +310,8 @@ def main(argv=None) -> int:
                              "oocgemm with, each into 4096² chunks; a suffix says who "
                              "compresses C (OOCGEMM_GPU_ENCODE): @gpu the GPU (=1), @last "
                              "the GPU most of the last block, @frames the host a stripe at "
-                             "a time; default: oocgemm's default output only")
+                             "a time; ending +gpuin: the inputs decoded on the GPU "
+                             "(OOCGEMM_GPU_DECODE=1); default: oocgemm's default output only")
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")
     argv = list(sys.argv[1:] if argv is None else argv)

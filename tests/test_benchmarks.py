@@ -304,15 +304,20 @@ def test_planning_times_both_searches_and_they_agree(monkeypatch):
 
 
 def test_zarr_product_output_encoders():
-    """--out-codecs 'zstd@last': the codec, and who compresses C (OOCGEMM_GPU_ENCODE)."""
+    """--out-codecs 'zstd@last+gpuin': the codec, who compresses C (OOCGEMM_GPU_ENCODE) and
+    who decodes the inputs (OOCGEMM_GPU_DECODE)."""
     from benchmarks.common import BenchError
     from benchmarks.zarr_product import split_codec
     from oocgemm.runtime.cuda_executor import GPU_ENCODE_MODES
 
-    assert split_codec("zstd") == ("zstd", None) and split_codec(None) == (None, None)
+    assert split_codec("zstd") == ("zstd", {}) and split_codec(None) == (None, {})
     modes = {suffix: split_codec(f"zstd@{suffix}") for suffix in ("gpu", "last", "frames")}
-    assert modes == {"gpu": ("zstd", "1"), "last": ("zstd", "last"),
-                     "frames": ("zstd", "frames")}
-    assert {mode for _, mode in modes.values()} <= set(GPU_ENCODE_MODES)
+    assert modes == {"gpu": ("zstd", {"OOCGEMM_GPU_ENCODE": "1"}),
+                     "last": ("zstd", {"OOCGEMM_GPU_ENCODE": "last"}),
+                     "frames": ("zstd", {"OOCGEMM_GPU_ENCODE": "frames"})}
+    assert {env["OOCGEMM_GPU_ENCODE"] for _, env in modes.values()} <= set(GPU_ENCODE_MODES)
+    assert split_codec("none+gpuin") == ("none", {"OOCGEMM_GPU_DECODE": "1"})
+    assert split_codec("zstd@frames+gpuin") == (
+        "zstd", {"OOCGEMM_GPU_ENCODE": "frames", "OOCGEMM_GPU_DECODE": "1"})
     with pytest.raises(BenchError, match="@gpu, @last, @frames"):
         split_codec("zstd@cpu")

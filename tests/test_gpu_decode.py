@@ -1,11 +1,12 @@
-"""Panels decoded on the device (``Plan.gpu_decode``), replayed by the CPU executor: each
-stored object a load covers (a chunk file of one zstd frame, or a shard of many) is read as
-stored into a ring buffer, uploaded into its cell of a Z slot, and one DECODE per panel puts
-every frame in place. The schedule passes its checker (which fails on a tampered one), the
-counts agree with the built list, the product equals numpy's over ragged shapes, transposed
-operands, shards with their index at either end and chunks never written; plans whose panels
-cut the objects, or operands that are not zstd frames, are refused; a damaged object or one
-larger than its cell is an InputError naming it."""
+"""Panels decoded on the device (``Plan.gpu_decode``), replayed by the CPU executor: each stored
+object a load covers (a chunk file of one zstd frame, or a shard of many) is read as stored
+into a ring buffer, uploaded into its cell of a Z slot, and one DECODE per panel puts every
+frame in place (a K step's A and B DECODEs as one batch on the GPU). The schedule passes its
+checker (which fails on a tampered one), the counts agree with the built list, the product
+equals numpy's over ragged shapes, transposed operands, shards with their index at either end
+and chunks never written; plans whose panels cut the objects, or operands that are not zstd
+frames, are refused; a damaged object or one larger than its cell is an InputError naming
+it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import oocgemm
 from oocgemm.cuda.decode import panel_batch
 from oocgemm.errors import InputError, OptionError
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
+from oocgemm.planning.schedule import Op, decode_batches
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.frames import zstd_pieces
 from oocgemm.storage.memory import NumpySink
@@ -311,41 +313,56 @@ def test_multiply_decodes_on_the_gpu_when_asked(rng, workdir, monkeypatch):
 
 
 # -- the GPU's batches and copies, replayed on the host ---------------------------------------
-def replay_batch(plan, op, cells, z, fill, itemsize=8):
-    """DECODE ``op`` as the GPU does it (:func:`oocgemm.cuda.decode.panel_batch`), with
-    numcodecs for nvCOMP and numpy for the 2D copies, each checked as CUDA checks them
-    (widths within both pitches, every byte inside its buffer): the panel."""
-    batch, copies, what = panel_batch(plan, op, cells)
+def replay_batch(plan, ops, cells, slots, fill, itemsize=8) -> dict:
+    """DECODEs ``ops`` (a batch) as the GPU does them (:func:`oocgemm.cuda.decode.panel_batch`),
+    with numcodecs for nvCOMP and numpy for the 2D copies, each checked as CUDA checks them
+    (widths within both pitches, every byte inside its buffer): panel slot -> panel."""
+    batch, copies, what = panel_batch(plan, ops, cells)
     assert len(what) == len(batch)
     scratch = np.zeros(plan.decode_scratch, dtype=np.uint8)
-    for at, nbytes, content, out in batch:
-        data = numcodecs.Zstd().decode(z[at:at + nbytes].tobytes())
-        assert len(data) == content and out + content <= scratch.size
-        scratch[out:out + content] = np.frombuffer(data, np.uint8)
-    x = plan.problem_operand(op.operand)
-    sources = {"scratch": scratch.view(np.float64),
-               "fill": np.full(x.chunks, fill).ravel()}
-    (r0, r1), (c0, c1) = op.region
-    panel = np.full((r1 - r0) * (c1 - c0), np.nan)
+    for piece in batch:
+        z = slots[piece.z]
+        data = numcodecs.Zstd().decode(z[piece.at:piece.at + piece.nbytes].tobytes())
+        assert len(data) == piece.content and piece.out + piece.content <= scratch.size
+        scratch[piece.out:piece.out + piece.content] = np.frombuffer(data, np.uint8)
+    panels, fills = {}, {}
+    for op in ops:
+        x = plan.problem_operand(op.operand)
+        fills[op.dst] = np.full(x.chunks, fill).ravel()
+        (r0, r1), (c0, c1) = op.region
+        panels[op.dst] = np.full((r1 - r0) * (c1 - c0), np.nan)
     for c in copies:
-        src = sources[c.source]
+        src = scratch.view(np.float64) if c.source == "scratch" else fills[c.slot]
+        panel = panels[c.slot]
         assert c.width <= c.src_pitch and c.width <= c.dst_pitch
         assert c.src + (c.height - 1) * c.src_pitch + c.width <= src.size
         assert c.dst + (c.height - 1) * c.dst_pitch + c.width <= panel.size
         for row in range(c.height):
             panel[c.dst + row * c.dst_pitch:c.dst + row * c.dst_pitch + c.width] = \
                 src[c.src + row * c.src_pitch:c.src + row * c.src_pitch + c.width]
-    return panel.reshape(r1 - r0, c1 - c0)
+    return panels
 
 
-def replay_decodes(plan, arrays, fill=7.0) -> int:
-    """Every DECODE of ``arrays``' operands ('A', 'B': Zarr arrays) as the GPU runs it
-    (:func:`replay_batch`), its objects read and uploaded as the schedule says, checked
-    against zarr's read of its panel; how many there were."""
+def replay_decodes(plan, arrays, fill=7.0) -> list[int]:
+    """Every DECODE of ``arrays``' operands ('A', 'B': Zarr arrays) as the GPU runs it, in
+    the schedule's batches (:func:`replay_batch`, at the batch's last DECODE), its objects
+    read and uploaded as the schedule says, each panel checked against zarr's read of it;
+    the size of each batch."""
     sources = {name: ZarrSource(z, name.lower()) for name, z in arrays.items()}
+    ops = plan.schedule.ops
+    last = {b[-1]: b for b in decode_batches(ops)}
     stages, cells, slots = {}, {}, {}
-    decodes = 0
-    for op in plan.schedule.ops:
+    sizes = []
+    for op in ops:
+        if op.kind is OpKind.DECODE and op.index in last:
+            batch = [ops[i] for i in last[op.index] if ops[i].operand in arrays]
+            panels = replay_batch(plan, batch, cells, slots, fill)
+            for member in batch:
+                (r0, r1), (c0, c1) = member.region
+                np.testing.assert_array_equal(
+                    panels[member.dst].reshape(r1 - r0, c1 - c0),
+                    arrays[member.operand][r0:r1, c0:c1], err_msg=f"{member}")
+            sizes.append(len(batch))
         if op.operand not in arrays:
             continue
         source = sources[op.operand]
@@ -358,12 +375,7 @@ def replay_decodes(plan, arrays, fill=7.0) -> int:
             z = slots.setdefault(op.dst, np.zeros(plan.schedule.slots[op.dst] * 8, np.uint8))
             z[op.offset * 8:op.offset * 8 + size] = into[:size]
             cells[(op.dst, op.offset)] = (index, size, frames)
-        elif op.kind is OpKind.DECODE:
-            (r0, r1), (c0, c1) = op.region
-            np.testing.assert_array_equal(replay_batch(plan, op, cells, slots[op.src[0]], fill),
-                                          arrays[op.operand][r0:r1, c0:c1], err_msg=f"{op}")
-            decodes += 1
-    return decodes
+    return sizes
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -372,8 +384,41 @@ def test_the_gpus_batches_and_copies_replayed_on_the_host(rng, workdir, layout, 
     """Every panel's DECODE as the GPU runs it equals zarr's read of the panel: rows of A
     never written (whole objects, and inner chunks, of the fill value), ragged edges."""
     _, _, za, zb, plan = ragged(rng, layout, trans)
-    decodes = replay_decodes(plan, {"A": za, "B": zb})
-    assert decodes == plan.counts.ops[OpKind.DECODE] > 0
+    sizes = replay_decodes(plan, {"A": za, "B": zb})
+    assert sum(sizes) == plan.counts.ops[OpKind.DECODE] > 0
+    assert max(sizes) == 2  # a K step's A and B panels decoded as one batch
+
+
+def _op(index, kind, operand, deps=()):
+    return Op(index, kind, operand, (0, 0), (), "x", tuple(deps), ((0, 1), (0, 1)))
+
+
+def test_decode_batches_pair_panels_that_do_not_wait_for_each_other():
+    D, U, G = OpKind.DECODE, OpKind.UPLOAD, OpKind.GEMM
+    ops = [_op(0, D, "A"), _op(1, U, "B"), _op(2, D, "B", [1]),  # a K step: one batch
+           _op(3, G, "C", [0, 2]), _op(4, D, "A", [3]),
+           _op(5, G, "C", [4]), _op(6, U, "B", [5]), _op(7, D, "B", [6]),  # waits for 4
+           _op(8, D, "A"),  # B then A: one batch
+           _op(9, D, "A"),  # the same operand again: a batch of its own
+           _op(10, D, "B", [9])]  # waits for 9 itself
+    assert decode_batches(ops) == [(0, 2), (4,), (7, 8), (9,), (10,)]
+
+
+def test_a_batchs_decodes_never_wait_for_each_other(rng, workdir):
+    """In a real schedule (every op's ancestors worked out the long way), no DECODE of a
+    batch waits for an earlier one of it, and the K steps' A and B panels pair up."""
+    _, _, _, _, plan = ragged(rng, "v3-sharded", False)
+    ops = plan.schedule.ops
+    ancestors: list[set] = []
+    for op in ops:
+        ancestors.append(set(op.deps).union(*(ancestors[d] for d in op.deps)))
+    batches = decode_batches(ops)
+    assert sorted(i for b in batches for i in b) == [
+        op.index for op in ops if op.kind is OpKind.DECODE]
+    for batch in batches:
+        assert len({ops[i].operand for i in batch}) == len(batch)
+        assert not any(ancestors[i] & set(batch) for i in batch)
+    assert sum(len(b) == 2 for b in batches) >= len(batches) // 2
 
 
 def test_chunks_of_several_frames_go_as_several_pieces(rng, workdir):
@@ -404,4 +449,4 @@ def test_chunks_of_several_frames_go_as_several_pieces(rng, workdir):
     out = poisoned((32, 24))
     run(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
-    assert replay_decodes(plan, {"A": za}) == 2
+    assert sum(replay_decodes(plan, {"A": za})) == 2

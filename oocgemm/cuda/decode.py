@@ -4,13 +4,15 @@
 A DECODE finds the stored objects of its panel in their cells of a Z slot (uploaded as read,
 each with its frames: :meth:`ZarrSource.read_object
 <oocgemm.storage.zarr_store.ZarrSource.read_object>`), decodes every zstd frame of them in one
-nvCOMP batch into a scratch buffer, and copies each decoded frame into its place in the panel
-slot (clipped at the array's edges; frames never written take the fill value). All of it is
-enqueued on the decode stream: nvCOMP's C API takes the batch's tables in device memory (a
-few kilobytes, copied up from a pinned table on the same stream) and writes each frame's
-status there; the statuses come down behind the batch and are looked at when the table is
-used again and at the end of the run (:meth:`PanelDecoder.finish`), where a frame nvCOMP
-refused is an InputError naming its chunk.
+nvCOMP batch into a scratch buffer, with those of the other operand's panel of the same K step
+(:func:`~oocgemm.planning.schedule.decode_batches`: nvCOMP decodes a frame on one thread
+block, so a batch of few frames leaves most of the GPU idle), and copies each decoded frame
+into its place in the panel slot (clipped at the array's edges; frames never written take the
+fill value). All of it is enqueued on the decode stream: nvCOMP's C API takes the batch's
+tables in device memory (a few kilobytes, copied up from a pinned table on the same stream)
+and writes each frame's status there; the statuses come down behind the batch and are looked
+at when the table is used again and at the end of the run (:meth:`PanelDecoder.finish`), where
+a frame nvCOMP refused is an InputError naming its chunk.
 
 Measured before it was built (docs/performance.md, GPU decoding as a design): the route is
 0.23-0.34x the host decoders' time on shards of small chunks and 0.58x on 4096² chunks where
@@ -64,8 +66,9 @@ class _Table:
 class Copy(NamedTuple):
     """A 2D copy into a panel slot (elements): ``height`` rows of ``width``, from ``src`` in
     the scratch buffer or in a buffer of the fill value (``source``), rows ``src_pitch``
-    apart, to ``dst``, rows ``dst_pitch`` apart."""
+    apart, to ``dst`` in panel slot ``slot``, rows ``dst_pitch`` apart."""
 
+    slot: str
     dst: int
     dst_pitch: int
     source: str
@@ -77,37 +80,52 @@ class Copy(NamedTuple):
     height: int
 
 
-def panel_batch(plan, op, cells: dict):
-    """What DECODE ``op`` does, as data: ``(batch, copies, what)``. ``batch``: nvCOMP's
-    frames, each ``(bytes into the Z slot, compressed bytes, decoded bytes, bytes into the
-    scratch buffer)`` (a chunk stored as several zstd frames gives several, one after the
-    other in its frame's place); ``copies``: the :class:`Copy` of each frame into its place
-    in the panel (clipped at the array's edges; what was never written, a frame or a whole
-    object, from the fill buffer); ``what``: the (operand, chunk) of each of ``batch``.
-    ``cells``: (Z slot, offset) -> (chunk, size, frames) of the objects uploaded."""
+class Piece(NamedTuple):
+    """A zstd frame of nvCOMP's batch: ``nbytes`` compressed at ``at`` bytes into Z slot
+    ``z``, ``content`` bytes decoded at ``out`` bytes into the scratch buffer."""
+
+    z: str
+    at: int
+    nbytes: int
+    content: int
+    out: int
+
+
+def panel_batch(plan, ops, cells: dict):
+    """What the DECODEs ``ops`` (a batch of :func:`~oocgemm.planning.schedule.decode_batches`)
+    do, as data: ``(batch, copies, what)``. ``batch``: nvCOMP's frames (:class:`Piece`; a
+    chunk stored as several zstd frames gives several, one after the other in its frame's
+    place), decoded one after the other into the scratch buffer; ``copies``: the
+    :class:`Copy` of each frame into its place in its panel (clipped at the array's edges;
+    what was never written, a frame or a whole object, from the fill buffer); ``what``: the
+    (operand, chunk) of each of ``batch``. ``cells``: (Z slot, offset) -> (chunk, size,
+    frames) of the objects uploaded."""
     s = plan.problem.itemsize
-    x = plan.problem_operand(op.operand)
-    shape = x.zstd_frames
-    frame_bytes = math.prod(shape) * s
-    (r0, _), (c0, c1) = op.region
-    cols = c1 - c0
     batch, copies, what = [], [], []
-    decoded = 0  # frames decoded into the scratch buffer so far
-    for index, ((o0, _), (p0, _)), offset in object_cells(plan, op.operand, op.region):
-        got, _, frames = cells[(op.src[0], offset)]
-        assert got == index, (got, index)
-        for frame in frames:
-            at = (o0 - r0 + frame.rows[0]) * cols + p0 - c0 + frame.cols[0]
-            width, height = frame.cols[1] - frame.cols[0], frame.rows[1] - frame.rows[0]
-            if frame.nbytes == 0:  # never written: the fill value
-                copies.append(Copy(at, cols, "fill", 0, x.chunks[1], width, height))
-                continue
-            out = decoded * frame_bytes
-            decoded += 1
-            for at_piece, nbytes, start, content in frame.pieces:  # (checked on the host)
-                batch.append((offset * s + at_piece, nbytes, content, out + start))
-                what.append((op.operand, index))
-            copies.append(Copy(at, cols, "scratch", out // s, shape[1], width, height))
+    used = 0  # bytes of the scratch buffer the batch's frames take so far
+    for op in ops:
+        x = plan.problem_operand(op.operand)
+        shape = x.zstd_frames
+        frame_bytes = math.prod(shape) * s
+        (r0, _), (c0, c1) = op.region
+        cols = c1 - c0
+        z = op.src[0]
+        for index, ((o0, _), (p0, _)), offset in object_cells(plan, op.operand, op.region):
+            got, _, frames = cells[(z, offset)]
+            assert got == index, (got, index)
+            for frame in frames:
+                at = (o0 - r0 + frame.rows[0]) * cols + p0 - c0 + frame.cols[0]
+                width, height = frame.cols[1] - frame.cols[0], frame.rows[1] - frame.rows[0]
+                if frame.nbytes == 0:  # never written: the fill value
+                    copies.append(Copy(op.dst, at, cols, "fill", 0, x.chunks[1], width,
+                                       height))
+                    continue
+                out, used = used, used + frame_bytes
+                for at_piece, nbytes, start, content in frame.pieces:  # (checked on the host)
+                    batch.append(Piece(z, offset * s + at_piece, nbytes, content, out + start))
+                    what.append((op.operand, index))
+                copies.append(Copy(op.dst, at, cols, "scratch", out // s, shape[1], width,
+                                   height))
     return batch, copies, what
 
 
@@ -124,11 +142,10 @@ class PanelDecoder:
                              "nvidia-libnvcomp-cu12 or -cu13, matching CuPy's CUDA)")
         self.plan, self.names, self.fills = plan, names, fills
         self.itemsize = plan.problem.itemsize
-        frames, frame_bytes = 1, 1
-        for name in plan.gpu_decode:
-            frames = max(frames, plan.panel_frames(name))
-            x = plan.problem_operand(name)
-            frame_bytes = max(frame_bytes, math.prod(x.zstd_frames) * self.itemsize)
+        # a batch: a panel of each operand at most
+        frames = max(1, sum(plan.panel_frames(name) for name in plan.gpu_decode))
+        frame_bytes = max(math.prod(plan.problem_operand(name).zstd_frames) * self.itemsize
+                          for name in plan.gpu_decode)
         self.frames, self.frame_bytes = frames, frame_bytes
         self.scratch = cupy.empty(max(plan.decode_scratch, 1), dtype=np.uint8)
         temp = ctypes.c_size_t()
@@ -140,19 +157,18 @@ class PanelDecoder:
         self.temp = cupy.empty(max(temp.value, 1), dtype=np.uint8)
         self.tables = [_Table(frames) for _ in range(TABLES)]
         self.turn = 0
-        self._filled: dict = {}  # (operand, frame shape) -> a device frame of the fill value
+        self._filled: dict = {}  # operand -> a device object of its fill value
 
-    def decode(self, op, z_ptr: int, slot_ptr: int, cells: dict, stream) -> None:
-        """Enqueue DECODE ``op`` on ``stream``: the objects in their cells of the Z slot at
-        ``z_ptr`` (``cells``: (Z slot, offset) -> (chunk, size, frames)), decoded into the
-        panel slot at ``slot_ptr`` as :func:`panel_batch` says."""
+    def decode(self, ops, pointer, cells: dict, stream) -> None:
+        """Enqueue the DECODEs ``ops`` (a batch: :func:`panel_batch`) on ``stream``, as one
+        nvCOMP batch and the copies of its frames into their panel slots. ``pointer``: a
+        slot's device address; ``cells``: (Z slot, offset) -> (chunk, size, frames)."""
         from cupy.cuda import runtime
 
-        x = self.plan.problem_operand(op.operand)
         table = self._table()
-        batch, copies, what = panel_batch(self.plan, op, cells)
+        batch, copies, what = panel_batch(self.plan, ops, cells)
         base = self.scratch.data.ptr
-        pieces = [(z_ptr + at, nbytes, content, base + out) for at, nbytes, content, out in batch]
+        pieces = [(pointer(p.z) + p.at, p.nbytes, p.content, base + p.out) for p in batch]
         n = len(pieces)
         table = self._fit(table, n, stream)
         table.what = what
@@ -177,27 +193,27 @@ class PanelDecoder:
             runtime.memcpyAsync(table.back_sizes.ctypes.data, table.sizes.data.ptr, 8 * n,
                                 _D2H, ptr)
         s = self.itemsize
-        fill = self._fill_frame(op.operand, x.chunks, stream) if any(
-            c.source == "fill" for c in copies) else 0
+        operands = {op.dst: op.operand for op in ops}
         for c in copies:
-            src = (base if c.source == "scratch" else fill) + c.src * s
-            runtime.memcpy2DAsync(slot_ptr + c.dst * s, c.dst_pitch * s, src, c.src_pitch * s,
-                                  c.width * s, c.height, _D2D, ptr)
+            src = (base if c.source == "scratch" else self._fill_frame(operands[c.slot], stream))
+            src += c.src * s
+            runtime.memcpy2DAsync(pointer(c.slot) + c.dst * s, c.dst_pitch * s, src,
+                                  c.src_pitch * s, c.width * s, c.height, _D2D, ptr)
         table.count = n
         table.event = stream.record()
 
-    def _fill_frame(self, operand: str, shape, stream) -> int:
-        """A device buffer of ``shape`` (a stored object's: the largest region a frame of the
+    def _fill_frame(self, operand: str, stream) -> int:
+        """A device buffer of a stored object's shape (the largest region a frame of the
         fill value covers) holding ``operand``'s fill value, made on ``stream`` the first
         time."""
         import cupy
 
-        key = (operand, tuple(shape))
-        if key not in self._filled:
+        if operand not in self._filled:
             with stream:
-                self._filled[key] = cupy.full(shape, self.fills[operand],
-                                              dtype=self.plan.problem.dtype)
-        return self._filled[key].data.ptr
+                self._filled[operand] = cupy.full(self.plan.problem_operand(operand).chunks,
+                                                  self.fills[operand],
+                                                  dtype=self.plan.problem.dtype)
+        return self._filled[operand].data.ptr
 
     def _fit(self, table: _Table, n: int, stream) -> _Table:
         """``table``, or one made larger for a batch of ``n`` zstd frames (chunks stored as

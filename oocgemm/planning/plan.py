@@ -240,11 +240,12 @@ class Plan:
 
     @property
     def decode_scratch(self) -> int:
-        """Bytes a device decodes a panel's frames into before it places them (whole frames,
-        an edge's too, of the largest panel decoded on the device; one, used by the DECODEs
-        in turn)."""
-        return max((self.panel_frames(x) * math.prod(self.problem_operand(x).zstd_frames)
-                    * self.problem.itemsize for x in self.gpu_decode), default=0)
+        """Bytes a device decodes a batch's frames into before it places them (whole frames,
+        an edge's too, of the largest panel of each operand decoded on the device: a K step's
+        A and B panels decode as one batch, :func:`~oocgemm.planning.schedule.decode_batches`;
+        one, used by the batches in turn)."""
+        return sum(self.panel_frames(x) * math.prod(self.problem_operand(x).zstd_frames)
+                   * self.problem.itemsize for x in self.gpu_decode)
 
     @property
     def host_bytes(self) -> int:

@@ -847,6 +847,33 @@ def object_cells(plan, operand: str, region) -> list[tuple[tuple[int, int], tupl
             for k, index in enumerate(chunks_of(region, x.chunks))]
 
 
+def decode_batches(ops) -> list[tuple[int, ...]]:
+    """The DECODEs of ``ops`` (a schedule's operations) in the batches a device may run each
+    as one (indices): consecutive DECODEs of the decode lane, a panel of each operand at most,
+    none waiting for an earlier one of its batch, directly or through the operations between
+    them. So a K step's A and B panels decode together: a GPU decodes a zstd frame on one
+    thread block, and chunks of one large frame give a panel few frames. Linear: the
+    operations after a batch opened are looked at once."""
+    batches: list[tuple[int, ...]] = []
+    members: list[Op] = []
+    after: set[int] = set()  # operations since the batch opened that wait for a member
+    for op in ops:
+        if op.kind is OpKind.DECODE:
+            if members and all(m.operand != op.operand for m in members) \
+                    and after.isdisjoint(op.deps):
+                members.append(op)
+            else:
+                if members:
+                    batches.append(tuple(m.index for m in members))
+                members, after = [op], set()
+            after.add(op.index)
+        elif members and not after.isdisjoint(op.deps):
+            after.add(op.index)
+    if members:
+        batches.append(tuple(m.index for m in members))
+    return batches
+
+
 def stripe_rows(rows: int, cols: int, ring: int, min_stripes: int) -> int:
     """Rows of each stripe in which a staged region of ``rows`` x ``cols`` moves through the
     ring (the last one may have fewer): as many as fit one ring buffer of ``ring`` elements,

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from ..diagnostics.events import EventLog
 from ..errors import OptionError
-from ..planning.schedule import OpKind, ordered_lane
+from ..planning.schedule import OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
 from ..strategies import strategy_of
 from .base import (
@@ -375,9 +375,10 @@ class CudaExecutor(Executor):
             ahead[nxt.index] = (start, bands)
 
     # -- device lanes -------------------------------------------------------------------------
-    def _enqueue(self, gpu, op, waits=()) -> None:
+    def _enqueue(self, gpu, op, waits=(), batch=None) -> None:
         """Enqueue ``op`` on its stream (``waits``: the events of what it waits for on other
-        streams, which an emulated GEMM's panel conversion waits for too)."""
+        streams, which an emulated GEMM's panel conversion waits for too; ``batch``: the
+        DECODEs decoded with DECODE ``op`` as one, it first)."""
         stream = _stream_of(op)
         trans = self.schedule.transposed
         if op.kind is OpKind.UPLOAD and op.operand in self.plan.gpu_decode:
@@ -386,8 +387,8 @@ class CudaExecutor(Executor):
             self._moved[op.index] = found[1]
             gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
         elif op.kind is OpKind.DECODE:
-            self._decoder.decode(op, gpu.device_ptr(op.src[0]), gpu.device_ptr(op.dst),
-                                 self._objects, gpu.streams[stream])
+            self._decoder.decode(batch or (op,), gpu.device_ptr, self._objects,
+                                 gpu.streams[stream])
         elif op.kind is OpKind.UPLOAD:
             gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
         elif op.kind is OpKind.DOWNLOAD and self._encoder is not None \
@@ -681,11 +682,19 @@ class CudaExecutor(Executor):
         # need none at all; the schedule names at most one per other stream.)
         waited: dict[str, int] = {}
         waits_across = gpu.launch.waits_across_streams
+        # The decode lane's DECODEs go in batches (decode_batches): a batch is enqueued when
+        # its first comes, after what every one of it waits for; all of them end with it.
+        batches = {b[0]: tuple(ops[i] for i in b)
+                   for b in (decode_batches(ops) if stream == "decode" else ()) if len(b) > 1}
+        later = {op.index for b in batches.values() for op in b[1:]}
         for op in lane_ops:
             if self._cancel.is_set():
                 raise Cancelled()
+            if op.index in later:
+                continue
+            batch = batches.get(op.index, (op,))
             waits = []
-            for d in op.deps:
+            for d in (d for member in batch for d in member.deps):
                 if _on_host(ops[d]):
                     host_futures[d].result()
                     continue
@@ -700,12 +709,13 @@ class CudaExecutor(Executor):
                 # The start event times the operation (the events, progress bars); the end
                 # event is what later operations wait for.
                 start = gpu.event(stream) if timing else None
-                self._enqueue(gpu, op, waits)
+                self._enqueue(gpu, op, waits, batch)
                 end = gpu.event(stream)
             finally:
                 self._nvtx.pop()
-            device_futures[op.index].set_result((start, end))
-            if self.log.record or self._reported(op):
-                timed.put((op, stream, start, end))
-            else:
-                self.log.count(op)
+            for member in batch:
+                device_futures[member.index].set_result((start, end))
+                if self.log.record or self._reported(member):
+                    timed.put((member, stream, start, end))
+                else:
+                    self.log.count(member)
