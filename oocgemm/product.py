@@ -213,43 +213,72 @@ class Product:
             plan = plan_product(*args)
             if key is not None and _one_block(plan):
                 SMALL_PLANS.put(key, plan)
-        if self.device.kind == "cuda" and gpu_decode_wanted():
-            plan = decoded_on_device(plan)
+        mode = gpu_decode_mode()
+        if self.device.kind == "cuda" and (mode == "1" or mode == "auto" and _nvcomp_found()):
+            plan = decoded_on_device(plan, choose=mode == "auto")
         return plan
 
 
 # ------------------------------------------------------------------------------------------
-def gpu_decode_wanted() -> bool:
-    """``OOCGEMM_GPU_DECODE=1``: decode the inputs' zstd frames on the GPU where the plan
-    allows (:func:`decoded_on_device`); '0' or unset: on the host. OptionError for another
-    value."""
-    mode = os.environ.get("OOCGEMM_GPU_DECODE", "0")
-    if mode not in ("0", "1"):
-        raise OptionError(f"OOCGEMM_GPU_DECODE={mode!r}: 0 or 1")
-    return mode == "1"
+def gpu_decode_mode() -> str:
+    """``OOCGEMM_GPU_DECODE``: '1' decodes the inputs' zstd frames on the GPU wherever the
+    plan allows (:func:`decoded_on_device`), '0' on the host; 'auto' (or unset) on the GPU
+    where the plan allows, nvCOMP is found and the cost model predicts it faster. OptionError
+    for another value."""
+    mode = os.environ.get("OOCGEMM_GPU_DECODE", "auto")
+    if mode not in ("0", "1", "auto"):
+        raise OptionError(f"OOCGEMM_GPU_DECODE={mode!r}: 0, 1 or auto")
+    return mode
 
 
-def decoded_on_device(plan: Plan) -> Plan:
+def _nvcomp_found() -> bool:
+    from .cuda import nvcomp
+
+    return nvcomp.library() is not None
+
+
+def decoded_on_device(plan: Plan, choose: bool = False) -> Plan:
     """``plan`` with its operands of zstd frames decoded on the device
     (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
     can. The planner's tile gives way to the nearest on the stored objects' edges that fits
     the budgets (:func:`~oocgemm.planning.finish.on_object_edges`); a tile the user gave
-    does not. Unchanged where none does."""
+    does not. ``choose``: only where the model predicts it faster than ``plan`` (which
+    decodes on the host; :func:`_decodes_faster`). Unchanged where none does."""
     prob = plan.problem
     able = tuple(name for name, x in (("A", prob.a), ("B", prob.b))
                  if x.zstd_frames is not None and x.chunks is not None)
-    if prob.shared or not plan.staged or plan.in_core:
+    if prob.shared or not plan.staged or plan.in_core or not able:
         return plan
+    candidates = []
     for operands in ([able] if len(able) == 2 else []) + [(name,) for name in able]:
         tiles = [plan.tile] if plan.chosen_by == "tile" else on_object_edges(plan, operands)
         for tile in tiles:
             try:
                 trial = plan if tile == plan.tile else finished(dataclasses.replace(
                     plan, tile=tile, chosen_by="planner, on the stored objects' edges"))
-                return with_gpu_decode(trial, operands)
+                candidates.append(with_gpu_decode(trial, operands))
+                break
             except (OptionError, BudgetError):
                 continue
-    return plan
+        if candidates and not choose:
+            break
+    if not choose:
+        return candidates[0] if candidates else plan
+    faster = [trial for trial in candidates if _decodes_faster(trial, plan)]
+    return min(faster, key=lambda p: _warm(p.prediction), default=plan)
+
+
+def _warm(prediction) -> float:
+    """A prediction's total with the inputs' files in the page cache (no storage reads)."""
+    return dataclasses.replace(prediction, storage_read=0.0).total
+
+
+def _decodes_faster(trial: Plan, plan: Plan) -> bool:
+    """Whether ``trial`` (its inputs decoded on the device) is predicted faster than ``plan``
+    with the inputs' files in the page cache, and no slower from a cold disk: the model's
+    storage rate is a cold disk's, under which both may be bound by the same reads."""
+    t, h = trial.prediction, plan.prediction
+    return _warm(t) < _warm(h) and t.total <= h.total
 
 
 def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,

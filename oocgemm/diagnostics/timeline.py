@@ -116,8 +116,8 @@ class Timeline:
     teardown included), seconds; None when not known."""
     predicted: dict = field(default_factory=dict)
     """The plan's prediction: 'seconds' (total), 'bound', and seconds per resource
-    ('compute', 'h2d', 'd2h', 'storage_read', 'storage_write', 'host_copy', 'fill',
-    'drain'); empty when not known."""
+    ('compute', 'h2d', 'd2h', 'storage_read', 'storage_write', 'host_copy', 'decode',
+    'device_decode', 'fill', 'drain'); empty when not known."""
     meta: dict = field(default_factory=dict)
     """The product: 'shape' [m, n, k], 'dtype', 'device', 'tile' [w, h, r], 'operations'
     (planned), and what the run took from 'storage' ({'storage_read', 'decoded'} bytes, as
@@ -474,6 +474,7 @@ def plan_figures(plan) -> tuple[dict, dict]:
     predicted = {"seconds": pred.total, "bound": pred.bound, "compute": pred.compute,
                  "h2d": pred.h2d, "d2h": pred.d2h, "storage_read": pred.storage_read,
                  "storage_write": pred.storage_write, "host_copy": pred.host_copy,
+                 "decode": pred.decode, "device_decode": pred.device_decode,
                  "fill": pred.fill, "drain": pred.drain}
     prob = plan.problem
     meta = {"shape": [prob.m, prob.n, prob.k], "dtype": prob.dtype, "device": plan.device,

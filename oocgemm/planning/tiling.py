@@ -78,6 +78,8 @@ class Prediction:
     overhead: float
     decode: float = 0.0
     """Decoding chunks of compressed storage (the decoder threads together)."""
+    device_decode: float = 0.0
+    """Decoding the panels of operands decoded on the device (its decode stream)."""
 
     @property
     def bound(self) -> str:
@@ -87,6 +89,7 @@ class Prediction:
     def _resources(self) -> dict[str, float]:
         return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
                 "storage_read": self.storage_read, "decode": self.decode,
+                "device_decode": self.device_decode,
                 "storage_write": self.storage_write, "host_copy": self.host_copy}
 
     @property
@@ -189,8 +192,8 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
-            kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False
-            ) -> Prediction:
+            kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False,
+            gpu_decode: tuple[str, ...] = ()) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
@@ -200,14 +203,16 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     compute time where it differs from the dtype's GEMM (``kernel='ozaki[:N]'`` on a GPU:
     :meth:`oocgemm.strategies.Ozaki.seconds`). ``symmetric``: a Gram product computed as
     one (the blocks on and above the diagonal, half of each diagonal block). ``in_core``:
-    the in-core shape, whose first GEMM waits for all of B and A's first stripe."""
+    the in-core shape, whose first GEMM waits for all of B and A's first stripe.
+    ``gpu_decode``: the operands whose panels the device decodes, each load all of its
+    frames (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
     complex_ = prob.dtype.startswith("complex")
     busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
-                 symmetric=symmetric, decodes=decodes, cache=cache)
+                 symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode)
     fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
                          split_last=split_last, in_core=in_core)
     # The last block's C leaves after its last panels: with `tail` panels run stripe by
@@ -235,10 +240,12 @@ def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
 
 def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
           model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool,
-          decodes: dict | None = None, cache: tuple[str, ...] = ()) -> dict[str, Any]:
+          decodes: dict | None = None, cache: tuple[str, ...] = (),
+          gpu_decode: tuple[str, ...] = ()) -> dict[str, Any]:
     """Each resource's busy seconds over the run of the tiling ``tile`` (clipped) of
-    ``grid`` blocks and panels: :class:`Prediction`'s ``compute``, ``decode``, ``h2d``,
-    ``d2h``, ``storage_read``, ``storage_write`` and ``host_copy``."""
+    ``grid`` blocks and panels: :class:`Prediction`'s ``compute``, ``decode``,
+    ``device_decode``, ``h2d``, ``d2h``, ``storage_read``, ``storage_write`` and
+    ``host_copy``."""
     m, n, s = prob.m, prob.n, prob.itemsize
     w, h, _ = tile
     c_bytes = m * n * s
@@ -254,14 +261,15 @@ def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
     decode = 0.0
     if model.decode:
         decode = _decode_seconds(prob, model, (a_loads, b_loads, c_in), (amp_a, amp_b),
-                                 decodes, cache)
+                                 decodes, cache, gpu_decode)
         if model.decode_on_compute_cores:  # the cores that decode are the cores that compute
             compute += decode
+    device_decode = _device_decode_seconds(prob, model, grid, (a_loads, b_loads), gpu_decode)
     out_disk, out_in_place = _output_kind(prob, staged)
     storage_read, storage_write, host_copy = _storage_and_copies(
         prob, model, (a_loads * amp_a, b_loads * amp_b, c_in), (amp_a, amp_b), cache,
         staged=staged, out_disk=out_disk, out_in_place=out_in_place)
-    return {"compute": compute, "decode": decode,
+    return {"compute": compute, "decode": decode, "device_decode": device_decode,
             "h2d": (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0,
             "d2h": c_bytes / model.d2h if model.d2h else 0.0,
             "storage_read": storage_read, "storage_write": storage_write,
@@ -320,15 +328,16 @@ def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[in
 
 def _decode_seconds(prob: Problem, model: DeviceModel, loads: tuple[float, float, float],
                     amps: tuple[float, float], decodes: dict | None,
-                    cache: tuple[str, ...]) -> float:
-    """Seconds of chunk decoding: the plan's reports where known, a kept operand's chunks
-    once, else what the loads touch."""
+                    cache: tuple[str, ...], gpu_decode: tuple[str, ...] = ()) -> float:
+    """Seconds of chunk decoding on the host: the plan's reports where known, a kept
+    operand's chunks once, else what the loads touch (none of an operand the device
+    decodes)."""
     s = prob.itemsize
     decode = 0.0
     for name, operand, nbytes, amp in (("A", prob.a, loads[0], amps[0]),
                                        ("B", prob.b, loads[1], amps[1]),
                                        ("C", prob.c, loads[2], 1.0)):
-        if operand is None or not operand.decoded or not nbytes:
+        if operand is None or not operand.decoded or not nbytes or name in gpu_decode:
             continue
         if name == "B" and prob.shared and ("A" in (decodes or {}) or "A" in cache):
             continue  # one matrix: A's report (or A kept) counts its decodes in both roles
@@ -341,6 +350,25 @@ def _decode_seconds(prob: Problem, model: DeviceModel, loads: tuple[float, float
             decoded = nbytes * amp
         decode += decoded / model.decode
     return decode
+
+
+def _device_decode_seconds(prob: Problem, model: DeviceModel, grid: tuple[int, int, int],
+                           loads: tuple[float, float], gpu_decode: tuple[str, ...]) -> float:
+    """Seconds of the device's decoding (:attr:`Plan.gpu_decode
+    <oocgemm.planning.plan.Plan.gpu_decode>`): every load decodes its panel, a K step's
+    panels in one batch (:func:`~oocgemm.planning.schedule.decode_batches`), which takes its
+    largest frame at the rate of one frame (a thread block) and all of it at the device's
+    rate."""
+    if not gpu_decode or not model.device_decode:
+        return 0.0
+    s = prob.itemsize
+    nbytes, frame = 0.0, 0
+    for name, operand, loaded in (("A", prob.a, loads[0]), ("B", prob.b, loads[1])):
+        if name in gpu_decode and operand is not None and operand.zstd_frames is not None:
+            nbytes += loaded
+            frame = max(frame, math.prod(operand.zstd_frames) * s)
+    p, q, nk = grid
+    return nbytes / model.device_decode + p * q * nk * frame / model.device_decode_frame
 
 
 def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, float, float],
