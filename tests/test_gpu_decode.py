@@ -103,33 +103,6 @@ def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
     assert 0 < moved < sum(op.nbytes for op in ops if op.kind is OpKind.READ) * 1.1
 
 
-@pytest.mark.parametrize("layout", ["v3", "v3-sharded"])
-def test_objects_loaded_again_are_read_from_storage_once(rng, workdir, layout):
-    """B's panels are loaded for each block row: its stored objects stay in host memory as
-    read (Plan.cache), each read from storage once; without the room for them, once a
-    load."""
-    a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
-    za, zb = store("a.zarr", a, layout), store("b.zarr", b, layout)
-    kept = gpu_plan(za, zb, (32, 24, 48))
-    assert kept.grid[0] == 2 and "B" in kept.cache and kept.gpu_decode == ("A", "B")
-    streamed = dataclasses.replace(kept, cache=())
-    objects = kept.stored_objects("B")
-    loads = sum(op.kind is OpKind.READ and op.operand == "B" for op in kept.schedule.ops)
-    assert loads > objects
-    for plan, reads in ((kept, objects), (streamed, loads)):
-        check_schedule(plan.schedule, plan)
-        out = poisoned((64, 48))
-        _, counts = run(plan, {"A": za, "B": zb}, out)
-        assert_gemm(out, a, b)
-        assert counts["B"]["decodes"] == reads
-    assert kept.cache_bytes == sum(kept.stored_objects(x) * kept.object_cell(x)
-                                   for x in kept.cache)
-    assert kept.host_bytes > streamed.host_bytes
-    tight = dataclasses.replace(kept, host_memory_limit=streamed.host_bytes)
-    assert "B" not in with_gpu_decode(dataclasses.replace(tight, gpu_decode=()),
-                                      ("A", "B")).cache
-
-
 def test_the_checker_refuses_a_tampered_decode(rng, workdir):
     a, b = rand(rng, (32, 32)), rand(rng, (32, 24))
     za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
@@ -241,10 +214,10 @@ def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
 def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, chosen):
     """32768 x n_k @ n_k x 32768 zstd inputs (metadata only), ``memory`` GiB of GPU memory,
     96 of host memory: the device decodes where the model predicts it faster with the files in
-    the page cache and no slower from a cold disk - not chunks of one large frame, whose K
-    steps are batches of a dozen frames (the H200 decoded those 1.17x slower than the host,
-    shards of 512² chunks in 0.43x its time). Objects loaded more than once stay in host
-    memory as read: each is read from storage once, as the host's decoded chunks are."""
+    the page cache and no slower from a cold disk (where a GPU-decoded operand loaded
+    twice is read twice) - not chunks of one large frame, whose K steps are batches of a
+    dozen frames (the H200 decoded those 1.17x slower than the host, shards of 512² chunks
+    in 0.43x its time)."""
     from oocgemm.product import _warm, decoded_on_device
 
     n = 32768
@@ -253,12 +226,8 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, chosen
     planned = cuda_plan(a, b, None, memory=memory << 30, host=96 << 30)
     device = decoded_on_device(planned)
     assert device.gpu_decode == ("A", "B")
-    p, q, nk = device.grid
-    assert set(device.cache) == {x for x, again in (("A", q > 1), ("B", p > 1)) if again}
-    assert device.host_bytes <= 96 << 30
     pred, host = device.prediction, planned.prediction
     assert pred.device_decode > 0 and pred.decode == 0 and host.device_decode == 0
-    assert pred.storage_read == pytest.approx(host.storage_read, rel=0.01)
     auto = decoded_on_device(planned, choose=True)
     assert auto.gpu_decode == chosen
     if chosen:

@@ -85,9 +85,7 @@ class Plan:
     cache: tuple[str, ...] = ()
     """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
     whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
-    are streamed: a load's chunks are dropped after its last read (``decode_window``). Of an
-    operand decoded on the device (:attr:`gpu_decode`), its stored objects are kept as read
-    (compressed), so that each is read from storage once."""
+    are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
     into_ring: tuple[str, ...] = ()
     """Compressed chunked operands ('A', 'B') whose every read in the schedule is one whole
     chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
@@ -271,20 +269,11 @@ class Plan:
 
     @property
     def cache_bytes(self) -> int:
-        """Host memory the cached operands take once read (compute dtype; an operand decoded
-        on the device: its stored objects, a cell's bytes each at most)."""
+        """Host memory the cached operands take once read (compute dtype)."""
         kept = set(self.cache)
         if self.problem.shared and kept >= {"A", "B"}:
             kept.discard("B")  # one matrix, kept once for both roles
-        return sum(self.stored_objects(name) * self.object_cell(name)
-                   if name in self.gpu_decode else self.problem.operand_bytes(name)
-                   for name in kept)
-
-    def stored_objects(self, operand: str) -> int:
-        """Stored objects (chunk files or shards) of ``operand``."""
-        x = self.problem_operand(operand)
-        assert x.chunks is not None
-        return math.prod(-(-n // c) for n, c in zip(x.shape, x.chunks))
+        return sum(self.problem.operand_bytes(name) for name in kept)
 
     @property
     def decoded_bytes(self) -> int:
@@ -500,24 +489,16 @@ TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)
 
 def with_gpu_decode(plan: Plan, operands: tuple[str, ...]) -> Plan:
     """``plan`` with ``operands`` decoded on the device (:attr:`Plan.gpu_decode`), its ring
-    buffers large enough for one stored object's cell each, the stored objects of those
-    loaded more than once kept in host memory as read where they fit (:attr:`Plan.cache`),
-    validated (OptionError where a panel cuts an object, BudgetError where it no longer
-    fits)."""
+    buffers large enough for one stored object's cell each, validated (OptionError where a
+    panel cuts an object, BudgetError where it no longer fits). Each load reads its objects
+    from storage (the page cache, warm)."""
     trial = replace(plan, gpu_decode=tuple(operands), into_ring=tuple(
         x for x in plan.into_ring if x not in operands), cache=tuple(
         x for x in plan.cache if x not in operands))
     cell = max((trial.object_cell(x) for x in operands
                 if trial.problem_operand(x).zstd_frames is not None), default=0)
     stripe = max(plan.stripe, -(-cell // plan.problem.itemsize))
-    trial = replace(trial, stripe=stripe)
-    p, q, nk = trial.grid
-    reloaded = {"A": q > 1 and nk > 1, "B": p > 1}
-    for name in operands:
-        kept = replace(trial, cache=tuple(sorted(trial.cache + (name,))))
-        if reloaded[name] and kept.host_bytes <= plan.host_memory_limit:
-            trial = kept
-    return trial.validate()
+    return replace(trial, stripe=stripe).validate()
 
 
 def with_ring_decodes(plan: Plan) -> Plan:

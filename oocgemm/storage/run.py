@@ -349,12 +349,10 @@ def _dtype(src_a, src_b, src_c, alpha, beta) -> np.dtype:
 def chunk_readers(plan: Plan, sources: dict) -> dict:
     """The sources with every chunked on-disk one read at its grain
     (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
-    once per run for the operands the plan keeps; an operand decoded on the device and kept,
-    each stored object read once (:class:`~oocgemm.storage.zarr_store.KeptObjects`)."""
+    once per run for the operands the plan keeps."""
     from ..planning.chunks import loads
     from .base import ChunkedSource
     from .chunked import ChunkReader
-    from .zarr_store import KeptObjects
 
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
     decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
@@ -362,8 +360,6 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     for name, src in sources.items():
         if name == "B" and plan.problem.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif name in plan.gpu_decode and name in plan.cache:
-            wrapped[name] = KeptObjects(src)  # its stored objects as read, for the device
         elif (src.on_disk and src.chunks is not None and not src.sliced
               and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)

@@ -591,37 +591,6 @@ OUT_OPTIONS = ("chunks", "shards", "compressors", "filters", "serializer", "zarr
 MAX_OUT_CHUNK = 64 << 20
 
 
-class KeptObjects:
-    """A :class:`ZarrSource` whose stored objects, read as stored for a device to decode
-    (:meth:`ZarrSource.read_object`), stay in host memory for the run (``Plan.cache`` of an
-    operand in ``Plan.gpu_decode``): each is read from storage once, the loads after the
-    first copy it from memory. Everything else is the source's."""
-
-    def __init__(self, source: ZarrSource):
-        self.source = source
-        self._kept: dict[tuple[int, int], tuple[np.ndarray, list[Frame]]] = {}
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str):
-        return getattr(self.source, name)
-
-    def read_object(self, index, into: np.ndarray) -> tuple[int, list[Frame]]:
-        key = tuple(index)
-        kept = self._kept.get(key)
-        if kept is None:
-            size, found = self.source.read_object(index, into)
-            with self._lock:
-                self._kept[key] = (into[:size].copy(), found)
-            return size, found
-        data, found = kept
-        into[:data.size] = data
-        return data.size, found
-
-    def close(self) -> None:
-        self._kept.clear()
-        self.source.close()
-
-
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
