@@ -215,7 +215,8 @@ class Product:
                 SMALL_PLANS.put(key, plan)
         mode = gpu_decode_mode()
         if self.device.kind == "cuda" and (mode == "1" or mode == "auto" and _nvcomp_found()):
-            plan = decoded_on_device(plan, choose=mode == "auto")
+            plan = decoded_on_device(plan, choose=mode == "auto",
+                                     cached=mode == "auto" and self._io.inputs_cached())
         return plan
 
 
@@ -237,13 +238,15 @@ def _nvcomp_found() -> bool:
     return nvcomp.library() is not None
 
 
-def decoded_on_device(plan: Plan, choose: bool = False) -> Plan:
+def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False) -> Plan:
     """``plan`` with its operands of zstd frames decoded on the device
     (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
     can. The planner's tile gives way to the nearest on the stored objects' edges that fits
     the budgets (:func:`~oocgemm.planning.finish.on_object_edges`); a tile the user gave
     does not. ``choose``: only where the model predicts it faster than ``plan`` (which
-    decodes on the host; :func:`_decodes_faster`). Unchanged where none does."""
+    decodes on the host): with the inputs' files in the page cache (``cached``: no storage
+    reads), or from a disk at the model's storage rates (a reload of an operand decoded on
+    the device reads its objects again). Unchanged where none does."""
     prob = plan.problem
     able = tuple(name for name, x in (("A", prob.a), ("B", prob.b))
                  if x.zstd_frames is not None and x.chunks is not None)
@@ -261,24 +264,15 @@ def decoded_on_device(plan: Plan, choose: bool = False) -> Plan:
             except (OptionError, BudgetError):
                 continue
         if candidates and not choose:
-            break
+            return candidates[0]
     if not choose:
-        return candidates[0] if candidates else plan
-    faster = [trial for trial in candidates if _decodes_faster(trial, plan)]
-    return min(faster, key=lambda p: _warm(p.prediction), default=plan)
+        return plan
 
+    def seconds(p: Plan) -> float:
+        pred = p.prediction
+        return dataclasses.replace(pred, storage_read=0.0).total if cached else pred.total
 
-def _warm(prediction) -> float:
-    """A prediction's total with the inputs' files in the page cache (no storage reads)."""
-    return dataclasses.replace(prediction, storage_read=0.0).total
-
-
-def _decodes_faster(trial: Plan, plan: Plan) -> bool:
-    """Whether ``trial`` (its inputs decoded on the device) is predicted faster than ``plan``
-    with the inputs' files in the page cache, and no slower from a cold disk: the model's
-    storage rate is a cold disk's, under which both may be bound by the same reads."""
-    t, h = trial.prediction, plan.prediction
-    return _warm(t) < _warm(h) and t.total <= h.total
+    return min([plan] + candidates, key=seconds)
 
 
 def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,

@@ -206,19 +206,27 @@ def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
     assert gpu_decode_mode() == "auto"
 
 
-@pytest.mark.parametrize("layout, n_k, memory, chosen", [
-    (dict(chunks=(4096, 4096)), 32768, 16, ()),  # 128 MiB frames: batches of a dozen
-    (dict(chunks=(512, 512), shards=(4096, 4096)), 65536, 32, ("A",)),  # hundreds of 2 MiB
-    (dict(chunks=(1024, 1024)), 65536, 32, ("A", "B")),
+CHUNKS_4096 = dict(chunks=(4096, 4096))  # a 128 MiB frame each: batches of a dozen
+SHARDS_512 = dict(chunks=(512, 512), shards=(4096, 4096))  # hundreds of 2 MiB frames
+CHUNKS_1024 = dict(chunks=(1024, 1024))
+
+
+@pytest.mark.parametrize("layout, n_k, memory, cached, chosen", [
+    (CHUNKS_4096, 32768, 16, True, ()),
+    (CHUNKS_4096, 32768, 16, False, ()),
+    (SHARDS_512, 32768, 16, True, ("A",)),
+    (SHARDS_512, 32768, 16, False, ()),
+    (CHUNKS_1024, 65536, 32, True, ("A", "B")),
+    (CHUNKS_1024, 65536, 32, False, ()),
 ])
-def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, chosen):
+def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, cached, chosen):
     """32768 x n_k @ n_k x 32768 zstd inputs (metadata only), ``memory`` GiB of GPU memory,
-    96 of host memory: the device decodes where the model predicts it faster with the files in
-    the page cache and no slower from a cold disk (where a GPU-decoded operand loaded
-    twice is read twice) - not chunks of one large frame, whose K steps are batches of a
-    dozen frames (the H200 decoded those 1.17x slower than the host, shards of 512² chunks
-    in 0.43x its time)."""
-    from oocgemm.product import _warm, decoded_on_device
+    96 of host memory: the device decodes where the model predicts it faster - with the
+    files in the page cache (``cached``: no storage reads), or from a cold disk, where the
+    device's tile reloads an operand that the host keeps decoded, and reads it again. Not
+    chunks of one large frame, whose K steps are batches of a dozen frames (the H200 decoded
+    those 1.17-2x slower than the host, shards of 512² chunks in 0.43-0.49x its time)."""
+    from oocgemm.product import decoded_on_device
 
     n = 32768
     a = zarr.create_array("a.zarr", shape=(n, n_k), dtype="f8", **layout)
@@ -228,12 +236,45 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, chosen
     assert device.gpu_decode == ("A", "B")
     pred, host = device.prediction, planned.prediction
     assert pred.device_decode > 0 and pred.decode == 0 and host.device_decode == 0
-    auto = decoded_on_device(planned, choose=True)
+    auto = decoded_on_device(planned, choose=True, cached=cached)
     assert auto.gpu_decode == chosen
-    if chosen:
-        assert _warm(auto.prediction) < _warm(host) and auto.prediction.total <= host.total
-    else:
-        assert auto is planned and _warm(pred) > _warm(host)
+
+    def seconds(plan):
+        p = plan.prediction
+        return dataclasses.replace(p, storage_read=0.0).total if cached else p.total
+
+    assert seconds(auto) == min(seconds(p) for p in (planned, device, auto))
+    assert (auto is planned) == (not chosen)
+
+
+def test_whether_the_inputs_are_in_the_page_cache(rng, workdir):
+    """What the model's choice is told: the share of the stored objects' bytes the page
+    cache holds (mincore; nothing read), dropped from it and read back into it; a store
+    that is not a local folder cannot tell."""
+    from oocgemm.storage.files import cached_fraction
+    from oocgemm.storage.run import open_run
+
+    a, b = rand(rng, (256, 192)), rand(rng, (192, 128))
+    store("a.zarr", a, "v3-sharded")
+    store("b.zarr", b, "v3")
+    with open_run("a.zarr", "b.zarr", None) as io:
+        paths = [os.path.join(root, f) for root, _, fs in os.walk(".") for f in fs
+                 if "/c" in root]
+        for path in paths:
+            with open(path, "rb") as f:
+                f.read()
+        assert io.sources["A"].cached_fraction() == 1.0 and io.inputs_cached()
+        os.sync()
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        if cached_fraction(paths) == 1.0:
+            pytest.skip("this file system keeps its pages (tmpfs?)")
+        assert io.sources["B"].cached_fraction() < 0.5 and not io.inputs_cached()
+        assert not io.inputs_cached(("B",)) and cached_fraction(["missing"]) is None
+    memory = zarr.create_array(zarr.storage.MemoryStore(), shape=(8, 8), dtype="f8")
+    assert ZarrSource(memory, "m").cached_fraction() is None
 
 
 def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):

@@ -88,12 +88,13 @@ def cuda_model() -> DeviceModel:
     # (batched, 2048 x 16384 x 8192-16384); the finish and the conversion as they added to
     # the compute lane's time out of core at n = 32768 (16 moduli, tiles 16384^2 x 2560 and
     # 16384 x 32768 x 8192: 2.38 s and 1.62 s against 2.39 s and 1.62 s modelled).
-    # nvCOMP 6.0's zstd decode on the H200 (2026-11-27, session 29; K steps of 12 frames of
-    # 128 MiB took 0.22 s, of 768 frames of 2 MiB 0.11 s): a batch takes its largest frame
-    # at 1.2 GB/s (one thread block) plus all of it at 15 GB/s.
+    # nvCOMP 6.0's zstd decode on the H200 (2026-11-27, session 29, n = 32768 runs): a batch
+    # takes its largest frame at 1.0 GB/s (one thread block) plus all of it at 20 GB/s: 32
+    # K steps of 12 frames of 128 MiB ran 6.1 s (5.9 modelled), 16 of them 3.5 s (3.4), 32
+    # of hundreds of 2 MiB frames 1.8 s (1.8).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       half_size=128, granule=256, decode=8e9, device_decode=15e9,
-                       device_decode_frame=1.2e9, int8_ops=1.04e15,
+                       half_size=128, granule=256, decode=8e9, device_decode=20e9,
+                       device_decode_frame=1.0e9, int8_ops=1.04e15,
                        finish_digit=4.5e-12, convert_digit=2.4e-12, convert_element=8e-12)
 
 

@@ -1,4 +1,5 @@
-"""Temporary names and the final rename, shared by the file-backed sinks."""
+"""Temporary names and the final rename, shared by the file-backed sinks; how much of some
+files the page cache holds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
+
+import numpy as np
 
 from ..errors import OutputError
 
@@ -166,3 +169,57 @@ def _publish_new(temporary: str, final: str) -> None:
 def replace(temporary: str, final: str) -> None:
     """Move ``temporary`` to ``final``, replacing what is there (a file or a directory)."""
     publish(temporary, final, replace=True)
+
+
+def cached_fraction(paths) -> float | None:
+    """The share of the bytes of the files ``paths`` that the OS page cache holds now (0 to
+    1; missing files left out), from ``mincore`` on a mapping of each: nothing is read.
+    None where it cannot tell (not Linux, no file found, a call refused)."""
+    libc = _libc()
+    if libc is None:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    held = total = 0
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            addr = libc.mmap(None, ctypes.c_size_t(size), 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            try:
+                pages = -(-size // page)
+                vec = np.zeros(pages, dtype=np.uint8)
+                if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size),
+                                vec.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte))) != 0:
+                    return None
+                held += min(int(np.count_nonzero(vec & 1)) * page, size)
+                total += size
+            finally:
+                libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+        finally:
+            os.close(fd)
+    return held / total if total else None
+
+
+@functools.cache
+def _libc():
+    """libc with mmap, mincore and munmap typed; None off Linux."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+

@@ -72,6 +72,16 @@ class RunIO:
         return (self._operand(self.sources["A"]), self._operand(self.sources["B"]),
                 None if c is None else self._operand(c), self.out_operand)
 
+    def inputs_cached(self, names=("A", "B"), share: float = 0.9) -> bool:
+        """Whether the OS page cache holds at least ``share`` of the stored bytes of each of
+        the inputs ``names`` (a sample of their objects; nothing is read). False where a
+        source cannot tell."""
+        for name in names:
+            fraction = getattr(self.sources[name], "cached_fraction", lambda: None)()
+            if fraction is None or fraction < share:
+                return False
+        return True
+
     def _operand(self, src: MatrixSource) -> Operand:
         rows, cols = src.shape
         zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None

@@ -453,6 +453,19 @@ class ZarrSource(MatrixSource):
         finally:
             os.close(fd)
 
+    def cached_fraction(self, most: int = 64) -> float | None:
+        """The share of the stored objects' bytes that the OS page cache holds, from ``most``
+        objects spread over the array (:func:`~oocgemm.storage.files.cached_fraction`: none
+        of them read); None where it cannot tell (not a local folder)."""
+        if self.chunks is None:
+            return None
+        rows, cols = (-(-n // c) for n, c in zip(self.shape, self.chunks))
+        step = max(1, rows * cols // most)
+        paths = [self.object_path(divmod(i, cols)) for i in range(0, rows * cols, step)]
+        if not paths or any(path is None for path in paths):
+            return None
+        return files.cached_fraction(paths)
+
     def object_path(self, index) -> str | None:
         """The file that holds chunk ``index`` (its shard's, when sharded); None where the
         store is not a local folder."""
