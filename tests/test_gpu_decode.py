@@ -214,7 +214,7 @@ CHUNKS_1024 = dict(chunks=(1024, 1024))
 @pytest.mark.parametrize("layout, n_k, memory, cached, chosen", [
     (CHUNKS_4096, 32768, 16, True, ()),
     (CHUNKS_4096, 32768, 16, False, ()),
-    (SHARDS_512, 32768, 16, True, ("A",)),
+    (SHARDS_512, 32768, 16, True, ("A", "B")),
     (SHARDS_512, 32768, 16, False, ()),
     (CHUNKS_1024, 65536, 32, True, ("A", "B")),
     (CHUNKS_1024, 65536, 32, False, ()),
@@ -225,7 +225,8 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, cached
     files in the page cache (``cached``: no storage reads), or from a cold disk, where the
     device's tile reloads an operand that the host keeps decoded, and reads it again. Not
     chunks of one large frame, whose K steps are batches of a dozen frames (the H200 decoded
-    those 1.17-2x slower than the host, shards of 512² chunks in 0.43-0.49x its time)."""
+    those 1.17-2x slower than the host, shards of 512² chunks in 0.43-0.49x its time). Both
+    inputs or neither: A alone on the GPU was measured slower than both."""
     from oocgemm.product import decoded_on_device
 
     n = 32768

@@ -213,6 +213,28 @@ def test_a_kept_operand_is_decoded_once():
     assert reloaded.decode == 2 * kept.decode  # an A panel for each of 2 block columns
 
 
+def test_many_small_frames_decode_slower_on_the_host():
+    """The same bytes in frames a quarter the size cost the host's decoders 4x the frames'
+    share (``DeviceModel.decode_frame``): shards of small chunks against whole chunks."""
+    from oocgemm.planning import cuda_model
+    from oocgemm.planning.problem import Operand, Problem
+    from oocgemm.planning.tiling import predict
+
+    model = cuda_model()
+
+    def decode(frames):
+        prob = Problem(m=4096, n=512, k=4096, itemsize=8, dtype="float64",
+                       a=Operand((4096, 4096), chunks=(1024, 1024), on_disk=True,
+                                 zstd_frames=frames),
+                       b=Operand((4096, 512)), out=Operand((4096, 512)))
+        return predict(prob, (4096, 512, 4096), model, staged=True).decode
+
+    nbytes = 4096 * 4096 * 8
+    whole, small = decode((1024, 1024)), decode((512, 512))
+    assert whole == pytest.approx(nbytes / model.decode + 16 * model.decode_frame)
+    assert small - whole == pytest.approx(48 * model.decode_frame) and model.decode_frame > 0
+
+
 @pytest.mark.parametrize("m,k,n", [(64, 64, 64), (1000, 3, 7), (5000, 200, 30), (3, 4000, 5),
                                    (300, 2000, 100), (1536, 64, 1024)])
 def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k, n):

@@ -44,6 +44,9 @@ class DeviceModel:
     decode: float = 0.0
     """Bytes/s at which the decoder threads together decode compressed chunks (0: not
     charged)."""
+    decode_frame: float = 0.0
+    """Seconds the decoder threads together take per compressed frame, besides its bytes
+    (many small frames, as in shards of small chunks, decode slower than a few large)."""
     device_decode: float = 0.0
     """Bytes/s at which the device decodes zstd frames of a batch together (nvCOMP; 0: it
     does not)."""
@@ -88,12 +91,15 @@ def cuda_model() -> DeviceModel:
     # (batched, 2048 x 16384 x 8192-16384); the finish and the conversion as they added to
     # the compute lane's time out of core at n = 32768 (16 moduli, tiles 16384^2 x 2560 and
     # 16384 x 32768 x 8192: 2.38 s and 1.62 s against 2.39 s and 1.62 s modelled).
+    # Shards of 512² chunks (2 MiB frames) took the host's decoders 0.8 s longer than 4096²
+    # chunks for the same 17 GB (8,192 frames against 128; H200 machine, session 29).
     # nvCOMP 6.0's zstd decode on the H200 (2026-11-27, session 29, n = 32768 runs): a batch
     # takes its largest frame at 1.0 GB/s (one thread block) plus all of it at 20 GB/s: 32
     # K steps of 12 frames of 128 MiB ran 6.1 s (5.9 modelled), 16 of them 3.5 s (3.4), 32
     # of hundreds of 2 MiB frames 1.8 s (1.8).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       half_size=128, granule=256, decode=8e9, device_decode=20e9,
+                       half_size=128, granule=256, decode=8e9, decode_frame=1e-4,
+                       device_decode=20e9,
                        device_decode_frame=1.0e9, int8_ops=1.04e15,
                        finish_digit=4.5e-12, convert_digit=2.4e-12, convert_element=8e-12)
 

@@ -348,7 +348,8 @@ def _decode_seconds(prob: Problem, model: DeviceModel, loads: tuple[float, float
             decoded = math.prod(operand.shape) * s
         else:
             decoded = nbytes * amp
-        decode += decoded / model.decode
+        frame = math.prod(operand.zstd_frames or operand.chunks or (1,)) * s
+        decode += decoded / model.decode + decoded / frame * model.decode_frame
     return decode
 
 
