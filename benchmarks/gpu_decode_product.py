@@ -44,30 +44,16 @@ import numpy as np
 from benchmarks.common import GB, BenchError
 from benchmarks.gpu_decode import zstd_frames
 from benchmarks.zarr_stores import describe_store, make_store
+from oocgemm.cuda import nvcomp
 from oocgemm.errors import OOCGemmError
 
 _ALIGN = 256
 
 
-class _DecodeOpts(ctypes.Structure):  # nvcompBatchedZstdDecompressOpts_t
-    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
-
-
 def _nvcomp():
-    from oocgemm.cuda import nvcomp
-
-    lib = nvcomp.library()
+    lib = nvcomp.library()  # its decompressor typed there (nvcomp.DecodeOpts)
     if lib is None:
         raise BenchError("nvCOMP (nvidia-libnvcomp-cu12 or -cu13) is not installed")
-    lib.nvcompBatchedZstdDecompressGetTempSize.restype = ctypes.c_int
-    lib.nvcompBatchedZstdDecompressGetTempSize.argtypes = [
-        ctypes.c_size_t, ctypes.c_size_t, _DecodeOpts, ctypes.POINTER(ctypes.c_size_t),
-        ctypes.c_size_t, ctypes.c_void_p]
-    lib.nvcompBatchedZstdDecompressAsync.restype = ctypes.c_int
-    lib.nvcompBatchedZstdDecompressAsync.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, _DecodeOpts, ctypes.c_void_p,
-        ctypes.c_void_p]
     return lib
 
 
@@ -131,7 +117,7 @@ class Pipeline:
         self.lib = _nvcomp()
         temp = ctypes.c_size_t()
         status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
-            frames, self.frame_bytes, _DecodeOpts(), ctypes.byref(temp),
+            frames, self.frame_bytes, nvcomp.DecodeOpts(), ctypes.byref(temp),
             frames * self.frame_bytes, None)
         if status:
             raise BenchError(f"nvCOMP GetTempSize failed ({status})")
@@ -233,7 +219,7 @@ class Pipeline:
                     table[0:].data.ptr, table[self.max_frames:].data.ptr,
                     table[2 * self.max_frames:].data.ptr, self.sizes[p].data.ptr, m,
                     self.temp.data.ptr, self.temp.nbytes,
-                    table[3 * self.max_frames:].data.ptr, _DecodeOpts(),
+                    table[3 * self.max_frames:].data.ptr, nvcomp.DecodeOpts(),
                     self.statuses[p].data.ptr, st["decode"].ptr)
                 if status:
                     raise BenchError(f"nvCOMP decode of batch {p} failed ({status})")

@@ -38,10 +38,6 @@ _H2D, _D2H, _D2D = 1, 2, 3
 TABLES = 4
 
 
-class _DecodeOpts(ctypes.Structure):  # nvcompBatchedZstdDecompressOpts_t
-    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
-
-
 class _Table:
     """One batch's tables: pinned (written on the host), on the device (nvCOMP reads them),
     the statuses and sizes nvCOMP writes, their pinned copies, and what they decode."""
@@ -150,7 +146,7 @@ class PanelDecoder:
         self.scratch = cupy.empty(max(plan.decode_scratch, 1), dtype=np.uint8)
         temp = ctypes.c_size_t()
         status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
-            ctypes.c_size_t(frames), ctypes.c_size_t(frame_bytes), _DecodeOpts(),
+            ctypes.c_size_t(frames), ctypes.c_size_t(frame_bytes), nvcomp.DecodeOpts(),
             ctypes.byref(temp), ctypes.c_size_t(frames * frame_bytes), ctypes.c_void_p(0))
         if status:
             raise RuntimeError(f"nvCOMP DecompressGetTempSize failed (status {status})")
@@ -184,7 +180,7 @@ class PanelDecoder:
                 ctypes.c_void_p(dev), ctypes.c_void_p(dev + row), ctypes.c_void_p(dev + 2 * row),
                 ctypes.c_void_p(table.sizes.data.ptr), ctypes.c_size_t(n),
                 ctypes.c_void_p(self.temp.data.ptr), ctypes.c_size_t(self.temp.nbytes),
-                ctypes.c_void_p(dev + 3 * row), _DecodeOpts(),
+                ctypes.c_void_p(dev + 3 * row), nvcomp.DecodeOpts(),
                 ctypes.c_void_p(table.statuses.data.ptr), ctypes.c_void_p(ptr))
             if status:
                 raise RuntimeError(f"nvCOMP DecompressAsync failed (status {status})")
@@ -229,7 +225,7 @@ class PanelDecoder:
             self.frames = n
             temp = ctypes.c_size_t()
             status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
-                ctypes.c_size_t(n), ctypes.c_size_t(self.frame_bytes), _DecodeOpts(),
+                ctypes.c_size_t(n), ctypes.c_size_t(self.frame_bytes), nvcomp.DecodeOpts(),
                 ctypes.byref(temp), ctypes.c_size_t(self.plan.decode_scratch),
                 ctypes.c_void_p(0))
             if status:

@@ -33,6 +33,10 @@ class _Opts(ctypes.Structure):  # nvcompBatchedZstdCompressOpts_t
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
+class DecodeOpts(ctypes.Structure):  # nvcompBatchedZstdDecompressOpts_t
+    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
+
+
 class _Alignments(ctypes.Structure):  # nvcompAlignmentRequirements_t
     _fields_ = [("input", ctypes.c_size_t), ("output", ctypes.c_size_t),
                 ("temp", ctypes.c_size_t)]
@@ -71,6 +75,16 @@ def library() -> ctypes.CDLL | None:
                      "nvcompBatchedZstdCompressGetRequiredAlignments",
                      "nvcompBatchedZstdCompressAsync"):
             getattr(lib, name).restype = ctypes.c_int
+        # The decompressor typed once, here, for every caller of this shared handle.
+        lib.nvcompBatchedZstdDecompressGetTempSize.restype = ctypes.c_int
+        lib.nvcompBatchedZstdDecompressGetTempSize.argtypes = [
+            ctypes.c_size_t, ctypes.c_size_t, DecodeOpts, ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_size_t, ctypes.c_void_p]
+        lib.nvcompBatchedZstdDecompressAsync.restype = ctypes.c_int
+        lib.nvcompBatchedZstdDecompressAsync.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, DecodeOpts,
+            ctypes.c_void_p, ctypes.c_void_p]
         return lib
     return None
 
