@@ -214,10 +214,15 @@ class Product:
             if key is not None and _one_block(plan):
                 SMALL_PLANS.put(key, plan)
         mode = gpu_decode_mode()
-        if self.device.kind == "cuda" and (mode == "1" or mode == "auto" and _nvcomp_found()):
-            plan = decoded_on_device(plan, choose=mode == "auto",
-                                     cached=mode == "auto" and self._io.inputs_cached())
-        return plan
+        if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
+            return plan
+        # In core, A and B are each one panel: decoding them on the device takes the
+        # panelled plan, which the choice weighs against the in-core one.
+        base = plan_product(*args, in_core=False) if _in_core_decodable(plan) else plan
+        if not decodable(base):
+            return plan
+        return decoded_on_device(base, choose=mode == "auto",
+                                 cached=mode == "auto" and self._io.inputs_cached(), host=plan)
 
 
 # ------------------------------------------------------------------------------------------
@@ -238,20 +243,48 @@ def _nvcomp_found() -> bool:
     return nvcomp.library() is not None
 
 
-def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False) -> Plan:
+def decodable(plan: Plan) -> tuple[str, ...]:
+    """The inputs of ``plan`` that a device could decode (zstd frames, chunked): none where
+    the plan is not staged, is in core, or takes one matrix in both roles."""
+    prob = plan.problem
+    if prob.shared or not plan.staged or plan.in_core:
+        return ()
+    return tuple(name for name, x in (("A", prob.a), ("B", prob.b))
+                 if x.zstd_frames is not None and x.chunks is not None)
+
+
+#: Seconds of host decoding below which an in-core plan is not weighed against decoding
+#: on the device: the device's route has costs the model does not count (nvCOMP's buffers,
+#: the decoder's tables), and a tenth of a second is all there is to gain.
+IN_CORE_DECODE_FLOOR = 0.1
+
+
+def _in_core_decodable(plan: Plan) -> bool:
+    """An in-core plan whose inputs a device could decode, in a panelled plan, and whose
+    host decoding is worth weighing against that."""
+    prob = plan.problem
+    return (plan.in_core and not prob.shared and plan.chosen_by != "tile"
+            and plan.prediction.decode >= IN_CORE_DECODE_FLOOR
+            and any(x.zstd_frames is not None and x.chunks is not None
+                    for x in (prob.a, prob.b)))
+
+
+def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
+                      host: Plan | None = None) -> Plan:
     """``plan`` with its operands of zstd frames decoded on the device
     (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
     can. The planner's tile gives way to the nearest on the stored objects' edges that fits
     the budgets (:func:`~oocgemm.planning.finish.on_object_edges`); a tile the user gave
-    does not. ``choose``: only where the model predicts it faster than ``plan`` (which
-    decodes on the host): with the inputs' files in the page cache (``cached``: no storage
-    reads), or from a disk at the model's storage rates (a reload of an operand decoded on
-    the device reads its objects again). Unchanged where none does."""
-    prob = plan.problem
-    able = tuple(name for name, x in (("A", prob.a), ("B", prob.b))
-                 if x.zstd_frames is not None and x.chunks is not None)
-    if prob.shared or not plan.staged or plan.in_core or not able:
-        return plan
+    does not. ``choose``: only where the model predicts it faster than ``host`` (which
+    decodes on the host; ``plan`` where not given, else the plan to keep where decoding on
+    the device is not faster: an in-core plan): with the inputs' files in the page cache
+    (``cached``: no storage reads), or from a disk at the model's storage rates (a reload
+    of an operand decoded on the device reads its objects again). Where no plan decodes on
+    the device, ``host`` (``plan``)."""
+    host = plan if host is None else host
+    able = decodable(plan)
+    if not able:
+        return host
     # Where both inputs can, the model's choice is both or neither: with one on the host, a
     # kept operand's decoding all comes in the first block row, which the model's overlap of
     # resources does not see (H200, shards of 512² chunks under 16 GB: A alone on the GPU
@@ -271,21 +304,23 @@ def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False) ->
         if candidates and not choose:
             return candidates[0]
     if not choose:
-        return plan
+        return host
 
-    def seconds(p: Plan) -> float:
-        pred = p.prediction
-        return dataclasses.replace(pred, storage_read=0.0).total if cached else pred.total
+    def seconds(p: Plan) -> float:  # cached: storage read at the host's memory rate
+        if cached:
+            p = dataclasses.replace(p, model=dataclasses.replace(
+                p.model, storage_read=p.model.memory_copy))
+        return p.prediction.total
 
-    return min([plan] + candidates, key=seconds)
+    return min([host] + candidates, key=seconds)
 
 
 def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,
-                 mem: int, host: int, staging: Staging) -> Plan:
+                 mem: int, host: int, staging: Staging, in_core: bool = True) -> Plan:
     """The plan of ``problem`` on ``device`` (its name) with ``kernel`` (checked), its cost
     ``model``, within the budgets ``mem`` and ``host`` (bytes), staged as ``staging`` says
-    (the executor's, as data): the user's tile (``options.tile``), or the planner's
-    choice."""
+    (the executor's, as data): the user's tile (``options.tile``), or the planner's choice
+    (``in_core``: the in-core shape where it applies)."""
     # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
     # the user's that is not square computes the product in full, as they asked).
     tile = options.tile
@@ -298,7 +333,7 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
         return finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
     shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
                           symmetric=symmetric, split_last=staging.settings.get("split_last", 1),
-                          min_stripes=staging.settings.get("min_stripes", 1))
+                          min_stripes=staging.settings.get("min_stripes", 1)) if in_core else None
     if shape is not None:  # A, B and C on the device at once: no tile to search for
         try:
             return finished(Plan(**{**settings, **shape}))

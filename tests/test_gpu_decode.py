@@ -248,6 +248,45 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, cached
     assert (auto is planned) == (not chosen)
 
 
+@pytest.mark.parametrize("layout", [CHUNKS_4096, SHARDS_512])
+def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layout):
+    """n = 32768 zstd inputs (metadata only) within 64 GiB: the in-core plan (A, B and C on
+    the GPU, decoded by the host) against the panelled plan with C whole whose inputs the
+    GPU decodes, each once (H200: in core 3.2 s on 4096² chunks, 3.5-3.8 on shards). A
+    product whose host decoding takes under IN_CORE_DECODE_FLOOR is not weighed."""
+    from oocgemm.options import Options
+    from oocgemm.planning import cuda_model
+    from oocgemm.product import (
+        IN_CORE_DECODE_FLOOR,
+        _in_core_decodable,
+        decoded_on_device,
+        plan_product,
+    )
+    from oocgemm.runtime.staging import staging_for
+    from oocgemm.storage.run import open_run
+
+    def plans(n):
+        arrays = [zarr.create_array(f"{x}{n}.zarr", shape=(n, n), dtype="f8", **layout)
+                  for x in "ab"]
+        with open_run(*arrays, None) as io:
+            a, b, c, out = io.operands()
+        problem = oocgemm.planning.Problem(m=n, n=n, k=n, itemsize=8, dtype="float64", a=a,
+                                           b=b, c=c, out=out, alpha=1.0, beta=0.0)
+        model = cuda_model()
+        args = (problem, Options.of("test"), "cuda:0", "cublas", model, 64 << 30, 96 << 30,
+                staging_for("cuda", problem, model, "cublas"))
+        return plan_product(*args), plan_product(*args, in_core=False)
+
+    in_core, panelled = plans(32768)
+    assert in_core.in_core and not panelled.in_core and _in_core_decodable(in_core)
+    for cached in (True, False):
+        chosen = decoded_on_device(panelled, choose=True, cached=cached, host=in_core)
+        assert chosen.gpu_decode == ("A", "B") and chosen.tile[:2] == (32768, 32768)
+    small, _ = plans(4096)
+    assert small.in_core and small.prediction.decode < IN_CORE_DECODE_FLOOR
+    assert not _in_core_decodable(small)
+
+
 def test_whether_the_inputs_are_in_the_page_cache(rng, workdir):
     """What the model's choice is told: the share of the stored objects' bytes the page
     cache holds (mincore; nothing read), dropped from it and read back into it; a store
