@@ -278,9 +278,9 @@ def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
     does not. ``choose``: only where the model predicts it faster than ``host`` (which
     decodes on the host; ``plan`` where not given, else the plan to keep where decoding on
     the device is not faster: an in-core plan): with the inputs' files in the page cache
-    (``cached``: no storage reads), or from a disk at the model's storage rates (a reload
-    of an operand decoded on the device reads its objects again). Where no plan decodes on
-    the device, ``host`` (``plan``)."""
+    (``cached``: their reads at the host's memory rate), or from a disk at the model's
+    storage rate (a reload of an operand decoded on the device reads its objects again).
+    Where no plan decodes on the device, ``host`` (``plan``)."""
     host = plan if host is None else host
     able = decodable(plan)
     if not able:
