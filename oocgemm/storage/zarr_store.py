@@ -534,7 +534,7 @@ class ZarrSource(MatrixSource):
                     raise InputError(
                         f"{where}: its file holds {size} bytes, more than the {into.nbytes} "
                         f"a zstd frame of its size takes at most (written by another "
-                        f"encoder?); decode it on the host (unset OOCGEMM_GPU_DECODE)")
+                        f"encoder?); decode it on the host (OOCGEMM_GPU_DECODE=0)")
                 got = f.readinto(into[:size].data)
             if got != size:
                 raise ValueError(f"read {got} of {size} bytes")
