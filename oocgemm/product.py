@@ -264,9 +264,9 @@ def _in_core_decodable(plan: Plan) -> bool:
     host decoding is worth weighing against that."""
     prob = plan.problem
     return (plan.in_core and not prob.shared and plan.chosen_by != "tile"
-            and plan.prediction.decode >= IN_CORE_DECODE_FLOOR
             and any(x.zstd_frames is not None and x.chunks is not None
-                    for x in (prob.a, prob.b)))
+                    for x in (prob.a, prob.b))
+            and plan.prediction.decode >= IN_CORE_DECODE_FLOOR)  # (numpy inputs: not asked)
 
 
 def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
