@@ -89,6 +89,7 @@ def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
     a, b, za, zb, plan = ragged(rng, layout, trans)
     check_schedule(plan.schedule, plan)
     assert plan.counts.ops == plan.schedule.counts().ops
+    assert plan.decode_window == 0  # no decoded chunks held on the host
     ops = plan.schedule.ops
     decodes = [op for op in ops if op.kind is OpKind.DECODE]
     assert {op.operand for op in decodes} == {"A", "B"}
