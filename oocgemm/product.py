@@ -246,9 +246,14 @@ def _nvcomp_found() -> bool:
 def decodable(plan: Plan) -> tuple[str, ...]:
     """The inputs of ``plan`` that a device could decode (zstd frames, chunked): none where
     the plan is not staged, is in core, or takes one matrix in both roles."""
-    prob = plan.problem
-    if prob.shared or not plan.staged or plan.in_core:
+    if plan.problem.shared or not plan.staged or plan.in_core:
         return ()
+    return _zstd_inputs(plan.problem)
+
+
+def _zstd_inputs(prob: Problem) -> tuple[str, ...]:
+    """The inputs stored as chunks of zstd frames (:attr:`Operand.zstd_frames
+    <oocgemm.planning.problem.Operand.zstd_frames>`)."""
     return tuple(name for name, x in (("A", prob.a), ("B", prob.b))
                  if x.zstd_frames is not None and x.chunks is not None)
 
@@ -264,8 +269,7 @@ def _in_core_decodable(plan: Plan) -> bool:
     host decoding is worth weighing against that."""
     prob = plan.problem
     return (plan.in_core and not prob.shared and plan.chosen_by != "tile"
-            and any(x.zstd_frames is not None and x.chunks is not None
-                    for x in (prob.a, prob.b))
+            and bool(_zstd_inputs(prob))
             and plan.prediction.decode >= IN_CORE_DECODE_FLOOR)  # (numpy inputs: not asked)
 
 

@@ -207,13 +207,22 @@ class Plan:
         """Bytes of one stored object's cell in a Z slot (:attr:`gpu_decode`): what its zstd
         frames take at most (zstd's bound), and a shard's index, rounded to 256 bytes and to
         whole elements."""
-        x = self.problem_operand(operand)
-        assert x.chunks is not None and x.zstd_frames is not None
-        frames = math.prod(-(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
-        frame = math.prod(x.zstd_frames) * self.problem.itemsize
-        cell = frames * (zstd_bound(frame) + 16) + 4
+        cell = self.object_frames(operand) * (zstd_bound(self.frame_bytes(operand)) + 16) + 4
         step = math.lcm(256, self.problem.itemsize)
         return -(-cell // step) * step
+
+    def object_frames(self, operand: str) -> int:
+        """zstd frames a stored object of ``operand`` holds at most (a chunk: one; a shard:
+        its inner chunks)."""
+        x = self.problem_operand(operand)
+        assert x.chunks is not None and x.zstd_frames is not None
+        return math.prod(-(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
+
+    def frame_bytes(self, operand: str) -> int:
+        """Bytes one zstd frame of ``operand`` decodes into (a whole frame, an edge's too)."""
+        x = self.problem_operand(operand)
+        assert x.zstd_frames is not None
+        return math.prod(x.zstd_frames) * self.problem.itemsize
 
     def panel_objects(self, operand: str) -> int:
         """Stored objects a panel of ``operand`` covers at most (its panels start on the
@@ -229,10 +238,7 @@ class Plan:
 
     def panel_frames(self, operand: str) -> int:
         """zstd frames a panel of ``operand`` decodes at most."""
-        x = self.problem_operand(operand)
-        assert x.chunks is not None and x.zstd_frames is not None
-        return self.panel_objects(operand) * math.prod(
-            -(-c // f) for c, f in zip(x.chunks, x.zstd_frames))
+        return self.panel_objects(operand) * self.object_frames(operand)
 
     def z_slot(self, operand: str) -> int:
         """Bytes of a Z slot: a cell for each stored object a panel of ``operand`` covers."""
@@ -244,8 +250,7 @@ class Plan:
         an edge's too, of the largest panel of each operand decoded on the device: a K step's
         A and B panels decode as one batch, :func:`~oocgemm.planning.schedule.decode_batches`;
         one, used by the batches in turn)."""
-        return sum(self.panel_frames(x) * math.prod(self.problem_operand(x).zstd_frames)
-                   * self.problem.itemsize for x in self.gpu_decode)
+        return sum(self.panel_frames(x) * self.frame_bytes(x) for x in self.gpu_decode)
 
     @property
     def host_bytes(self) -> int:
@@ -355,7 +360,7 @@ class Plan:
         end only)."""
         prob = self.problem
         for name in self.gpu_decode:
-            x = prob.a if name == "A" else prob.b
+            x = self.problem_operand(name)
             why = ("it is not stored as zstd frames in local files" if x.zstd_frames is None
                    else "the plan is not staged" if not self.staged
                    else "the in-core shape loads A in row stripes" if self.in_core

@@ -70,6 +70,11 @@ class MatrixSource(abc.ABC):
         """The underlying array object (for aliasing checks); None where there is none."""
         return None
 
+    def cached_fraction(self, most: int = 64) -> float | None:
+        """The share of its stored bytes that the OS page cache holds (from ``most`` of its
+        files at most; nothing read); None where it cannot tell."""
+        return None
+
     def view(self, rows: tuple[int, int], cols: tuple[int, int], dtype) -> np.ndarray | None:
         """The region as a zero-copy array BLAS can use in place, or None where the data must
         be copied (on disk, another dtype, a layout BLAS cannot take)."""

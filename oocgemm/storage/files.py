@@ -222,4 +222,3 @@ def _libc():
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
-

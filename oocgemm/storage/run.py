@@ -77,7 +77,7 @@ class RunIO:
         the inputs ``names`` (a sample of their objects; nothing is read). False where a
         source cannot tell."""
         for name in names:
-            fraction = getattr(self.sources[name], "cached_fraction", lambda: None)()
+            fraction = self.sources[name].cached_fraction()
             if fraction is None or fraction < share:
                 return False
         return True
