@@ -17,62 +17,17 @@ STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "
            "min_stripes")
 
 
-def finished(plan: Plan, last_rows: int | None = None) -> Plan:
+def finished(plan: Plan) -> Plan:
     """``plan`` with its tile chosen, ready to run (a plan finished again, for another tile,
-    decides its ring decodes, kept operands and thin last block row anew, and decodes on the
-    host). ``last_rows``: the thin last block row to take (a resumed run's, or the block
-    rows a group of blocks is cut within); None: chosen (:func:`with_thin_end`), except
-    for a group of blocks (``plan.blocks``), which keeps the whole run's."""
+    decides its ring decodes and kept operands anew, and decodes on the host)."""
     if plan.staged and not plan.in_core:  # small products need no 32 MB stripes
         w, h, r = plan.tile
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
     # (inputs decoded on the device are asked for of a finished plan, its tile in hand:
     # oocgemm.product.decoded_on_device; a replan's tile may cut their objects)
-    if last_rows is None and plan.blocks:
-        last_rows = plan.last_rows
-    base = dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=(),
-                               last_rows=last_rows or 0).validate()
-    done = with_cache(with_ring_decodes(base))
-    return with_thin_end(done) if last_rows is None else done
-
-
-#: How much faster a thin last block row must be predicted to be taken: its extra pass over
-#: B is certain, the shorter end it buys is a prediction.
-THIN_GAIN = 0.02
-
-
-def with_thin_end(plan: Plan) -> Plan:
-    """``plan``, or the same plan with its last block row cut thin (:attr:`Plan.last_rows`)
-    where that is predicted at least `THIN_GAIN` faster, with its kept operands chosen
-    anew: where C's last block is encoded (a compressed output) or written more slowly
-    than its last panels compute, the run ends that much sooner, for one more pass over
-    B. The thin row is a multiple of the output's chunk rows and of A's (each chunk in one
-    block row), doubled up to half the last block row."""
-    prob = plan.problem
-    if (plan.symmetric or plan.in_core or plan.blocks or plan.done or plan.into_ring
-            or plan.last_rows or not prob.computes_product):
-        return plan
-    splits = plan.row_splits
-    if len(splits) < 2:
-        return plan
-    unit = plan.model.granule
-    for rows in (prob.out.chunks[0] if prob.out is not None and prob.out.chunks else None,
-                 prob.a_chunks_mk()[0] if prob.a.decoded else None):
-        unit = math.lcm(unit, rows) if rows else unit
-    best, bar = plan, plan.prediction.total * (1 - THIN_GAIN)
-    rows = unit
-    while 2 * rows <= splits[-1] - splits[-2]:
-        trial = dataclasses.replace(plan, last_rows=rows, cache=())
-        try:
-            trial = with_cache(trial.validate())
-        except BudgetError:  # (the same buffers: not expected)
-            break
-        seconds = trial.prediction.total
-        if seconds < bar:
-            best, bar = trial, seconds
-        rows *= 2
-    return best
+    return with_cache(with_ring_decodes(
+        dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=()).validate()))
 
 
 def with_cache(plan: Plan) -> Plan:

@@ -53,12 +53,6 @@ class DeviceModel:
     device_decode_frame: float = 0.0
     """Bytes/s at which the device decodes one zstd frame: on one thread block, so a batch
     takes at least its largest frame at this rate."""
-    encode: float = 0.0
-    """Bytes/s at which the encoder threads together compress C's chunks for a compressed
-    output (0: not charged)."""
-    encode_core: float = 0.0
-    """Bytes/s of one encoder thread: a chunk is compressed by one thread, so the run's last
-    chunks take at least one chunk's bytes at this rate."""
     decode_on_compute_cores: bool = False
     """True where the decoders run on the cores that compute (the CPU): their times add up
     instead of overlapping."""
@@ -103,11 +97,8 @@ def cuda_model() -> DeviceModel:
     # takes its largest frame at 1.0 GB/s (one thread block) plus all of it at 20 GB/s: 32
     # K steps of 12 frames of 128 MiB ran 6.1 s (5.9 modelled), 16 of them 3.5 s (3.4), 32
     # of hundreds of 2 MiB frames 1.8 s (1.8).
-    # numcodecs' zstd (zarr's level) compressed product-like 4096² chunks at 3.9 GB/s on 16
-    # threads, one chunk alone at 0.28 GB/s (H100 machine, session 22).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
                        half_size=128, granule=256, decode=8e9, decode_frame=1e-4,
-                       encode=3.9e9, encode_core=0.28e9,
                        device_decode=20e9,
                        device_decode_frame=1.0e9, int8_ops=1.04e15,
                        finish_digit=4.5e-12, convert_digit=2.4e-12, convert_element=8e-12)
@@ -124,8 +115,6 @@ def _cpu_model(cores: int) -> DeviceModel:
     # for copies between warm buffers.
     # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on
     # the 2-core VM; 0.5 GB/s a core through zarr-python's pipeline).
-    # zstd compresses product-like chunks at about 0.28 GB/s a core.
     return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
-                       decode=1.0e9 * cores, encode=0.28e9 * cores, encode_core=0.28e9,
-                       decode_on_compute_cores=True)
+                       decode=1.0e9 * cores, decode_on_compute_cores=True)

@@ -80,11 +80,6 @@ class Plan:
     ``ramp_granule``)."""
     ramp_granule: int = 1
     """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
-    last_rows: int = 0
-    """The last block row cut so that its last ``last_rows`` rows are a block row of their
-    own (0: not cut): what becomes final at the run's end, and is then encoded and written
-    while nothing else runs, is that thin row rather than a whole block row, at the cost of
-    one more pass over B (:func:`~oocgemm.planning.finish.with_thin_end`)."""
     readers: int = 4
     """Reader threads the executor may run (and as many chunk decoders)."""
     cache: tuple[str, ...] = ()
@@ -129,11 +124,7 @@ class Plan:
     # ---- geometry -------------------------------------------------------------------------
     @property
     def row_splits(self) -> tuple[int, ...]:
-        splits = _splits(self.problem.m, self.tile[0])
-        cut = self.problem.m - self.last_rows
-        if self.last_rows and len(splits) > 1 and splits[-2] < cut:
-            splits = splits[:-1] + (cut, splits[-1])
-        return splits
+        return _splits(self.problem.m, self.tile[0])
 
     @property
     def col_splits(self) -> tuple[int, ...]:
@@ -333,7 +324,7 @@ class Plan:
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core,
-                       gpu_decode=self.gpu_decode, last_rows=self.last_rows)
+                       gpu_decode=self.gpu_decode)
 
     def validate(self) -> Plan:
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -347,9 +338,6 @@ class Plan:
                              or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
                               f"block and one K panel, one slot each")
-        if self.last_rows and (self.symmetric or self.in_core or self.last_rows < 0):
-            raise OptionError(f"last_rows={self.last_rows}: a thin last block row needs a "
-                              f"panelled plan (not the in-core shape, not a symmetric one)")
         depth = strategy_of(self.kernel).max_depth(self.staged)
         if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "

@@ -33,10 +33,6 @@ class Operand:
     stored object is a local file of zstd frames of plain bytes, which a device may decode
     (``Plan.gpu_decode``); None otherwise."""
 
-    encoded: bool = False
-    """An output whose chunks are compressed as they are written (a Zarr output with
-    compressors or filters): the host's encoders take each chunk of C once it is final."""
-
     @property
     def decoded(self) -> bool:
         """Read by decoding whole chunks (:mod:`oocgemm.planning.chunks`)."""

@@ -80,9 +80,6 @@ class Prediction:
     """Decoding chunks of compressed storage (the decoder threads together)."""
     device_decode: float = 0.0
     """Decoding the panels of operands decoded on the device (its decode stream)."""
-    encode: float = 0.0
-    """Compressing C's chunks for a compressed output (the encoder threads together, on the
-    cores the decoders use: the two are one resource)."""
 
     @property
     def bound(self) -> str:
@@ -90,10 +87,8 @@ class Prediction:
         return max(resources, key=resources.__getitem__)
 
     def _resources(self) -> dict[str, float]:
-        codecs = ({"decode+encode": self.decode + self.encode} if self.encode
-                  else {"decode": self.decode})
         return {"compute": self.compute, "h2d": self.h2d, "d2h": self.d2h,
-                "storage_read": self.storage_read, **codecs,
+                "storage_read": self.storage_read, "decode": self.decode,
                 "device_decode": self.device_decode,
                 "storage_write": self.storage_write, "host_copy": self.host_copy}
 
@@ -198,12 +193,10 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
             kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False,
-            gpu_decode: tuple[str, ...] = (), last_rows: int = 0) -> Prediction:
+            gpu_decode: tuple[str, ...] = ()) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
-    first panel); ``last_rows`` (:attr:`Plan.last_rows
-    <oocgemm.planning.plan.Plan.last_rows>`) the last block, at the cost of a block row
-    more. ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
+    first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
     operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
     ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
     cut into, which set how many operations each load takes. ``kernel``: its strategy's
@@ -217,9 +210,6 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
-    rows_last, rows_before = w, 0  # the last block's rows; the thin row's block before
-    if 0 < last_rows < m - (p - 1) * w:
-        p, rows_last, rows_before = p + 1, last_rows, m - (p - 1) * w - last_rows
     complex_ = prob.dtype.startswith("complex")
     busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
                  symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode)
@@ -232,35 +222,13 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     per_byte = 1 / (model.storage_write if out_disk else model.memory_copy)
     per_byte += 1 / model.d2h if model.d2h else 0.0
     per_byte += 1 / model.first_touch if model.first_touch else 0.0
-    block_out = 0 if out_in_place else rows_last * h * s * per_byte
-    tail_compute = (min(tail, nk) * model.gemm_seconds(rows_last, h, r, s, complex_) if nk
-                    else 0.0)
-    drain = max(block_out / max(1, min(split_last, rows_last)), block_out - tail_compute)
-    if busy["encode"]:
-        drain = max(drain, _encode_drain(prob, model, (h, k), rows_last, rows_before))
+    block_out = 0 if out_in_place else w * h * s * per_byte
+    tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
+    drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
     n_ops = _operations(p * q, nk, (w, h, r), staged=staged, stripe=stripe,
                         min_stripes=min_stripes, reads_c=prob.reads_c,
                         gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1))
     return Prediction(**busy, fill=fill, drain=drain, overhead=n_ops * OP_OVERHEAD)
-
-
-def _encode_drain(prob: Problem, model: DeviceModel, cols: tuple[int, int], rows_last: int,
-                  rows_before: int) -> float:
-    """Seconds the host's encoders take after the run's last GEMM: the last block's chunks
-    (``rows_last`` x h; one chunk a thread at the least), after what they still owe of the
-    block before it (``rows_before`` rows) where the last is a thin block row, which they
-    start on once it is final, while the thin row computes and its B goes up."""
-    h, k = cols
-    s = prob.itemsize
-    assert prob.out is not None
-    rows, width = prob.out.chunks or (rows_last, h)
-    end = max(rows_last * h * s / model.encode,
-              min(rows, rows_last) * min(width, h) * s / model.encode_core)
-    if rows_before:
-        thin = max(model.gemm_seconds(rows_last, h, k, s),
-                   k * h * s / model.h2d if model.h2d else 0.0)
-        end += max(0.0, rows_before * h * s / model.encode - thin)
-    return end
 
 
 def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
@@ -296,18 +264,12 @@ def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
                                  decodes, cache, gpu_decode)
         if model.decode_on_compute_cores:  # the cores that decode are the cores that compute
             compute += decode
-    encode = 0.0
-    if model.encode and prob.out is not None and prob.out.encoded:
-        encode = m * n * s / model.encode
-        if model.decode_on_compute_cores:
-            compute += encode
     device_decode = _device_decode_seconds(prob, model, grid, (a_loads, b_loads), gpu_decode)
     out_disk, out_in_place = _output_kind(prob, staged)
     storage_read, storage_write, host_copy = _storage_and_copies(
         prob, model, (a_loads * amp_a, b_loads * amp_b, c_in), (amp_a, amp_b), cache,
         staged=staged, out_disk=out_disk, out_in_place=out_in_place)
-    return {"compute": compute, "decode": decode, "encode": encode,
-            "device_decode": device_decode,
+    return {"compute": compute, "decode": decode, "device_decode": device_decode,
             "h2d": (a_loads + b_loads + c_in) / model.h2d if model.h2d else 0.0,
             "d2h": c_bytes / model.d2h if model.d2h else 0.0,
             "storage_read": storage_read, "storage_write": storage_write,

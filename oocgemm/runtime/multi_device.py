@@ -306,8 +306,7 @@ def _within(plan, small):
     w2, h2 = _divisor(w, small.tile[0]), _divisor(h, small.tile[1])
     if plan.symmetric:
         w2 = h2 = _divisor(w, min(w2, h2))
-    small = finished(dataclasses.replace(small, tile=(w2, h2, small.tile[2]), blocks=()),
-                     last_rows=plan.last_rows)  # the same block rows, cut finer
+    small = finished(dataclasses.replace(small, tile=(w2, h2, small.tile[2]), blocks=()))
     rows, cols = small.row_splits, small.col_splits
     inside = []
     for i, j in plan.blocks:

@@ -112,19 +112,6 @@ def check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
     return check_zarr_options(options, shape, dtype, os.fspath(out))
 
 
-def compressed_output(out, out_options: dict, original=None) -> bool:
-    """Whether C's chunks are compressed as they are written: a new Zarr output with
-    compressors or filters in ``out_options``, a Zarr array given as ``out``, or the Zarr
-    array ``original`` updated in place, with its own."""
-    from .zarr_store import ZarrSource
-
-    if isinstance(original, ZarrSource):
-        out = original.array()
-    if type(out).__module__.startswith("zarr"):
-        return bool(getattr(out, "compressors", None) or getattr(out, "filters", None))
-    return bool(out_options.get("compressors") or out_options.get("filters"))
-
-
 def output_layout(plan: Plan, out_options: dict, original=None) -> dict:
     """The layout of a new Zarr output: the user's ``out_options``, with default chunks that
     tile the C blocks and the row stripes they are written in, at most 64 MiB each

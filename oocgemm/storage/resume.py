@@ -81,8 +81,7 @@ def schedule_key(plan: Plan) -> dict:
     return {"device": plan.device.split(":")[0], "kernel": plan.kernel, "tile": list(plan.tile),
             "staged": plan.staged, "ramp": plan.ramp, "ramp_granule": plan.ramp_granule,
             "split_last": plan.split_last, "tail_panels": plan.tail_panels, "n_a": plan.n_a,
-            "n_b": plan.n_b, "symmetric": plan.symmetric,
-            **({"last_rows": plan.last_rows} if plan.last_rows else {})}
+            "n_b": plan.n_b, "symmetric": plan.symmetric}
 
 
 def header(plan: Plan, fingerprint_: dict) -> dict:
@@ -131,8 +130,7 @@ def _judge(plan: Plan, journal: journals.Journal, found: Callable[[Plan], dict])
     if plan.chosen_by == "tile" and tile != tuple(plan.tile):
         return [f"tile was {tile}, now {tuple(plan.tile)}"]  # another sum order
     try:  # the interrupted run's tile, which must fit this run's budgets
-        forced = finished(dataclasses.replace(plan, tile=tile, chosen_by="resume"),
-                          last_rows=head.get("schedule", {}).get("last_rows", 0))
+        forced = finished(dataclasses.replace(plan, tile=tile, chosen_by="resume"))
     except BudgetError:
         journal.close()
         raise

@@ -29,7 +29,7 @@ from ..planning import Operand, Plan
 from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls
 from .files import signals_deferred
 from .identity import check_output, one_matrix, remembered
-from .outputs import check_out, check_out_options, compressed_output, output_layout
+from .outputs import check_out, check_out_options, output_layout
 
 
 @dataclass
@@ -313,8 +313,6 @@ def _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options, storage_op
     if out_options.get("chunks") is not None:  # align the C blocks to what a write rewrites
         out_operand = dataclasses.replace(
             out_operand, chunks=out_options.get("shards") or out_options["chunks"])
-    if compressed_output(out, out_options, src_c if in_place else None):
-        out_operand = dataclasses.replace(out_operand, encoded=True)
     sources = {"A": src_a, "B": src_b}
     if src_c is not None and reads_c:
         sources["C"] = src_c
