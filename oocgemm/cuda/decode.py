@@ -140,17 +140,10 @@ class PanelDecoder:
         self.itemsize = plan.problem.itemsize
         # a batch: a panel of each operand at most
         frames = max(1, sum(plan.panel_frames(name) for name in plan.gpu_decode))
-        frame_bytes = max(math.prod(plan.problem_operand(name).zstd_frames) * self.itemsize
-                          for name in plan.gpu_decode)
-        self.frames, self.frame_bytes = frames, frame_bytes
+        self.frames = frames
+        self.frame_bytes = max(plan.frame_bytes(name) for name in plan.gpu_decode)
         self.scratch = cupy.empty(max(plan.decode_scratch, 1), dtype=np.uint8)
-        temp = ctypes.c_size_t()
-        status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
-            ctypes.c_size_t(frames), ctypes.c_size_t(frame_bytes), nvcomp.DecodeOpts(),
-            ctypes.byref(temp), ctypes.c_size_t(frames * frame_bytes), ctypes.c_void_p(0))
-        if status:
-            raise RuntimeError(f"nvCOMP DecompressGetTempSize failed (status {status})")
-        self.temp = cupy.empty(max(temp.value, 1), dtype=np.uint8)
+        self.temp = cupy.empty(max(self._temp_bytes(frames), 1), dtype=np.uint8)
         self.tables = [_Table(frames) for _ in range(TABLES)]
         self.turn = 0
         self._filled: dict = {}  # operand -> a device object of its fill value
@@ -223,16 +216,20 @@ class PanelDecoder:
         self.tables[self.tables.index(table)] = table = _Table(n)
         if n > self.frames:
             self.frames = n
-            temp = ctypes.c_size_t()
-            status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
-                ctypes.c_size_t(n), ctypes.c_size_t(self.frame_bytes), nvcomp.DecodeOpts(),
-                ctypes.byref(temp), ctypes.c_size_t(self.plan.decode_scratch),
-                ctypes.c_void_p(0))
-            if status:
-                raise RuntimeError(f"nvCOMP DecompressGetTempSize failed (status {status})")
-            if temp.value > self.temp.nbytes:
-                self.temp = cupy.empty(temp.value, dtype=np.uint8)
+            temp = self._temp_bytes(n)
+            if temp > self.temp.nbytes:
+                self.temp = cupy.empty(temp, dtype=np.uint8)
         return table
+
+    def _temp_bytes(self, frames: int) -> int:
+        """The scratch nvCOMP asks for to decode ``frames`` frames of the largest size."""
+        temp = ctypes.c_size_t()
+        status = self.lib.nvcompBatchedZstdDecompressGetTempSize(
+            ctypes.c_size_t(frames), ctypes.c_size_t(self.frame_bytes), nvcomp.DecodeOpts(),
+            ctypes.byref(temp), ctypes.c_size_t(frames * self.frame_bytes), ctypes.c_void_p(0))
+        if status:
+            raise RuntimeError(f"nvCOMP DecompressGetTempSize failed (status {status})")
+        return temp.value
 
     def _table(self) -> _Table:
         """The next table, once the DECODE that used it is done and its statuses are good."""
