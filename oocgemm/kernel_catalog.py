@@ -91,10 +91,11 @@ def ozaki_moduli(kernel: str) -> int | None:
 #: Every name ``kernel=`` accepts.
 CHOICES = (DEFAULT, *KERNELS, OZAKI)
 
-#: Sources of ``kernels/`` that are steps of a product's arithmetic rather than GEMM kernels
-#: of :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``) and
-#: the mirror of a symmetric product's diagonal blocks.
-STEPS = ("ozaki.cu", "symmetric.cu")
+#: Sources of ``kernels/`` that are steps of a run rather than GEMM kernels of
+#: :data:`KERNELS`: the elementwise kernels of Ozaki scheme II (``oocgemm/ozaki.py``), the
+#: mirror of a symmetric product's diagonal blocks, and the packing of C's frames compressed
+#: on the GPU (``oocgemm/cuda/nvcomp.py``).
+STEPS = ("ozaki.cu", "symmetric.cu", "frames.cu")
 
 
 def kernels_dir() -> Traversable:

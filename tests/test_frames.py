@@ -130,6 +130,33 @@ def test_frames_match_the_whole_chunk(rng):
         assert not back[:, c1 - c0:].any()
 
 
+def test_a_gpu_stripes_packed_frames_read_back(rng, monkeypatch):
+    """The ring buffer as the GPU's DOWNLOAD leaves it (nvcomp.StripeEncoder): the frames'
+    sizes, their statuses, then the frames packed back to back (kernels/frames.cu); each
+    piece comes back as its own frames joined, in order. A refused frame is named."""
+    from oocgemm.cuda import nvcomp
+
+    monkeypatch.setattr(nvcomp, "frame_capacity", lambda frame_bytes: frame_bytes + 64)
+    framing = Framing((8, 16), (18, 50), 8, frame_bytes=256)
+    rows, cols = (6, 16), (0, 50)
+    pieces, layout, _ = nvcomp._frames_of(framing, rows, cols)
+    frames = [[rng.bytes(int(rng.integers(1, 320))) for _ in piece] for piece in layout]
+    flat = [f for piece in frames for f in piece]
+    n = len(flat)
+    head = nvcomp._up(12 * n)
+    host = np.zeros(nvcomp.host_bytes(framing, rows, cols), dtype=np.uint8)
+    host[:8 * n].view(np.uint64)[:] = [len(f) for f in flat]
+    packed = b"".join(flat)
+    host[head:head + len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+    back = nvcomp.read_stripe(framing, host, rows, cols)
+    assert [p for p, _ in back] == pieces and len(pieces) == 8
+    for (_, data), want in zip(back, frames):
+        assert bytes(data) == b"".join(want)
+    host[8 * n + 4 * 5:8 * n + 4 * 6].view(np.int32)[0] = 7  # frame 5 refused
+    with pytest.raises(RuntimeError, match="frame 5 of a stripe .status 7"):
+        nvcomp.read_stripe(framing, host, rows, cols)
+
+
 def test_what_frames_cannot_store(rng, workdir):
     """No frames where the chunks could not be stored from them: a checksum, another codec,
     shards, a fill value that is not zero, blocks that cut chunks; nor for an array given

@@ -160,6 +160,18 @@ def test_symmetric_kernels_compile(arch, tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_frames_kernel_compiles(arch, tmp_path):
+    """kernels/frames.cu: the packing of a stripe's compressed frames that
+    oocgemm.cuda.nvcomp.StripeEncoder launches (pack_frames), everything in registers."""
+    from oocgemm.kernel_catalog import kernels_dir
+
+    report = _cubin(Path(str(kernels_dir())) / "frames.cu", arch, tmp_path)
+    assert set(report) == {"pack_frames"}, report
+    assert all(v["spills"] == 0 and v["stack"] == 0 for v in report.values()), report
+
+
+@needs_nvcc
 @pytest.mark.parametrize("tag", ["l1", "loop"])
 @pytest.mark.parametrize("name", ["opt", "regblock"])
 def test_measuring_builds_compile(name, tag, tmp_path, builds):

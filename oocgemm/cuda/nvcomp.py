@@ -9,8 +9,9 @@ allocates each batch's outputs and returns their sizes to the host, which waits 
 :class:`StripeEncoder` does a DOWNLOAD of a framed run (:mod:`oocgemm.storage.frames`): the
 stripe's chunk pieces are gathered from the C slot into a scratch buffer at the chunk's
 width (2D copies; an edge chunk's padding columns zeroed), compressed as one batch of
-frames into fixed slots, and the frames' sizes, statuses and slots copied into the stripe's
-pinned ring buffer, whose WRITE reads them back (:func:`read_stripe`).
+frames into fixed slots, packed back to back (``kernels/frames.cu``), and the frames' sizes,
+statuses and packed bytes copied into the stripe's pinned ring buffer, whose WRITE takes each
+chunk piece's frames as one span of it (:func:`read_stripe`).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def device_bytes(framing: Framing, stripes) -> int:
     """Device bytes a :class:`StripeEncoder` for ``stripes`` ((rows, cols) of each DOWNLOAD)
     holds: scratch, frame slots, tables and nvCOMP's temporary buffer."""
     scratch, frames = _largest(framing, stripes)
-    return (_up(scratch) + frames * (frame_capacity(framing.frame_bytes) + 40)
+    return (_up(scratch) + frames * (2 * frame_capacity(framing.frame_bytes) + 40)
             + _up(temp_bytes(frames, framing.frame_bytes)))
 
 
@@ -202,6 +203,8 @@ class StripeEncoder:
         scratch, frames = _largest(framing, stripes)
         self.scratch = cupy.empty(max(scratch, 1), dtype=np.uint8)
         self.slots = cupy.empty(max(frames, 1) * self.capacity, dtype=np.uint8)
+        self.packed = cupy.empty(max(frames, 1) * self.capacity, dtype=np.uint8)
+        self.pack = pack_kernel()
         self.sizes = cupy.empty(max(frames, 1), dtype=np.uint64)
         self.statuses = cupy.empty(max(frames, 1), dtype=np.int32)
         self.temp_size = temp_bytes(max(frames, 1), framing.frame_bytes)
@@ -229,6 +232,7 @@ class StripeEncoder:
         """Enqueue on ``stream`` the stripe ``rows`` x ``cols`` of C, which starts at device
         address ``src_ptr`` with rows of ``pitch`` elements: gathered, compressed, and its
         frames copied to the pinned ``host_ptr`` (:func:`read_stripe`'s layout)."""
+        import cupy
         from cupy.cuda import runtime
 
         rows, cols = tuple(rows), tuple(cols)
@@ -251,19 +255,25 @@ class StripeEncoder:
             ctypes.c_void_p(self.temp.data.ptr), ctypes.c_size_t(self.temp_size),
             ctypes.c_void_p(outs.data.ptr), ctypes.c_void_p(self.sizes.data.ptr), _Opts(),
             ctypes.c_void_p(self.statuses.data.ptr), ctypes.c_void_p(stream)), "compression")
+        with cupy.cuda.ExternalStream(stream):
+            self.pack((n,), (PACK_THREADS,), (self.slots, np.uint64(self.capacity), self.sizes,
+                                              self.packed))
         runtime.memcpyAsync(host_ptr, self.sizes.data.ptr, 8 * n, _D2H, stream)
         runtime.memcpyAsync(host_ptr + 8 * n, self.statuses.data.ptr, 4 * n, _D2H, stream)
-        runtime.memcpyAsync(host_ptr + _up(12 * n), self.slots.data.ptr, n * self.capacity,
+        runtime.memcpyAsync(host_ptr + _up(12 * n), self.packed.data.ptr, n * self.capacity,
                             _D2H, stream)
 
     def close(self) -> None:
         self.tables.clear()
-        self.scratch = self.slots = self.sizes = self.statuses = self.temp = None
+        self.scratch = self.slots = self.packed = self.sizes = self.statuses = None
+        self.temp = None
 
 
-def read_stripe(framing: Framing, host: np.ndarray, rows, cols) -> list[tuple[Piece, bytes]]:
+def read_stripe(framing: Framing, host: np.ndarray, rows, cols
+                ) -> list[tuple[Piece, np.ndarray]]:
     """The pieces of a stripe that :meth:`StripeEncoder.encode` copied into ``host`` (the
-    pinned ring buffer, as bytes), each with its frames joined."""
+    pinned ring buffer, as bytes), each with its frames joined: one copy of its span of the
+    packed frames (numpy's, which lets the other threads run)."""
     pieces, frames, _ = _frames_of(framing, tuple(rows), tuple(cols))
     n = sum(len(f) for f in frames)
     sizes = host[:8 * n].view(np.uint64)
@@ -272,13 +282,35 @@ def read_stripe(framing: Framing, host: np.ndarray, rows, cols) -> list[tuple[Pi
         bad = int(np.flatnonzero(statuses)[0])
         raise RuntimeError(f"nvCOMP could not compress frame {bad} of a stripe "
                            f"(status {int(statuses[bad])})")
-    capacity = frame_capacity(framing.frame_bytes)
-    base, g, out = _up(12 * n), 0, []
+    ends = np.cumsum(sizes)
+    base, g, at, out = _up(12 * n), 0, 0, []
     for piece, piece_frames in zip(pieces, frames):
-        parts = []
-        for _ in piece_frames:
-            at = base + g * capacity
-            parts.append(host[at:at + int(sizes[g])])
-            g += 1
-        out.append((piece, b"".join(parts)))
+        g += len(piece_frames)
+        end = int(ends[g - 1])
+        out.append((piece, host[base + at:base + end].copy()))
+        at = end
     return out
+
+
+#: Threads of a block of ``kernels/frames.cu``'s pack_frames (its reduction's width).
+PACK_THREADS = 256
+_PACK: dict = {}  # device -> the compiled pack_frames
+
+
+def pack_kernel():
+    """``kernels/frames.cu``'s pack_frames, compiled for the current GPU once a process."""
+    import cupy
+
+    from ..errors import KernelError
+    from ..kernel_catalog import kernels_dir
+
+    device = cupy.cuda.runtime.getDevice()
+    if device not in _PACK:
+        path = kernels_dir() / "frames.cu"
+        try:
+            module = cupy.RawModule(code=path.read_text())
+        except OSError as exc:
+            raise KernelError(f"cannot read {path} ({exc}); set OOCGEMM_KERNELS to the folder "
+                              f"holding the .cu files") from exc
+        _PACK[device] = module.get_function("pack_frames")
+    return _PACK[device]
