@@ -169,9 +169,9 @@ def out_options(codec: str | None) -> dict | None:
     return {"chunks": (CHUNK, CHUNK), "compressors": None if codec == "none" else codec}
 
 
-#: ``--out-codecs`` suffixes: who compresses C (``OOCGEMM_GPU_ENCODE``); none: the host's
-#: encoders, whole chunks.
-ENCODERS = {"gpu": "1", "last": "last", "frames": "frames"}
+#: ``--out-codecs`` suffixes: who compresses C (``OOCGEMM_GPU_ENCODE``); none: oocgemm's
+#: default (the GPU, where nvCOMP is found).
+ENCODERS = {"gpu": "1", "host": "0", "last": "last", "frames": "frames"}
 
 #: ``--out-codecs`` ending: the inputs decoded on the GPU (``OOCGEMM_GPU_DECODE=1``).
 GPU_INPUTS = "+gpuin"
@@ -308,9 +308,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out-codecs", default=None,
                         help="comma list of output codecs (none, zstd, blosc, ...) to run "
                              "oocgemm with, each into 4096² chunks; a suffix says who "
-                             "compresses C (OOCGEMM_GPU_ENCODE): @gpu the GPU (=1), @last "
-                             "the GPU most of the last block, @frames the host a stripe at "
-                             "a time; ending +gpuin: the inputs decoded on the GPU "
+                             "compresses C (OOCGEMM_GPU_ENCODE): @gpu the GPU (=1, the "
+                             "default), @host the host whole chunks (=0), @last the GPU most "
+                             "of the last block, @frames the host a stripe at a time; ending "
+                             "+gpuin: the inputs decoded on the GPU "
                              "(OOCGEMM_GPU_DECODE=1); default: oocgemm's default output only")
     parser.add_argument("--plot", default=None, help="PNG of the warm run's timeline")
     parser.add_argument("--trace", default=None, help="Perfetto JSON of the warm run")

@@ -311,13 +311,15 @@ def test_zarr_product_output_encoders():
     from oocgemm.runtime.cuda_executor import GPU_ENCODE_MODES
 
     assert split_codec("zstd") == ("zstd", {}) and split_codec(None) == (None, {})
-    modes = {suffix: split_codec(f"zstd@{suffix}") for suffix in ("gpu", "last", "frames")}
+    modes = {suffix: split_codec(f"zstd@{suffix}")
+             for suffix in ("gpu", "host", "last", "frames")}
     assert modes == {"gpu": ("zstd", {"OOCGEMM_GPU_ENCODE": "1"}),
+                     "host": ("zstd", {"OOCGEMM_GPU_ENCODE": "0"}),
                      "last": ("zstd", {"OOCGEMM_GPU_ENCODE": "last"}),
                      "frames": ("zstd", {"OOCGEMM_GPU_ENCODE": "frames"})}
     assert {env["OOCGEMM_GPU_ENCODE"] for _, env in modes.values()} <= set(GPU_ENCODE_MODES)
     assert split_codec("none+gpuin") == ("none", {"OOCGEMM_GPU_DECODE": "1"})
     assert split_codec("zstd@frames+gpuin") == (
         "zstd", {"OOCGEMM_GPU_ENCODE": "frames", "OOCGEMM_GPU_DECODE": "1"})
-    with pytest.raises(BenchError, match="@gpu, @last, @frames"):
+    with pytest.raises(BenchError, match="@gpu, @host, @last, @frames"):
         split_codec("zstd@cpu")

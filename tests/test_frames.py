@@ -211,9 +211,9 @@ def test_a_framed_block_is_journaled(rng, workdir):
 
 
 def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
-    """Without nvCOMP (as here) the GPU compresses nothing: OOCGEMM_GPU_ENCODE=1 leaves C to
-    the host's whole-chunk encoders, =last and =frames to its encoders a stripe at a time,
-    and by default (or =0) no stripe becomes frames."""
+    """Without nvCOMP (as here) the GPU compresses nothing: OOCGEMM_GPU_ENCODE=1 (the
+    default) leaves C to the host's whole-chunk encoders, as =0 does, =last and =frames to
+    its encoders a stripe at a time."""
     from oocgemm.cuda import nvcomp
     from oocgemm.runtime.cuda_executor import gpu_framing
 
@@ -228,7 +228,8 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
         got = gpu_framing(plan, writer)
         assert (got and got.host) == host and (got is None or not got.downloads)
     monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")
-    with pytest.raises(oocgemm.OptionError, match="OOCGEMM_GPU_ENCODE='yes': one of 0, 1"):
+    with pytest.raises(oocgemm.OptionError, match="OOCGEMM_GPU_ENCODE='yes': one of 0, 1.*"
+                                                  "1, the default"):
         gpu_framing(plan, writer)
     monkeypatch.delenv("OOCGEMM_GPU_ENCODE")
     assert gpu_framing(plan, writer) is None

@@ -23,6 +23,7 @@ import oocgemm
 from oocgemm.cuda.decode import panel_batch
 from oocgemm.errors import InputError, OptionError
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
+from oocgemm.planning.grid import on_chunk_edges
 from oocgemm.planning.schedule import Op, decode_batches
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.frames import zstd_pieces
@@ -166,7 +167,8 @@ def test_a_damaged_object_is_named(rng, workdir, damage):
 
 
 # -- which plans decode on the device (OOCGEMM_GPU_DECODE=1) --------------------------------
-def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None):
+def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
+              out_options=None):
     """A CUDA plan of ``za @ zb`` (the user's ``tile``, or the planner's for None) within
     ``memory`` of GPU and ``host`` (else ``memory``) of host memory, made without a GPU."""
     from oocgemm.options import Options
@@ -175,7 +177,7 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None):
     from oocgemm.runtime.staging import staging_for
     from oocgemm.storage.run import open_run
 
-    with open_run(za, zb, None, trans_a=trans_a) as io:
+    with open_run(za, zb, out, trans_a=trans_a, out_options=out_options) as io:
         m, n, k = io.shape
         a, b, c, out = io.operands()
         problem = oocgemm.planning.Problem(m=m, n=n, k=k, itemsize=8, dtype="float64", a=a,
@@ -364,6 +366,35 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     transposed = cuda_plan(zt, zb, None, memory=16 << 30, trans_a=True)
     assert all(t[0] % side == 0 and t[2] % (2 * side) == 0
                for t in on_object_edges(transposed, ("A",)))
+
+
+def test_blocks_decoded_on_the_device_start_on_the_outputs_chunks(workdir):
+    """Zarr v2's 3000² input chunks and an output of 4096² chunks, n = 32768 (metadata
+    only): no common multiple of the two fits, so a tile decoded on the device takes whole
+    rows and columns of C (9000-row blocks, which cut the output's chunks, took the H200
+    9.3-10.4 s against 4.3-4.8 s on the output's edges). 4096² objects and an output of
+    8192² chunks: blocks on multiples of 8192."""
+    from oocgemm.planning import on_object_edges
+    from oocgemm.product import decoded_on_device
+
+    n = 32768
+    za, zb = (zarr.create_array(f"{x}.zarr", shape=(n, n), chunks=(3000, 3000), dtype="f8",
+                                zarr_format=2) for x in "ab")
+    planned = cuda_plan(za, zb, None, memory=16 << 30, out="c.zarr",
+                        out_options={"chunks": (4096, 4096), "compressors": "zstd"})
+    assert planned.problem.out.chunks == (4096, 4096)
+    assert {t[:2] for t in on_object_edges(planned, ("A", "B"))} == {(n, n)}
+    device = decoded_on_device(planned)  # both do not fit with C whole; A alone does
+    assert device.gpu_decode == ("A",) and device.tile[0] == n
+    for plan in (planned, device):
+        assert on_chunk_edges((plan.row_splits, plan.col_splits), (4096, 4096), (n, n))
+    za, zb = (zarr.create_array(f"{x}4.zarr", shape=(n, n), chunks=(4096, 4096), dtype="f8")
+              for x in "ab")
+    planned = cuda_plan(za, zb, None, memory=16 << 30, out="d.zarr",
+                        out_options={"chunks": (8192, 8192)})
+    tiles = on_object_edges(planned, ("A", "B"))
+    assert tiles and all(t[0] % 8192 == 0 and t[1] % 8192 == 0 for t in tiles)
+    assert decoded_on_device(planned).gpu_decode == ("A", "B")
 
 
 # -- on a GPU ---------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""C compressed on the GPU (nvCOMP) before it goes down (``OOCGEMM_GPU_ENCODE=1``): the
-product zarr reads back equals numpy's, on ragged shapes whose stripes cut chunks, v2 and v3;
-by default the host encodes; skipped where no GPU (or no nvCOMP) is found."""
+"""C compressed on the GPU (nvCOMP) before it goes down (``OOCGEMM_GPU_ENCODE=1``, the
+default): the product zarr reads back equals numpy's, on ragged shapes whose stripes cut
+chunks, v2 and v3; with ``=0`` the host encodes; skipped where no GPU (or no nvCOMP) is
+found."""
 
 from __future__ import annotations
 
@@ -57,15 +58,18 @@ def test_c_compressed_on_the_gpu(rng, workdir, gpu_encode, fmt, tile):
         assert f.read().count(ZSTD_MAGIC) >= 2
 
 
-def test_the_host_encodes_by_default(rng, workdir, monkeypatch):
-    """Without OOCGEMM_GPU_ENCODE=1: the host's encoders, the same product."""
-    nvcomp_or_skip()
+def test_the_gpu_encodes_by_default_and_the_host_when_asked(rng, workdir, monkeypatch):
+    """OOCGEMM_GPU_ENCODE unset: the GPU's encoder; =0: the host's, the same product."""
+    nvcomp = nvcomp_or_skip()
     a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
     monkeypatch.delenv("OOCGEMM_GPU_ENCODE", raising=False)
-    r = oocgemm.multiply(a, b, "c.zarr", device="cuda",
-                         out_options={"compressors": "zstd", "chunks": (64, 64)})
-    assert r.out_encoder is None
-    assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
+    for mode, encoder in ((None, f"nvCOMP {nvcomp.version()} zstd on the GPU"), ("0", None)):
+        if mode is not None:
+            monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
+        r = oocgemm.multiply(a, b, "c.zarr", device="cuda", overwrite=True,
+                             out_options={"compressors": "zstd", "chunks": (64, 64)})
+        assert r.out_encoder == encoder
+        assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
 
 
 def test_a_checksummed_output_is_encoded_on_the_host(rng, workdir, gpu_encode):

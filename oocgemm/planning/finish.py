@@ -62,19 +62,25 @@ def on_object_edges(plan: Plan, operands: tuple[str, ...]) -> list[tuple[int, in
     of ``operands`` (what decoding them on the device needs, :attr:`Plan.gpu_decode`),
     largest blocks first: the K panel rounded up to a common multiple of their objects' K
     sides; the block's rows (of A's objects) and columns (of B's) rounded up, then halved on
-    the objects' edges down to one object. Each clipped to the problem."""
+    the objects' edges down to one object. The blocks start on the output's chunk edges
+    too, where it has chunks of its own (C blocks that cut its chunks are gathered across
+    blocks, and no stripe of them is compressed on the device: H200, n = 32768, 3000²
+    input chunks and 4096² output chunks, 9000-row blocks took 9.3-10.4 s against 4.3-4.8
+    aligned to the output): where no common multiple fits, the whole extent. Each clipped to
+    the problem."""
     prob = plan.problem
     w, h, r = plan.tile
-    sides = {"w": 1, "h": 1, "k": 1}
+    out = prob.out.chunks if prob.out is not None and prob.out.chunks else (1, 1)
+    sides = {"w": out[0], "h": out[1], "k": 1}
     for name in operands:
         x = plan.problem_operand(name)
         rows, cols = x.chunks
         if (prob.trans_a if name == "A" else prob.trans_b):
             rows, cols = cols, rows  # (op(A)'s rows, its K) or (op(B)'s K, its columns)
         if name == "A":
-            sides["w"], sides["k"] = rows, math.lcm(sides["k"], cols)
+            sides["w"], sides["k"] = math.lcm(sides["w"], rows), math.lcm(sides["k"], cols)
         else:
-            sides["h"], sides["k"] = cols, math.lcm(sides["k"], rows)
+            sides["h"], sides["k"] = math.lcm(sides["h"], cols), math.lcm(sides["k"], rows)
 
     def choices(x: int, side: int, extent: int) -> list[int]:
         found, x = [], min(-(-x // side) * side, extent)
