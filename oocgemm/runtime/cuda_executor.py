@@ -24,8 +24,8 @@ a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM
 says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its stripe on the GPU
 first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which runs ahead of the
 GEMMs) and its WRITE hands the sink the frames; the other stripes go to the host's encoders.
-By default the GPU compresses every stripe where nvCOMP is found (H200, n = 32768: 0.80-0.92x
-the time of an uncompressed output, against 1.1-1.8x with the host's encoders;
+By default the GPU compresses every stripe where nvCOMP is found (H200, n = 32768: 0.79-0.93x
+the time of an uncompressed output, against 1.2-2x with the host's encoders;
 docs/performance.md); elsewhere, or with ``OOCGEMM_GPU_ENCODE=0``, C's chunks are gathered
 and encoded whole on the host.
 
@@ -123,8 +123,8 @@ def gpu_encode_mode() -> str:
 
 def gpu_framing(plan, sink) -> GpuFrames | None:
     """How a run of ``plan`` makes C's stripes into frames, after ``OOCGEMM_GPU_ENCODE``:
-    '1' (the default), every stripe compressed on the GPU; 'last', :data:`GPU_SHARE` of the last C
-    block's stripes on the GPU and the others on the host's encoders, a stripe each;
+    '1' (the default), every stripe compressed on the GPU; 'last', :data:`GPU_SHARE` of the
+    last C block's stripes on the GPU and the others on the host's encoders, a stripe each;
     'frames', every stripe on the host's encoders. None (C's chunks gathered and encoded
     whole) with '0', or where C is not stored from frames
     (:func:`~oocgemm.runtime.base.framed_writes`); without nvCOMP, or where its buffers
