@@ -185,3 +185,54 @@ def test_a_compressed_chunk_is_decoded_whole_once_for_its_panels(rng, workdir):
     np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-10)
     assert r.plan.cache == () and r.chunks["A"]["decodes"] == 5
     assert r.chunks["A"]["peak_bytes"] <= 2 * chunk
+
+
+@pytest.mark.parametrize("codec", [None, numcodecs.Zstd(level=1)])
+def test_chunks_written_from_the_rows_of_a_wider_block(rng, workdir, codec):
+    """A whole chunk's rows inside a wider block (a column slice of it) are written as
+    they lie, uncompressed; compressed, or at the array's edge (padded with the fill value),
+    through a whole chunk. zarr reads back every value."""
+    from oocgemm.storage.zarr_store import direct
+
+    shape, chunks = (40, 50), (16, 16)
+    out = zarr.create_array("c.zarr", shape=shape, chunks=chunks, dtype="f8", fill_value=0,
+                            zarr_format=2, compressors=codec)
+    x = rand(rng, shape)
+    writer = direct(out)
+    for index in itertools.product(range(3), range(4)):
+        (r0, r1), (c0, c1) = chunk_region(index, chunks, shape)
+        block = x[r0:r1]  # whole rows of x: a chunk is a column slice of them
+        part = block[:, c0:c1]
+        assert part.shape != chunks or not part.flags.c_contiguous
+        writer.write(index, part)
+    np.testing.assert_array_equal(zarr.open_array("c.zarr", mode="r")[...], x)
+
+
+def test_buffers_written_back_to_back_through_short_writes(workdir, monkeypatch):
+    """write_all: more buffers than one writev takes, and writes that stop short (at most
+    1000 bytes a call here) go on where they stopped."""
+    import os
+
+    from oocgemm.storage import zarr_store
+
+    rng = np.random.default_rng(5)
+    buffers = [memoryview(rng.standard_normal(int(n))) for n in rng.integers(0, 40, 3000)]
+    real, calls = os.writev, []
+
+    def short(fd, views):
+        calls.append(len(views))
+        left, cut = 1000, []
+        for view in views:
+            cut.append(view[:left])
+            left -= len(cut[-1])
+            if not left:
+                break
+        return real(fd, cut)
+
+    for writev in (real, short):
+        monkeypatch.setattr(zarr_store.os, "writev", writev)
+        with open("f.bin", "wb") as f:
+            zarr_store.write_all(f.fileno(), buffers)
+        with open("f.bin", "rb") as f:
+            assert f.read() == b"".join(bytes(b) for b in buffers)
+    assert max(calls) <= zarr_store.IOV_MAX and len(calls) > 3000 * 20 * 8 // 1000 // 2
