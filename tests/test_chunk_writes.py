@@ -176,6 +176,33 @@ def test_stripes_in_any_order_from_many_threads(rng, workdir):
     assert writer.cells_written == cells
 
 
+@pytest.mark.parametrize("layout", ["v2", "v3-zstd"])
+def test_each_chunk_is_stored_from_one_piece_of_memory(rng, workdir, layout):
+    """A cell's rows are gathered chunk by chunk, each chunk's part of the cell an array of
+    its own: every chunk reaches the sink contiguous in memory, where blocks are several
+    chunks wide and where their edges cut chunks (a row-major cell handed the sink column
+    slices of itself: 2-3x slower to write), and its store holds the values."""
+    shape, chunks = (64, 100), (16, 24)
+    c = rng.standard_normal(shape)
+    store, array, sink = output("c.zarr", shape, chunks, layout)
+    seen, real = [], sink.write
+
+    def write(rows, cols, data):
+        seen.append(data.flags.c_contiguous)
+        real(rows, cols, data)
+
+    sink.write = write
+    rows, cols = (0, 32, 64), (0, 60, 100)  # 60 cuts the third chunk column
+    writer = ChunkWriter(sink, rows, cols, budget=1 << 20)
+    for r0, r1 in zip(rows, rows[1:]):
+        for c0, c1 in zip(cols, cols[1:]):
+            for lo in range(r0, r1, 8):
+                writer.write((lo, lo + 8), (c0, c1), c[lo:lo + 8, c0:c1].copy())
+    writer.flush()
+    np.testing.assert_array_equal(array[:], c)
+    assert len(seen) == 4 * 5 + 4 and all(seen)  # two parts of each cut chunk
+
+
 def test_flush_writes_what_incomplete_cells_hold(rng, workdir):
     """A run that stops inside a block (or writes part of one) leaves cells incomplete:
     flush stores the rows they hold, and only those."""

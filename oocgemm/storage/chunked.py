@@ -294,6 +294,45 @@ def _encoders() -> ThreadPoolExecutor:
 _WAIT = object()  # ChunkWriter._take: no room until a store ends
 
 
+class _Band:
+    """A cell's buffer, chunk by chunk: the rows of each chunk's part of the cell (its
+    columns ``cols[k]:cols[k + 1]``) in an array of their own, so that a whole chunk is
+    stored from where it was gathered, in one piece. (Rows of a chunk gathered inside a
+    row-major cell are a column slice of it: 16 threads wrote 134 MB chunk files that way
+    in 115-210 ms each on the H200 machine, against 56-89 ms from one piece of memory.)"""
+
+    __slots__ = ("shape", "cols", "parts", "nbytes")
+
+    def __init__(self, rows: int, cols: list[int], dtype):
+        self.shape = (rows, cols[-1] - cols[0])
+        self.cols = cols
+        self.parts = [np.empty((rows, hi - lo), dtype=dtype) for lo, hi in zip(cols, cols[1:])]
+        self.nbytes = sum(part.nbytes for part in self.parts)
+
+    def key(self) -> tuple:
+        """What a spare band must match to be taken for another cell."""
+        return (self.shape, tuple(x - self.cols[0] for x in self.cols))
+
+    def put(self, top: int, cols: tuple[int, int], piece: np.ndarray) -> None:
+        """``piece`` into the rows from ``top`` (of the cell) and the columns ``cols`` (of
+        the array)."""
+        rows = slice(top, top + piece.shape[0])
+        for (lo, hi), part in zip(zip(self.cols, self.cols[1:]), self.parts):
+            a, b = max(lo, cols[0]), min(hi, cols[1])
+            if a < b:
+                np.copyto(part[rows, a - lo:b - lo], piece[:, a - cols[0]:b - cols[0]],
+                          casting="same_kind")
+
+    def pieces(self, top: int, rows: tuple[int, int], cols: tuple[int, int]):
+        """(columns, data) of each chunk's part of the region ``rows`` x ``cols`` (rows of
+        the array; the cell's first row is ``top``)."""
+        rs = slice(rows[0] - top, rows[1] - top)
+        for (lo, hi), part in zip(zip(self.cols, self.cols[1:]), self.parts):
+            a, b = max(lo, cols[0]), min(hi, cols[1])
+            if a < b:
+                yield (a, b), part[rs, a - lo:b - lo]
+
+
 class _Cell:
     """The rows of one chunk row band inside one C block, gathered until all have come:
     ``buffer`` (None once the cell is written straight through, see ``ChunkWriter``), the
@@ -301,7 +340,7 @@ class _Cell:
 
     __slots__ = ("region", "buffer", "pieces", "filled")
 
-    def __init__(self, region, buffer: np.ndarray | None):
+    def __init__(self, region, buffer: _Band | None):
         self.region = region
         self.buffer = buffer
         self.pieces: list[tuple[tuple[int, int], tuple[int, int]]] = []
@@ -365,7 +404,7 @@ class ChunkWriter(MatrixSink):
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # a store ended (a buffer came back)
         self._cells: dict[tuple[int, int, int], _Cell] = {}
-        self._spare: list[np.ndarray] = []  # buffers of written cells, for the next ones
+        self._spare: list = []  # buffers of written cells (arrays, bands), for the next ones
         self._stores: set[Future] = set()  # chunk stores handed to the encoders, not ended
         self._error: BaseException | None = None
         self._log = None
@@ -414,12 +453,12 @@ class ChunkWriter(MatrixSink):
             piece = block[lo - rows[0]:hi - rows[0]]
             if (lo, hi) == cell and cols == (left, right):  # a whole cell: copied and on
                 with self._lock:
-                    while (buffer := self._take(piece.shape)) is _WAIT:
+                    while (buffer := self._take(piece.shape, cols)) is _WAIT:
                         self._freed.wait()
                 if buffer is None:
                     self._store(((lo, hi), cols), piece, key)
                 else:
-                    np.copyto(buffer, piece, casting="same_kind")
+                    buffer.put(0, cols, piece)
                     self._hand_on(((lo, hi), cols), buffer, key)
             else:
                 self._gather((i, j, b), (cell, (left, right)), (lo, hi), cols, piece)
@@ -521,11 +560,19 @@ class ChunkWriter(MatrixSink):
 
         self._submit([store], ended)
 
-    def _parts(self, region, data: np.ndarray):
-        """The chunks of a cell: (rows, cols) and data of each."""
-        rows, (c0, c1) = region
+    def _edges(self, cols: tuple[int, int]) -> list[int]:
+        """The columns where the chunks of ``cols`` begin and end (clipped to it)."""
+        c0, c1 = cols
         step = self.chunks[1]
-        edges = [c0, *range((c0 // step + 1) * step, c1, step), c1]
+        return [c0, *range((c0 // step + 1) * step, c1, step), c1]
+
+    def _parts(self, region, data):
+        """The chunks of a cell (in ``data``, an array of its region or its :class:`_Band`):
+        (rows, cols) and data of each."""
+        rows, (c0, c1) = region
+        if isinstance(data, _Band):
+            return [((rows, cols), part) for cols, part in data.pieces(rows[0], rows, (c0, c1))]
+        edges = self._edges((c0, c1))
         return [((rows, (lo, hi)), data[:, lo - c0:hi - c0]) for lo, hi in zip(edges, edges[1:])]
 
     def _store_chunk(self, where, data: np.ndarray, key) -> None:
@@ -566,7 +613,7 @@ class ChunkWriter(MatrixSink):
     def _pool(self) -> ThreadPoolExecutor:
         return self._encoders or _encoders()
 
-    def _hand_on(self, region, buffer: np.ndarray, key) -> None:
+    def _hand_on(self, region, buffer: _Band, key) -> None:
         """Hand a complete cell in ``buffer`` to the encoders: each chunk stored by one of
         them; the buffer becomes spare when the last is."""
         parts = self._parts(region, buffer)
@@ -611,7 +658,7 @@ class ChunkWriter(MatrixSink):
         (r0, r1), (c0, c1) = region
         with self._lock:
             while (cell := self._cells.get(key)) is None:
-                buffer = self._take((r1 - r0, c1 - c0))
+                buffer = self._take((r1 - r0, c1 - c0), (c0, c1))
                 if buffer is not _WAIT:  # (a wait lets the cell's other pieces in first)
                     cell = self._cells[key] = _Cell(region, buffer)
                     break
@@ -619,7 +666,7 @@ class ChunkWriter(MatrixSink):
         if cell.buffer is None:  # over the budget: this cell goes out stripe by stripe
             self.inner.write(rows, cols, piece)
         else:  # pieces of one cell are disjoint: copied outside the lock
-            cell.buffer[rows[0] - r0:rows[1] - r0, cols[0] - c0:cols[1] - c0] = piece
+            cell.buffer.put(rows[0] - r0, cols, piece)
         with self._lock:
             cell.pieces.append((rows, cols))
             cell.filled += piece.size
@@ -629,20 +676,28 @@ class ChunkWriter(MatrixSink):
         if done and cell.buffer is not None:
             self._hand_on(region, cell.buffer, key[:2])
 
-    def _take(self, shape):
-        """A buffer of ``shape`` within the budget (under the lock): a spare one of that
-        shape (its pages are mapped already), else a new one, in room that spares of other
-        shapes give up; :data:`_WAIT` while the budget is held by cells being stored (the
-        caller waits for one to end, and asks again); None when there is no room at all."""
+    def _take(self, shape, cols: tuple[int, int] | None = None):
+        """A buffer of ``shape`` within the budget (under the lock): with ``cols`` (the
+        array's columns of a cell) a :class:`_Band` for them, else an array; a spare one of
+        that shape (its pages are mapped already), else a new one, in room that spares of
+        other shapes give up; :data:`_WAIT` while the budget is held by cells being stored
+        (the caller waits for one to end, and asks again); None when there is no room at
+        all."""
         nbytes = shape[0] * shape[1] * self.dtype.itemsize
+        edges = None if cols is None else self._edges(cols)
+        want = shape if edges is None else (shape, tuple(x - edges[0] for x in edges))
         for at, spare in enumerate(self._spare):
-            if spare.shape == shape:
+            if (spare.shape if isinstance(spare, np.ndarray) else spare.key()) == want:
+                if edges is not None:  # a band: the same shape, now of these columns
+                    spare.cols = edges
                 return self._spare.pop(at)
         self._drop_spares(nbytes)
         if self.held_bytes + nbytes <= self.budget:
             self.held_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-            return np.empty(shape, dtype=self.dtype)
+            if edges is None:
+                return np.empty(shape, dtype=self.dtype)
+            return _Band(shape[0], edges, self.dtype)
         return _WAIT if self._stores else None
 
     def _drop_spares(self, nbytes: int) -> None:
@@ -676,10 +731,10 @@ class ChunkWriter(MatrixSink):
         for cell in cells:
             if cell.buffer is None:
                 continue
-            (r0, _), (c0, _) = cell.region
+            (r0, _), _ = cell.region
             for rows, cols in cell.pieces:
-                self.inner.write(rows, cols, cell.buffer[rows[0] - r0:rows[1] - r0,
-                                                         cols[0] - c0:cols[1] - c0])
+                for part_cols, data in cell.buffer.pieces(r0, rows, cols):
+                    self.inner.write(rows, part_cols, data)
         with self._lock:
             self.held_bytes = 0
 
