@@ -24,8 +24,8 @@ a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM
 says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its stripe on the GPU
 first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which runs ahead of the
 GEMMs) and its WRITE hands the sink the frames; the other stripes go to the host's encoders.
-By default the GPU compresses every stripe where nvCOMP is found (H200, n = 32768: 0.79-0.93x
-the time of an uncompressed output, against 1.2-2x with the host's encoders;
+By default the GPU compresses every stripe where nvCOMP is found (H200, n = 32768: 0.94-1.2x
+the time of an uncompressed output, against 1.3-2x with the host's encoders;
 docs/performance.md); elsewhere, or with ``OOCGEMM_GPU_ENCODE=0``, C's chunks are gathered
 and encoded whole on the host.
 
