@@ -650,6 +650,34 @@ def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
         check_schedule(group.schedule, group)
 
 
+def test_one_matrix_in_both_roles_keeps_each_roles_tail_in_its_own_slots(rng):
+    """X X^T with a tile that is not square (computed in full) and a ragged edge where A's
+    last row panel is B's last column panel: a device's group of blocks that starts on
+    that panel found A's tail panels in B's slots, pinned them there and left B's own tail
+    no slot ("every B slot is pinned"). Each role's tail now stays in its own slots; a
+    diagonal block's one panel for both roles still takes one."""
+    from oocgemm.runtime.multi_device import groups
+
+    x = rand(rng, (281, 123))
+    prob = Problem(m=281, n=281, k=123, itemsize=8, dtype="float64", a=Operand(x.shape),
+                   b=Operand(x.shape), c=None, out=Operand((281, 281)), alpha=1.0, beta=0.0,
+                   trans_a=False, trans_b=True, shared=True)
+    whole = Plan(problem=prob, device="cpu", model=cpu_model(), tile=(256, 64, 32),
+                 memory_limit=BIG, host_memory_limit=BIG, staged=True, n_a=5, n_b=5,
+                 tail_panels=4, split_last=8, stripe=4096, n_stage=4, n_out=2).validate()
+    assert whole.grid == (2, 5, 4)
+    out = poisoned((281, 281))
+    for group in groups(whole, 3):
+        plan = replace(whole, blocks=tuple(group))
+        check_schedule(plan.schedule, plan)
+        part = run_plan(plan, x, x, None)
+        for i, j in group:
+            rows = slice(plan.row_splits[i], plan.row_splits[i + 1])
+            cols = slice(plan.col_splits[j], plan.col_splits[j + 1])
+            out[rows, cols] = part[rows, cols]
+    assert_gemm(out, x, x, trans_b=True)
+
+
 @pytest.mark.parametrize("n_c", [1, 2])
 def test_only_a_runs_last_block_takes_its_tail_stripe_by_stripe(n_c):
     """In the last block of a run (or of every block with one C slot) each row stripe goes

@@ -486,14 +486,21 @@ class _Builder:
         self.emit(OpKind.DECODE, operand, key, (z,), dst, uploads + hazards, region,
                   nbytes=self.nbytes(region))
 
-    def ensure(self, operand: str, key: tuple[int, int], pinned: set[str], cuts=None) -> str:
+    def ensure(self, operand: str, key: tuple[int, int], pinned: set[str], cuts=None,
+               own: bool = False) -> str:
         """The slot holding (operand, key), loading it into the least recently used slot
-        (``cuts``: :meth:`load_stripes`)."""
+        (``cuts``: :meth:`load_stripes`); with ``own``, a slot of the operand's own."""
         # One stored matrix in both roles: a panel is what it holds, whichever role loaded it
         # (a diagonal block of X^T X takes A(i, q) and B(q, i), the same rows of X, from one
         # slot: read, staged and uploaded once).
         content = ("AB", self.region(operand, key)) if self.prob.shared else (operand, key)
         held = self.holding.get(content)
+        if held is not None and own and held not in self.panel_slots[operand]:
+            # A tail panel pinned in the other role's slot would take a slot that role's own
+            # tail needs: loaded again into one of the operand's own (the other copy is let go).
+            held.content = None
+            del self.holding[content]
+            held = None
         if held is not None:
             return held.name
         victim: _SlotState | None = None
@@ -601,8 +608,12 @@ class _Builder:
                       c_region=c_region, h=h, pinned=set(), upper=diagonal)
         pinned: set[str] = set()
         for q in rest:  # load the tail panels, each into a slot of its own
-            pinned.add(self.ensure("A", (i, q), pinned=pinned))
-            pinned.add(self.ensure("B", (q, j), pinned=pinned))
+            # One matrix in both roles: each role's tail panels in its own slots (the pins
+            # are counted per role), but where A(i, q) and B(q, j) are one panel (a diagonal
+            # block), in one slot.
+            own = not self.prob.shared or self.region("A", (i, q)) != self.region("B", (q, j))
+            pinned.add(self.ensure("A", (i, q), pinned=pinned, own=own))
+            pinned.add(self.ensure("B", (q, j), pinned=pinned, own=own))
         parts = _row_parts(w, plan.split_last, taper=taper)
         if final or plan.n_c < 2:
             sweep = [(rows, q) for rows in parts for q in rest]
