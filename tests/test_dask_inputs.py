@@ -70,6 +70,27 @@ def test_from_zarr_is_read_from_its_store(rng, workdir):
     assert r.chunks["A"]["decodes"] == 4 * 5
 
 
+@pytest.mark.parametrize("compressor", ["zstd", None])
+def test_from_zarr_of_a_local_folder_is_read_as_its_path_is(rng, workdir, compressor):
+    """``da.from_zarr(path)`` opens the folder through fsspec: its source is the folder's, as
+    ``multiply("a.zarr", ...)`` opens it (chunks decoded straight into the run's buffers, a
+    compressed one's frames known for a GPU to decode, its page cache probed), not zarr's
+    async file wrapper's (the dask path's groups read their inputs that way)."""
+    a = rand(rng, (64, 48))
+    kw = {} if compressor else {"compressors": None}
+    zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(16, 16), **kw)[...] = a
+    by_path = open_source("a.zarr", "a")
+    through_dask = open_source(da.from_zarr("a.zarr"), "a")
+    assert through_dask.path == by_path.path == str(workdir / "a.zarr")
+    for what in ("decodes_into", "sliced", "chunks"):
+        assert getattr(through_dask, what) == getattr(by_path, what), what
+    assert through_dask.zstd_frames == by_path.zstd_frames
+    assert (through_dask.zstd_frames is not None) == (compressor == "zstd")
+    out = np.empty((64, 48))
+    through_dask.read((0, 64), (0, 48), out)
+    assert np.array_equal(out, a)
+
+
 def test_mixed_dask_path_and_numpy_inputs(rng, workdir):
     a, b, c = rand(rng, (40, 30)), rand(rng, (30, 20)), rand(rng, (40, 20))
     np.save("b.npy", b)

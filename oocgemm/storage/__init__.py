@@ -105,14 +105,36 @@ def _numpy_source(obj, role, storage_options, incomplete_ok):
 
 
 def _zarr_array_source(obj, role, storage_options, incomplete_ok):
-    from .zarr_store import ZarrSource
+    from .zarr_store import ZarrSource, open_zarr_array
 
     if not hasattr(obj, "shape"):
         raise InputError(f"{role}: a {type(obj).__name__} is not an array (a Zarr group? "
                          f"pass one of its arrays)")
     root = getattr(getattr(obj, "store", None), "root", None)  # LocalStore: on disk
     path = os.path.abspath(os.path.join(os.fspath(root), obj.path)) if root else None
+    folder = None if path else _local_fsspec_folder(obj)
+    if folder is not None:  # opened as a LocalStore: read at its grain, file by file
+        obj = open_zarr_array(folder, role)
+        path = folder
     return ZarrSource(obj, name=f"{role} (zarr array)", path=path, incomplete_ok=incomplete_ok)
+
+
+def _local_fsspec_folder(array) -> str | None:
+    """The folder of a zarr array in a local file system reached through fsspec (what
+    ``da.from_zarr(path)`` opens), or None. Through fsspec its chunks go through zarr's
+    async file wrapper, neither decoded straight into the run's buffers nor handed to a GPU
+    as frames; opened again as a local store, it is read as ``multiply("a.zarr", ...)``
+    reads it."""
+    from .identity import LOCAL_PROTOCOLS
+
+    store = getattr(getattr(array, "store_path", None), "store", None)
+    fs, base = getattr(store, "fs", None), getattr(store, "path", None)
+    protocol = getattr(fs, "protocol", None)
+    protocol = protocol[0] if isinstance(protocol, tuple | list) else protocol
+    if fs is None or not isinstance(base, str) or protocol not in LOCAL_PROTOCOLS:
+        return None
+    folder = os.path.abspath(os.path.join(base, array.store_path.path))
+    return folder if os.path.isdir(folder) else None
 
 
 def _cupy_source(obj, role, storage_options, incomplete_ok):
