@@ -287,6 +287,35 @@ def test_the_tasks_timelines_merge_into_one(rng, workdir):
     assert len(groups) == 2
 
 
+def test_the_merged_timeline_says_what_each_worker_decoded(rng, workdir):
+    """Zarr inputs read by two worker processes: the merged timeline (and its JSON) has each
+    worker's runs, flops and the chunks it decoded, and the storage line sums them."""
+    distributed = pytest.importorskip("distributed")
+    a, b = rand(rng, (160, 64)), rand(rng, (64, 120))
+    for name, x in (("a", a), ("b", b)):
+        zarr.create_array(f"{name}.zarr", shape=x.shape, dtype="f8", chunks=(16, 16))[...] = x
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        z = odask.matmul("a.zarr", da.from_zarr("b.zarr"), groups=(40, 120), device="cpu",
+                         trace_dir=str(workdir / "trace"))
+        assert_gemm(z.compute(), a, b)
+        pids = set(client.run(os.getpid).values())
+    t = odask.timeline(str(workdir / "trace"))
+    workers = t.meta["workers"]
+    assert {int(name.rpartition(":")[2]) for name in workers} <= pids
+    assert sum(w["tasks"] for w in workers.values()) == 4
+    assert sum(w["flops"] for w in workers.values()) == t.flops == 2 * 160 * 120 * 64
+    # every chunk of A (10 x 4) and B (4 x 8) decoded somewhere, A's at most twice (a band
+    # of 40 rows meets three 16-row chunks), B's at most once per run
+    decodes = sum(w["decodes"] for w in workers.values())
+    assert 40 + 32 <= decodes <= 2 * 40 + 4 * 32
+    assert all(w["decoded"] > 0 for w in workers.values())
+    assert t.meta["storage"]["decoded"] == sum(w["decoded"] for w in workers.values())
+    assert "workers   " in str(t) and "decoded" in str(t)
+    assert t.to_dict()["meta"]["workers"] == workers
+
+
 @pytest.mark.parametrize("m, k, n", [(0, 5, 4), (4, 0, 3), (4, 5, 0)])
 def test_empty_dimensions(rng, m, k, n):
     a, b = rand(rng, (m, k)), rand(rng, (k, n))

@@ -167,22 +167,34 @@ class Region(MatrixSource):
             return None
         return self._shared_chunk
 
-    def _shared_chunk(self, index) -> np.ndarray:
+    def _shared_chunk(self, index) -> tuple[np.ndarray, bool]:
         """Region chunk ``index``: its stored chunk, decoded once per process, clipped to the
-        region."""
+        region; and whether this call decoded it (else another task of the graph had)."""
         assert self.chunks is not None and self._shared is not None  # see shared_chunk
         (ch, cw), (rows, cols) = self.chunks, self.inner.shape
         at = (self.rows[0] // ch + index[0], self.cols[0] // cw + index[1])
         r0, c0 = at[0] * ch, at[1] * cw
         r1, c1 = min(r0 + ch, rows), min(c0 + cw, cols)
 
+        decoded = []
+
         def decode():
             whole = np.empty((r1 - r0, c1 - c0), dtype=self.inner.dtype)
             self.inner.read((r0, r1), (c0, c1), whole)
+            decoded.append(True)
             return whole
 
         whole = self._shared.get((self._role, at), decode)
-        return whole[:min(r1, self.rows[1]) - r0, :min(c1, self.cols[1]) - c0]
+        return whole[:min(r1, self.rows[1]) - r0, :min(c1, self.cols[1]) - c0], bool(decoded)
+
+    # what the inner source took from storage and decoded, for the run's figures
+    @property  # type: ignore[override]
+    def bytes_read(self) -> int:
+        return self.inner.bytes_read
+
+    @property  # type: ignore[override]
+    def decoded_bytes(self) -> int:
+        return self.inner.decoded_bytes
 
     def array(self):
         return self.inner.array()

@@ -18,6 +18,7 @@ def leave_events(trace_dir: str, result) -> None:
            "flops": result.flops, "seconds": result.seconds,
            "tile": list(result.plan.tile), "cache": list(result.plan.cache),
            "chunks": result.chunks,
+           "bytes": {key: result.bytes.get(key, 0) for key in ("storage_read", "decoded")},
            "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,
                        e.nbytes, e.flops] for e in result.events]}
     os.makedirs(trace_dir, exist_ok=True)
@@ -47,11 +48,33 @@ def timeline(trace_dir: str):
         raise InputError(f"{trace_dir}: no task events (pass trace_dir= to matmul, and run it)")
     zero = min(d["started_at"] for d in docs)
     events = []
+    workers: dict[str, dict] = {}
     for d in docs:
+        _tally(workers.setdefault(d["worker"], dict.fromkeys(WORKER_FIGURES, 0)), d)
         shift = d["started_at"] - zero
         for index, kind, operand, key, q, lane, start, end, nbytes, flops in d["events"]:
             events.append(Event(index=index, kind=kind, operand=operand, key=tuple(key), q=q,
                                 lane=f"{d['worker']}/{d['device']}/{lane}",
                                 start=start + shift, end=end + shift, nbytes=nbytes,
                                 flops=flops))
-    return Timeline.from_events(events, meta={"tasks": len(docs)})
+    storage = {key: sum(w[key] for w in workers.values()) for key in ("storage_read",
+                                                                       "decoded")}
+    return Timeline.from_events(events, meta={"tasks": len(docs), "storage": storage,
+                                              "workers": workers})
+
+
+#: What :func:`timeline` sums per worker (its ``meta['workers']``): group runs, their flops
+#: and seconds, the stored bytes they read, and the chunks (or stored objects, where a GPU
+#: decoded them) decoded and their decoded bytes.
+WORKER_FIGURES = ("tasks", "flops", "seconds", "storage_read", "decodes", "decoded")
+
+
+def _tally(worker: dict, doc: dict) -> None:
+    """Add one task's figures to its worker's."""
+    worker["tasks"] += 1
+    worker["flops"] += doc["flops"]
+    worker["seconds"] += doc["seconds"]
+    chunks = (doc.get("chunks") or {}).values()  # per operand, as Result.chunks
+    worker["storage_read"] += doc.get("bytes", {}).get("storage_read", 0)
+    worker["decoded"] += sum(x.get("decoded_bytes", 0) for x in chunks)
+    worker["decodes"] += sum(x.get("decodes", 0) for x in chunks)

@@ -121,7 +121,9 @@ class Timeline:
     meta: dict = field(default_factory=dict)
     """The product: 'shape' [m, n, k], 'dtype', 'device', 'tile' [w, h, r], 'operations'
     (planned), and what the run took from 'storage' ({'storage_read', 'decoded'} bytes, as
-    ``result.bytes``); empty when not known."""
+    ``result.bytes``); a dask graph's runs (:func:`oocgemm.dask.timeline`) per worker
+    ('workers': runs, flops, seconds, bytes read and decoded, chunks decoded); empty when
+    not known."""
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -336,6 +338,13 @@ class Timeline:
                          f"storage, {format_size(stored.get('decoded', 0))} of chunks decoded"
                          + (" (the read link copies out of those)" if stored.get('decoded')
                             else ""))
+        workers = m.get("workers") or {}
+        if workers:  # a dask graph's runs (oocgemm.dask.timeline): what each worker decoded
+            lines.append(_wrap("  workers   ", [
+                f"{name} {x['tasks']} run{'s' if x['tasks'] != 1 else ''}, "
+                f"{format_size(x['decoded'])} decoded "
+                f"({x['decodes']} chunks), {format_size(x['storage_read'])} from storage"
+                for name, x in workers.items()]))
         lines.append(_wrap("  lanes     ", self._lane_summary()))
         shares = self.device_shares()
         if len(shares) > 1:

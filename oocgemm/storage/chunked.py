@@ -145,14 +145,16 @@ class ChunkReader(MatrixSource):
         self._hint_ahead()
         shared = getattr(self.inner, "shared_chunk", None)
         if shared is not None:  # decoded once for several runs (oocgemm.dask's tasks)
-            out = shared(index)
+            out, fresh = shared(index)
         else:
             (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
             out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
             self.inner.read_chunk(index, out)
+            fresh = True
         with self._lock:
-            self.decodes += 1
-            self.decoded_bytes += out.nbytes
+            if fresh:  # (a chunk another run decoded is held here, not decoded)
+                self.decodes += 1
+                self.decoded_bytes += out.nbytes
             self.resident_bytes += out.nbytes
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         return out
