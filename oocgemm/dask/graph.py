@@ -26,6 +26,8 @@ from .partition import (
     row_band,
     spanned,
     whole_chunks,
+    worker_layout,
+    workers_of,
 )
 from .runner import run_group, written
 
@@ -87,9 +89,10 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     ops, dtype = _operands(x, y, c, alpha, beta, trans_a, trans_b)
     groups, chunks = (((v, v) if isinstance(v, (int, np.integer)) else v)
                       for v in (groups, chunks))
-    group_bounds, chunk_bounds, planned, symmetric = _bounds(
+    workers = workers_of(resources) if groups is None and chunks is None else []
+    group_bounds, chunk_bounds, planned, symmetric, owner = _bounds(
         ops, groups, chunks, dtype, options,
-        functools.partial(plan_blocks, plan_product, ops, alpha, beta, options))
+        functools.partial(plan_blocks, plan_product, ops, alpha, beta, options), len(workers))
     rows, cols = group_bounds
     name = "oocgemm-matmul-" + tokenize(*(op.token for op in ops.values()), alpha, beta, rows,
                                         cols, chunk_bounds, symmetric, sorted(options.items()))
@@ -122,9 +125,13 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         last = _last_link(inner_of[(i, j)], link[(i, j)], (r0, r1), (c0, c1))
         pieces[(name, ci, cj)] = (take, (wait_name, i, j, last), r0, r1, c0, c1)
     deps = [op.array for op in ops.values() if op.array is not None]
-    annotations = {"resources": dict(resources)} if resources else None
+    annotations: dict[str, Any] = {"resources": dict(resources)} if resources else {}
+    if owner:  # each group to its region's worker; another may take it once it is idle
+        annotations |= {"workers": _Owner(owner, workers),
+                        "allow_other_workers": True}
     graph = HighLevelGraph.from_collections(
-        group_name, MaterializedLayer(layer, annotations=annotations), dependencies=deps)
+        group_name, MaterializedLayer(layer, annotations=annotations or None),
+        dependencies=deps)
     graph = HighLevelGraph(
         {**graph.layers, wait_name: MaterializedLayer(waits), name: MaterializedLayer(pieces)},
         {**graph.dependencies, wait_name: {group_name}, name: {wait_name}})
@@ -165,28 +172,35 @@ def _operands(x, y, c, alpha, beta, trans_a: bool, trans_b: bool
 
 
 def _bounds(ops: dict[str, Operand], groups, chunks, dtype: np.dtype, options: dict[str, Any],
-            plan: Callable[[], list[list[int]]]
-            ) -> tuple[list[list[int]], list[list[int]], list[list[int]] | None, bool]:
+            plan: Callable[[], list[list[int]]], workers: int = 0
+            ) -> tuple[list[list[int]], list[list[int]], list[list[int]] | None, bool,
+                       dict[tuple[int, int], int]]:
     """Where C is cut, along rows and columns: into groups, and into the result's chunks (each
     within one group); the plan's block bounds where they were needed (``plan()``, else
-    None); and whether the groups compute a Gram product's half."""
+    None); whether the groups compute a Gram product's half; and, laid out for ``workers``
+    workers of a Client (:func:`~.partition.worker_layout`), the worker each group (i, j)
+    belongs to (empty where the groups are not laid out for workers)."""
     extents = (ops["A"].shape[0], ops["B"].shape[1])
-    n = extents[1]
+    m, n = extents
     chunk_bounds = None if chunks is None else [
         bounds_of_sizes(chunks[d], extents[d], "chunks", ("rows", "cols")[d]) for d in (0, 1)]
+    # X^T X cut into bands: each band computes its part on and right of the diagonal only
+    # (one group too: its run may see parts of a dask array as two matrices)
+    symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
     planned = None
+    owner: dict[tuple[int, int], int] = {}
     if groups is not None:
         group_bounds = [bounds_of_sizes(groups[d], extents[d], "groups", ("rows", "cols")[d])
                         for d in (0, 1)]
     elif chunk_bounds is not None:
         group_bounds = [whole_chunks(chunk_bounds[0], row_band(planned := plan(), n, dtype)),
                         [0, n]]
+    elif workers > 1 and not symmetric:
+        planned = plan()
+        group_bounds, owner = worker_layout(planned, (m, n, ops["A"].shape[1]), dtype, workers)
     else:
         planned = plan()
         group_bounds = [row_band(planned, n, dtype), [0, n]]
-    # X^T X cut into bands: each band computes its part on and right of the diagonal only
-    # (one group too: its run may see parts of a dask array as two matrices)
-    symmetric = groups is None and chunk_bounds is None and is_gram(ops, options)
     if chunk_bounds is None:
         grain = (ops["A"].grain[0], ops["B"].grain[1])
         sizes = planned or group_bounds
@@ -198,7 +212,18 @@ def _bounds(ops: dict[str, Operand], groups, chunks, dtype: np.dtype, options: d
             raise OptionError(f"chunks: the {what} of each chunk must lie within one group "
                               f"(group bounds {group_bounds[d]}, chunk bounds "
                               f"{chunk_bounds[d]})")
-    return group_bounds, chunk_bounds, planned, symmetric
+    return group_bounds, chunk_bounds, planned, symmetric, owner
+
+
+class _Owner:
+    """The ``workers`` annotation of the group tasks: each group's worker (by its layout's
+    index, among ``workers``' addresses)."""
+
+    def __init__(self, owner: dict[tuple[int, int], int], workers: list[str]):
+        self.owner, self.workers = owner, workers
+
+    def __call__(self, key) -> list[str]:
+        return [self.workers[self.owner[(key[1], key[2])]]]
 
 
 def _chains(boxes: dict, block_splits, group_name: str, wait_name: str

@@ -1,8 +1,9 @@
-"""Where C is cut: the groups, one run of oocgemm each (by default bands of whole rows of the plan's
-C blocks, as few as ``GROUP_MEMORY`` holds and at least two per worker of a Client), the
-result's chunks (the groups cut at the inputs' grain), and which parts of a list of bounds a
-span covers. Arithmetic on bounds, and the one plan made where the graph is built: it makes no
-tasks and reads no data."""
+"""Where C is cut: the groups, one run of oocgemm each (by default bands of whole rows of the
+plan's C blocks, as few as ``GROUP_MEMORY`` holds; under a Client of several workers one
+contiguous region of C per worker, cut into at least two groups), the result's chunks (the
+groups cut at the inputs' grain), and which parts of a list of bounds a span covers.
+Arithmetic on bounds, and the one plan made where the graph is built: it makes no tasks and
+reads no data."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ GROUP_MEMORY: int | None = None
 def row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
     """Row bounds of the default groups: bands of whole rows of the plan's C blocks, as few as
     ``GROUP_MEMORY`` holds, and at least two per worker of an active ``dask.distributed``
-    Client."""
+    Client of several workers (one worker runs the product as one group where memory
+    allows: read as ``multiply`` reads it)."""
     from .. import machine
 
     rows = planned[0]
@@ -112,23 +114,102 @@ def row_band(planned: list[list[int]], n: int, dtype: np.dtype) -> list[int]:
     budget = GROUP_MEMORY if GROUP_MEMORY is not None else machine.total_memory() // 4
     fits = budget // max(1, n * dtype.itemsize)
     per_band = max(1, fits // max(max(np.diff(rows).tolist()), 1))  # whole blocks that fit
-    count = min(max(2 * _workers(), math.ceil(blocks / per_band), 1), blocks)
+    workers = _workers()
+    spread = 2 * workers if workers > 1 else 1  # two per worker, where there are several
+    count = min(max(spread, math.ceil(blocks / per_band), 1), blocks)
     per = math.ceil(blocks / count)  # as many bands, evened out
     return [*rows[:-1:per], rows[-1]]
 
 
 def _workers() -> int:
     """The workers of the active ``dask.distributed`` Client; 0 without one."""
+    return len(workers_of(None))
+
+
+def workers_of(resources) -> list[str]:
+    """The addresses of the active ``dask.distributed`` Client's workers that offer
+    ``resources`` (a mapping of resource to amount; None: every worker), sorted; empty
+    without a Client."""
     import sys
 
     if "distributed" not in sys.modules:
-        return 0
+        return []
     from distributed import default_client
 
     try:
-        return len(default_client().nthreads())
+        info = default_client().scheduler_info(n_workers=-1)["workers"]
     except ValueError:  # no Client
-        return 0
+        return []
+    return sorted(address for address, worker in info.items()
+                  if all(worker.get("resources", {}).get(name, 0) >= amount
+                         for name, amount in (resources or {}).items()))
+
+
+def worker_grid(workers: int, shape: tuple[int, int, int], blocks: tuple[int, int]
+                ) -> tuple[int, int]:
+    """How C is shared among ``workers``: a grid of pr x pc contiguous regions, one per
+    worker, that reads the least (each worker reads M K / pr of A and K N / pc of B, its row
+    band of A and its column band of B once), with no more regions along a side than the
+    plan has ``blocks`` there. Where no grid of exactly ``workers`` regions fits, the one of
+    the most regions that does (some workers then start with none and take work from the
+    others as they finish)."""
+    m, n, k = shape
+    best: tuple[float, int, int] | None = None
+    for pr in range(1, workers + 1):
+        pc = workers // pr
+        if pr > blocks[0] or pc > blocks[1] or pr * pc == 0:
+            continue
+        key = (-(pr * pc), m * k / pr + k * n / pc)  # the most regions, then the least read
+        if best is None or key < best[:2]:
+            best = (*key, pr, pc)
+    return (best[2], best[3]) if best is not None else (1, 1)
+
+
+def worker_layout(planned: list[list[int]], shape: tuple[int, int, int], dtype: np.dtype,
+                  workers: int) -> tuple[list[list[int]], dict[tuple[int, int], int]]:
+    """Groups laid out for ``workers`` workers of a ``dask.distributed`` Client: C cut along
+    the plan's block bounds (``planned``) into one contiguous region per worker
+    (:func:`worker_grid`), each region into at least two groups where it has two block rows
+    or columns (so that a worker that finishes first takes a group from another at the end)
+    and as many more as ``GROUP_MEMORY`` asks; the group bounds (rows, cols), and the worker
+    (its index) each group (i, j) belongs to."""
+    from .. import machine
+
+    rows, cols = planned
+    pr, pc = worker_grid(workers, shape, (len(rows) - 1, len(cols) - 1))
+    row_parts, col_parts = _even(rows, pr), _even(cols, pc)
+    budget = GROUP_MEMORY if GROUP_MEMORY is not None else machine.total_memory() // 4
+    region_bytes = (max(np.diff(row_parts).tolist()) * max(np.diff(col_parts).tolist())
+                    * dtype.itemsize)
+    wanted = max(2, math.ceil(region_bytes / max(budget, 1)))
+    row_room = [len(bounds_within(rows, lo, hi)) - 1 for lo, hi in zip(row_parts, row_parts[1:])]
+    col_room = [len(bounds_within(cols, lo, hi)) - 1 for lo, hi in zip(col_parts, col_parts[1:])]
+    bands = min(wanted, max(row_room))  # (a region of fewer block rows has as many bands)
+    # regions of one block row: two strips of columns instead, where each has two
+    strips = 2 if min(row_room) < 2 <= min(wanted, min(col_room)) else 1
+    row_bounds = _split_parts(rows, row_parts, bands)
+    col_bounds = _split_parts(cols, col_parts, strips)
+    region_row = [bisect.bisect_right(row_parts, lo) - 1 for lo in row_bounds[:-1]]
+    region_col = [bisect.bisect_right(col_parts, lo) - 1 for lo in col_bounds[:-1]]
+    owner = {(i, j): r * pc + c for i, r in enumerate(region_row)
+             for j, c in enumerate(region_col)}
+    return [row_bounds, col_bounds], owner
+
+
+def _even(splits: list[int], parts: int) -> list[int]:
+    """``parts`` contiguous runs of the blocks between ``splits``, as even in blocks as can
+    be: their bounds."""
+    blocks = len(splits) - 1
+    return [splits[round(blocks * d / parts)] for d in range(parts)] + [splits[-1]]
+
+
+def _split_parts(splits: list[int], parts: list[int], each: int) -> list[int]:
+    """Each of ``parts`` (bounds on ``splits``) cut into ``each`` runs of its blocks."""
+    bounds = [parts[0]]
+    for lo, hi in zip(parts, parts[1:]):
+        inner = [lo + v for v in bounds_within(splits, lo, hi)]
+        bounds += _even(inner, min(each, len(inner) - 1))[1:]
+    return bounds
 
 
 def plan_blocks(plan_product, ops, alpha, beta, options) -> list[list[int]]:

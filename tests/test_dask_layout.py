@@ -1,0 +1,101 @@
+"""The groups of ``oocgemm.dask.matmul`` laid out for the workers of a dask.distributed Client:
+one contiguous region of C per worker, the grid of regions that reads the least, each region
+cut into groups of whole plan blocks (at least two where it can, so that a worker that finishes
+first takes one from another at the end), each group annotated with its worker (a loose
+restriction: another worker may take it, and does when its worker is lost)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from _helpers import assert_gemm, rand
+
+import oocgemm.dask as odask
+from oocgemm.dask.partition import worker_grid, worker_layout
+
+
+def _read_per_worker(shape, grid):
+    m, n, k = shape
+    pr, pc = grid
+    return m * k / pr + k * n / pc
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 6, 8, 64])
+@pytest.mark.parametrize("shape", [(32768, 32768, 32768), (1000, 100_000, 50_000),
+                                   (100_000, 2000, 1_000_000)])
+def test_the_grid_of_regions_reads_the_least(workers, shape):
+    blocks = (16, 16)
+    pr, pc = worker_grid(workers, shape, blocks)
+    assert pr * pc == workers  # one region per worker: every grid here fits the blocks
+    fits = [(r, workers // r) for r in range(1, workers + 1)
+            if workers % r == 0 and r <= blocks[0] and workers // r <= blocks[1]]
+    assert _read_per_worker(shape, (pr, pc)) == min(_read_per_worker(shape, g) for g in fits)
+
+
+def test_the_grid_keeps_to_the_plans_blocks():
+    assert worker_grid(4, (100, 100, 100), (1, 8)) == (1, 4)
+    assert worker_grid(4, (100, 100, 100), (3, 1)) == (3, 1)  # three regions: one worker idle
+    assert worker_grid(2, (100, 100, 100), (1, 1)) == (1, 1)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+@pytest.mark.parametrize("blocks", [(8, 8), (2, 2), (5, 3), (1, 6)])
+def test_each_worker_has_one_contiguous_region_of_whole_blocks(workers, blocks):
+    rows = [0, *np.cumsum(np.full(blocks[0], 100)).tolist()]
+    cols = [0, *np.cumsum(np.full(blocks[1], 70)).tolist()]
+    rows[-1] -= 33  # a ragged last block
+    (row_bounds, col_bounds), owner = worker_layout([rows, cols], (rows[-1], cols[-1], 500),
+                                                    np.dtype("f8"), workers)
+    assert set(row_bounds) <= set(rows) and set(col_bounds) <= set(cols)
+    assert row_bounds[0] == col_bounds[0] == 0
+    assert (row_bounds[-1], col_bounds[-1]) == (rows[-1], cols[-1])
+    groups = list(itertools.product(range(len(row_bounds) - 1), range(len(col_bounds) - 1)))
+    assert sorted(owner) == groups
+    pr, pc = worker_grid(workers, (rows[-1], cols[-1], 500), blocks)
+    assert set(owner.values()) == set(range(pr * pc))
+    room = []
+    for w in set(owner.values()):
+        mine = [g for g in groups if owner[g] == w]
+        i0, i1 = min(i for i, _ in mine), max(i for i, _ in mine)
+        j0, j1 = min(j for _, j in mine), max(j for _, j in mine)
+        assert len(mine) == (i1 - i0 + 1) * (j1 - j0 + 1)  # a rectangle of groups
+        room.append((len([r for r in rows if row_bounds[i0] <= r <= row_bounds[i1 + 1]]) - 1,
+                     len([c for c in cols if col_bounds[j0] <= c <= col_bounds[j1 + 1]]) - 1,
+                     len(mine)))
+    if min(r for r, _, _ in room) >= 2 or min(c for _, c, _ in room) >= 2:
+        assert all(groups_ >= 2 for _, _, groups_ in room)  # two a worker, where they fit
+
+
+def test_groups_go_to_their_workers_and_each_chunk_is_decoded_by_few(rng, workdir):
+    """Two worker processes, Zarr inputs: each group task is annotated with its region's
+    worker (loosely), the product is right, and each stored chunk is decoded at most once
+    per worker that needs it (A's row band and B's column band of its region)."""
+    distributed = pytest.importorskip("distributed")
+    a, b = rand(rng, (256, 96)), rand(rng, (96, 200))
+    for name, x in (("a", a), ("b", b)):
+        zarr.create_array(f"{name}.zarr", shape=x.shape, dtype="f8", chunks=(32, 32))[...] = x
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        z = odask.matmul(da.from_zarr("a.zarr"), "b.zarr", device="cpu", tile=(64, 64, 96),
+                         trace_dir="trace")
+        layer = z.dask.layers[z.name + "-groups"]
+        workers = sorted(client.scheduler_info()["workers"])
+        where = {key: layer.annotations["workers"](key) for key in layer}
+        assert layer.annotations["allow_other_workers"] is True
+        assert {w for ws in where.values() for w in ws} == set(workers)
+        assert len(layer) >= 4  # two a worker
+        assert_gemm(z.compute(), a, b)
+        pids = set(client.run(os.getpid).values())
+    t = odask.timeline("trace")
+    per_worker = t.meta["workers"]
+    assert {int(name.rpartition(":")[2]) for name in per_worker} <= pids
+    chunks_a, chunks_b = 8 * 3, 3 * 7
+    decodes = sum(w["decodes"] for w in per_worker.values())
+    # a 1 x 2 or 2 x 1 grid: one operand's chunks decoded by both workers, the other's once
+    assert chunks_a + chunks_b <= decodes <= chunks_a + chunks_b + max(chunks_a, chunks_b)
