@@ -30,7 +30,8 @@ lays out the tasks, cutting C where :mod:`.partition` says and computing half of
 :mod:`.gram` says; :mod:`.operands` writes what each task needs of an input and opens it in the
 task; :mod:`.runner` is the tasks' side in a worker process, the groups' runs and the handles
 their chunks are taken from; :mod:`.sharing` lets the tasks of one process decode each chunk
-once; :mod:`.traces` leaves each run's events and merges them (:func:`timeline`). The
+once; :mod:`.traces` leaves each run's events and merges them (:func:`timeline`);
+:mod:`.plugin` warms each worker when it starts (:class:`WarmUp`). The
 constants are read in their modules: set ``GROUP_MEMORY``, ``MIN_CHUNK_SIDE`` and
 ``MAX_CHUNKS_PER_SIDE`` on :mod:`.partition` and ``GRACE`` on :mod:`.sharing` (setting the
 copies here changes nothing).
@@ -43,4 +44,12 @@ from .sharing import GRACE, SharedChunks
 from .traces import timeline
 
 __all__ = ["GRACE", "GROUP_MEMORY", "MAX_CHUNKS_PER_SIDE", "MIN_CHUNK_SIDE", "Region",
-           "SharedChunks", "matmul", "timeline"]
+           "SharedChunks", "WarmUp", "matmul", "timeline"]
+
+
+def __getattr__(name: str):
+    if name == "WarmUp":  # a distributed WorkerPlugin: distributed imported when asked for
+        from .plugin import WarmUp
+
+        return WarmUp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
