@@ -3,7 +3,7 @@ and the driver, each GPU's context, cuBLAS and a handle, the pinned staging ring
 the kernels a run compiles, numpy's BLAS threads, zarr's codecs) paid ahead, by a small
 product of each kind run through the whole path: Zarr in and out (zstd, decoded and encoded
 where a run would), a Gram product (its mirror and transpose kernels). A dask worker calls it
-when it starts (:class:`oocgemm.dask.WarmUp`), so that its first group does not pay.
+when it starts (:class:`oocgemm.dask.plugin.WarmUp`), so that its first group does not pay.
 """
 
 from __future__ import annotations

@@ -113,6 +113,13 @@ def _bindings(module: str) -> dict[str, object]:
         elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 found[alias.asname or alias.name] = _imported(module, node, alias)
+    lazy = found.get("__getattr__")  # a module's __getattr__ (PEP 562): what it imports
+    if isinstance(lazy, ast.FunctionDef):
+        for node in ast.walk(lazy):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    found.setdefault(alias.asname or alias.name,
+                                     _imported(module, node, alias))
     return found
 
 

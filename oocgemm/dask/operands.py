@@ -188,12 +188,12 @@ class Region(MatrixSource):
         return whole[:min(r1, self.rows[1]) - r0, :min(c1, self.cols[1]) - c0], bool(decoded)
 
     # what the inner source took from storage and decoded, for the run's figures
-    @property  # type: ignore[override]
-    def bytes_read(self) -> int:
+    @property
+    def bytes_read(self) -> int:  # type: ignore[override]
         return self.inner.bytes_read
 
-    @property  # type: ignore[override]
-    def decoded_bytes(self) -> int:
+    @property
+    def decoded_bytes(self) -> int:  # type: ignore[override]
         return self.inner.decoded_bytes
 
     def array(self):

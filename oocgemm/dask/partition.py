@@ -154,15 +154,15 @@ def worker_grid(workers: int, shape: tuple[int, int, int], blocks: tuple[int, in
     the most regions that does (some workers then start with none and take work from the
     others as they finish)."""
     m, n, k = shape
-    best: tuple[float, int, int] | None = None
+    best: tuple[tuple[int, float], tuple[int, int]] | None = None
     for pr in range(1, workers + 1):
         pc = workers // pr
         if pr > blocks[0] or pc > blocks[1] or pr * pc == 0:
             continue
         key = (-(pr * pc), m * k / pr + k * n / pc)  # the most regions, then the least read
-        if best is None or key < best[:2]:
-            best = (*key, pr, pc)
-    return (best[2], best[3]) if best is not None else (1, 1)
+        if best is None or key < best[0]:
+            best = (key, (pr, pc))
+    return best[1] if best is not None else (1, 1)
 
 
 def worker_layout(planned: list[list[int]], shape: tuple[int, int, int], dtype: np.dtype,
