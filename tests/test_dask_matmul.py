@@ -383,7 +383,7 @@ def test_on_the_gpu_through_a_local_cluster(rng, workdir):
                          memory_limit="4MB", resources={"GPU": 1})
         p = oocgemm.plan(da.from_array(a, chunks=100), "b.zarr", device="cuda",
                          memory_limit="4MB")
-        assert len(_groups(z)) == min(2, p.grid[0])  # two per worker, so that workers balance
+        assert p.grid[0] >= 2 and len(_groups(z)) == 1  # one worker: the product one group
         z.to_zarr("c.zarr")
     assert_gemm(zarr.open_array("c.zarr", mode="r")[...], a, b)
 
