@@ -18,7 +18,6 @@ from _helpers import assert_gemm, cli, interrupt_write, poisoned, rand
 import oocgemm
 from oocgemm.cli import main
 from oocgemm.errors import InputError, OOCGemmError, OptionError, OutputError
-from oocgemm.storage.files import PARTIAL
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] runs the S3 server")
 s3fs = pytest.importorskip("s3fs", reason="s3fs reads s3:// URLs")
