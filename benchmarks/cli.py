@@ -10,7 +10,7 @@
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # gpu_decode_product, zarr_inputs,
-                                                    # ozaki_gpu, gram
+                                                    # ozaki_gpu, gram, s3
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -397,6 +397,7 @@ _OWN_MAINS = {
     "gpu-encode": ("gpu_encode", "Compressing zstd chunks of C on the GPU (nvCOMP)."),
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
     "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),
+    "s3": ("s3", "A Zarr array read from an S3 server (moto's): oocgemm beside zarr-python."),
 }
 
 

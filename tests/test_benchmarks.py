@@ -100,7 +100,8 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
-                    "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs"):
+                    "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs",
+                    "s3"):
         assert command in proc.stdout
 
 
@@ -323,3 +324,19 @@ def test_zarr_product_output_encoders():
         "zstd", {"OOCGEMM_GPU_ENCODE": "frames", "OOCGEMM_GPU_DECODE": "1"})
     with pytest.raises(BenchError, match="@gpu, @host, @last, @frames"):
         split_codec("zstd@cpu")
+
+
+def test_s3_reads_from_its_own_moto_server(tmp_path, capsys):
+    """python -m benchmarks.s3 at a small size: its server starts and stops, every read
+    matches numpy, the JSON holds each case."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from benchmarks import s3
+
+    out = tmp_path / "s3.json"
+    assert s3.main(["--n", "96", "--chunk", "32", "--cols", "8", "--threads", "2",
+                    "--repeat", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [c["case"] for c in doc["cases"]] == ["zarr", "decode/2", "multiply"]
+    assert doc["cases"][-1]["decodes"] == 9 and "GB/s" in capsys.readouterr().out
+    assert s3.main(["--threads", "0"]) == 2

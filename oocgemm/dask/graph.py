@@ -51,7 +51,9 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     ----------
     x, y, c
         Dask arrays, numpy arrays, ``zarr.Array`` objects, or ``.zarr`` / ``.npy`` paths
-        (``c`` with ``beta != 0`` only).
+        or Zarr URLs (``c`` with ``beta != 0`` only). Every worker opens a path or URL
+        itself: a URL's store (endpoint, credentials) comes from the workers' environment,
+        or pass ``zarr.open_array(url, storage_options=...)``, which carries its options.
     groups
         The parts of C, one run (one task) each, as ``(rows, cols)`` (each a size, or a
         list of sizes) or one size for both. Default: bands of whole rows of the plan's C
@@ -146,7 +148,10 @@ def _task_options(options: dict[str, Any]) -> dict[str, Any]:
     checked = Options.of("oocgemm.dask.matmul", PLANS, **options)
     if checked.out_options is not None or checked.storage_options is not None:
         raise OptionError("oocgemm.dask.matmul: out_options and storage_options do not apply "
-                          "(the result is a dask array; inputs are read as given)")
+                          "(the result is a dask array; inputs are read as given, in every "
+                          "worker: give a URL's store as zarr.open_array(url, storage_options="
+                          "...), or name it in the workers' environment, e.g. "
+                          "AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID for s3://)")
     return checked.keywords() | ({"trace_dir": trace_dir} if trace_dir is not None else {})
 
 

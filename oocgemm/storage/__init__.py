@@ -254,7 +254,7 @@ def _url_sink(url, *, shape, dtype, options, overwrite, in_place, attributes, st
     from .zarr_store import ZarrSink
 
     urls.check_sink(url, storage_options)
-    if urls.exists(url, storage_options) and not (overwrite or in_place):
+    if urls.exists(url, storage_options, OutputError) and not (overwrite or in_place):
         raise OutputError(f"out: {url!r} exists; pass overwrite=True (--overwrite) to replace "
                           f"it")
     return ZarrSink(shape=shape, dtype=dtype, name=url, path=url, options=options,

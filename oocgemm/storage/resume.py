@@ -37,6 +37,23 @@ def signatures(out, inputs: dict) -> dict | None:
     return found
 
 
+def not_resumable(out, inputs: dict) -> str:
+    """Why a run of ``out`` from ``inputs`` cannot be resumed (:func:`signatures` is None),
+    in words: the journal is a local file beside a local output, and the inputs' signatures
+    are their files' (an object store's objects have neither)."""
+    why = "resume=True needs an output path and inputs stored as local files (.npy, .zarr)"
+    if is_path(out) and urls.is_url(urls.local(os.fspath(out))):
+        return (f"{why}: out {os.fspath(out)!r} is a URL; a run into an object store keeps no "
+                f"journal (one that fails or is interrupted removes what it wrote), so there "
+                f"is nothing to resume: run it again without resume")
+    urls_in = [f"{role.lower()} {os.fspath(x)!r}" for role, x in inputs.items()
+               if is_path(x) and urls.is_url(urls.local(os.fspath(x)))]
+    if urls_in and is_path(out):
+        return (f"{why}: {', '.join(urls_in)} {'is a URL' if len(urls_in) == 1 else 'are URLs'}"
+                f", whose changes a journal cannot see; run it again without resume")
+    return why
+
+
 def fingerprint(plan: Plan, inputs: dict, out, in_place: bool, layout: dict) -> dict:
     """What a run computes and from what: its ``inputs``' signatures (:func:`signatures`),
     the problem, the output and its ``layout``."""

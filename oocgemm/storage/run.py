@@ -110,8 +110,7 @@ class RunIO:
         journal = temporary = None
         if resume_:
             if signatures is None:
-                raise OptionError("resume=True needs an output path and inputs stored as local "
-                                  "files (.npy, .zarr)")
+                raise OptionError(resume.not_resumable(self.out, inputs))
             plan, journal, temporary = resume.resumable(
                 plan, self.out, lambda p: self._fingerprint(p, signatures))
         elif signatures is not None:

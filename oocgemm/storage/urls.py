@@ -10,10 +10,11 @@ written beside it under a temporary name and moved over it on commit.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.parse
 
-from ..errors import InputError, OutputError
+from ..errors import InputError, OOCGemmError, OutputError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
@@ -51,31 +52,67 @@ def filesystem(url: str, storage_options: dict | None):
                          f"a scheme like s3:// needs its fsspec package (s3fs, gcsfs)") from None
 
 
-def exists(url: str, storage_options: dict | None) -> bool:
+def exists(url: str, storage_options: dict | None, error: type[OOCGemmError] = InputError
+           ) -> bool:
+    """Whether anything is stored at ``url``; a store that cannot be reached raises ``error``
+    (InputError for an input, OutputError for an output)."""
     fs, path = filesystem(url, storage_options)
-    return fs.exists(path)
+    with _calling(url, "cannot reach", error):
+        fs.invalidate_cache()  # zarr wrote through its own (async) instance since
+        return bool(fs.exists(path))
 
 
 def remove(url: str, storage_options: dict | None) -> None:
     fs, path = filesystem(url, storage_options)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
+    with _calling(url, "cannot remove", OutputError):
+        fs.invalidate_cache()
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+#: The names of Zarr metadata objects (format 3, and format 2's), copied last on a replace.
+METADATA = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
 def replace(temporary: str, final: str, storage_options: dict | None) -> None:
-    """Move ``temporary`` over ``final`` (removing what ``final`` held)."""
+    """Move ``temporary`` over ``final`` (removing what ``final`` held), object by object: an
+    object store has no rename of a prefix. ``final`` is removed first, then its chunks are
+    copied and its metadata last, so that a reader finds no array at ``final`` until the
+    whole new one is there (never the new metadata over old chunks, or the reverse).
+    (fsspec's recursive ``mv`` copies the "directories" a listing names too, which are no
+    objects on S3: it failed with NoSuchKey after copying every chunk.)"""
     fs, tmp_path = filesystem(temporary, storage_options)
     _, final_path = filesystem(final, storage_options)
-    if fs.exists(final_path):
-        fs.rm(final_path, recursive=True)
-    fs.mv(tmp_path, final_path, recursive=True)
+    with _calling(final, f"cannot move {temporary!r} over", OutputError):
+        fs.invalidate_cache()
+        objects = sorted(fs.find(tmp_path))  # objects only, no directories
+        if fs.exists(final_path):
+            fs.rm(final_path, recursive=True)
+        metadata = [p for p in objects if p.rsplit("/", 1)[-1] in METADATA]
+        for group in ([p for p in objects if p not in metadata], metadata):
+            if group:
+                fs.copy(group, [final_path + p[len(tmp_path):] for p in group])
+        fs.rm(tmp_path, recursive=True)
+        fs.invalidate_cache()
+
+
+@contextlib.contextmanager
+def _calling(url: str, what: str, error: type[OOCGemmError]):
+    """Errors of the file system (a store that cannot be reached, refused credentials, a
+    missing bucket) as ``error``, naming the URL."""
+    try:
+        yield
+    except OOCGemmError:
+        raise
+    except Exception as exc:  # OSError, botocore's and the other backends' own
+        raise error(f"{what} {url!r} ({type(exc).__name__}: {exc})") from exc
 
 
 def open_array(url: str, role: str, storage_options: dict | None):
     """An existing Zarr array at ``url``, read-only, with a clear error for everything else."""
     import zarr
 
-    if not exists(url, storage_options):
+    if not exists(url, storage_options, InputError):
         raise InputError(f"{role}: nothing at {url!r}")
     try:
         node = zarr.open(store=url, mode="r", storage_options=storage_options)

@@ -833,7 +833,7 @@ class ZarrSink(MatrixSink):
             assert path is not None, "a new output needs a path (or an array to write in)"
             if self._url:
                 self.path = urls.normal(path)
-                self._direct = not urls.exists(path, storage_options)
+                self._direct = not urls.exists(path, storage_options, OutputError)
                 self._temporary = (path if self._direct else
                                    self.path + files.temporary_suffix())
             else:
