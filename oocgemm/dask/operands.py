@@ -178,9 +178,9 @@ class Region(MatrixSource):
 
         decoded = []
 
-        def decode():
+        def decode():  # the stored chunk whole, as the source decodes it (and counts it)
             whole = np.empty((r1 - r0, c1 - c0), dtype=self.inner.dtype)
-            self.inner.read((r0, r1), (c0, c1), whole)
+            self.inner.read_chunk(at, whole)
             decoded.append(True)
             return whole
 

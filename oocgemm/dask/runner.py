@@ -55,14 +55,47 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
 def written(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> Handle:
     """A link of a group's chain: done (handing on the handle) when the run has written
     rows r0:r1, columns c0:c1 of the group."""
-    handle.wait(r0, r1, c0, c1)
+    with _seceded(handle, r0, r1, c0, c1):
+        handle.wait(r0, r1, c0, c1)
     return handle
 
 
 def take_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
     """One chunk of the result, a view of its group's product, when the run has written
     it."""
-    return handle.chunk(r0, r1, c0, c1)
+    with _seceded(handle, r0, r1, c0, c1):
+        return handle.chunk(r0, r1, c0, c1)
+
+
+@contextlib.contextmanager
+def _seceded(handle: Handle, r0: int, r1: int, c0: int, c1: int):
+    """In a ``dask.distributed`` worker, a task that waits for its group's run here (for rows
+    r0:r1, columns c0:c1 of its product, or its end) leaves the
+    worker's thread pool while it waits (``distributed.secede``), and takes a thread again
+    after (``rejoin``). Waiting on a thread, the links and chunk tasks of a run held the
+    worker's threads: the worker's next group could not start beside the run (nor share its
+    decoded chunks), and the tasks queued behind them were stolen by other workers, where
+    a moved handle computes its group again."""
+    import sys
+
+    worker = None
+    if handle.run is not None and "distributed" in sys.modules:
+        from distributed import get_worker
+
+        try:
+            worker = get_worker()
+        except ValueError:  # not in a worker: the threaded scheduler, or the client
+            worker = None
+    if worker is None or handle.run.ready(r0, r1, c0, c1):
+        yield
+        return
+    from distributed import rejoin, secede
+
+    secede()
+    try:
+        yield
+    finally:
+        rejoin()
 
 
 class _Run:
@@ -150,6 +183,11 @@ class _Run:
             if self._error is not None:
                 raise self._error
         return self.out[r0:r1, c0:c1]
+
+    def ready(self, r0: int, r1: int, c0: int, c1: int) -> bool:
+        """Whether rows r0:r1, columns c0:c1 are written, or the run is over (now)."""
+        with self._cond:
+            return self._ready(r0, r1, c0, c1)
 
     def _ready(self, r0, r1, c0, c1) -> bool:
         """Rows r0:r1, columns c0:c1 written, or the run over (its error for every chunk)."""
