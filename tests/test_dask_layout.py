@@ -16,7 +16,7 @@ import zarr
 from _helpers import assert_gemm, rand
 
 import oocgemm.dask as odask
-from oocgemm.dask.partition import worker_grid, worker_layout
+from oocgemm.dask.partition import refined, worker_grid, worker_layout
 
 
 def _read_per_worker(shape, grid):
@@ -37,6 +37,20 @@ def test_the_grid_of_regions_reads_the_least(workers, shape):
     assert _read_per_worker(shape, (pr, pc)) == min(_read_per_worker(shape, g) for g in fits)
 
 
+def test_too_few_blocks_are_refined_on_the_inputs_grain():
+    """The plan of the whole product may be one block (a GPU holds it all): the workers'
+    regions are then cut on the inputs' chunk grain, so that each has groups of its own."""
+    assert refined([0, 32768], 4, 4096) == [0, 8192, 16384, 24576, 32768]
+    assert refined([0, 10000], 4, 4096) == [0, 4096, 8192, 10000]
+    assert refined([0, 100], 4, None) == [0, 25, 50, 75, 100]
+    assert refined([0, 10, 20, 30, 40, 50], 4, 7) == [0, 10, 20, 30, 40, 50]
+    assert refined([0, 3], 4, 5) == [0, 3]
+    (rows, cols), owner = worker_layout([[0, 49152], [0, 49152]], (49152,) * 3,
+                                        np.dtype("f8"), 2)
+    assert len(rows) - 1 == 2 and len(cols) - 1 == 2  # two groups a worker
+    assert sorted(owner.values()) == [0, 0, 1, 1]
+
+
 def test_the_grid_keeps_to_the_plans_blocks():
     assert worker_grid(4, (100, 100, 100), (1, 8)) == (1, 4)
     assert worker_grid(4, (100, 100, 100), (3, 1)) == (3, 1)  # three regions: one worker idle
@@ -50,13 +64,16 @@ def test_each_worker_has_one_contiguous_region_of_whole_blocks(workers, blocks):
     cols = [0, *np.cumsum(np.full(blocks[1], 70)).tolist()]
     rows[-1] -= 33  # a ragged last block
     (row_bounds, col_bounds), owner = worker_layout([rows, cols], (rows[-1], cols[-1], 500),
-                                                    np.dtype("f8"), workers)
+                                                    np.dtype("f8"), workers, (10, None))
+    # on the plan's blocks, or where they are too few to go round on the inputs' grain
+    rows, cols = refined(rows, 2 * workers, 10), refined(cols, 2 * workers, None)
+    assert all(r % 10 == 0 or r == rows[-1] for r in rows)
     assert set(row_bounds) <= set(rows) and set(col_bounds) <= set(cols)
     assert row_bounds[0] == col_bounds[0] == 0
     assert (row_bounds[-1], col_bounds[-1]) == (rows[-1], cols[-1])
     groups = list(itertools.product(range(len(row_bounds) - 1), range(len(col_bounds) - 1)))
     assert sorted(owner) == groups
-    pr, pc = worker_grid(workers, (rows[-1], cols[-1], 500), blocks)
+    pr, pc = worker_grid(workers, (rows[-1], cols[-1], 500), (len(rows) - 1, len(cols) - 1))
     assert set(owner.values()) == set(range(pr * pc))
     room = []
     for w in set(owner.values()):

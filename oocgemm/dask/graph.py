@@ -202,7 +202,8 @@ def _bounds(ops: dict[str, Operand], groups, chunks, dtype: np.dtype, options: d
                         [0, n]]
     elif workers > 1 and not symmetric:
         planned = plan()
-        group_bounds, owner = worker_layout(planned, (m, n, ops["A"].shape[1]), dtype, workers)
+        group_bounds, owner = worker_layout(planned, (m, n, ops["A"].shape[1]), dtype, workers,
+                                            (ops["A"].grain[0], ops["B"].grain[1]))
     else:
         planned = plan()
         group_bounds = [row_band(planned, n, dtype), [0, n]]

@@ -166,16 +166,18 @@ def worker_grid(workers: int, shape: tuple[int, int, int], blocks: tuple[int, in
 
 
 def worker_layout(planned: list[list[int]], shape: tuple[int, int, int], dtype: np.dtype,
-                  workers: int) -> tuple[list[list[int]], dict[tuple[int, int], int]]:
+                  workers: int, grain: tuple[int | None, int | None] = (None, None)
+                  ) -> tuple[list[list[int]], dict[tuple[int, int], int]]:
     """Groups laid out for ``workers`` workers of a ``dask.distributed`` Client: C cut along
-    the plan's block bounds (``planned``) into one contiguous region per worker
+    the plan's block bounds (``planned``; where they are too few to go round, bounds on the
+    inputs' ``grain``, :func:`refined`) into one contiguous region per worker
     (:func:`worker_grid`), each region into at least two groups where it has two block rows
     or columns (so that a worker that finishes first takes a group from another at the end)
     and as many more as ``GROUP_MEMORY`` asks; the group bounds (rows, cols), and the worker
-    (its index) each group (i, j) belongs to."""
+    (its index) each group (i, j) belongs to. Each group's run plans its own blocks."""
     from .. import machine
 
-    rows, cols = planned
+    rows, cols = (refined(planned[d], 2 * workers, grain[d]) for d in (0, 1))
     pr, pc = worker_grid(workers, shape, (len(rows) - 1, len(cols) - 1))
     row_parts, col_parts = _even(rows, pr), _even(cols, pc)
     budget = GROUP_MEMORY if GROUP_MEMORY is not None else machine.total_memory() // 4
@@ -194,6 +196,19 @@ def worker_layout(planned: list[list[int]], shape: tuple[int, int, int], dtype: 
     owner = {(i, j): r * pc + c for i, r in enumerate(region_row)
              for j, c in enumerate(region_col)}
     return [row_bounds, col_bounds], owner
+
+
+def refined(splits: list[int], parts: int, grain: int | None) -> list[int]:
+    """``splits`` where they make ``parts`` parts at least; else as even a cut into ``parts``
+    (fewer where the extent is short) on multiples of ``grain`` (the inputs' chunk side, so
+    that groups read whole chunks)."""
+    extent = splits[-1]
+    if len(splits) - 1 >= parts or extent == 0:
+        return splits
+    unit = grain or 1
+    units = -(-extent // unit)
+    cuts = sorted({min(extent, round(units * d / parts) * unit) for d in range(parts + 1)})
+    return cuts if len(cuts) > len(splits) else splits
 
 
 def _even(splits: list[int], parts: int) -> list[int]:
