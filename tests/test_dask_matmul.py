@@ -119,6 +119,29 @@ def test_a_run_whose_chunks_are_not_wanted_stops(rng, workdir):
     assert not os.path.exists(workdir / "trace")  # stopped: a run that ends leaves its events
 
 
+def test_the_rows_of_a_block_go_as_they_are_written(rng):
+    """A run's last block (all of C, where it is one block) is written in row stripes: the
+    chunks of its rows are handed out as soon as their stripes are written, not when the
+    whole block is (a GPU's in-core plan writes all of C as one block)."""
+    from oocgemm.dask.runner import _Run
+
+    a, b = rand(rng, (400, 60)), rand(rng, (60, 300))
+    seen = []
+
+    class Watched(_Run):
+        def __call__(self, event):
+            super().__call__(event)
+            if event.kind == "write":
+                seen.append((self.ready(0, 100, 0, 300), self.ready(300, 400, 0, 300)))
+
+    run = Watched(np.empty((400, 300)), chunks=4)
+    result = oocgemm.multiply(a, b, run.out, device="cpu", tile=(400, 300, 30), progress=run)
+    assert result.plan.grid[:2] == (1, 1)
+    # (the writers finish the stripes in any order: one end of C is ready before the other)
+    assert {(True, False), (False, True)} & set(seen) and seen[-1] == (True, True)
+    assert_gemm(run.out, a, b)
+
+
 def test_a_released_group_stops_with_the_executors_cancellation():
     """A run whose handle is gone stops at its next event with runtime.base.Cancelled, the one
     exception of a cancelled run (which runtime.base.failure passes over)."""

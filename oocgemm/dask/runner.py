@@ -13,6 +13,7 @@ import weakref
 
 import numpy as np
 
+from ..planning.schedule import OpKind
 from ..runtime.base import Cancelled
 from .operands import narrow, resolve
 from .partition import spanned
@@ -107,14 +108,19 @@ class _Run:
         self._cond = threading.Condition()
         self._rows, self._cols = (0, out.shape[0]), (0, out.shape[1])
         self._written: dict = {}  # C block -> bytes of it written
+        self._parts: dict = {}  # C block -> the regions of it written, where known
+        self._ops: tuple = ()  # the plan's operations: a write's region, by its index
+        self._one_device = True  # (on several, the events' indices are their groups' plans')
         self._started = self._finished = self.cancelled = False
         self._error: BaseException | None = None
 
     def run(self, a, b, c, alpha, beta, trans_a, trans_b, options, shared_cm) -> None:
         from ..api import multiply
+        from ..devices import device_names
 
         trace_dir = options.pop("trace_dir", None)
         try:
+            self._one_device = device_names(options.get("device", "auto")) is None
             if 0 in self.out.shape:
                 result = None
             else:
@@ -146,17 +152,23 @@ class _Run:
         """The plan the run's C blocks belong to (again after a replan: all blocks anew)."""
         with self._cond:
             self._rows, self._cols = plan.row_splits, plan.col_splits
-            self._written = {}
+            self._written, self._parts = {}, {}
+            self._ops = plan.schedule.ops if self._one_device else ()
 
     def __call__(self, event) -> None:
         with self._cond:
             if event.kind == "write" and event.operand == "C":
-                # A run writes a block whole, or in row stripes (staged; the run's last
-                # block), an event each; one computed in place moves nothing: count the
-                # bytes its write stands for.
+                # A run writes a block whole, or in row stripes (staged: the run's last
+                # block, and every stripe of the in-core shape), an event each; one computed
+                # in place moves nothing: count the bytes its write stands for. The stripe
+                # written (its operation's region) lets the chunks under it go before the
+                # rest of its block is done.
                 key = tuple(event.key)
                 moved = event.nbytes or event.planned
                 self._written[key] = self._written.get(key, 0) + moved
+                op = self._ops[event.index] if 0 <= event.index < len(self._ops) else None
+                if op is not None and op.kind is OpKind.WRITE and tuple(op.key) == key:
+                    self._parts.setdefault(key, []).append(op.region)
                 self._cond.notify_all()
             elif self.cancelled and not self._covered(0, self.out.shape[0], 0,
                                                       self.out.shape[1]):
@@ -194,12 +206,25 @@ class _Run:
         return self._finished or self._covered(r0, r1, c0, c1)
 
     def _covered(self, r0, r1, c0, c1) -> bool:
-        """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
+        """Whether rows r0:r1, columns c0:c1 are written: every block of the plan under them
+        whole, or the parts of them it lies in (the regions of its writes, which do not
+        overlap: each part of C is written once)."""
         if r0 >= r1 or c0 >= c1:
             return True
         rows = spanned(self._rows, r0, r1)
         cols = spanned(self._cols, c0, c1)
-        return all(self._written.get((i, j), 0) >= self._bytes(i, j) for i in rows for j in cols)
+        for i in rows:
+            for j in cols:
+                if self._written.get((i, j), 0) >= self._bytes(i, j):
+                    continue
+                top, bottom = max(r0, self._rows[i]), min(r1, self._rows[i + 1])
+                left, right = max(c0, self._cols[j]), min(c1, self._cols[j + 1])
+                done = sum(max(0, min(bottom, y1) - max(top, y0))
+                           * max(0, min(right, x1) - max(left, x0))
+                           for (y0, y1), (x0, x1) in self._parts.get((i, j), ()))
+                if done < (bottom - top) * (right - left):
+                    return False
+        return True
 
     def _bytes(self, i: int, j: int) -> int:
         """The bytes of C block (i, j)."""
