@@ -6,8 +6,9 @@
         [--zarr DIR (the same from Zarr stores in DIR, beside the storage and decode floors)]
         [--chunk 4096] [--dask (with --zarr: oocgemm.dask.matmul in one process and on a
         cluster of one worker per GPU)] [--npy DIR (README's recipe from .npy inputs)]
-        [--no-host (skip the products from host memory)] [--trace DIR (the widest runs'
-        timelines)] [--json FILE] [--cpu (CPU executors, a check of this script)]
+        [--no-host (skip the products from host memory)] [--memory-limit SIZE (of the
+        products from Zarr)] [--trace DIR (the widest runs' timelines)] [--json FILE]
+        [--cpu (CPU executors, a check of this script)]
 
 From host memory: float64 operands of n x n (normal random numbers, made by every core), the
 product into a preallocated numpy array. For each GPU count g: ``oocgemm.multiply`` with
@@ -244,7 +245,8 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
             c = output(f"c-{g}.zarr")
             start = time.perf_counter()
             r = oocgemm.multiply(a, b, c, device=devices(args.kind, g),
-                                 out_options=out_options, progress=False, events=True)
+                                 out_options=out_options, progress=False, events=True,
+                                 **_limit(args))
             times.append(time.perf_counter() - start)
         table.add("zarr", g, times, check(c, a, b), floor=floor["seconds"],
                   host_floor=floor["host"], of_host_floor=min(times) / floor["host"],
@@ -278,10 +280,11 @@ def in_one_process(args, table, a, b, files, threads, out_options, output):
         c = output("c-multiply.zarr")
         start = time.perf_counter()
         oocgemm.multiply(a, b, c, device=devices(args.kind, 1), out_options=out_options,
-                         progress=False)
+                         progress=False, **_limit(args))
         base.append(time.perf_counter() - start)
         read_files(files, threads)
-        z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=devices(args.kind, 1))
+        z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=devices(args.kind, 1),
+                         **_limit(args))
         d = output("c-dask-local.zarr")
         start = time.perf_counter()
         with dask.config.set(scheduler="threads"):
@@ -316,14 +319,14 @@ def on_workers(args, table, counts, a, b, files, threads, decode, write, output)
                 distributed.Client(cluster) as client:
             client.wait_for_workers(g)
             start = time.perf_counter()
-            client.register_plugin(odask.WarmUp(device=args.kind))
+            client.register_plugin(odask.WarmUp(device=args.kind, **_limit(args)))
             warmed = time.perf_counter() - start
             for at in range(args.repeat + 1):
                 read_files(files, threads)
                 c = output(f"c-dask-{g}.zarr")
                 trace = output(f"trace-dask-{g}-{at}")
                 z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=args.kind,
-                                 resources={"GPU": 1}, trace_dir=trace)
+                                 resources={"GPU": 1}, trace_dir=trace, **_limit(args))
                 start = time.perf_counter()
                 z.to_zarr(c)
                 times.append(time.perf_counter() - start)
@@ -383,6 +386,11 @@ def from_npy(args, table: Table, counts: list[int]) -> None:
         os.remove(path)
 
 
+def _limit(args) -> dict:
+    """The products' ``memory_limit`` where ``--memory-limit`` gives one."""
+    return {"memory_limit": args.memory_limit} if args.memory_limit else {}
+
+
 def _worker_report(timeline, inputs: int, decode: dict, write: float) -> dict:
     """A graph's merged timeline as figures: balance (mean over most of the workers'
     flops), bytes decoded over the inputs' bytes, and the floor of that work here."""
@@ -407,6 +415,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dask", action="store_true")
     parser.add_argument("--npy", default=None)
     parser.add_argument("--no-host", action="store_true")
+    parser.add_argument("--memory-limit", default=None)
     parser.add_argument("--cpu", dest="kind", action="store_const", const="cpu", default="cuda")
     parser.add_argument("--trace", default=None)
     parser.add_argument("--json", default=None)
