@@ -163,6 +163,20 @@ class _Run:
         """Rows r0:r1, columns c0:c1 written, or the run over (its error for every chunk)."""
         return self._finished or self._covered(r0, r1, c0, c1)
 
+    def written_part(self) -> _Written | None:
+        """A copy of the blocks written so far (None where none is)."""
+        with self._cond:
+            rows, cols = self._rows, self._cols
+            done = frozenset(key for key, moved in self._written.items()
+                             if moved >= self._bytes(*key))
+        if not done:
+            return None
+        (i0, j0), (i1, j1) = (min(k[d] for k in done) for d in (0, 1)), \
+            (max(k[d] for k in done) + 1 for d in (0, 1))
+        box = (rows[i0], rows[i1], cols[j0], cols[j1])
+        # written blocks are not written again: the copy needs no lock
+        return _Written(rows, cols, done, box, self.out[box[0]:box[1], box[2]:box[3]].copy())
+
     def _covered(self, r0, r1, c0, c1) -> bool:
         """Whether every block of the plan under rows r0:r1, columns c0:c1 is written."""
         if r0 >= r1 or c0 >= c1:
@@ -177,28 +191,49 @@ class _Run:
                 self.out.itemsize)
 
 
+class _Written:
+    """The blocks of a group's run written when its handle was pickled: the plan's block
+    bounds (``rows``, ``cols``), the blocks written (``done``), and a copy of the product's
+    rows ``box[0]:box[1]``, columns ``box[2]:box[3]`` that holds them."""
+
+    def __init__(self, rows, cols, done, box, values: np.ndarray):
+        self.rows, self.cols, self.done, self.box, self.values = rows, cols, done, box, values
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray | None:
+        """Rows r0:r1, columns c0:c1 of the product, where their blocks are all here."""
+        if not all((i, j) in self.done for i in spanned(self.rows, r0, r1)
+                   for j in spanned(self.cols, c0, c1)):
+            return None
+        top, _, left, _ = self.box
+        return self.values[r0 - top:r1 - top, c0 - left:c1 - left]
+
+
 class Handle:
     """What a group task returns: its run going on in this process. Released (its graph
     is done or cancelled), the run stops if it is still going. Pickled (moved to another
-    worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
-    taken from the group's run made again there (:meth:`rerun`).
+    worker, or spilled), it carries its group's spec and a copy of the blocks its run had
+    written; a chunk taken from it elsewhere is taken from that copy, or where its blocks were
+    not written yet, from the group's run made again there (:meth:`rerun`).
 
     Not a chunk's product by itself: that is another product, planned for its own shape (other
     K panels, another order of sums), whose bits differ from the group's in the last place.
     The same run from the same spec plans the same blocks and K panels, and BLAS gives each
     block the same bits whichever process runs it."""
 
-    def __init__(self, run: _Run | None, spec):
-        self.run, self.spec = run, spec
+    def __init__(self, run: _Run | None, spec, written: _Written | None = None):
+        self.run, self.spec, self.written = run, spec, written
         self._rerun: Handle | None = None
         if run is not None:
             weakref.finalize(self, setattr, run, "cancelled", True)
 
     def __reduce__(self):
-        return (Handle, (None, self.spec))
+        written = self.run.written_part() if self.run is not None else self.written
+        return (Handle, (None, self.spec, written))
 
     def __sizeof__(self) -> int:
-        return self.run.out.nbytes if self.run is not None else 0
+        if self.run is not None:
+            return self.run.out.nbytes
+        return self.written.values.nbytes if self.written is not None else 0
 
     def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
         if self.run is not None:  # elsewhere, the group is run again when a chunk is taken
@@ -207,6 +242,10 @@ class Handle:
     def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         if self.run is not None:
             return self.run.chunk(r0, r1, c0, c1)
+        if self.written is not None:
+            found = self.written.chunk(r0, r1, c0, c1)
+            if found is not None:
+                return found
         return self.rerun().chunk(r0, r1, c0, c1)
 
     def rerun(self) -> Handle:
