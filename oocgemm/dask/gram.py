@@ -64,9 +64,8 @@ def held_by(ci: int, cj: int, symmetric: bool
     holds it, and the task that takes it from that one's group. A symmetric product's groups
     compute the chunks on and above the diagonal: a diagonal chunk is its upper triangle,
     mirrored; one below the diagonal (``take`` None) is the result chunk across it,
-    transposed (:func:`transposed`): made of that chunk's own bits wherever it was
-    computed, so that C == C.T bit for bit (a group's handle moved to another worker
-    computes a chunk there by itself, in another order of sums)."""
+    transposed (:func:`transposed`): made of that chunk's own bits, so that C == C.T bit for
+    bit."""
     if not symmetric or ci < cj:
         return ci, cj, take_chunk
     if ci == cj:

@@ -112,7 +112,7 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
             run_group, ops["A"].part(r, None), ops["B"].part(None, q),
             ops["C"].part(r, q) if "C" in ops else None,
             alpha, beta, str(dtype), dict(options), name, takes[(i, j)],
-            len(rows) == len(cols) == 2)
+            len(rows) == len(cols) == 2, f"{i},{j}")
     wait_name = name + "-written"
     waits, link, inner_of = _chains(boxes, planned or group_bounds, group_name, wait_name)
     pieces: dict[tuple, tuple] = {}

@@ -1,9 +1,9 @@
 """A product's operands on both sides of the graph. Where the graph is built, an :class:`Operand`
 is a stored matrix (each task reads its part from storage) or a dask array (each task gets its
 part's chunks as dependencies), and writes what a task needs of it as a spec; in the task,
-:func:`resolve` opens the spec as a source (a :class:`Region` of a stored matrix) and
-:func:`narrow` narrows it to one chunk. Only metadata is read where the graph is built; the
-chunks a Region decodes are shared through :mod:`.sharing`, which knows nothing of sources."""
+:func:`resolve` opens the spec as a source (a :class:`Region` of a stored matrix). Only
+metadata is read where the graph is built; the chunks a Region decodes are shared through
+:mod:`.sharing`, which knows nothing of sources."""
 
 from __future__ import annotations
 
@@ -91,20 +91,6 @@ class Operand:
         keys = [[(x.name, i, j) for j in range(j0, j1)] for i in range(i0, i1)]
         offset = [int(row_bounds[i0]), int(col_bounds[j0])]
         return ["blocks", keys, offset, list(stored_r), list(stored_q), self.transposed]
-
-
-def narrow(spec: list, rows, cols) -> list:
-    """A part ``spec`` (of :meth:`Operand.part`) narrowed to rows ``rows`` and columns
-    ``cols`` of op(operand) within it (None: all)."""
-    spec, transposed = list(spec), spec[-1]
-    stored_r, stored_q = list(spec[-3]), list(spec[-2])
-    r, q = (stored_q, stored_r) if transposed else (stored_r, stored_q)
-    if rows is not None:
-        r = [r[0] + rows[0], r[0] + rows[1]]
-    if cols is not None:
-        q = [q[0] + cols[0], q[0] + cols[1]]
-    spec[-3], spec[-2] = (q, r) if transposed else (r, q)
-    return spec
 
 
 def resolve(spec, shared: SharedChunks | None = None, role: str = "") -> MatrixSource:

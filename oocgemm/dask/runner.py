@@ -1,9 +1,11 @@
 """What the tasks do in a worker process. A group task (:func:`run_group`) starts oocgemm's run of
 its group in a thread, one run per device at a time in a process, and returns a
 :class:`Handle` once the run has the device; the chain's links (:func:`written`) and the
-chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written. It builds
-no graph, and hands a chunk out as the run wrote it (the Gram half's mirrored chunks are
-:mod:`.gram`'s)."""
+chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written. A handle
+that reaches a process without its run (moved to another worker, or the worker that had it
+lost) runs its group again there, the same run from the same spec, so that every chunk has
+the bits of its group's run wherever it is taken. It builds no graph, and hands a chunk out as
+the run wrote it (the Gram half's mirrored chunks are :mod:`.gram`'s)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from ..planning.schedule import OpKind
 from ..runtime.base import Cancelled
-from .operands import narrow, resolve
+from .operands import resolve
 from .partition import spanned
 from .sharing import shared_chunks
 from .traces import leave_events
@@ -24,16 +26,22 @@ from .traces import leave_events
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_LOCK = threading.Lock()
 
+#: The groups run again in this process for handles that came without their run, by group:
+#: each run once while some such handle of its group is here.
+_RERUNS: weakref.WeakValueDictionary[str, Handle] = weakref.WeakValueDictionary()
+_RERUNS_LOCK = threading.Lock()
+
 
 def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int = 1,
-           alone: bool = False) -> Handle:
+              alone: bool = False, group: str = "") -> Handle:
     """One group task: starts the run of its group on this worker's device and returns, once
     the run has the device, a handle from which :func:`take_chunk` takes the group's ``chunks``
     chunks, each as soon as the blocks under it are written (the run goes on in a thread of
     this process; the last chunk taken waits for its end). ``alone``: the group is the whole
-    product, and shares no decoded chunks with others."""
+    product, and shares no decoded chunks with others. ``group`` names the group within
+    its graph."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
-    spec = (a, b, c, alpha, beta, dtype, options, graph)
+    spec = (a, b, c, alpha, beta, dtype, options, graph, alone, group)
     # the whole product in one run: the run's own reads and cache, as multiply's
     shared_cm = contextlib.nullcontext() if alone else shared_chunks(graph)
     shared = shared_cm.__enter__()  # left when the run ends
@@ -205,6 +213,20 @@ class _Run:
         """Rows r0:r1, columns c0:c1 written, or the run over (its error for every chunk)."""
         return self._finished or self._covered(r0, r1, c0, c1)
 
+    def written_part(self) -> _Written | None:
+        """A copy of the blocks written so far (None where none is)."""
+        with self._cond:
+            rows, cols = self._rows, self._cols
+            done = frozenset(key for key, moved in self._written.items()
+                             if moved >= self._bytes(*key))
+        if not done:
+            return None
+        (i0, j0), (i1, j1) = (min(k[d] for k in done) for d in (0, 1)), \
+            (max(k[d] for k in done) + 1 for d in (0, 1))
+        box = (rows[i0], rows[i1], cols[j0], cols[j1])
+        # written blocks are not written again: the copy needs no lock
+        return _Written(rows, cols, done, box, self.out[box[0]:box[1], box[2]:box[3]].copy())
+
     def _covered(self, r0, r1, c0, c1) -> bool:
         """Whether rows r0:r1, columns c0:c1 are written: every block of the plan under them
         whole, or the parts of them it lies in (the regions of its writes, which do not
@@ -232,35 +254,79 @@ class _Run:
                 self.out.itemsize)
 
 
+class _Written:
+    """The blocks of a group's run written when its handle was pickled: the plan's block
+    bounds (``rows``, ``cols``), the blocks written (``done``), and a copy of the product's
+    rows ``box[0]:box[1]``, columns ``box[2]:box[3]`` that holds them."""
+
+    def __init__(self, rows, cols, done, box, values: np.ndarray):
+        self.rows, self.cols, self.done, self.box, self.values = rows, cols, done, box, values
+
+    def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray | None:
+        """Rows r0:r1, columns c0:c1 of the product, where their blocks are all here."""
+        if not all((i, j) in self.done for i in spanned(self.rows, r0, r1)
+                   for j in spanned(self.cols, c0, c1)):
+            return None
+        top, _, left, _ = self.box
+        return self.values[r0 - top:r1 - top, c0 - left:c1 - left]
+
+
 class Handle:
     """What a group task returns: its run going on in this process. Released (its graph
     is done or cancelled), the run stops if it is still going. Pickled (moved to another
-    worker, or spilled), it carries its group's spec, and a chunk taken from it elsewhere is
-    computed there by itself."""
+    worker, or spilled), it carries its group's spec and a copy of the blocks its run had
+    written; a chunk taken from it elsewhere is taken from that copy, or where its blocks were
+    not written yet, from the group's run made again there (:meth:`rerun`).
 
-    def __init__(self, run: _Run | None, spec):
-        self.run, self.spec = run, spec
+    Not a chunk's product by itself: that is another product, planned for its own shape (other
+    K panels, another order of sums), whose bits differ from the group's in the last place.
+    The same run from the same spec plans the same blocks and K panels, and BLAS gives each
+    block the same bits whichever process runs it."""
+
+    def __init__(self, run: _Run | None, spec, written: _Written | None = None):
+        self.run, self.spec, self.written = run, spec, written
+        self._rerun: Handle | None = None
         if run is not None:
             weakref.finalize(self, setattr, run, "cancelled", True)
 
     def __reduce__(self):
-        return (Handle, (None, self.spec))
+        written = self.run.written_part() if self.run is not None else self.written
+        return (Handle, (None, self.spec, written))
 
     def __sizeof__(self) -> int:
-        return self.run.out.nbytes if self.run is not None else 0
+        if self.run is not None:
+            return self.run.out.nbytes
+        return self.written.values.nbytes if self.written is not None else 0
 
     def wait(self, r0: int, r1: int, c0: int, c1: int) -> None:
-        if self.run is not None:  # elsewhere, the chunk is computed when it is taken
+        if self.run is not None:  # elsewhere, the group is run again when a chunk is taken
             self.run.wait(r0, r1, c0, c1)
 
     def chunk(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         if self.run is not None:
             return self.run.chunk(r0, r1, c0, c1)
-        a, b, c, alpha, beta, dtype, options, graph = self.spec
-        a, b = narrow(a, (r0, r1), None), narrow(b, None, (c0, c1))
-        c = narrow(c, (r0, r1), (c0, c1)) if c is not None else None
-        return run_group(a, b, c, alpha, beta, dtype, options, graph).chunk(
-            0, r1 - r0, 0, c1 - c0)
+        if self.written is not None:
+            found = self.written.chunk(r0, r1, c0, c1)
+            if found is not None:
+                return found
+        return self.rerun().chunk(r0, r1, c0, c1)
+
+    def rerun(self) -> Handle:
+        """The group's run made again in this process, from the spec: once for every handle of
+        the group here (while one holds it). Each chunk taken from it waits for its end (how
+        many of the group's chunks are taken here is not known)."""
+        if self._rerun is None:
+            a, b, c, alpha, beta, dtype, options, graph, alone, group = self.spec
+            key = f"{graph}/{group}" if group else None
+            with _RERUNS_LOCK:
+                found = _RERUNS.get(key) if key is not None else None
+                if found is None:
+                    found = run_group(a, b, c, alpha, beta, dtype, options, graph, 1, alone,
+                                      group)
+                    if key is not None:
+                        _RERUNS[key] = found
+            self._rerun = found
+        return self._rerun
 
 
 def _device_lock(device: str) -> threading.Lock:
