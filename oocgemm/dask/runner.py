@@ -79,23 +79,23 @@ def take_chunk(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray
 @contextlib.contextmanager
 def _seceded(handle: Handle, r0: int, r1: int, c0: int, c1: int):
     """In a ``dask.distributed`` worker, a task that waits for its group's run here (for rows
-    r0:r1, columns c0:c1 of its product, or its end) leaves the
-    worker's thread pool while it waits (``distributed.secede``), and takes a thread again
-    after (``rejoin``). Waiting on a thread, the links and chunk tasks of a run held the
-    worker's threads: the worker's next group could not start beside the run (nor share its
-    decoded chunks), and the tasks queued behind them were stolen by other workers, where
-    a moved handle computes its group again."""
+    r0:r1, columns c0:c1 of its product, or its end) leaves the worker's thread pool while
+    it waits (``distributed.secede``), and takes a thread again after (``rejoin``). Waiting
+    on a thread, the links and chunk tasks of a run held the worker's threads: the worker's
+    next group could not start beside the run (nor share its decoded chunks), and the tasks
+    queued behind them were stolen by idle workers, where a moved handle hands out only the
+    blocks written before it moved."""
     import sys
 
-    worker = None
-    if handle.run is not None and "distributed" in sys.modules:
+    run, worker = handle.run, None
+    if run is not None and "distributed" in sys.modules:
         from distributed import get_worker
 
         try:
             worker = get_worker()
         except ValueError:  # not in a worker: the threaded scheduler, or the client
             worker = None
-    if worker is None or handle.run.ready(r0, r1, c0, c1):
+    if run is None or worker is None or run.ready(r0, r1, c0, c1):
         yield
         return
     from distributed import rejoin, secede
