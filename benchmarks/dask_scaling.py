@@ -68,18 +68,21 @@ def _reset() -> bool:
     return True
 
 
-def group_bounds(a: str, b: str, n: int, groups: tuple[int, int] | None) -> list[list[int]]:
-    """Row and column bounds of the groups: forced (``groups``: counts along rows and
-    columns, sizes evened out), or the library's default row bands (its plan's blocks, under
-    the active Client)."""
-    if groups is not None:
-        return [[round(i * n / g) for i in range(g + 1)] for g in groups]
-    import oocgemm
-    from oocgemm.dask import partition
+def forced_bounds(n: int, groups: tuple[int, int]) -> list[list[int]]:
+    """Row and column bounds of ``groups`` (counts along rows and columns), sizes evened
+    out."""
+    return [[round(i * n / g) for i in range(g + 1)] for g in groups]
 
-    plan = oocgemm.plan(a, b, device="cpu")
-    planned = [[int(v) for v in plan.row_splits], [int(v) for v in plan.col_splits]]
-    return [partition.row_band(planned, n, np.dtype("float64")), [0, n]]
+
+def graph_bounds(z) -> list[list[int]]:
+    """The row and column bounds of a ``matmul`` graph's groups, read from its group tasks
+    (each holds the rows of A and the columns of B it reads: stored specs)."""
+    rows, cols = {0}, {0}
+    for task in z.dask.layers[z.name + "-groups"].values():
+        a_spec, b_spec = task[1], task[2]
+        rows.update(a_spec[2])  # ["stored", array, rows, cols, transposed]
+        cols.update(b_spec[3])
+    return [sorted(rows), sorted(cols)]
 
 
 def _per_worker(trace_dir: str, counts: dict[str, dict], workers: list[str]) -> dict:
@@ -129,20 +132,21 @@ def one_count(args, p: int, a: str, b: str, work: str) -> dict:
                                   env=env) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(p)
         client.run(_count)
-        bounds = group_bounds(a, b, args.n, args.groups)
-        sizes = tuple(np.diff(x).tolist() for x in bounds)
+        bounds = forced_bounds(args.n, args.groups) if args.groups else None
+        sizes = tuple(np.diff(x).tolist() for x in bounds) if bounds else None
         times = []
         for _ in range(args.repeat):
             shutil.rmtree(trace, ignore_errors=True)
             shutil.rmtree(c, ignore_errors=True)
             client.run(_reset)
             z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device="cpu", trace_dir=trace,
-                             groups=sizes if args.groups else None)
+                             groups=sizes)
             start = time.perf_counter()
             z.to_zarr(c)
             times.append(time.perf_counter() - start)
         counts = {c.pop("name"): c for c in client.run(_counts_named).values()}
     tasks = len(z.dask.layers[z.name + "-groups"])
+    bounds = graph_bounds(z)  # the library's layout (under this Client), or the forced one
     by = _per_worker(trace, counts, sorted(counts))
     flops = [w["flops"] for w in by.values()]
     total_flops = sum(flops) or 1
