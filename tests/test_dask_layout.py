@@ -116,3 +116,32 @@ def test_groups_go_to_their_workers_and_each_chunk_is_decoded_by_few(rng, workdi
     decodes = sum(w["decodes"] for w in per_worker.values())
     # a 1 x 2 or 2 x 1 grid: one operand's chunks decoded by both workers, the other's once
     assert chunks_a + chunks_b <= decodes <= chunks_a + chunks_b + max(chunks_a, chunks_b)
+
+
+def test_a_workers_chunks_wait_for_its_next_group_of_the_graph(monkeypatch):
+    """A graph's decoded chunks outlive its last active task in a process while the worker
+    says it holds more groups of the graph (they read the same rows of A or columns of B),
+    and go once it holds none; without a worker they go at once."""
+    import threading
+    import time
+
+    from oocgemm.dask import sharing
+
+    monkeypatch.setattr(sharing, "RECHECK", 0.01)
+    more = threading.Event()
+    more.set()
+    with sharing.shared_chunks("g", more.is_set) as shared:
+        shared.get(("B", (0, 0)), lambda: np.ones(3))
+    time.sleep(0.05)
+    assert sharing._SHARED.get("g") is shared  # kept: the next group of the graph is here
+    with sharing.shared_chunks("g", more.is_set) as again:
+        assert again is shared
+        again.get(("B", (0, 0)), lambda: pytest.fail("decoded again"))
+    more.clear()
+    deadline = time.monotonic() + 5
+    while "g" in sharing._SHARED:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with sharing.shared_chunks("h") as alone:
+        alone.get(("A", (0, 0)), lambda: np.ones(3))
+    assert "h" not in sharing._SHARED

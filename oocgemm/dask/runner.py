@@ -43,7 +43,8 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph, alone, group)
     # the whole product in one run: the run's own reads and cache, as multiply's
-    shared_cm = contextlib.nullcontext() if alone else shared_chunks(graph)
+    shared_cm = (contextlib.nullcontext() if alone
+                 else shared_chunks(graph, _groups_waiting_here(graph + "-groups")))
     shared = shared_cm.__enter__()  # left when the run ends
     try:
         a_src, b_src = resolve(a, shared, "A"), resolve(b, shared, "B")
@@ -59,6 +60,32 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
     thread.start()
     run.wait_started()
     return Handle(run, spec)
+
+
+#: A dask.distributed worker's task states of work it holds and has not finished.
+_WAITING = frozenset({"waiting", "ready", "constrained", "executing", "fetch", "flight"})
+
+
+def _groups_waiting_here(layer: str):
+    """In a ``dask.distributed`` worker: a function that says whether the worker holds group
+    tasks of ``layer`` (a graph's groups) it has not finished; None elsewhere."""
+    import sys
+
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:  # not in a worker
+        return None
+
+    def waiting() -> bool:
+        tasks = list(worker.state.tasks.values())  # (changed by the worker's own thread)
+        return any(isinstance(ts.key, tuple) and ts.key[0] == layer and ts.state in _WAITING
+                   for ts in tasks)
+
+    return waiting
 
 
 def written(handle: Handle, r0: int, r1: int, c0: int, c1: int) -> Handle:

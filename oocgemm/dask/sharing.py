@@ -79,9 +79,17 @@ _SHARED: dict[str, SharedChunks] = {}
 _SHARED_LOCK = threading.Lock()  # of _SHARED, and of its entries' active counts and timers
 
 
+#: Seconds between looks at a worker's tasks while its shared chunks wait for its next group
+#: of the same graph.
+RECHECK = 0.2
+
+
 @contextlib.contextmanager
-def shared_chunks(graph: str):
-    """This process's shared chunks of ``graph``, held for the duration of one task."""
+def shared_chunks(graph: str, pending=None):
+    """This process's shared chunks of ``graph``, held for the duration of one task, and
+    after it while ``pending()`` (given by the task: whether this worker holds more groups
+    of the graph to run) says so: a worker's next group of the graph, which reads the same
+    rows of A or columns of B, finds them decoded even where it starts after this one ends."""
     from .. import machine
 
     with _SHARED_LOCK:
@@ -97,15 +105,35 @@ def shared_chunks(graph: str):
     finally:
         with _SHARED_LOCK:
             shared.active -= 1
-            if shared.active == 0 and GRACE <= 0:
-                del _SHARED[graph]
-            elif shared.active == 0:
-                shared.timer = threading.Timer(GRACE, _drop, args=(graph, shared))
-                shared.timer.daemon = True
-                shared.timer.start()
+            if shared.active == 0:
+                _later(graph, shared, pending)
 
 
-def _drop(graph: str, shared: SharedChunks) -> None:
+def _later(graph: str, shared: SharedChunks, pending) -> None:
+    """(Under the lock, no task of ``graph`` active here.) Drop its chunks now, or look again
+    in a while: after ``GRACE``, or while ``pending()``."""
+    waiting = pending is not None and _asks(pending)
+    if GRACE <= 0 and not waiting:
+        del _SHARED[graph]
+        return
+    shared.timer = threading.Timer(RECHECK if waiting else GRACE, _drop,
+                                   args=(graph, shared, pending if waiting else None))
+    shared.timer.daemon = True
+    shared.timer.start()
+
+
+def _asks(pending) -> bool:
+    try:
+        return bool(pending())
+    except Exception:  # (the worker's state changed under the look: look again)
+        return True
+
+
+def _drop(graph: str, shared: SharedChunks, pending=None) -> None:
     with _SHARED_LOCK:
-        if _SHARED.get(graph) is shared and shared.active == 0:
+        if _SHARED.get(graph) is not shared or shared.active:
+            return
+        if pending is not None and _asks(pending):
+            _later(graph, shared, pending)
+        else:
             del _SHARED[graph]
