@@ -42,8 +42,9 @@ class Result:
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
     whether its chunks were ``kept`` for the whole run or decoded ``into_ring``, or
     ``on_device`` (read as stored and decoded on the GPU: ``decodes`` counts the stored
-    objects read), and the readers' ``copy_seconds`` copying parts of decoded chunks into
-    their destinations (summed over threads)."""
+    objects read), the readers' ``copy_seconds`` copying parts of decoded chunks into
+    their destinations (summed over threads), and which chunks the host decoded
+    (``decoded_at``: their [row, column] indices in the stored array, one entry a decode)."""
     replanned: list = field(default_factory=list)
     """How the run went on after running out of memory: one line each time it planned again
     with smaller blocks (and started the product again)."""

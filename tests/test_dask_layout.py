@@ -15,6 +15,7 @@ import pytest
 import zarr
 from _helpers import assert_gemm, rand
 
+import oocgemm
 import oocgemm.dask as odask
 from oocgemm.dask.partition import refined, worker_grid, worker_layout
 
@@ -116,6 +117,20 @@ def test_groups_go_to_their_workers_and_each_chunk_is_decoded_by_few(rng, workdi
     decodes = sum(w["decodes"] for w in per_worker.values())
     # a 1 x 2 or 2 x 1 grid: one operand's chunks decoded by both workers, the other's once
     assert chunks_a + chunks_b <= decodes <= chunks_a + chunks_b + max(chunks_a, chunks_b)
+    decoders = t.meta["decoders"]  # which worker decoded which stored chunk
+    assert (decoders["A"]["chunks"], decoders["B"]["chunks"]) == (chunks_a, chunks_b)
+    assert max(x["most_workers"] for x in decoders.values()) <= 2
+    assert min(x["most_workers"] for x in decoders.values()) == 1
+    assert "decoded by" in str(t)
+
+
+def test_a_run_says_which_stored_chunks_it_decoded(rng, workdir):
+    a, b = rand(rng, (100, 70)), rand(rng, (70, 50))
+    zarr.create_array("a.zarr", shape=a.shape, dtype="f8", chunks=(32, 32))[...] = a
+    r = oocgemm.multiply("a.zarr", b, device="cpu", tile=(64, 50, 70))
+    at = r.chunks["A"]["decoded_at"]
+    assert sorted(map(tuple, at)) == [(i, j) for i in range(4) for j in range(3)]
+    assert len(at) == r.chunks["A"]["decodes"]
 
 
 def test_a_workers_chunks_wait_for_its_next_group_of_the_graph(monkeypatch):

@@ -145,6 +145,12 @@ class Region(MatrixSource):
         c0 = index[1] * self.chunks[1]
         self.read((r0, r0 + out.shape[0]), (c0, c0 + out.shape[1]), out)
 
+    def stored_chunk(self, index) -> tuple[int, int]:
+        """Region chunk ``index`` as the stored array's chunk index."""
+        assert self.chunks is not None  # only regions on the chunk grid are read by chunks
+        return (self.rows[0] // self.chunks[0] + index[0],
+                self.cols[0] // self.chunks[1] + index[1])
+
     @property
     def shared_chunk(self):
         """Chunks decoded once for every task of the graph in this process (None where the

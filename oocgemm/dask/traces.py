@@ -60,7 +60,22 @@ def timeline(trace_dir: str):
     storage = {key: sum(w[key] for w in workers.values()) for key in ("storage_read",
                                                                        "decoded")}
     return Timeline.from_events(events, meta={"tasks": len(docs), "storage": storage,
-                                              "workers": workers})
+                                              "workers": workers,
+                                              "decoders": _decoders(docs)})
+
+
+def _decoders(docs: list[dict]) -> dict[str, dict]:
+    """Per input (the runs' 'A', 'B', 'C'): how many stored chunks were decoded, and by how
+    many workers at most and on average (each chunk's decodes, by the worker that made
+    them)."""
+    by: dict[str, dict[tuple, set]] = {}
+    for d in docs:
+        for role, report in (d.get("chunks") or {}).items():
+            for at in report.get("decoded_at", ()):
+                by.setdefault(role, {}).setdefault(tuple(at), set()).add(d["worker"])
+    return {role: {"chunks": len(chunks), "most_workers": max(map(len, chunks.values())),
+                   "mean_workers": sum(map(len, chunks.values())) / len(chunks)}
+            for role, chunks in by.items() if chunks}
 
 
 #: What :func:`timeline` sums per worker (its ``meta['workers']``): group runs, their flops

@@ -122,8 +122,9 @@ class Timeline:
     """The product: 'shape' [m, n, k], 'dtype', 'device', 'tile' [w, h, r], 'operations'
     (planned), and what the run took from 'storage' ({'storage_read', 'decoded'} bytes, as
     ``result.bytes``); a dask graph's runs (:func:`oocgemm.dask.timeline`) per worker
-    ('workers': runs, flops, seconds, bytes read and decoded, chunks decoded); empty when
-    not known."""
+    ('workers': runs, flops, seconds, bytes read and decoded, chunks decoded) and per input
+    how many workers decoded each stored chunk ('decoders': chunks, most and mean workers);
+    empty when not known."""
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -338,13 +339,7 @@ class Timeline:
                          f"storage, {format_size(stored.get('decoded', 0))} of chunks decoded"
                          + (" (the read link copies out of those)" if stored.get('decoded')
                             else ""))
-        workers = m.get("workers") or {}
-        if workers:  # a dask graph's runs (oocgemm.dask.timeline): what each worker decoded
-            lines.append(_wrap("  workers   ", [
-                f"{name} {x['tasks']} run{'s' if x['tasks'] != 1 else ''}, "
-                f"{format_size(x['decoded'])} decoded "
-                f"({x['decodes']} chunks), {format_size(x['storage_read'])} from storage"
-                for name, x in workers.items()]))
+        lines += self._graph_lines()
         lines.append(_wrap("  lanes     ", self._lane_summary()))
         shares = self.device_shares()
         if len(shares) > 1:
@@ -356,6 +351,24 @@ class Timeline:
                 for name, x in shares.items()] + [f"balance {mean / most:.2f} (mean / most)"]))
         lines.append(f"  bound     {self._bound_text()}")
         return "\n".join(lines)
+
+    def _graph_lines(self) -> list[str]:
+        """A dask graph's runs (:func:`oocgemm.dask.timeline`): what each worker decoded, and
+        how many of them decoded each stored chunk."""
+        lines = []
+        workers = self.meta.get("workers") or {}
+        if workers:
+            lines.append(_wrap("  workers   ", [
+                f"{name} {x['tasks']} run{'s' if x['tasks'] != 1 else ''}, "
+                f"{format_size(x['decoded'])} decoded "
+                f"({x['decodes']} chunks), {format_size(x['storage_read'])} from storage"
+                for name, x in workers.items()]))
+        decoders = self.meta.get("decoders") or {}
+        if decoders:
+            lines.append(_wrap("  chunks    ", [
+                f"{role}: {x['chunks']} decoded by {x['mean_workers']:.2g} workers on average, "
+                f"{x['most_workers']} at most" for role, x in sorted(decoders.items())]))
+        return lines
 
     def _rate_and_links(self) -> list[str]:
         """The report's lines of the flop rate and of each link that moved bytes."""

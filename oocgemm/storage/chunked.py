@@ -111,6 +111,10 @@ class ChunkReader(MatrixSource):
         self._place = {index: at for at, index in enumerate(self._order)}
         self.decodes = 0
         """Chunks decoded so far."""
+        self.decoded_at: list[tuple[int, int]] = []
+        """Which: each decode's chunk, by its index in the stored array (the inner source's
+        ``stored_chunk``, where it is a part of one)."""
+        self._stored = getattr(inner, "stored_chunk", None)
         self.decoded_bytes = 0
         """Bytes of the decoded chunks (stored dtype)."""
         self.resident_bytes = 0
@@ -153,8 +157,7 @@ class ChunkReader(MatrixSource):
             fresh = True
         with self._lock:
             if fresh:  # (a chunk another run decoded is held here, not decoded)
-                self.decodes += 1
-                self.decoded_bytes += out.nbytes
+                self._decoded(index, out.nbytes)
             self.resident_bytes += out.nbytes
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         return out
@@ -218,9 +221,14 @@ class ChunkReader(MatrixSource):
                 hint(later)
         self.inner.read_chunk(index, out)
         with self._lock:
-            self.decodes += 1
-            self.decoded_bytes += out.nbytes
+            self._decoded(index, out.nbytes)
         return True
+
+    def _decoded(self, index: tuple[int, int], nbytes: int) -> None:
+        """(Under the lock.) Count one decode of chunk ``index``."""
+        self.decodes += 1
+        self.decoded_bytes += nbytes
+        self.decoded_at.append(self._stored(index) if self._stored is not None else index)
 
     # -- MatrixSource --------------------------------------------------------------------------
     def read(self, rows, cols, out) -> None:

@@ -53,6 +53,10 @@ class Part(MatrixSource):
     def read_chunk(self, index, out) -> None:
         self.inner.read_chunk(self._index(index), out)  # type: ignore[attr-defined]
 
+    def stored_chunk(self, index) -> tuple[int, int]:
+        """Chunk ``index`` of the part as the inner source's chunk index."""
+        return self._index(index)
+
     def prefetch_chunk(self, index) -> None:
         hint = getattr(self.inner, "prefetch_chunk", None)
         if hint is not None:

@@ -395,8 +395,8 @@ def chunk_writer(plan: Plan, sink):
 
 
 def chunk_counts(readers: dict) -> dict:
-    """What the chunk readers did, per operand: chunks, decodes, decoded and peak bytes, the
-    readers' time copying out of decoded chunks."""
+    """What the chunk readers did, per operand: chunks, decodes (and which chunks), decoded
+    and peak bytes, the readers' time copying out of decoded chunks."""
     from .chunked import ChunkReader
 
     counts: dict = {}
@@ -418,5 +418,6 @@ def chunk_counts(readers: dict) -> dict:
         counts[name] = {"chunks": src.n_chunks, "decodes": src.decodes,
                         "decoded_bytes": src.decoded_bytes, "peak_bytes": src.peak_bytes,
                         "kept": src.kept, "into_ring": src.into, "on_device": False,
-                        "copy_seconds": src.copy_seconds, "roles": name}
+                        "copy_seconds": src.copy_seconds, "roles": name,
+                        "decoded_at": sorted(src.decoded_at)}
     return counts
