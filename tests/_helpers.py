@@ -36,6 +36,15 @@ def rand(rng: np.random.Generator, shape, dtype="float64") -> np.ndarray:
     return x.astype(dtype)
 
 
+def zarr_stores(chunks, **arrays) -> None:
+    """Each array as a Zarr store of zarr's defaults (zstd) named after its keyword
+    (``a=x``: ``a.zarr``, in the current folder), in chunks of ``chunks``."""
+    import zarr
+
+    for name, x in arrays.items():
+        zarr.create_array(f"{name}.zarr", shape=x.shape, dtype=x.dtype, chunks=chunks)[...] = x
+
+
 def poisoned(shape, dtype="float64") -> np.ndarray:
     """An array full of NaN (and one inf), to prove that its old content never leaks."""
     x = np.full(shape, np.nan, dtype=dtype)

@@ -13,7 +13,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, rand
+from _helpers import assert_gemm, rand, zarr_stores
 
 import oocgemm
 import oocgemm.dask as odask
@@ -95,8 +95,7 @@ def test_groups_go_to_their_workers_and_each_chunk_is_decoded_by_few(rng, workdi
     per worker that needs it (A's row band and B's column band of its region)."""
     distributed = pytest.importorskip("distributed")
     a, b = rand(rng, (256, 96)), rand(rng, (96, 200))
-    for name, x in (("a", a), ("b", b)):
-        zarr.create_array(f"{name}.zarr", shape=x.shape, dtype="f8", chunks=(32, 32))[...] = x
+    zarr_stores((32, 32), a=a, b=b)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:

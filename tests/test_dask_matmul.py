@@ -15,7 +15,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, rand
+from _helpers import assert_gemm, rand, zarr_stores
 from dask.callbacks import Callback
 from test_dask_inputs import Counter, counted
 
@@ -315,8 +315,7 @@ def test_the_merged_timeline_says_what_each_worker_decoded(rng, workdir):
     worker's runs, flops and the chunks it decoded, and the storage line sums them."""
     distributed = pytest.importorskip("distributed")
     a, b = rand(rng, (160, 64)), rand(rng, (64, 120))
-    for name, x in (("a", a), ("b", b)):
-        zarr.create_array(f"{name}.zarr", shape=x.shape, dtype="f8", chunks=(16, 16))[...] = x
+    zarr_stores((16, 16), a=a, b=b)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
