@@ -58,8 +58,11 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         The parts of C, one run (one task) each, as ``(rows, cols)`` (each a size, or a
         list of sizes) or one size for both. Default: bands of whole rows of the plan's C
         blocks (they share their A panels), as few as host memory allows (a band is held in
-        memory until its chunks are used), and under a ``dask.distributed`` Client at least
-        two per worker, so that the workers balance; with ``chunks`` given, whole chunks.
+        memory until its chunks are used); under a ``dask.distributed`` Client of several
+        workers (those with ``resources``), one contiguous region of C per worker, in the
+        grid of regions that reads least, each cut into at least two groups annotated with
+        their worker (another takes one when it is idle, or when its worker is lost); with
+        ``chunks`` given, whole chunks.
         For ``X^T X`` or ``X X^T`` of one matrix (beta == 0, neither ``groups`` nor
         ``chunks`` given) a band computes only its part on and right of the diagonal (about
         half the flops); the chunks below the diagonal are the transposes of those above
