@@ -125,8 +125,8 @@ def _later(graph: str, shared: SharedChunks, pending) -> None:
 def _asks(pending) -> bool:
     try:
         return bool(pending())
-    except Exception:  # (the worker's state changed under the look: look again)
-        return True
+    except Exception:  # the worker's state changed under the look, or the worker is gone:
+        return False  # the chunks go (a later group decodes them again)
 
 
 def _drop(graph: str, shared: SharedChunks, pending=None) -> None:
