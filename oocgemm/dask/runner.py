@@ -1,11 +1,13 @@
 """What the tasks do in a worker process. A group task (:func:`run_group`) starts oocgemm's run of
 its group in a thread, one run per device at a time in a process, and returns a
 :class:`Handle` once the run has the device; the chain's links (:func:`written`) and the
-chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written. A handle
-that reaches a process without its run (moved to another worker, or the worker that had it
-lost) runs its group again there, the same run from the same spec, so that every chunk has
-the bits of its group's run wherever it is taken. It builds no graph, and hands a chunk out as
-the run wrote it (the Gram half's mirrored chunks are :mod:`.gram`'s)."""
+chunk tasks (:func:`take_chunk`) wait on the handle for the blocks the run has written (in a
+worker, outside its thread pool). A handle that reaches a process without its run (moved to
+another worker, or the worker that had it lost) hands out the blocks its run had written (it
+carries a copy) and, for the others, runs its group again there, the same run from the same
+spec, so that every chunk has the bits of its group's run wherever it is taken. It builds no
+graph, and hands a chunk out as the run wrote it (the Gram half's mirrored chunks are
+:mod:`.gram`'s)."""
 
 from __future__ import annotations
 
