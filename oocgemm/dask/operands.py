@@ -164,7 +164,7 @@ class Region(MatrixSource):
         region; and whether this call decoded it (else another task of the graph had)."""
         assert self.chunks is not None and self._shared is not None  # see shared_chunk
         (ch, cw), (rows, cols) = self.chunks, self.inner.shape
-        at = (self.rows[0] // ch + index[0], self.cols[0] // cw + index[1])
+        at = self.stored_chunk(index)
         r0, c0 = at[0] * ch, at[1] * cw
         r1, c1 = min(r0 + ch, rows), min(c0 + cw, cols)
 

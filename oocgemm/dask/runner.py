@@ -68,9 +68,9 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
 _WAITING = frozenset({"waiting", "ready", "constrained", "executing", "fetch", "flight"})
 
 
-def _groups_waiting_here(layer: str):
-    """In a ``dask.distributed`` worker: a function that says whether the worker holds group
-    tasks of ``layer`` (a graph's groups) it has not finished; None elsewhere."""
+def _this_worker():
+    """The ``dask.distributed`` worker this task runs in; None elsewhere (the threaded
+    scheduler, the client; ``distributed`` is not imported for it)."""
     import sys
 
     if "distributed" not in sys.modules:
@@ -78,8 +78,16 @@ def _groups_waiting_here(layer: str):
     from distributed import get_worker
 
     try:
-        worker = get_worker()
+        return get_worker()
     except ValueError:  # not in a worker
+        return None
+
+
+def _groups_waiting_here(layer: str):
+    """In a ``dask.distributed`` worker: a function that says whether the worker holds group
+    tasks of ``layer`` (a graph's groups) it has not finished; None elsewhere."""
+    worker = _this_worker()
+    if worker is None:
         return None
 
     def waiting() -> bool:
@@ -114,17 +122,8 @@ def _seceded(handle: Handle, r0: int, r1: int, c0: int, c1: int):
     next group could not start beside the run (nor share its decoded chunks), and the tasks
     queued behind them were stolen by idle workers, where a moved handle hands out only the
     blocks written before it moved."""
-    import sys
-
-    run, worker = handle.run, None
-    if run is not None and "distributed" in sys.modules:
-        from distributed import get_worker
-
-        try:
-            worker = get_worker()
-        except ValueError:  # not in a worker: the threaded scheduler, or the client
-            worker = None
-    if run is None or worker is None or run.ready(r0, r1, c0, c1):
+    run = handle.run
+    if run is None or _this_worker() is None or run.ready(r0, r1, c0, c1):
         yield
         return
     from distributed import rejoin, secede

@@ -125,13 +125,12 @@ def _local_fsspec_folder(array) -> str | None:
     async file wrapper, neither decoded straight into the run's buffers nor handed to a GPU
     as frames; opened again as a local store, it is read as ``multiply("a.zarr", ...)``
     reads it."""
-    from .identity import LOCAL_PROTOCOLS
+    from .identity import LOCAL_PROTOCOLS, protocol_name
 
     store = getattr(getattr(array, "store_path", None), "store", None)
     fs, base = getattr(store, "fs", None), getattr(store, "path", None)
-    protocol = getattr(fs, "protocol", None)
-    protocol = protocol[0] if isinstance(protocol, tuple | list) else protocol
-    if fs is None or not isinstance(base, str) or protocol not in LOCAL_PROTOCOLS:
+    if fs is None or not isinstance(base, str) or \
+            protocol_name(getattr(fs, "protocol", "?")) not in LOCAL_PROTOCOLS:
         return None
     folder = os.path.abspath(os.path.join(base, array.store_path.path))
     return folder if os.path.isdir(folder) else None

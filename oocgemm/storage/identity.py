@@ -397,12 +397,12 @@ def _split_url(url: str) -> tuple[str | None, str]:
         cls = fsspec.get_filesystem_class(url.split("://", 1)[0].lower())
         # _strip_protocol is what fsspec's url_to_fs uses, without making a file system
         # (which for an object store may look for credentials)
-        return _protocol(cls.protocol), cls._strip_protocol(url)
+        return protocol_name(cls.protocol), cls._strip_protocol(url)
     except Exception:  # ImportError, ValueError: unknown protocol; anything its class raises
         return None, url
 
 
-def _protocol(protocol) -> str:
+def protocol_name(protocol) -> str:
     """The first of a file system's protocols (``('s3', 's3a')``: 's3'), as the name of its
     namespace."""
     return protocol if isinstance(protocol, str) else protocol[0]
@@ -446,7 +446,7 @@ def _store_item(store, inner: str, array) -> Identity:
         return _file(os.path.join(os.fspath(root), inner))
     fs, base = getattr(store, "fs", None), getattr(store, "path", None)
     if fs is not None and isinstance(base, str):  # FsspecStore
-        protocol = _protocol(getattr(fs, "protocol", "?"))
+        protocol = protocol_name(getattr(fs, "protocol", "?"))
         full = posixpath.join(base, inner) if inner else base
         return _file(full) if protocol in LOCAL_PROTOCOLS else _in_store(protocol, full)
     store_dict = getattr(store, "_store_dict", None)
