@@ -17,6 +17,7 @@ from oocgemm import storage
 from oocgemm.errors import InputError, OutputError
 from oocgemm.storage import SINKS, SOURCES, MatrixSink, MatrixSource, kind_of_path, open_source
 from oocgemm.storage.base import ChunkedSource
+from oocgemm.storage.regions import ZarrRegion
 
 SHAPE = (37, 29)  # ragged against every chunking below
 
@@ -267,6 +268,26 @@ class TestZarrArraySink(SinkContract):
 
     def target(self):
         return zarr.create_array("given.zarr", shape=SHAPE, dtype="f8", chunks=(10, 8))
+
+
+class TestZarrRegionSink(SinkContract):
+    """A region of a larger array, on its chunks' edges, reaching its last rows and columns:
+    written whole, and nothing around it."""
+
+    kind = "oocgemm array"
+    top, left = 10, 8
+
+    def target(self):
+        whole = (self.top + SHAPE[0], self.left + SHAPE[1])
+        z = zarr.create_array("given.zarr", shape=whole, dtype="f8", chunks=(10, 8))
+        z[...] = np.nan
+        return ZarrRegion(z, (self.top, whole[0]), (self.left, whole[1]))
+
+    def read_back(self, committed) -> np.ndarray:
+        assert committed is None  # the whole array is its writer's to publish
+        z = zarr.open_array("given.zarr", mode="r")[...]
+        assert np.isnan(z[:self.top]).all() and np.isnan(z[:, :self.left]).all()
+        return z[self.top:, self.left:]
 
 
 def test_every_adapter_has_its_contract_here():

@@ -296,6 +296,7 @@ def _cupy_sink(out, **_):
 SINKS: dict[str, Callable | str] = {
     "url": _url_sink, "npy": _npy_sink, "zarr": _zarr_sink, "numpy": _numpy_sink,
     "zarr array": _zarr_array_sink, "cupy array": _cupy_sink,
+    "oocgemm array": "oocgemm.storage.regions:open_region",
 }
 
 

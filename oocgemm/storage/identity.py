@@ -34,6 +34,7 @@ from numpy.lib import format as npy_format
 from ..errors import OutputError
 from . import urls
 from .base import MatrixSink, MatrixSource, library_of
+from .regions import ZarrRegion
 
 __all__ = ["KINDS", "Identity", "Layout", "check_output", "identity", "one_matrix", "overlaps",
            "remembered", "same_matrix"]
@@ -225,7 +226,8 @@ def overlaps(x: Identity, y: Identity) -> bool:
 def check_output(out, inputs, c=None, *, identify=identity) -> bool:
     """Refuse an output that shares storage with an input, by what is behind both: an
     :class:`~oocgemm.errors.OutputError` that names them, before any work. ``inputs``:
-    ``(role, obj, source)`` of each input that is read (``obj`` as the user passed it);
+    ``(role, obj, source)`` of each input that is read (``obj`` as the user passed it, and
+    the source opened for it, or None);
     ``c``: the same of C where it is read (beta != 0), which may be ``out`` itself.
 
     Returns True where ``c`` is ``out`` (the same matrix under any spelling: an update in
@@ -244,8 +246,9 @@ def check_output(out, inputs, c=None, *, identify=identity) -> bool:
         if overlaps(found, target):
             what = "is the same matrix as" if same_matrix(found, target) else "shares storage with"
             hint = " (pass it as c=out to update it in place)" if role == "c" else ""
+            named = source.name if source is not None else _name(obj).strip("'")
             raise OutputError(
-                f"out {_name(out)} {what} {role} ({source.name}): writing C would overwrite "
+                f"out {_name(out)} {what} {role} ({named}): writing C would overwrite "
                 f"{role} while it is still being read; write C elsewhere{hint}")
     return in_place
 
@@ -298,6 +301,8 @@ def _object(obj) -> Identity:
     """An object that is not a path."""
     if isinstance(obj, np.ndarray):
         return _numpy(obj)
+    if isinstance(obj, ZarrRegion):  # the array's bytes; a part of its matrix
+        return replace(_object(obj.array), part=obj.region)
     module = library_of(obj)
     if module == "zarr" and (hasattr(obj, "store_path") or hasattr(obj, "store")):
         return _zarr(obj)

@@ -18,6 +18,7 @@ from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
 from ..units import format_size
 from . import is_path, kind_of_path, urls
+from .regions import ZarrRegion, write_unit
 
 
 def check_out(out, shape: tuple[int, int], dtype: np.dtype) -> Operand:
@@ -43,7 +44,9 @@ def check_out(out, shape: tuple[int, int], dtype: np.dtype) -> Operand:
         raise DTypeError(f"out has dtype {np.dtype(out.dtype)}, but the product is {dtype}")
     is_zarr = type(out).__module__.startswith("zarr")
     # align C blocks to what one write rewrites: the shard of a sharded array, else the chunk
-    chunks = tuple(getattr(out, "shards", None) or out.chunks) if is_zarr else None
+    chunks = write_unit(out) if is_zarr else None
+    if isinstance(out, ZarrRegion):
+        is_zarr, chunks = True, out.write_unit
     in_place = (isinstance(out, np.ndarray) and not isinstance(out, np.memmap)
                 and out.dtype == dtype and out.strides[1] == out.itemsize)
     return Operand(shape, chunks, is_zarr, "out array", zero_copy=in_place)
