@@ -12,6 +12,7 @@ import threading
 import time
 
 import dask
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
@@ -70,14 +71,22 @@ def _chunks_stored(path: str) -> int:
                for f in files)
 
 
+def _plain(z):
+    """The same graph as a plain dask array: stored chunk by chunk (chunk tasks, then
+    dask's own store), not by its groups' runs (:mod:`oocgemm.dask.stored`)."""
+    return da.Array(z.dask, z.name, z.chunks, dtype=z.dtype)
+
+
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir):
+@pytest.mark.parametrize("stored_by", ["groups", "chunks"])
+def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir, stored_by):
     a, b = _stored(rng, 1024, 2048, 2048)  # a group's chunk by itself: other K panels
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         def matmul():
-            return odask.matmul(a, b, groups=(256, 2048), chunks=(256, 1024), device="cpu")
+            z = odask.matmul(a, b, groups=(256, 2048), chunks=(256, 1024), device="cpu")
+            return z if stored_by == "groups" else _plain(z)
 
         want = _compute(matmul(), "undisturbed.zarr")
         victim = next(iter(client.run(os.getpid).values()))
@@ -103,8 +112,11 @@ def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir):
     assert _chunks_stored("c.zarr") == _chunks_stored("undisturbed.zarr") == 8
     assert got.shape == want.shape == (1024, 2048) and not np.isnan(got).any()
     assert np.array_equal(got, want)
-    # the graph computed in this process (no group moved, no chunk taken elsewhere)
-    assert np.array_equal(matmul().compute(scheduler="sync"), want)
+    # the graph stored from this process (no group moved, no chunk taken elsewhere)
+    with dask.config.set(scheduler="sync"):
+        assert np.array_equal(_compute(matmul(), "here.zarr"), want)
+    assert dict(zarr.open_array("c.zarr").attrs).get("oocgemm", {}).get("complete") is (
+        True if stored_by == "groups" else None)
     # nothing of oocgemm's own temporary output left, at any depth
     assert [d for d, _, _ in os.walk(workdir) if leftovers(d)] == []
 

@@ -10,8 +10,10 @@ band of whole block rows, as large as memory allows), and a light task per chunk
 A group task starts oocgemm's run of its group (a product of its own, as ``multiply``'s) on
 the worker's device (a GPU where the worker has one) and returns a handle once the run has the
 device; each chunk task takes its chunk from the handle as soon as the run has written the
-blocks under it, so that the rest of the graph (``to_zarr``) works on the first chunks while
-the run computes the next.
+blocks under it, so that the rest of the graph works on the first chunks while the run
+computes the next. Stored into a Zarr array (``to_zarr``), the result has its groups' runs
+write their parts of the array themselves, as ``multiply`` writes a Zarr output
+(:mod:`.stored`): no chunk tasks, each chunk encoded once, on the GPU where the run has one.
 
 - Inputs that are stored (a ``.zarr`` or ``.npy`` path, a ``zarr.Array``, an untouched
   ``da.from_zarr``) are read by each run straight from storage, at its chunks, each chunk
@@ -29,7 +31,8 @@ The package, in the order a graph is built and run: :mod:`.graph` checks the arg
 lays out the tasks, cutting C where :mod:`.partition` says and computing half of ``X^T X`` as
 :mod:`.gram` says; :mod:`.operands` writes what each task needs of an input and opens it in the
 task; :mod:`.runner` is the tasks' side in a worker process, the groups' runs and the handles
-their chunks are taken from; :mod:`.sharing` lets the tasks of one process decode each chunk
+their chunks are taken from; :mod:`.stored` stores the result by its groups' runs;
+:mod:`.sharing` lets the tasks of one process decode each chunk
 once; :mod:`.traces` leaves each run's events and merges them (:func:`timeline`);
 :mod:`.plugin` warms each worker when it starts (:class:`WarmUp`). The
 constants are read in their modules: set ``GROUP_MEMORY``, ``MIN_CHUNK_SIDE`` and

@@ -82,7 +82,6 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
         folder every worker can write, where each run leaves its events for
         :func:`timeline` to merge.
     """
-    import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -140,7 +139,12 @@ def matmul(x: MatrixLike, y: MatrixLike, *, c: MatrixLike | None = None, alpha: 
     graph = HighLevelGraph(
         {**graph.layers, wait_name: MaterializedLayer(waits), name: MaterializedLayer(pieces)},
         {**graph.dependencies, wait_name: {group_name}, name: {wait_name}})
-    return da.Array(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)
+    from .stored import Build, Product
+
+    product = Product(graph, name, tuple(tuple(np.diff(b)) for b in chunk_bounds), dtype=dtype)
+    product.build = Build(name, ops, alpha, beta, dict(options), group_bounds,
+                          groups is not None or bool(owner), annotations, symmetric)
+    return product
 
 
 def _task_options(options: dict[str, Any]) -> dict[str, Any]:

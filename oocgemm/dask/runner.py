@@ -44,16 +44,7 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
     its graph."""
     trans_a, trans_b = a[-1], b[-1]  # each spec ends with its operand's transposition
     spec = (a, b, c, alpha, beta, dtype, options, graph, alone, group)
-    # the whole product in one run: the run's own reads and cache, as multiply's
-    shared_cm = (contextlib.nullcontext() if alone
-                 else shared_chunks(graph, _groups_waiting_here(graph + "-groups")))
-    shared = shared_cm.__enter__()  # left when the run ends
-    try:
-        a_src, b_src = resolve(a, shared, "A"), resolve(b, shared, "B")
-        c_src = resolve(c, shared, "C") if c is not None else None
-    except BaseException:
-        shared_cm.__exit__(None, None, None)
-        raise
+    shared_cm, (a_src, b_src, c_src) = _sources(a, b, c, graph, alone)
     shape = (a_src.shape[1] if trans_a else a_src.shape[0],
              b_src.shape[0] if trans_b else b_src.shape[1])
     run = _Run(np.empty(shape, dtype=dtype), chunks)
@@ -62,6 +53,62 @@ def run_group(a, b, c, alpha, beta, dtype, options, graph: str = "", chunks: int
     thread.start()
     run.wait_started()
     return Handle(run, spec)
+
+
+def store_group(a, b, c, alpha, beta, dtype, options, graph: str, alone: bool, group: str,
+                target, box) -> None:
+    """One group task of a store (:mod:`.stored`): the group's run writes its part of C,
+    rows ``box[0]``, columns ``box[1]``, into the ``zarr.Array`` ``target``, in this task;
+    run again (by dask, on another worker where this one is lost) it writes the same
+    chunks with the same bits."""
+    from ..api import multiply
+    from ..storage.regions import ZarrRegion
+
+    region = ZarrRegion(target, *box)
+    options = dict(options)
+    trace_dir = options.pop("trace_dir", None)
+    shared_cm, sources = _sources(a, b, c, graph, alone)
+    try:
+        if 0 in region.shape:
+            return
+        with _device_lock(str(options.get("device", "auto"))):
+            result = multiply(sources[0], sources[1], region, c=sources[2], alpha=alpha,
+                              beta=beta, trans_a=a[-1], trans_b=b[-1],
+                              events=trace_dir is not None, **options)
+        if trace_dir is not None:
+            leave_events(trace_dir, result)
+    finally:
+        _release(shared_cm, sources)
+
+
+def mark_complete(target, groups) -> None:
+    """The store's last task: every group has written its part of ``target``."""
+    target.attrs["oocgemm"] = {"complete": True}
+
+
+def _release(shared_cm, sources) -> None:
+    """A run's sources closed, and its share of the graph's decoded chunks left."""
+    shared_cm.__exit__(None, None, None)
+    for src in sources:
+        if src is not None:
+            src.close()
+
+
+def _sources(a, b, c, graph: str, alone: bool):
+    """A group's sources (C's None where it is not read), opened from their specs, and the
+    context that shares their decoded chunks with the graph's other groups in this process
+    (entered: left when the run ends). ``alone``: the group is the whole product, read as
+    ``multiply`` reads it (its own reads and cache)."""
+    shared_cm = (contextlib.nullcontext() if alone
+                 else shared_chunks(graph, _groups_waiting_here(graph + "-groups")))
+    shared = shared_cm.__enter__()
+    try:
+        a_src, b_src = resolve(a, shared, "A"), resolve(b, shared, "B")
+        c_src = resolve(c, shared, "C") if c is not None else None
+    except BaseException:
+        shared_cm.__exit__(None, None, None)
+        raise
+    return shared_cm, (a_src, b_src, c_src)
 
 
 #: A dask.distributed worker's task states of work it holds and has not finished.
@@ -175,10 +222,7 @@ class _Run:
             with self._cond:
                 self._error = exc
         finally:
-            shared_cm.__exit__(None, None, None)
-            for src in (a, b, c):
-                if src is not None:
-                    src.close()
+            _release(shared_cm, (a, b, c))
             with self._cond:
                 self._started = self._finished = True
                 self._cond.notify_all()
