@@ -231,7 +231,10 @@ def from_zarr(args, table: Table, counts: list[int]) -> dict:
           f"threads in {decode['seconds']:.2f} s ({decode['rate'] / 1e9:.2f} GB/s), C written "
           f"in {write:.2f} s: {floor['host']:.2f} s", flush=True)
     # the output as the inputs are (zarr's defaults: zstd), multiply's and to_zarr's alike
-    out_options = {"chunks": (args.chunk, args.chunk)}
+    import zarr
+
+    default = zarr.create_array(store=zarr.storage.MemoryStore(), shape=(1, 1), dtype="f8")
+    out_options = {"chunks": (args.chunk, args.chunk), "compressors": default.compressors}
 
     def output(name):
         path = os.path.join(work, name)
@@ -274,7 +277,7 @@ def in_one_process(args, table, a, b, files, threads, out_options, output):
     import oocgemm.dask as odask
     from benchmarks.storage_floor import read_files
 
-    times, base = [], []
+    times, base, by_chunks = [], [], []
     for _ in range(args.repeat):
         read_files(files, threads)
         c = output("c-multiply.zarr")
@@ -282,20 +285,27 @@ def in_one_process(args, table, a, b, files, threads, out_options, output):
         oocgemm.multiply(a, b, c, device=devices(args.kind, 1), out_options=out_options,
                          progress=False, **_limit(args))
         base.append(time.perf_counter() - start)
-        read_files(files, threads)
-        z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=devices(args.kind, 1),
-                         **_limit(args))
-        d = output("c-dask-local.zarr")
-        start = time.perf_counter()
-        with dask.config.set(scheduler="threads"):
-            z.to_zarr(d)
-        times.append(time.perf_counter() - start)
-    same = bool(np.array_equal(zarr.open_array(c, mode="r")[...],
-                               zarr.open_array(d, mode="r")[...]))
+        for way, into in ((times, "c-dask-local.zarr"), (by_chunks, "c-dask-chunks.zarr")):
+            read_files(files, threads)
+            z = odask.matmul(da.from_zarr(a), da.from_zarr(b), device=devices(args.kind, 1),
+                             **_limit(args))
+            if way is by_chunks:  # the graph as a plain dask array: chunk tasks, dask's store
+                z = da.Array(z.dask, z.name, z.chunks, dtype=z.dtype)
+            d = output(into)
+            start = time.perf_counter()
+            with dask.config.set(scheduler="threads"):
+                z.to_zarr(d)
+            way.append(time.perf_counter() - start)
+    d, e = (os.path.join(os.path.dirname(c), name)
+            for name in ("c-dask-local.zarr", "c-dask-chunks.zarr"))
+    want = zarr.open_array(c, mode="r")[...]
+    same = bool(np.array_equal(want, zarr.open_array(d, mode="r")[...]))
+    same_chunks = bool(np.array_equal(want, zarr.open_array(e, mode="r")[...]))
     table.add("dask local", 1, times, 0.0, multiply=min(base), multiply_times=[
         round(t, 2) for t in base], of_multiply=min(times) / min(base), bitwise=same,
-        tasks=len(z.dask))
-    for path in (c, d):
+        by_chunks=[round(t, 2) for t in by_chunks],
+        by_chunks_of_multiply=min(by_chunks) / min(base), by_chunks_bitwise=same_chunks)
+    for path in (c, d, e):
         shutil.rmtree(path, ignore_errors=True)
 
 
