@@ -20,6 +20,7 @@ from _helpers import leftovers, rand
 
 import oocgemm
 import oocgemm.dask as odask
+from oocgemm import cuda
 from oocgemm.dask.operands import Region
 from oocgemm.dask.runner import Handle
 from oocgemm.storage import open_source
@@ -77,15 +78,23 @@ def _plain(z):
     return da.Array(z.dask, z.name, z.chunks, dtype=z.dtype)
 
 
+ON_THE_GPU = pytest.param("cuda", marks=[
+    pytest.mark.gpu,
+    pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA GPU (or no CuPy)")])
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", ON_THE_GPU])
 @pytest.mark.parametrize("stored_by", ["groups", "chunks"])
-def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir, stored_by):
-    a, b = _stored(rng, 1024, 2048, 2048)  # a group's chunk by itself: other K panels
+def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir, stored_by, device):
+    m = 1024 if device == "cpu" else 4096  # a GPU's groups are many, to be killed among
+    a, b = _stored(rng, m, 2048, 2048)  # a group's chunk by itself: other K panels
+    every = m // 256 * 2
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         def matmul():
-            z = odask.matmul(a, b, groups=(256, 2048), chunks=(256, 1024), device="cpu")
+            z = odask.matmul(a, b, groups=(256, 2048), chunks=(256, 1024), device=device)
             return z if stored_by == "groups" else _plain(z)
 
         want = _compute(matmul(), "undisturbed.zarr")
@@ -108,9 +117,9 @@ def test_a_worker_killed_mid_run_changes_no_bit_of_the_result(rng, workdir, stor
         finally:
             done.set()
             killer.join()
-    assert written and written[0] < 8  # killed mid-run: some of the 8 chunks stored, not all
-    assert _chunks_stored("c.zarr") == _chunks_stored("undisturbed.zarr") == 8
-    assert got.shape == want.shape == (1024, 2048) and not np.isnan(got).any()
+    assert written and written[0] < every  # killed mid-run: some chunks stored, not all
+    assert _chunks_stored("c.zarr") == _chunks_stored("undisturbed.zarr") == every
+    assert got.shape == want.shape == (m, 2048) and not np.isnan(got).any()
     assert np.array_equal(got, want)
     # the graph stored from this process (no group moved, no chunk taken elsewhere)
     with dask.config.set(scheduler="sync"):
