@@ -10,7 +10,8 @@
     python -m benchmarks zarr-io make ...           # python -m benchmarks.zarr_io, and likewise
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # gpu_decode_product, zarr_inputs,
-                                                    # ozaki_gpu, gram, s3
+                                                    # ozaki_gpu, gram, s3, scaling,
+                                                    # dask_scaling, scaling_model
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -398,6 +399,11 @@ _OWN_MAINS = {
     "ozaki-gpu": ("ozaki_gpu", "Ozaki scheme II on the GPU against cuBLAS DGEMM."),
     "gram": ("gram", "The Gram product X^T X of a tall-skinny Zarr X against its floors."),
     "s3": ("s3", "A Zarr array read from an S3 server (moto's): oocgemm beside zarr-python."),
+    "scaling": ("scaling", "One GPU, cuda:all and dask workers side by side, first and later "
+                           "runs."),
+    "dask-scaling": ("dask_scaling", "oocgemm.dask.matmul on LocalCluster CPU workers: "
+                                     "decodes and balance."),
+    "scaling-model": ("scaling_model", "docs/scaling.md's model of many machines."),
 }
 
 
