@@ -55,6 +55,7 @@ from .planning import (
 from .result import Result
 from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
+from .storage.identity import seen_through
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
@@ -101,6 +102,8 @@ class Product:
         self.devices = device_names(self.options.device)
         alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
         trans_a, trans_b = flag("trans_a", trans_a), flag("trans_b", trans_b)
+        # x.T of a numpy x beside x: x itself, read transposed (a Gram product found)
+        a, trans_a, b, trans_b = seen_through(a, trans_a, b, trans_b)
         #: The device the plan is made for (the first of several).
         self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
         self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,

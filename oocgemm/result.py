@@ -6,6 +6,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .units import format_seconds, format_size
 
 if TYPE_CHECKING:
@@ -87,6 +89,18 @@ class Result:
                            if key in self.bytes}
         return Timeline.from_events(self.events, run_seconds=self.seconds, predicted=predicted,
                                     meta=meta)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """C as a numpy array (the array protocol): ``np.asarray(result)`` is ``result.out``
+        itself where that is a numpy array or memmap, else read whole (a Zarr output). A
+        CuPy ``out`` stays on the GPU: take ``result.out`` (as CuPy does, no silent copy)."""
+        out = self.out
+        if hasattr(out, "__cuda_array_interface__"):
+            raise TypeError("C is a CuPy array (result.out): use result.out, or "
+                            "result.out.get() for a numpy copy")
+        if copy is False and not isinstance(out, np.ndarray):
+            raise ValueError(f"C is a {type(out).__name__}: reading it makes a copy")
+        return np.array(out, dtype=dtype, copy=True) if copy else np.asarray(out, dtype=dtype)
 
     @property
     def tflops(self) -> float:

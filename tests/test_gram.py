@@ -101,6 +101,24 @@ def test_the_same_operand_however_given(rng, workdir, how):
     assert np.array_equal(result.out, result.out.T)
 
 
+@pytest.mark.parametrize("how", ["x.T, x", "x, x.T", "memmap.T, memmap"])
+def test_a_numpy_transposed_view_is_the_same_matrix_read_transposed(rng, workdir, how):
+    """``multiply(x.T, x)`` as a numpy user writes it: found to be X^T X (X read once, C
+    exactly symmetric), as ``multiply(x, x, trans_a=True)``."""
+    x = rand(rng, (150, 40))
+    if how.startswith("memmap"):
+        np.save("x.npy", x)
+        x = np.load("x.npy", mmap_mode="r")
+    a, b = (x, x.T) if how == "x, x.T" else (x.T, x)
+    plan = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 50))
+    assert plan.problem.shared and plan.symmetric
+    result = oocgemm.multiply(a, b, device="cpu", tile=(16, 16, 50))
+    want = np.asarray(a) @ np.asarray(b)
+    np.testing.assert_allclose(result.out, want, rtol=1e-12, atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+    assert not oocgemm.plan(x.T.copy(), x, device="cpu").problem.shared  # a copy: another
+
+
 def test_a_copy_is_another_matrix(rng):
     x = rand(rng, (60, 20))
     plan = oocgemm.plan(x, x.copy(), device="cpu", trans_a=True)

@@ -195,3 +195,18 @@ def test_short_reprs(rng):
     assert len(r.events) > 100
     assert len(repr(r)) < 200 and "C[200x120]" in repr(r) and "events" in repr(r)
     assert len(repr(r.timeline)) < 200 and repr(r.timeline).startswith("Timeline(")
+
+
+def test_a_result_is_its_product_to_numpy(rng, workdir):
+    """``np.asarray(result)`` is C, as a numpy user expects of ``c = multiply(a, b)``."""
+    a, b = rand(rng, (70, 50)), rand(rng, (50, 60))
+    result = oocgemm.multiply(a, b, device="cpu")
+    assert np.asarray(result) is result.out  # the array itself, no copy
+    assert np.allclose(result, a @ b) and np.asarray(result).shape == (70, 60)
+    assert np.array(result, copy=True) is not result.out
+    stored = oocgemm.multiply(a, b, "c.zarr", device="cpu")
+    got = np.asarray(stored)
+    assert isinstance(got, np.ndarray) and np.array_equal(got, stored.out[...])
+    assert np.asarray(stored, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(stored, copy=False)

@@ -26,6 +26,7 @@ import mmap
 import os
 import posixpath
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -187,6 +188,18 @@ def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource, *,
     them) are one stored matrix, so that one read serves both roles (:func:`same_matrix`).
     ``identify``: :func:`identity`, or :func:`remembered`'s."""
     return same_matrix(identify(a, source_a), identify(b, source_b))
+
+
+def seen_through(a, trans_a: bool, b, trans_b: bool) -> tuple[Any, bool, Any, bool]:
+    """``multiply(x.T, x)`` as ``multiply(x, x, trans_a=True)`` where one side is a numpy
+    array (or memmap) viewing the other's bytes transposed: the same matrix read transposed,
+    so that the product is found to be ``X^T X`` (X read once, C exactly symmetric)."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.ndim != 2 \
+            or b.ndim != 2 or a is b:
+        return a, trans_a, b, trans_b
+    if same_matrix(identity(a), identity(b.T)):
+        return b, not trans_a, b, trans_b
+    return a, trans_a, b, trans_b
 
 
 def remembered() -> Callable[..., Identity]:
