@@ -328,6 +328,17 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     ``model``, within the budgets ``mem`` and ``host`` (bytes), staged as ``staging`` says
     (the executor's, as data): the user's tile (``options.tile``), or the planner's choice
     (``in_core``: the in-core shape where it applies)."""
+    if problem.shared and problem.a.sliced:
+        # One matrix in both roles whose chunk files could be sliced block by block: read at
+        # its grain instead, each chunk once for both roles, where a chunk fits the budgets
+        # (else sliced, holding no chunk: under a budget smaller than one)
+        whole = dataclasses.replace(problem, a=dataclasses.replace(problem.a, sliced=False),
+                                    b=dataclasses.replace(problem.b, sliced=False))
+        try:
+            return plan_product(whole, options, device, kernel, model, mem, host, staging,
+                                in_core)
+        except BudgetError:
+            pass
     # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
     # the user's that is not square computes the product in full, as they asked).
     tile = options.tile

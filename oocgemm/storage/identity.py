@@ -26,8 +26,8 @@ import mmap
 import os
 import posixpath
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format

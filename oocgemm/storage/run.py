@@ -366,11 +366,14 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
     decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
+    prob = plan.problem
+    planned = {"A": prob.a, "B": prob.b, "C": prob.c}
     for name, src in sources.items():
-        if name == "B" and plan.problem.shared:
+        if name == "B" and prob.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif (src.on_disk and src.chunks is not None and not src.sliced
-              and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
+        elif (src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource)
+              and getattr(planned.get(name), "decoded", not src.sliced)
+              and name not in plan.gpu_decode):  # as the plan reads it: whole chunks
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders,
