@@ -369,11 +369,12 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     prob = plan.problem
     planned = {"A": prob.a, "B": prob.b, "C": prob.c}
     for name, src in sources.items():
+        operand = planned.get(name)  # as the plan reads it: whole chunks, or slices of them
+        whole = operand.decoded if operand is not None else not src.sliced
         if name == "B" and prob.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif (src.on_disk and src.chunks is not None and isinstance(src, ChunkedSource)
-              and getattr(planned.get(name), "decoded", not src.sliced)
-              and name not in plan.gpu_decode):  # as the plan reads it: whole chunks
+        elif (src.on_disk and src.chunks is not None and whole
+              and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders,
