@@ -38,6 +38,7 @@ from .arguments import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel
+from .labels import labelled
 from .options import Options
 from .planning import (
     STAGING,
@@ -163,6 +164,8 @@ class Product:
             self._release(exc)
             raise
         self.close()
+        if io.out is None:  # a new array: an xarray input's labels on its rows and columns
+            result_out = labelled(result_out, io.given["a"], io.given["b"], *self._scalars[2:])
         log = run.log
         return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
                       bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),

@@ -95,6 +95,8 @@ class Result:
         itself where that is a numpy array or memmap, else read whole (a Zarr output). A
         CuPy ``out`` stays on the GPU: take ``result.out`` (as CuPy does, no silent copy)."""
         out = self.out
+        if hasattr(out, "dims") and hasattr(out, "variable"):  # an xarray input's labels
+            out = out.data
         if hasattr(out, "__cuda_array_interface__"):
             raise TypeError("C is a CuPy array (result.out): use result.out, or "
                             "result.out.get() for a numpy copy")

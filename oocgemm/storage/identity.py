@@ -192,12 +192,15 @@ def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource, *,
 
 def seen_through(a, trans_a: bool, b, trans_b: bool) -> tuple[Any, bool, Any, bool]:
     """``multiply(x.T, x)`` as ``multiply(x, x, trans_a=True)`` where one side is a numpy
-    array (or memmap) viewing the other's bytes transposed: the same matrix read transposed,
+    array (or memmap, or an xarray DataArray of one) viewing the other's bytes transposed: the
+    same matrix read transposed,
     so that the product is found to be ``X^T X`` (X read once, C exactly symmetric)."""
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.ndim != 2 \
-            or b.ndim != 2 or a is b:
+    x, y = (v.data if library_of(v) == "xarray" and hasattr(v, "variable") else v
+            for v in (a, b))
+    if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)) or x.ndim != 2 \
+            or y.ndim != 2 or x is y:
         return a, trans_a, b, trans_b
-    if same_matrix(identity(a), identity(b.T)):
+    if same_matrix(identity(x), identity(y.T)):
         return b, not trans_a, b, trans_b
     return a, trans_a, b, trans_b
 
