@@ -162,6 +162,28 @@ def test_import_and_cpu_multiply_do_not_import_cupy():
     assert out.strip() == "[]"
 
 
+def test_the_command_line_and_the_errors_load_no_planner():
+    """``oocgemm --help`` and ``except oocgemm.OOCGemmError`` import neither the planner nor
+    the engine (a fresh process's first cost); the API loads on first use."""
+    out = run_python("""
+        import sys
+        import oocgemm
+        from oocgemm import OOCGemmError, __version__
+        from oocgemm.cli import main
+        try:
+            main(["--help"])
+        except SystemExit:
+            pass
+        loaded = sorted(m for m in sys.modules if m.startswith(("oocgemm.planning",
+                                                                  "oocgemm.product",
+                                                                  "oocgemm.runtime")))
+        print(loaded)
+        assert callable(oocgemm.multiply) and "multiply" in dir(oocgemm)
+        assert "oocgemm.product" in sys.modules
+    """)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
 def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
     """The bar's figures: C blocks stored (each once all its writes are done) and the
     storage's read and write rates, from a real run's events."""
