@@ -107,6 +107,11 @@ class Product:
         a, trans_a, b, trans_b = seen_through(a, trans_a, b, trans_b)
         #: The device the plan is made for (the first of several).
         self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
+        if self.device.kind == "cuda":  # contexts and cuBLAS start while the inputs open
+            from .cuda import startup
+
+            startup.ahead([int(d.partition(":")[2] or 0) for d in self.devices]
+                          if self.devices else [self.device.index])
         self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
                                    trans_b=trans_b, out_options=self.options.out_options,
                                    storage_options=self.options.storage_options)

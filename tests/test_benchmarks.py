@@ -101,7 +101,7 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
     assert proc.returncode == 0, proc.stderr
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
                     "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs",
-                    "s3", "scaling", "dask-scaling", "scaling-model"):
+                    "s3", "scaling", "dask-scaling", "scaling-model", "fresh"):
         assert command in proc.stdout
 
 
