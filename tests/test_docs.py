@@ -275,12 +275,12 @@ def test_the_source_reader_agrees_with_imports():
         assert not _exists(name) and not _static_name(name), name
 
 
-def test_the_errors_the_readme_lists_are_oocgemms():
-    """README's troubleshooting table: each error it names is exported by the package (as
+def test_the_errors_troubleshooting_lists_are_oocgemms():
+    """docs/troubleshooting.md's table: each error it names is exported by the package (as
     ``oocgemm.KernelError``) and is an :class:`oocgemm.OOCGemmError`."""
     import oocgemm
 
-    table = (ROOT / "README.md").read_text().partition("## Troubleshooting")[2]
+    table = (ROOT / "docs" / "troubleshooting.md").read_text().partition("## Errors")[2]
     named = set(re.findall(r"^\| `(\w+Error)\b", table, re.MULTILINE))
     assert {"DeviceError", "KernelError", "OptionError"} <= named
     for name in named:
@@ -503,3 +503,4 @@ def test_a_broken_link_is_found(tmp_path):
     assert _broken_links(doc) == ["missing.md: no such file",
                                   "other.md#not-a-heading: no heading #not-a-heading in other.md",
                                   "other.md#part-2: no heading #part-2 in other.md"]
+
