@@ -111,8 +111,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         'dmma' (float64, FP64 tensor cores, compute capability 8.0+); those are not for the
         CPU. On a GPU or the CPU: 'ozaki' or 'ozaki:N', float64 products emulated with Ozaki
         scheme II from exact int8 GEMMs (N moduli; 'ozaki' takes as many as keep DGEMM's error
-        bound), the same bits on both; other dtypes keep their GEMM (README, Python API:
-        ``kernel``).
+        bound), the same bits on both; other dtypes keep their GEMM (docs/kernels.md).
     overwrite
         Replace an existing output path.
     progress

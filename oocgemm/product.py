@@ -302,8 +302,8 @@ def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
         return host
     # Where both inputs can, the model's choice is both or neither: with one on the host, a
     # kept operand's decoding all comes in the first block row, which the model's overlap of
-    # resources does not see (H200, shards of 512² chunks under 16 GB: A alone on the GPU
-    # 3.0 s, both 1.9 s, neither 3.9 s).
+    # resources does not see (A alone on the GPU was far slower than both, barely quicker
+    # than neither: docs/performance.md, "Who decodes the inputs").
     candidates = []
     for operands in [able] + ([(name,) for name in able] if len(able) == 2 and not choose
                               else []):
@@ -376,8 +376,9 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     if (in_place(problem, staging.staged) and not symmetric
             and tile == (problem.m, problem.n, problem.k)):
         # One block computed where it goes: its last panel in one GEMM (row stripes let a
-        # last block be written as it becomes final, and nothing is written here). 1024^3
-        # on the CPU: 7 GEMMs took 1.4x the time of one.
+        # last block be written as it becomes final, and nothing is written here). On the
+        # CPU, row stripes' several GEMMs took longer than one (docs/performance.md,
+        # "Figures moved from the code's docstrings").
         settings["split_last"] = 1
     return finished(Plan(tile=tile, **settings))
 
@@ -386,9 +387,9 @@ class PlanCache:
     """The last few plans of one C block and one K panel, by what made them
     (:func:`plan_product` is a pure function of its arguments, and a plan with its schedule
     is immutable): a loop of small products of one shape plans once. Planning and building
-    the schedule took 0.5 ms of the 3.6 ms of an n = 1024 product from numpy on the H200; a
-    product of many blocks runs for seconds, and its plans (schedules of thousands of
-    operations) are not kept."""
+    the schedule are a noticeable share of a small product's call (docs/performance.md,
+    "Figures moved from the code's docstrings"); a product of many blocks runs for seconds,
+    and its plans (schedules of thousands of operations) are not kept."""
 
     def __init__(self, size: int = 16):
         self.size = size

@@ -513,14 +513,14 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 
 
 #: Rows of C that a GEMM of the in-core shape computes at the least: each stripe's GEMM stays
-#: large enough to run near the device's rate (the H100 does 2·2048³ flops in ~0.35 ms; at
-#: these sizes the copies take the time).
+#: large enough to run near the device's rate (at these sizes the copies take the time, not
+#: the GEMMs).
 IN_CORE_ROWS = 256
 
 #: Bytes a stripe of the in-core shape moves at the least. Each stripe costs the executor
-#: about 0.1 ms of host work (a reader's task, a copy call, two timed events), which at
-#: these sizes is more than the overlap wins: on the H100, n = 2048 took 19.5 ms in 10 A
-#: stripes and 8 C stripes, 12.6 ms in 4 of each; n = 1024 13.0 ms in 10 and 8, 7.1 ms in 2.
+#: host work (a reader's task, a copy call, two timed events), which at these sizes is more
+#: than the overlap wins: fewer, larger stripes ran small products quicker
+#: (docs/performance.md, "Figures moved from the code's docstrings").
 IN_CORE_STRIPE_BYTES = 8 << 20
 
 

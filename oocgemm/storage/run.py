@@ -178,8 +178,8 @@ class RunIO:
         """Signals held back while the output is created or committed
         (:func:`~oocgemm.storage.files.signals_deferred`), but for an array in memory
         (None, a numpy array, a CuPy array): nothing is published there, and swapping the
-        handlers took 0.03 ms of each of the begin and the commit (n = 1024 from numpy
-        on the H200's host: 2.5-3 ms a call)."""
+        handlers at the begin and the commit is a cost a small product's call notices
+        (docs/performance.md, "Figures moved from the code's docstrings")."""
         out = self.out
         in_memory = out is None or (isinstance(out, np.ndarray) and not isinstance(out, np.memmap)
                                     ) or hasattr(out, "__cuda_array_interface__")

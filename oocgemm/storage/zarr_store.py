@@ -42,11 +42,11 @@ def open_zarr_array(path: str, role: str):
 
 def pipeline_config(threads: int) -> dict:
     """zarr settings under which oocgemm opens the arrays it reads and those it creates,
-    chosen by measurement (docs/performance.md, the H100 machine, warm): zarr's fused codec
-    pipeline where zarr has one (3.4+; whole 4096² zstd chunks decoded from 16 threads at
-    3.30 GB/s, 4096² chunks stored uncompressed from 8 threads at 10.0 GB/s against 2.50 with
-    zarr's defaults), else the ``zarrs`` pipeline where it is installed (2.83 and 7.96), else
-    zarr's own with more concurrency (decoding at 2.17 against 1.75 with its defaults)."""
+    chosen by measurement (docs/performance.md, "Which decoder" and "Zarr writes, n =
+    32768"): zarr's fused codec pipeline where zarr has one (3.4+; the quickest to decode
+    whole zstd chunks, and to store uncompressed ones, several times quicker than zarr's
+    defaults), else the ``zarrs`` pipeline where it is installed (the next quickest), else
+    zarr's own with more concurrency (quicker than its defaults)."""
     from zarr.core import codec_pipeline
 
     config: dict[str, object] = {"async.concurrency": 4 * threads,
@@ -90,11 +90,10 @@ class Frame(NamedTuple):
 class _Direct:
     """Whole chunks of a local, unsharded Zarr array whose chunks are plain C-order bytes,
     compressed or not, decoded straight into the caller's buffer: the chunk file read, its
-    codec (numcodecs) run on it; and written the other way (:meth:`write`). On the H100
-    machine 16 threads decode the zstd chunks of a 16.4 GB matrix at 8.1 GB/s this way,
-    against 2.7 GB/s through zarr's fused codec pipeline (docs/performance.md, Gram
-    products). :func:`direct` says which arrays qualify; every other layout goes through
-    zarr."""
+    codec (numcodecs) run on it; and written the other way (:meth:`write`). Decoding zstd
+    chunks this way is several times quicker than through zarr's fused codec pipeline
+    (docs/performance.md, "Gram products"). :func:`direct` says which arrays qualify; every
+    other layout goes through zarr."""
 
     def __init__(self, array: zarr.Array, codec):
         self.array = array
@@ -226,10 +225,10 @@ IOV_MAX = 1024
 
 def write_all(fd: int, buffers: list) -> None:
     """``buffers`` written to ``fd`` back to back, with as few system calls as the kernel
-    takes (``os.writev``, which lets the other threads run; an uncompressed chunk's rows
-    copied into a fresh whole chunk first took an encoder thread 270-300 ms per 128 MiB
-    chunk, faulting its pages in, on the H200 machine); a short write goes on where it
-    stopped."""
+    takes (``os.writev``, which lets the other threads run; copying an uncompressed chunk's
+    rows into a fresh whole chunk first cost an encoder thread far more, faulting its pages
+    in: docs/performance.md, "C compressed on the GPU by default"); a short write goes on
+    where it stopped."""
     views = [b.cast("B") if b.format != "B" else b for b in buffers]
     start = 0
     while start < len(views):
@@ -248,9 +247,9 @@ class _DirectSharded(_Direct):
     bytes, raw or compressed by one numcodecs codec: the shard's file mapped once, its index
     read (at its start or end, its crc32c checked where it has one), and each inner chunk
     decoded and copied into its place in the caller's buffer; inner chunks never written
-    take the fill value. On the H200 machine (16 threads, n = 32768, 4096² shards of 512²
-    zstd chunks) zarr's pipeline took about 75 core-seconds for the product's reads of
-    these stores against 45 for chunk files of the same data (docs/performance.md)."""
+    take the fill value. zarr's pipeline took far more of the host's CPU for a product's
+    reads of such stores (shards of small zstd chunks) than for chunk files of the same data
+    (docs/performance.md, "Shards read straight from their files")."""
 
     def __init__(self, array: zarr.Array, codec, sharding):
         super().__init__(array, codec)
@@ -408,8 +407,8 @@ class ZarrSource(MatrixSource):
         self.shape = cast(tuple[int, int], tuple(array.shape))
         self.dtype = np.dtype(array.dtype)
         # The unit decoded at once: the shard of a sharded array. zarr's pipelines decode a
-        # whole shard at 3.2-3.5 GB/s against 1.0-2.3 for its inner chunks one call each
-        # (16 threads, 4096² shards of 512² chunks, docs/performance.md).
+        # whole shard quicker than its inner chunks one call each (docs/performance.md,
+        # "Which decoder").
         chunks = getattr(array, "shards", None) or array.chunks
         self.chunks = tuple(chunks) if len(chunks) == 2 else None
         self.on_disk = True
