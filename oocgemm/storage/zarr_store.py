@@ -629,6 +629,9 @@ OUT_OPTIONS = ("chunks", "shards", "compressors", "filters", "serializer", "zarr
                "dimension_names", "chunk_key_encoding")
 #: Largest default output chunk, bytes: readers of C downstream want chunks, not one file.
 MAX_OUT_CHUNK = 64 << 20
+#: Smallest default output chunk where the blocks hold one, bytes: a store's cost per chunk
+#: (a file, an encoder's call) stays small beside its bytes.
+MIN_OUT_CHUNK = 4 << 20
 
 
 def _divisors(n: int) -> list[int]:
@@ -640,9 +643,20 @@ def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None
                   limit: int = MAX_OUT_CHUNK) -> tuple[int, int]:
     """Default chunks of a new Zarr output: they tile the C blocks (``block``: w x h) and the
     row stripes C is written in (``stripe_rows``, staged plans), so that every write covers
-    whole chunks, and hold at most ``limit`` bytes; square-ish, as large as that allows."""
+    whole chunks, and hold at most ``limit`` bytes; square-ish, as large as that allows.
+
+    Stripes whose rows share few factors with the block's (2047 of 2048) would make chunks
+    of a row or so, and the store's cost per chunk the run's bound (a 16 KiB chunk each:
+    docs/performance.md, "Small blocks"): where the stripes' chunks would hold less than
+    :data:`MIN_OUT_CHUNK` and an eighth of a block, chunks tile the blocks only, and the
+    writer gathers the stripes that cut them (:class:`~oocgemm.storage.chunked.ChunkWriter`).
+    """
     w, h = max(block[0], 1), max(block[1], 1)
-    unit = math.gcd(w, stripe_rows) if stripe_rows else w
+    unit = w
+    if stripe_rows:
+        aligned = math.gcd(w, stripe_rows)
+        if aligned * h * itemsize >= min(MIN_OUT_CHUNK, w * h * itemsize // 8):
+            unit = aligned
     fits = [d for d in _divisors(unit) if d * d * itemsize <= limit] or [1]
     rows = fits[-1]
     cols = [d for d in _divisors(h) if rows * d * itemsize <= limit] or [1]
