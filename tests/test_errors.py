@@ -281,6 +281,35 @@ def test_npy_that_is_not_npy(rng, workdir):
         oocgemm.multiply("a.npy", rand(rng, (3, 3)), device="cpu")
 
 
+@pytest.mark.parametrize("name", ["ab.npz", "ab"])  # by its suffix, or by what it holds
+def test_npz_input_names_its_arrays_and_says_how_to_pass_one(rng, workdir, name):
+    with open(name, "wb") as fh:
+        np.savez(fh, first=rand(rng, (3, 4)), second=rand(rng, (4, 2)))
+    with pytest.raises(oocgemm.InputError) as caught:
+        oocgemm.multiply(name, rand(rng, (4, 2)), device="cpu")
+    message = str(caught.value)
+    assert message.startswith(f"a: {name!r} is a .npz archive")
+    assert "'first', 'second'" in message and f"np.load({name!r})['first']" in message
+    assert ".npy" in message
+
+
+def test_zip_output_is_refused_before_any_work(rng, workdir):
+    with pytest.raises(oocgemm.OutputError, match=r"out 'c.zip'.*zip.*\.zarr"):
+        oocgemm.multiply(rand(rng, (3, 4)), rand(rng, (4, 2)), "c.zip", device="cpu")
+    assert os.listdir(".") == []
+
+
+def test_zip_that_holds_a_zarr_group_or_nothing_zarr_is_refused(rng, workdir):
+    with zarr.storage.ZipStore("g.zip", mode="w") as store:
+        zarr.create_group(store).create_array("x", shape=(4, 2), dtype="f8")
+    with pytest.raises(oocgemm.InputError, match="b: the zip file 'g.zip' holds a Zarr group"):
+        oocgemm.multiply(rand(rng, (3, 4)), "g.zip", device="cpu")
+    with open("t.zip", "wb") as fh:
+        fh.write(b"not a zip file at all")
+    with pytest.raises(oocgemm.InputError, match="b: 't.zip' is not a readable zip file"):
+        oocgemm.multiply(rand(rng, (3, 4)), "t.zip", device="cpu")
+
+
 @pytest.mark.parametrize("fmt", [2, 3])
 @pytest.mark.parametrize("how", ["delete", "garble"])
 def test_corrupt_zarr_metadata(rng, workdir, fmt, how):

@@ -23,12 +23,13 @@ def is_path(obj) -> bool:
     return isinstance(obj, (str, os.PathLike))
 
 
-#: Path suffixes and the kind of adapter that reads and writes them.
-SUFFIXES: dict[str, str] = {".npy": "npy", ".zarr": "zarr"}
+#: Path suffixes and the kind of adapter that reads and writes them ('zip': a Zarr array in a
+#: zip file, read only).
+SUFFIXES: dict[str, str] = {".npy": "npy", ".zarr": "zarr", ".zip": "zip"}
 
 
 def kind_of_path(path: str) -> str:
-    """'npy', 'zarr' or a registered kind, from the name's suffix (and, for other existing
+    """'npy', 'zarr', 'zip' or a registered kind, from the name's suffix (and, for other existing
     paths, what is there: a directory is Zarr, a file .npy)."""
     lower = path.lower().rstrip("/\\")
     for suffix, kind in SUFFIXES.items():
@@ -51,7 +52,8 @@ def exists(target, storage_options: dict | None = None) -> bool:
 
 def open_source(obj, role: str, storage_options: dict | None = None, *,
                 incomplete_ok: bool = False) -> MatrixSource:
-    """A readable matrix from a path (.zarr directory, .npy file), a URL of a Zarr array
+    """A readable matrix from a path (.zarr directory, .npy file, a Zarr array in a .zip
+    file), a URL of a Zarr array
     (``storage_options`` for its file system), a zarr/numpy/cupy/dask array or an xarray
     DataArray: the adapter registered for its kind (:data:`SOURCES`). ``incomplete_ok``
     accepts a Zarr array flagged incomplete (the product being checked before its commit);
@@ -71,8 +73,8 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     if is_path(obj) and kind != "url" and not os.path.exists(obj):
         raise InputError(f"{role}: no such file or directory: {obj!r}")
     return _adapter(SOURCES, kind, InputError(
-        f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, dask, "
-        f"xarray), got {type(obj).__name__}"))(obj, role, storage_options, incomplete_ok)
+        f"{role}: expected a path (.zarr, .npy or a Zarr .zip) or an array (numpy, zarr, cupy, "
+        f"dask, xarray), got {type(obj).__name__}"))(obj, role, storage_options, incomplete_ok)
 
 
 def _url_source(url, role, storage_options, incomplete_ok):
@@ -95,6 +97,13 @@ def _zarr_source(path, role, storage_options, incomplete_ok):
     from .zarr_store import ZarrSource, open_zarr_array
 
     return ZarrSource(open_zarr_array(path, role), name=path, path=os.path.abspath(path))
+
+
+def _zip_source(path, role, storage_options, incomplete_ok):
+    from .zarr_store import ZarrSource, open_zip_array
+
+    return ZarrSource(open_zip_array(path, role), name=path, path=os.path.abspath(path),
+                      owns_store=True)
 
 
 def _numpy_source(obj, role, storage_options, incomplete_ok):
@@ -162,9 +171,9 @@ def _xarray_source(obj, role, storage_options, incomplete_ok):
 #: incomplete_ok) -> MatrixSource``, or a 'module:function' name imported when first used.
 #: :func:`register_source` adds one.
 SOURCES: dict[str, Callable | str] = {
-    "url": _url_source, "npy": _npy_source, "zarr": _zarr_source, "numpy": _numpy_source,
-    "zarr array": _zarr_array_source, "cupy array": _cupy_source, "dask array": _dask_source,
-    "xarray array": _xarray_source,
+    "url": _url_source, "npy": _npy_source, "zarr": _zarr_source, "zip": _zip_source,
+    "numpy": _numpy_source, "zarr array": _zarr_array_source, "cupy array": _cupy_source,
+    "dask array": _dask_source, "xarray array": _xarray_source,
 }
 
 
