@@ -314,12 +314,7 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     from .api import multiply as api_multiply
 
     # fail before the run, not after it
-    _check_writable(timeline_path, "the timeline")
-    _check_writable(plot_path, "the plot")
-    if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
-
-        require_matplotlib()
+    _check_reports(timeline_path, plot_path, {"A": a, "B": b, "C": given.get("c"), "OUT": out})
     result = api_multiply(a, b, out, progress=False if quiet else None, **_api_kwargs(**given))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
@@ -374,12 +369,40 @@ def gram_command(ctx, x, outer, **rest):
     ctx.invoke(multiply, a=x, b=x, trans_a=not outer, trans_b=outer, **rest)
 
 
-def _check_writable(path, what: str) -> None:
-    if path is None:
-        return
+def _check_reports(timeline_path, plot_path, data: dict) -> None:
+    """The files a run writes after its product (``--timeline``, ``--plot``), checked before
+    it: each in a directory that can be written, not a directory itself, not one of the
+    run's matrices (``data``: its name -> path), not each other; a plot's format one that
+    matplotlib writes, and matplotlib installed."""
+    reports = {"the timeline": timeline_path, "the plot": plot_path}
+    for what, path in reports.items():
+        if path is not None:
+            _check_writable(path, what, {**data, **{w: p for w, p in reports.items()
+                                                    if w != what}})
+    if plot_path is not None:
+        from .diagnostics.plot import check_plot_path
+
+        check_plot_path(plot_path)
+
+
+def _check_writable(path, what: str, others: dict) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise OutputError(f"cannot write {what} to {path!r}: {folder!r} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} to {path!r}: the directory {folder!r} is not "
+                          f"writable")
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write {what} to {path!r}: it is a directory")
+    for name, other in others.items():
+        if other is not None and _same_path(path, other):
+            raise OutputError(f"cannot write {what} to {path!r}: it is "
+                              f"{name if name.startswith('the ') else name + ' of the product'}"
+                              f"; name another file")
+
+
+def _same_path(x, y) -> bool:
+    return os.path.realpath(os.fspath(x)) == os.path.realpath(os.fspath(y))
 
 
 def _save_timeline(result, timeline_path, plot_path):
@@ -414,9 +437,10 @@ def timeline_command(trace, plot_path, as_json):
     from .diagnostics.timeline import Timeline
 
     if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
+        _check_writable(plot_path, "the plot", {"the timeline": trace})
+        from .diagnostics.plot import check_plot_path
 
-        require_matplotlib()
+        check_plot_path(plot_path)
     timeline = Timeline.load(trace)
     if plot_path is not None:
         timeline.plot(plot_path)
