@@ -141,6 +141,12 @@ class Product:
         Result
             ``result.out`` holds the product; ``result.plan`` the plan that ran to the end
             (``plan()``'s, or smaller blocks after memory ran short).
+
+        Raises
+        ------
+        InputError
+            An input named by a local path was rewritten, replaced or removed since the
+            product was made (its shape and layout were read then); nothing is computed.
         """
         plan_ = self.plan()
         if self._executed:

@@ -23,17 +23,29 @@ from . import is_path, urls
 from . import journal as journals
 
 
-def signatures(out, inputs: dict) -> dict | None:
+def signatures(out, inputs: dict, known: dict | None = None) -> dict | None:
     """Each input's signature (``inputs``: role -> what the user passed), for a run's journal;
     None where the run cannot be resumed: an output that is not a local path, or an input
-    that is not a local file or folder."""
+    that is not a local file or folder. ``known``: the signatures taken already
+    (:func:`local_signatures` of the same inputs)."""
     if not is_path(out) or urls.is_url(os.fspath(out)):
         return None
+    found = local_signatures(inputs) if known is None else known
+    return found if set(found) == set(inputs) else None
+
+
+def local_signatures(inputs: dict) -> dict:
+    """The signatures of the ``inputs`` (role -> what the user passed) that are local files
+    or folders (:func:`~oocgemm.storage.journal.signature`: their stat, nothing read); an
+    input that is no longer there signs as ``'missing'``. Arrays and URLs are left out."""
     found = {}
     for role, x in inputs.items():
         if not is_path(x) or urls.is_url(urls.local(os.fspath(x))):
-            return None
-        found[role] = journals.signature(urls.local(os.fspath(x)))
+            continue
+        try:
+            found[role] = journals.signature(urls.local(os.fspath(x)))
+        except FileNotFoundError:
+            found[role] = "missing"
     return found
 
 
