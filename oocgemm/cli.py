@@ -329,6 +329,10 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     prob = result.plan.problem
     if result.flops:
         speed = f"{_rate(result.flops / result.seconds) if result.seconds > 0 else 'inf'}"
+        if result.resumed:  # the rate of this run's work, not of the blocks kept
+            speed += f" ({result.work()})"
+    elif result.resumed:
+        speed = "nothing left to compute"
     else:
         speed = "no product computed (alpha == 0 or K == 0)"
     moved = _traffic(result.bytes)

@@ -167,7 +167,9 @@ class Product:
             raise
         self.close()
         log = run.log
-        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
+        # a resumed run's schedule skips the blocks kept: its flops are its GEMMs' only
+        flops = run.plan.counts.flops if run.plan.done else run.plan.flops
+        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=flops,
                       bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
                       started_at=log.started_at, chunks=chunk_counts(run.readers),
                       verified=report, resumed=len(run.plan.done), replanned=run.replanned,
