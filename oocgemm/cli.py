@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import click
 
@@ -98,7 +99,9 @@ class OOCGemmGroup(ErrorHandlingGroup):
 
     def main(self, *args, **kwargs):
         _State.wrote = None
-        return super().main(*args, **kwargs)
+        with warnings.catch_warnings():  # the hook is the command's only: put back after it
+            warnings.showwarning = _show_warning
+            return super().main(*args, **kwargs)
 
     def interrupted(self, exc: BaseException, how: str) -> str:
         committed = (getattr(exc, "oocgemm_committed", None)
@@ -114,6 +117,14 @@ class OOCGemmGroup(ErrorHandlingGroup):
         if _State.wrote:
             return f"{how} (after {_State.wrote} was written)"
         return f"{how}; no output was written"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning on the command line: ``warning: <message>`` on one line of stderr, without
+    Python's file, line number, category and source line (which name oocgemm's code, not
+    what the user did)."""
+    text = " ".join(str(message).split())
+    click.echo(f"warning: {text.removeprefix('oocgemm: ')}", err=True)
 
 
 def _error(message: str, ctx: click.Context | None = None) -> None:
