@@ -48,6 +48,36 @@ def test_not_a_matrix(rng, shape, ndim, role):
         oocgemm.multiply(args["a"], args["b"], c=args["c"], beta=1.0, device="cpu")
 
 
+@pytest.mark.parametrize("kind, named", [
+    ("numpy", "b (numpy array)"), ("dask", "b (dask array)"),
+    ("xarray", "b (xarray DataArray)"), ("zarr array", "b (zarr array)"),
+    ("dask from zarr", "b (dask array from Zarr)"), ("path", "b (b.zarr)"),
+])
+def test_messages_name_each_operand_once(rng, workdir, kind, named):
+    import dask.array as da
+
+    x = rand(rng, (4, 2, 2))
+    stored = zarr.create_array("b.zarr", shape=x.shape, dtype=x.dtype, chunks=(2, 2, 2))
+    stored[...] = x
+    given = {"numpy": lambda: x, "dask": lambda: da.from_array(x, chunks=2),
+             "xarray": lambda: pytest.importorskip("xarray").DataArray(x),
+             "zarr array": lambda: stored, "dask from zarr": lambda: da.from_zarr("b.zarr"),
+             "path": lambda: "b.zarr"}[kind]()
+    with pytest.raises(oocgemm.InputError) as caught:
+        oocgemm.multiply(rand(rng, (3, 4)), given, device="cpu")
+    assert str(caught.value).startswith(f"{named} is not a matrix: shape (4, 2, 2)")
+
+
+def test_output_messages_name_each_operand_once(rng):
+    a = rand(rng, (4, 4))
+    with pytest.raises(oocgemm.OutputError, match=r"same matrix as a \(numpy array\): "):
+        oocgemm.multiply(a, rand(rng, (4, 4)), a, device="cpu")
+    frozen = np.zeros((4, 4))
+    frozen.flags.writeable = False
+    with pytest.raises(oocgemm.OutputError, match=r"^out \(numpy array\) is read-only$"):
+        oocgemm.multiply(a, a, frozen, device="cpu")
+
+
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
 def test_not_a_matrix_on_disk(rng, workdir, kind):
     x = rand(rng, (2, 3, 4))

@@ -110,7 +110,13 @@ def _numpy_source(obj, role, storage_options, incomplete_ok):
     name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
     mapped = isinstance(obj, np.memmap) and obj.filename
     path = os.path.abspath(obj.filename) if mapped else None
-    return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
+    return NumpySource(obj, name=_described(role, name), on_disk=path is not None, path=path)
+
+
+def _described(role: str, kind: str) -> str:
+    """A source's name: its role and what it is ('a (numpy array)'), or the role alone where
+    it says that already (an array inside a dask or xarray one: 'a (xarray DataArray)')."""
+    return role if role.endswith(")") else f"{role} ({kind})"
 
 
 def _zarr_array_source(obj, role, storage_options, incomplete_ok):
@@ -125,7 +131,8 @@ def _zarr_array_source(obj, role, storage_options, incomplete_ok):
     if folder is not None:  # opened as a LocalStore: read at its grain, file by file
         obj = open_zarr_array(folder, role)
         path = folder
-    return ZarrSource(obj, name=f"{role} (zarr array)", path=path, incomplete_ok=incomplete_ok)
+    return ZarrSource(obj, name=_described(role, "zarr array"), path=path,
+                      incomplete_ok=incomplete_ok)
 
 
 def _local_fsspec_folder(array) -> str | None:
@@ -146,7 +153,7 @@ def _local_fsspec_folder(array) -> str | None:
 
 
 def _cupy_source(obj, role, storage_options, incomplete_ok):
-    return CupySource(obj, name=f"{role} (cupy array)")
+    return CupySource(obj, name=_described(role, "cupy array"))
 
 
 def _dask_source(obj, role, storage_options, incomplete_ok):
@@ -154,7 +161,7 @@ def _dask_source(obj, role, storage_options, incomplete_ok):
     if stored is not None:  # da.from_zarr: read the store at its grain, not through dask
         return open_source(stored, f"{role} (dask array from Zarr)", storage_options,
                            incomplete_ok=incomplete_ok)
-    return DaskSource(obj, name=f"{role} (dask array)")
+    return DaskSource(obj, name=_described(role, "dask array"))
 
 
 def _xarray_source(obj, role, storage_options, incomplete_ok):
