@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -58,7 +59,7 @@ from .runtime.staging import Staging, staging_for
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
-from .units import format_size, parse_size
+from .units import echo_size, format_size, parse_size
 
 __all__ = ["Product"]
 
@@ -108,6 +109,8 @@ class Product:
                                    storage_options=self.options.storage_options)
         self._scalars = (alpha, beta, trans_a, trans_b)
         self._plan: Plan | None = None
+        #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
+        self._limits: tuple[int, int] | None = None
         self._executed = False
         #: True once what it opened is released; it plans and runs nothing more.
         self.closed = False
@@ -129,6 +132,9 @@ class Product:
                 self._plan = self._make_plan()
             except BaseException as exc:  # no plan: what was opened is released now
                 self._release(exc)
+                if isinstance(exc, BudgetError) and self._limits is not None:
+                    raise BudgetError(_in_users_units(str(exc), self.options, *self._limits)
+                                      ) from None
                 raise
         return self._plan
 
@@ -213,6 +219,7 @@ class Product:
             raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = _budgets(self.device, self.options)
+        self._limits = (mem, host)
         staging = staging_for(self.device.kind, problem, model, kernel)
         args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
         key = _plan_key(*args)
@@ -449,8 +456,8 @@ def _budgets(dev: Device, options: Options):
         free, total = cuda.memory_info(dev.index)
         mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
         if mem > free:
-            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
-                              f"{format_size(free)} free on {dev}")
+            raise BudgetError(f"memory_limit={echo_size(options.memory_limit, mem)} is more "
+                              f"than the {format_size(free)} free on {dev}")
         model = cuda_model()
     else:
         total = machine.total_memory()
@@ -459,6 +466,19 @@ def _budgets(dev: Device, options: Options):
     host = parse_size(options.host_memory_limit, machine.total_memory(),
                       name="host_memory_limit") or machine.total_memory() // 4
     return model, mem, host
+
+
+def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
+    """``message`` with the budgets it names (``memory_limit=977 KiB``, as the planner, which
+    sees bytes only, writes them) in the user's own spelling beside their bytes
+    (``memory_limit='1MB' (977 KiB)``: :func:`~oocgemm.units.echo_size`)."""
+    for name, given, nbytes in (("host_memory_limit", options.host_memory_limit, host),
+                                ("memory_limit", options.memory_limit, mem)):
+        if given is not None:  # (not host_memory_limit's for memory_limit's)
+            said = f"{name}={echo_size(given, nbytes)}"
+            message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}",
+                             lambda _, said=said: said, message)
+    return message
 
 
 def _unit_hint(**limits) -> str:

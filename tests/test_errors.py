@@ -249,6 +249,21 @@ def test_requested_tile_over_the_budget(rng):
         oocgemm.plan(a, b, tile=(50, 50, 50), memory_limit="20KB", device="cpu")
 
 
+@pytest.mark.parametrize("limit, said", [("20KB", "'20KB' (19.5 KiB)"),
+                                         ("20 KiB", "'20 KiB' (20 KiB)"),
+                                         (20000, "20000 (19.5 KiB)")])
+def test_a_budget_is_said_back_in_the_users_own_spelling(rng, workdir, limit, said):
+    a, b = rand(rng, (50, 50)), rand(rng, (50, 50))
+    with pytest.raises(oocgemm.BudgetError) as caught:
+        oocgemm.plan(a, b, tile=(50, 50, 50), memory_limit=limit, device="cpu")
+    assert str(caught.value).endswith(f"over memory_limit={said}")
+    x = rand(rng, (64, 64))
+    zarr.create_array("a.zarr", shape=x.shape, dtype=x.dtype, chunks=(64, 64))[...] = x
+    with pytest.raises(oocgemm.BudgetError) as caught:
+        oocgemm.plan("a.zarr", x, host_memory_limit=limit, device="cpu")
+    assert str(caught.value).startswith(f"host_memory_limit={said} is too small for any tile")
+
+
 def test_host_memory_limit_too_small(rng, workdir):
     x = rand(rng, (64, 64))
     zarr.create_array("a.zarr", shape=x.shape, dtype=x.dtype, chunks=(64, 64))[...] = x
