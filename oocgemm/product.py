@@ -510,13 +510,13 @@ class _Check:
 
     def run(self, product):
         """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
-        from .freivalds import verify
+        from .freivalds import verify_run
 
         prob, io = self.prob, self.io
-        report = verify(io.given["a"], io.given["b"], product, alpha=prob.alpha, beta=prob.beta,
-                        trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
-                        storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
-                        _checking=True)
+        report = verify_run(io.given["a"], io.given["b"], product, alpha=prob.alpha,
+                            beta=prob.beta, trans_a=prob.trans_a, trans_b=prob.trans_b,
+                            rounds=2, storage_options=io.storage_options, c_in_side=self.side,
+                            x=self.x, checking=True)
         if report.inconclusive:
             raise ExecutionError(f"the product could not be checked, so nothing was committed "
                                  f"(run without verify to keep it): {report}")
