@@ -137,7 +137,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         product into this same output path: the C blocks it finished (each checked against the
         checksum it journaled) are kept, the others computed with the same tile and schedule,
         so the result is bitwise what an uninterrupted run gives. Refused (``OutputError``)
-        when the inputs or the options changed; a fresh run when there is nothing to resume.
+        when the inputs or the options changed, or when the output is complete (it exists,
+        and no interrupted run of it is left); a fresh run when there is nothing to resume.
         Needs an output path and inputs stored as local files.
     engine
         The :class:`oocgemm.Engine` whose pinned memory, cuBLAS handles and compiled kernels

@@ -302,6 +302,21 @@ def test_nothing_to_resume_is_a_fresh_run(rng, workdir):
     assert leftovers(".") == []
 
 
+def test_resuming_a_complete_output_says_it_is_complete(rng, workdir):
+    a, b = _inputs(rng, "npy")
+    oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu")
+    before = np.load("c.npy")
+    with pytest.raises(oocgemm.OutputError, match=r"^cannot resume: out 'c.npy' is complete .*"
+                                                  r"nothing to resume"):
+        oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    done = CliRunner().invoke(main, ["multiply", a, b, "-o", "c.npy", "--tile", "64,48,40",
+                                     "--device", "cpu", "--resume"])
+    assert done.exit_code == 2 and done.stderr.startswith("error: cannot resume: out 'c.npy'")
+    assert "is complete" in done.stderr and "exists" not in done.stderr
+    np.testing.assert_array_equal(np.load("c.npy"), before)
+    assert leftovers(".") == []
+
+
 def test_resume_needs_files(rng, workdir):
     with pytest.raises(oocgemm.OptionError, match="resume=True needs an output path"):
         oocgemm.multiply(rng.standard_normal((4, 4)), rng.standard_normal((4, 4)), "c.npy",

@@ -66,6 +66,15 @@ def not_resumable(out, inputs: dict) -> str:
     return why
 
 
+def nothing_to_resume(final: str) -> str:
+    """Why ``resume=True`` of the output ``final``, which exists and has no interrupted run
+    to finish, does nothing: a run publishes its output only once it is complete."""
+    return (f"cannot resume: out {final!r} is complete (a run publishes its output only once "
+            f"every block is written) and no interrupted run of it is left, so there is "
+            f"nothing to resume; run without resume (--resume) to keep it, or with "
+            f"overwrite=True (--overwrite) to compute it again")
+
+
 def fingerprint(plan: Plan, inputs: dict, out, in_place: bool, layout: dict) -> dict:
     """What a run computes and from what: its ``inputs``' signatures (:func:`signatures`),
     the problem, the output and its ``layout``."""

@@ -117,6 +117,8 @@ class RunIO:
                 raise OptionError(resume.not_resumable(self.out, inputs))
             plan, journal, temporary = resume.resumable(
                 plan, self.out, lambda p: self._fingerprint(p, signatures))
+            if journal is None and not (overwrite or self.in_place) and exists(self.out):
+                raise OutputError(resume.nothing_to_resume(os.fspath(self.out)))
         elif signatures is not None:
             resume.warn_kept(os.fspath(self.out))
         self._journal = journal  # closed by __exit__ when the sink is never made
