@@ -474,10 +474,12 @@ def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
     (``memory_limit='1MB' (977 KiB)``: :func:`~oocgemm.units.echo_size`)."""
     for name, given, nbytes in (("host_memory_limit", options.host_memory_limit, host),
                                 ("memory_limit", options.memory_limit, mem)):
-        if given is not None:  # (not host_memory_limit's for memory_limit's)
-            said = f"{name}={echo_size(given, nbytes)}"
-            message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}",
-                             lambda _, said=said: said, message)
+        if given is None:  # a default: the planner's size is all there is to say
+            continue
+        # "memory_limit=" is not matched inside "host_memory_limit="; the replacement's
+        # backslashes (a user's odd string) are kept as they are
+        said = f"{name}={echo_size(given, nbytes)}".replace("\\", "\\\\")
+        message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}", said, message)
     return message
 
 
