@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import click
 
@@ -98,7 +99,9 @@ class OOCGemmGroup(ErrorHandlingGroup):
 
     def main(self, *args, **kwargs):
         _State.wrote = None
-        return super().main(*args, **kwargs)
+        with warnings.catch_warnings():  # the hook is the command's only: put back after it
+            warnings.showwarning = _show_warning
+            return super().main(*args, **kwargs)
 
     def interrupted(self, exc: BaseException, how: str) -> str:
         committed = (getattr(exc, "oocgemm_committed", None)
@@ -114,6 +117,14 @@ class OOCGemmGroup(ErrorHandlingGroup):
         if _State.wrote:
             return f"{how} (after {_State.wrote} was written)"
         return f"{how}; no output was written"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning on the command line: ``warning: <message>`` on one line of stderr, without
+    Python's file, line number, category and source line (which name oocgemm's code, not
+    what the user did)."""
+    text = " ".join(str(message).split())
+    click.echo(f"warning: {text.removeprefix('oocgemm: ')}", err=True)
 
 
 def _error(message: str, ctx: click.Context | None = None) -> None:
@@ -314,12 +325,7 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     from .api import multiply as api_multiply
 
     # fail before the run, not after it
-    _check_writable(timeline_path, "the timeline")
-    _check_writable(plot_path, "the plot")
-    if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
-
-        require_matplotlib()
+    _check_reports(timeline_path, plot_path, {"A": a, "B": b, "C": given.get("c"), "OUT": out})
     result = api_multiply(a, b, out, progress=False if quiet else None, **_api_kwargs(**given))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
@@ -334,6 +340,10 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     prob = result.plan.problem
     if result.flops:
         speed = f"{_rate(result.flops / result.seconds) if result.seconds > 0 else 'inf'}"
+        if result.resumed:  # the rate of this run's work, not of the blocks kept
+            speed += f" ({result.work()})"
+    elif result.resumed:
+        speed = "nothing left to compute"
     else:
         speed = "no product computed (alpha == 0 or K == 0)"
     moved = _traffic(result.bytes)
@@ -374,12 +384,40 @@ def gram_command(ctx, x, outer, **rest):
     ctx.invoke(multiply, a=x, b=x, trans_a=not outer, trans_b=outer, **rest)
 
 
-def _check_writable(path, what: str) -> None:
-    if path is None:
-        return
+def _check_reports(timeline_path, plot_path, data: dict) -> None:
+    """The files a run writes after its product (``--timeline``, ``--plot``), checked before
+    it: each in a directory that can be written, not a directory itself, not one of the
+    run's matrices (``data``: its name -> path), not each other; a plot's format one that
+    matplotlib writes, and matplotlib installed."""
+    reports = {"the timeline": timeline_path, "the plot": plot_path}
+    for what, path in reports.items():
+        if path is not None:
+            _check_writable(path, what, {**data, **{w: p for w, p in reports.items()
+                                                    if w != what}})
+    if plot_path is not None:
+        from .diagnostics.plot import check_plot_path
+
+        check_plot_path(plot_path)
+
+
+def _check_writable(path, what: str, others: dict) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise OutputError(f"cannot write {what} to {path!r}: {folder!r} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} to {path!r}: the directory {folder!r} is not "
+                          f"writable")
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write {what} to {path!r}: it is a directory")
+    for name, other in others.items():
+        if other is not None and _same_path(path, other):
+            raise OutputError(f"cannot write {what} to {path!r}: it is "
+                              f"{name if name.startswith('the ') else name + ' of the product'}"
+                              f"; name another file")
+
+
+def _same_path(x, y) -> bool:
+    return os.path.realpath(os.fspath(x)) == os.path.realpath(os.fspath(y))
 
 
 def _save_timeline(result, timeline_path, plot_path):
@@ -414,9 +452,10 @@ def timeline_command(trace, plot_path, as_json):
     from .diagnostics.timeline import Timeline
 
     if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
+        _check_writable(plot_path, "the plot", {"the timeline": trace})
+        from .diagnostics.plot import check_plot_path
 
-        require_matplotlib()
+        check_plot_path(plot_path)
     timeline = Timeline.load(trace)
     if plot_path is not None:
         timeline.plot(plot_path)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -60,7 +61,7 @@ from .storage.identity import seen_through
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
-from .units import format_size, parse_size
+from .units import echo_size, format_size, parse_size
 
 __all__ = ["Product"]
 
@@ -117,6 +118,8 @@ class Product:
                                    storage_options=self.options.storage_options)
         self._scalars = (alpha, beta, trans_a, trans_b)
         self._plan: Plan | None = None
+        #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
+        self._limits: tuple[int, int] | None = None
         self._executed = False
         #: True once what it opened is released; it plans and runs nothing more.
         self.closed = False
@@ -138,6 +141,9 @@ class Product:
                 self._plan = self._make_plan()
             except BaseException as exc:  # no plan: what was opened is released now
                 self._release(exc)
+                if isinstance(exc, BudgetError) and self._limits is not None:
+                    raise BudgetError(_in_users_units(str(exc), self.options, *self._limits)
+                                      ) from None
                 raise
         return self._plan
 
@@ -150,6 +156,12 @@ class Product:
         Result
             ``result.out`` holds the product; ``result.plan`` the plan that ran to the end
             (``plan()``'s, or smaller blocks after memory ran short).
+
+        Raises
+        ------
+        InputError
+            An input named by a local path was rewritten, replaced or removed since the
+            product was made (its shape and layout were read then); nothing is computed.
         """
         plan_ = self.plan()
         if self._executed:
@@ -172,7 +184,9 @@ class Product:
         if io.out is None:  # a new array: an xarray input's labels on its rows and columns
             result_out = labelled(result_out, io.given["a"], io.given["b"], *self._scalars[2:])
         log = run.log
-        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
+        # a resumed run's schedule skips the blocks kept: its flops are its GEMMs' only
+        flops = run.plan.counts.flops if run.plan.done else run.plan.flops
+        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=flops,
                       bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
                       started_at=log.started_at, chunks=chunk_counts(run.readers),
                       verified=report, resumed=len(run.plan.done), replanned=run.replanned,
@@ -216,6 +230,7 @@ class Product:
             raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = _budgets(self.device, self.options)
+        self._limits = (mem, host)
         staging = staging_for(self.device.kind, problem, model, kernel)
         args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
         key = _plan_key(*args)
@@ -464,8 +479,8 @@ def _budgets(dev: Device, options: Options):
         free, total = cuda.memory_info(dev.index)
         mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
         if mem > free:
-            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
-                              f"{format_size(free)} free on {dev}")
+            raise BudgetError(f"memory_limit={echo_size(options.memory_limit, mem)} is more "
+                              f"than the {format_size(free)} free on {dev}")
         model = cuda_model()
     else:
         total = machine.total_memory()
@@ -474,6 +489,21 @@ def _budgets(dev: Device, options: Options):
     host = parse_size(options.host_memory_limit, machine.total_memory(),
                       name="host_memory_limit") or machine.total_memory() // 4
     return model, mem, host
+
+
+def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
+    """``message`` with the budgets it names (``memory_limit=977 KiB``, as the planner, which
+    sees bytes only, writes them) in the user's own spelling beside their bytes
+    (``memory_limit='1MB' (977 KiB)``: :func:`~oocgemm.units.echo_size`)."""
+    for name, given, nbytes in (("host_memory_limit", options.host_memory_limit, host),
+                                ("memory_limit", options.memory_limit, mem)):
+        if given is None:  # a default: the planner's size is all there is to say
+            continue
+        # "memory_limit=" is not matched inside "host_memory_limit="; the replacement's
+        # backslashes (a user's odd string) are kept as they are
+        said = f"{name}={echo_size(given, nbytes)}".replace("\\", "\\\\")
+        message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}", said, message)
+    return message
 
 
 def _unit_hint(**limits) -> str:
@@ -505,13 +535,13 @@ class _Check:
 
     def run(self, product):
         """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
-        from .freivalds import verify
+        from .freivalds import verify_run
 
         prob, io = self.prob, self.io
-        report = verify(io.given["a"], io.given["b"], product, alpha=prob.alpha, beta=prob.beta,
-                        trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
-                        storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
-                        _checking=True)
+        report = verify_run(io.given["a"], io.given["b"], product, alpha=prob.alpha,
+                            beta=prob.beta, trans_a=prob.trans_a, trans_b=prob.trans_b,
+                            rounds=2, storage_options=io.storage_options, c_in_side=self.side,
+                            x=self.x, checking=True)
         if report.inconclusive:
             raise ExecutionError(f"the product could not be checked, so nothing was committed "
                                  f"(run without verify to keep it): {report}")

@@ -30,7 +30,8 @@ class Result:
     seconds: float
     """Wall time of the execution (planning and opening excluded), seconds."""
     flops: int
-    """Floating-point operations of the product."""
+    """Floating-point operations this run did: the product's (:attr:`total_flops`), but for a
+    resumed run, which does only those of the blocks it computed (not of those it kept)."""
     bytes: dict
     """Bytes per level: ``storage_read`` (taken from storage: the stored, compressed bytes of
     the chunks decoded, or what was read from a file's pages; the decoded size where a
@@ -106,8 +107,21 @@ class Result:
 
     @property
     def tflops(self) -> float:
-        """Achieved TFLOP/s over the wall time."""
+        """Achieved TFLOP/s over the wall time: the flops this run did (:attr:`flops`)."""
         return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
+
+    @property
+    def total_flops(self) -> int:
+        """Floating-point operations of the whole product (the plan's), those of the blocks
+        a resumed run kept included."""
+        return self.plan.flops
+
+    def work(self) -> str:
+        """'x of y GFLOP done here' for a resumed run (what it computed of the product's
+        total); '' otherwise."""
+        if not self.resumed:
+            return ""
+        return f"{self.flops / 1e9:.4g} of {self.total_flops / 1e9:.4g} GFLOP done here"
 
     def summary(self) -> dict:
         """The run as plain data (``--json``): the plan's fields (``Plan.summary``, the same
@@ -119,6 +133,7 @@ class Result:
             **planned,
             "seconds": self.seconds,
             "tflops": self.tflops,
+            "flops_done": self.flops,
             "bytes": dict(self.bytes),
             "out": self.out_name,
             "resumed_blocks": self.resumed,
@@ -143,4 +158,5 @@ class Result:
                           for k, v in self.bytes.items() if v)
         return (f"C[{p.m}x{p.n}] ({p.dtype}, K={p.k}) on {self.plan.device}: "
                 f"{format_seconds(self.seconds)}, {self.tflops * 1e3:.4g} GFLOP/s"
+                + (f" ({self.work()})" if self.resumed else "")
                 + (f"; moved {moved}" if moved else ""))

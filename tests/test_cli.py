@@ -245,6 +245,25 @@ def test_multiply_interrupted_writes_nothing(operands, tmp_path, monkeypatch):
     assert not (tmp_path / "out.zarr").exists() and leftovers(tmp_path) == []
 
 
+def test_warnings_are_one_line_each_without_pythons_file_and_category(operands, tmp_path,
+                                                                      monkeypatch):
+    from _helpers import interrupt_write
+
+    from oocgemm.storage import npy
+
+    a, b, _ = operands
+    out = tmp_path / "out.npy"
+    real = interrupt_write(monkeypatch, npy.NpySink, at=3)
+    run("multiply", a, b, "-o", out, "--tile", "8,8,8", "-q", code=130)
+    monkeypatch.setattr(npy.NpySink, "write", real)
+    result = run("multiply", a, b, "-o", out, "--tile", "8,8,8", "-q")  # not --resume
+    lines = result.stderr.splitlines()
+    said = [line for line in lines if "interrupted run" in line]
+    assert len(said) == 1 and said[0].startswith("warning: ") and "--resume" in said[0]
+    assert "RuntimeWarning" not in result.stderr and ".py:" not in result.stderr
+    assert all(line.startswith("warning: ") for line in lines)
+
+
 def test_unexpected_exceptions_keep_their_traceback(operands, tmp_path, monkeypatch):
     import oocgemm.api
 

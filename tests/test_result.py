@@ -211,6 +211,36 @@ def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
     assert_gemm(r.out, a, b)
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_progress_bar_keeps_a_wide_bar_and_drops_figures_that_do_not_fit(rng, workdir,
+                                                                         columns):
+    """On an 80-column terminal the line fits, its bar is at least MIN_BAR wide, and the
+    figures that do not fit are left out whole (the least important first), never cut."""
+    import io
+
+    from oocgemm.diagnostics.progress import MIN_BAR, ProgressBar
+
+    np.save("a.npy", rand(rng, (300, 200)))
+    np.save("b.npy", rand(rng, (200, 250)))
+    plan = oocgemm.plan("a.npy", "b.npy", "c.npy", tile=(64, 64, 64), device="cpu")
+    stream = io.StringIO()
+    bar = ProgressBar(plan, file=stream, ncols=columns)
+    oocgemm.multiply("a.npy", "b.npy", "c.npy", tile=(64, 64, 64), device="cpu", progress=bar)
+    bar.bar.refresh()
+    line = stream.getvalue().split("\r")[-1]
+    bar.close()
+    assert len(line) <= columns
+    drawn = line.split("|")[1]
+    assert len(drawn) >= MIN_BAR
+    assert " left, " in line and "flop/s" in line
+    assert "blocks 20/20" in line
+    shown = line.split("flop/s")[1]
+    assert shown == "" or all(part.endswith(("GB/s", "flop", "/20")) for part in
+                              shown.lstrip(", ").split(", ")), line
+    if columns >= 200:  # room for every figure
+        assert "read " in line and "write " in line and "30.0M/30.0M flop" in line
+
+
 def test_short_reprs(rng):
     a, b = rng.standard_normal((200, 150)), rng.standard_normal((150, 120))
     r = oocgemm.multiply(a, b, device="cpu", tile=(20, 20, 20))

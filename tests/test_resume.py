@@ -129,6 +129,8 @@ def test_resume_through_the_cli_after_ctrl_c(rng, workdir, monkeypatch):
     second = CliRunner().invoke(main, args + ["--resume"])
     assert second.exit_code == 0, second.output
     assert "resumed: 7 of 25 C blocks were done before and kept" in second.output
+    # the rate is that of the 18 blocks computed here, the product's total beside it
+    assert "GFLOP/s (0.02212 of 0.03072 GFLOP done here)" in second.output
     np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12, atol=1e-12)
     assert leftovers(".") == []
 
@@ -155,6 +157,17 @@ def _interrupted(rng, kind="npy", **options):
     finally:
         sink.write = real
     return a, b
+
+
+def test_a_resumed_runs_flops_and_rate_count_the_blocks_it_computed_only(rng, workdir):
+    a, b = _interrupted(rng)
+    r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    block = 2 * TILE[0] * TILE[1] * 200
+    assert r.resumed == 8
+    assert r.flops == (25 - 8) * block and r.total_flops == 2 * 320 * 240 * 200
+    assert r.tflops == pytest.approx(r.flops / r.seconds / 1e12)
+    assert r.summary()["flops_done"] == r.flops and r.summary()["flops"] == r.total_flops
+    assert "(0.02089 of 0.03072 GFLOP done here)" in str(r)
 
 
 def _rewrite_keeping_mtime(path: str, rng) -> None:
@@ -286,6 +299,21 @@ def test_nothing_to_resume_is_a_fresh_run(rng, workdir):
     a, b = _inputs(rng, "npy")
     r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
     assert r.resumed == 0 and _gemm_blocks(r) == 25
+    assert leftovers(".") == []
+
+
+def test_resuming_a_complete_output_says_it_is_complete(rng, workdir):
+    a, b = _inputs(rng, "npy")
+    oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu")
+    before = np.load("c.npy")
+    with pytest.raises(oocgemm.OutputError, match=r"^cannot resume: out 'c.npy' is complete .*"
+                                                  r"nothing to resume"):
+        oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
+    done = CliRunner().invoke(main, ["multiply", a, b, "-o", "c.npy", "--tile", "64,48,40",
+                                     "--device", "cpu", "--resume"])
+    assert done.exit_code == 2 and done.stderr.startswith("error: cannot resume: out 'c.npy'")
+    assert "is complete" in done.stderr and "exists" not in done.stderr
+    np.testing.assert_array_equal(np.load("c.npy"), before)
     assert leftovers(".") == []
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BudgetError
+from ..errors import BudgetError, operand_name
 from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
@@ -760,7 +760,7 @@ def _chunks_too_large(prob: Problem, limit: int, need: int) -> str:
     name, x = max(stored, key=lambda item: math.prod(item[1].chunks or (0,)))
     assert x.chunks is not None
     size = math.prod(x.chunks) * prob.itemsize
-    what = f"{name} ({x.name})" if x.name else name
+    what = operand_name(name, x.name)
     return (f"host_memory_limit={format_size(limit)} is too small for any tile: {what} is "
             f"stored in chunks of {x.chunks[0]}x{x.chunks[1]} ({format_size(size)} each, "
             f"decoded whole; a run holds one being read and the next being decoded); "

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..errors import OutputError
+from ..errors import OutputError, operand_name
 from . import urls
 from .base import MatrixSink, MatrixSource, library_of
 from .regions import ZarrRegion
@@ -264,7 +264,7 @@ def check_output(out, inputs, c=None, *, identify=identity) -> bool:
             hint = " (pass it as c=out to update it in place)" if role == "c" else ""
             named = source.name if source is not None else _name(obj).strip("'")
             raise OutputError(
-                f"out {_name(out)} {what} {role} ({named}): writing C would overwrite "
+                f"out {_name(out)} {what} {operand_name(role, named)}: writing C would overwrite "
                 f"{role} while it is still being read; write C elsewhere{hint}")
     return in_place
 

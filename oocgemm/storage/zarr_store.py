@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import warnings
+import zipfile
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -38,6 +39,34 @@ def open_zarr_array(path: str, role: str):
     if not isinstance(node, zarr.Array):
         raise InputError(f"{role}: {path!r} is a Zarr group, not an array")
     return node
+
+
+def open_zip_array(path: str, role: str):
+    """Open a Zarr array stored in a zip file read-only (zarr's ``ZipStore``), with a clear
+    error for everything else; the store is closed with the source
+    (:meth:`ZarrSource.close`)."""
+    store = zarr.storage.ZipStore(path, mode="r")  # opens the file when first read
+    try:
+        node = zarr.open(store=store, mode="r")
+    except Exception as exc:
+        _close_quietly(store)
+        if isinstance(exc, zipfile.BadZipFile):
+            raise InputError(f"{role}: {path!r} is not a readable zip file ({exc})") from None
+        raise InputError(f"{role}: {path!r} is a zip file that holds no readable Zarr array "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(node, zarr.Array):
+        _close_quietly(store)
+        raise InputError(f"{role}: the zip file {path!r} holds a Zarr group, not an array; "
+                         f"open it with zarr.open_array(zarr.storage.ZipStore({path!r}), "
+                         f"path=...) and pass that array")
+    return node
+
+
+def _close_quietly(store) -> None:
+    """Close a store that failed to open (a ZipStore whose file never opened has nothing to
+    close, and says so by raising)."""
+    with contextlib.suppress(Exception):
+        store.close()
 
 
 def pipeline_config(threads: int) -> dict:
@@ -394,12 +423,14 @@ def direct_reader(array: zarr.Array) -> _Direct | None:
 
 class ZarrSource(MatrixSource):
     def __init__(self, array: zarr.Array, name: str, path: str | None = None,
-                 incomplete_ok: bool = False):
+                 incomplete_ok: bool = False, owns_store: bool = False):
         mark = array.attrs.get("oocgemm")
         if isinstance(mark, dict) and mark.get("complete") is False and not incomplete_ok:
             raise InputError(f"{name}: an incomplete oocgemm output (its run was interrupted "
                              f"or failed); run the product again, or resume it")
         self._given = array
+        self._owns_store = owns_store
+        """The store was opened for this source (a zip file): closed with it."""
         self._array = fast_reader(array)
         self._direct = direct_reader(self._array)
         self._hinted: set[str] = set()
@@ -622,6 +653,10 @@ class ZarrSource(MatrixSource):
 
     def array(self):
         return self._given
+
+    def close(self) -> None:
+        if self._owns_store:
+            self._given.store_path.store.close()
 
 
 #: Keywords of ``zarr.create_array`` that ``out_options`` may set.
