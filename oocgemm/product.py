@@ -241,14 +241,27 @@ class Product:
                 SMALL_PLANS.put(key, plan)
         mode = gpu_decode_mode()
         if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
-            return plan
+            return self._told_cached(plan)
         # In core, A and B are each one panel: decoding them on the device takes the
         # panelled plan, which the choice weighs against the in-core one.
         base = plan_product(*args, in_core=False) if _in_core_decodable(plan) else plan
         if not decodable(base):
+            return self._told_cached(plan)
+        return self._told_cached(decoded_on_device(
+            base, choose=mode == "auto", cached=mode == "auto" and self._io.inputs_cached(),
+            host=plan))
+
+    def _told_cached(self, plan: Plan) -> Plan:
+        """``plan``, its prediction told which stored inputs the OS page cache holds (read
+        at the host's memory rate); chosen as for storage (:attr:`Operand.cached
+        <oocgemm.planning.problem.Operand.cached>`)."""
+        prob = plan.problem
+        held = {role: dataclasses.replace(getattr(prob, role), cached=True)
+                for role, name in (("a", "A"), ("b", "B"))
+                if getattr(prob, role).on_disk and self._io.inputs_cached((name,))}
+        if not held:
             return plan
-        return decoded_on_device(base, choose=mode == "auto",
-                                 cached=mode == "auto" and self._io.inputs_cached(), host=plan)
+        return dataclasses.replace(plan, problem=dataclasses.replace(prob, **held))
 
 
 # ------------------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ class Prediction:
 
     @property
     def total(self) -> float:
-        return max(self._resources().values()) + self.fill + self.drain + self.overhead
+        # reads and writes of storage share its device (one disk, one file system's link)
+        busiest = max(*self._resources().values(), self.storage_read + self.storage_write)
+        return busiest + self.fill + self.drain + self.overhead
 
     def describe(self) -> str:
         return ", ".join(f"{name.replace('_', ' ')} {format_seconds(v)}"
@@ -389,11 +391,12 @@ def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, fl
     if prob.reads_c and prob.c is not None:
         reads.append((read[2], prob.c, None))
     for nbytes, operand, once in reads:
+        rate = model.memory_copy if operand.cached else model.storage_read
         if operand.on_disk and once is not None:  # read once, reloads come from host memory
-            storage_read += min(once, nbytes) / model.storage_read
+            storage_read += min(once, nbytes) / rate
             host_copy += max(nbytes - once, 0) / model.memory_copy
         elif operand.on_disk:
-            storage_read += nbytes / model.storage_read
+            storage_read += nbytes / rate
         elif not (operand.zero_copy and not staged):  # else used in place
             host_copy += nbytes / model.memory_copy
     if out_disk:
@@ -416,8 +419,8 @@ def _fill_seconds(prob: Problem, tile: tuple[int, int, int], nk: int, model: Dev
         first_panels = sum(nbytes for nbytes, operand in ((a_first, prob.a),
                                                           (r_first * h * s, prob.b))
                            if not (operand.zero_copy and not staged))
-    fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
-        first_panels / model.memory_copy)
+    stored = any(x.on_disk and not x.cached for x in (prob.a, prob.b))
+    fill = first_panels / (model.storage_read if stored else model.memory_copy)
     fill += first_panels / model.h2d if model.h2d else 0.0
     fill += first_panels / model.first_touch if model.first_touch else 0.0
     return fill
