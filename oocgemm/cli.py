@@ -14,6 +14,7 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -296,6 +297,22 @@ def _rate(flops_per_second: float) -> str:
 
 def _traffic(nbytes: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in nbytes.items() if v)
+
+
+def run() -> None:
+    """The ``oocgemm`` command's process: :func:`main`, then its exit at once. What the
+    command wrote is committed and its output flushed by then; freeing the GPU's memory
+    pools, pinned buffers and threads is left to the OS (Python's own exit waits for it,
+    tenths of a second), and a replaced output still being removed to a process of its own
+    (:func:`~oocgemm.storage.files.hand_over`)."""
+    code = main(standalone_mode=False)
+    from .storage import files
+
+    files.hand_over()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0)
 
 
 # ------------------------------------------------------------------------------------------

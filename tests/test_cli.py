@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -419,3 +420,32 @@ def test_kernel_option_errors(tmp_path, rng, args, why):
         assert result.exit_code == 2, result.output
         assert why in result.output and "Traceback" not in result.output
     assert not (tmp_path / "c.npy").exists()
+
+
+def test_the_commands_process_ends_at_once_with_its_output_said_and_committed(workdir):
+    """``oocgemm`` (``python -m oocgemm``) leaves without waiting on what the OS frees: its
+    summary is printed whole, its output committed, its exit code kept, and an output it
+    replaced is removed all the same."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((60, 40)), rng.standard_normal((40, 50))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+
+    def oocgemm(*args):
+        return subprocess.run([sys.executable, "-m", "oocgemm", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    done = oocgemm("multiply", "a.npy", "b.npy", "-o", "c.zarr", "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["out"] == "c.zarr"
+    np.testing.assert_allclose(zarr.open_array("c.zarr")[...], a @ b, rtol=1e-12)
+    again = oocgemm("multiply", "b.npy", "b.npy", "-o", "c.zarr", "--device", "cpu")
+    assert again.returncode == 2 and again.stderr.startswith("error:")
+    replaced = oocgemm("multiply", "a.npy", "b.npy", "-o", "c.zarr", "--device", "cpu",
+                       "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    for _ in range(200):
+        if not [name for name in os.listdir(".") if "partial" in name]:
+            break
+        time.sleep(0.05)
+    assert sorted(os.listdir(".")) == ["a.npy", "b.npy", "c.zarr"]

@@ -93,12 +93,12 @@ def discard(path: str) -> None:
     for a C of gigabytes: docs/performance.md, "A fresh process"), which the new output does
     not need.
     What is not removed when the process exits is left to a process of its own
-    (:func:`_hand_over`), so that exit does not wait either; :func:`settle` waits."""
+    (:func:`hand_over`), so that exit does not wait either; :func:`settle` waits."""
     thread = threading.Thread(target=_discarded, args=(path,), name="oocgemm-discard",
                               daemon=True)
     with _DISCARD_LOCK:
         if not _DISCARDING:
-            atexit.register(_hand_over)
+            atexit.register(hand_over)
         _DISCARDING[path] = thread
     thread.start()
 
@@ -127,7 +127,7 @@ def settle(timeout: float | None = None) -> bool:
         return not _DISCARDING
 
 
-def _hand_over() -> None:
+def hand_over() -> None:
     """At exit: the replaced outputs not removed yet are removed by a detached process."""
     with _DISCARD_LOCK:
         left = list(_DISCARDING)
