@@ -107,7 +107,10 @@ class NpySink(MatrixSink):
         return getattr(self, "_array", None)
 
     def commit(self):
-        self._array.flush()
+        # No msync: it wrote the whole C back to disk before the call could return (seconds
+        # a few GB, as long as storing C at the disk's rate), where the OS writes the pages
+        # back behind the caller as it does a Zarr output's chunk files; the rename below
+        # publishes what the page cache holds either way.
         del self._array
         files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None
