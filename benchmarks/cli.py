@@ -11,7 +11,8 @@
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram, s3, scaling,
-                                                    # dask_scaling, scaling_model, fresh
+                                                    # dask_scaling, scaling_model, fresh,
+                                                    # gpu_small_blocks
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -405,6 +406,8 @@ _OWN_MAINS = {
                                      "decodes and balance."),
     "scaling-model": ("scaling_model", "docs/scaling.md's model of many machines."),
     "fresh": ("fresh", "A fresh process (the CLI) beside a warm one, warm and cold."),
+    "gpu-small-blocks": ("gpu_small_blocks", "A small tile on the GPU into Zarr, beside the "
+                                             "same into memory."),
 }
 
 
