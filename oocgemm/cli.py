@@ -305,7 +305,7 @@ def run() -> None:
     pools, pinned buffers and threads is left to the OS (Python's own exit waits for it,
     tenths of a second), and a replaced output still being removed to a process of its own
     (:func:`~oocgemm.storage.files.hand_over`)."""
-    code = main(standalone_mode=False)
+    code = main(prog_name="oocgemm", standalone_mode=False)
     from .storage import files
 
     files.hand_over()
