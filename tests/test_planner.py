@@ -408,11 +408,3 @@ def test_inputs_in_the_page_cache_are_predicted_at_memory_speed_and_planned_alik
     assert warm.prediction.storage_read < cold.prediction.storage_read / 2
     assert warm.prediction.total < cold.prediction.total
 
-
-def test_storage_reads_and_writes_share_its_time():
-    """A product that reads and writes storage is predicted to take both (one device)."""
-    from oocgemm.planning.tiling import Prediction
-
-    p = Prediction(compute=1.0, h2d=0.0, d2h=0.0, storage_read=3.0, storage_write=2.0,
-                   host_copy=0.5, fill=0.1, drain=0.1, overhead=0.0)
-    assert p.total == pytest.approx(5.2)

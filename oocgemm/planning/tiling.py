@@ -94,9 +94,7 @@ class Prediction:
 
     @property
     def total(self) -> float:
-        # reads and writes of storage share its device (one disk, one file system's link)
-        busiest = max(*self._resources().values(), self.storage_read + self.storage_write)
-        return busiest + self.fill + self.drain + self.overhead
+        return max(self._resources().values()) + self.fill + self.drain + self.overhead
 
     def describe(self) -> str:
         return ", ".join(f"{name.replace('_', ' ')} {format_seconds(v)}"
