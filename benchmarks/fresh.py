@@ -9,7 +9,6 @@ plan`` predicts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import remove_all, report, zarr_product_parser
 from oocgemm import machine
 
 #: A child that times itself: when it started, imported oocgemm, called and returned from
@@ -63,14 +63,9 @@ def main(argv=None) -> int:
     from benchmarks.storage_floor import drop_caches, product_floor, read_files
     from benchmarks.zarr_stores import make_store, store_files
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--zarr", required=True, help="a folder for the inputs and outputs")
-    parser.add_argument("--n", type=int, default=32768)
-    parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--memory-limit", default=None)
+    parser = zarr_product_parser(__doc__, n=32768, chunk=4096, device="auto",
+                                 memory_limit=None)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
     work = os.path.abspath(args.zarr)
@@ -128,13 +123,8 @@ def main(argv=None) -> int:
     doc["cli_cold_of_floor"] = doc["cli_cold"] / floor["seconds"]
     doc["predicted_of_warm"] = doc["predicted"] / doc["warm_process"]["later"]
     doc["predicted_of_cold"] = doc["predicted"] / doc["cli_cold"]
-    text = json.dumps(doc, indent=1, default=str)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
-    for path in (a, b, c):
-        shutil.rmtree(path, ignore_errors=True)
+    report(doc, args.json)
+    remove_all(a, b, c)
     return 0
 
 

@@ -8,13 +8,12 @@ the operations run against those planned and the rate C was stored at.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
+
+from benchmarks.common import remove_all, report, zarr_product_parser
 
 
 def run(a: str, b: str, out: str | None, **options) -> dict:
@@ -35,14 +34,9 @@ def run(a: str, b: str, out: str | None, **options) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--zarr", required=True, help="a folder for the inputs and outputs")
-    parser.add_argument("--n", type=int, default=8192)
-    parser.add_argument("--chunk", type=int, default=2048)
+    parser = zarr_product_parser(__doc__, n=8192, chunk=2048, device="cuda",
+                                 memory_limit="2GB")
     parser.add_argument("--tile", default="2048,2048,2048")
-    parser.add_argument("--memory-limit", default="2GB")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
     work = os.path.abspath(args.zarr)
@@ -61,13 +55,8 @@ def main(argv=None) -> int:
            "tile_to_memory": run(a, b, None, tile=tile, **options),
            "planner_to_zarr": run(a, b, c, **options)}
     doc["of_memory"] = doc["tile_to_zarr"]["wall"] / doc["tile_to_memory"]["wall"]
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
-    for path in (a, b, c):
-        shutil.rmtree(path, ignore_errors=True)
+    report(doc, args.json)
+    remove_all(a, b, c)
     return 0
 
 
