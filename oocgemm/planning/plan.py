@@ -307,6 +307,16 @@ class Plan:
 
         return build_schedule(self)
 
+    def replay(self):
+        """The schedule to run (:class:`oocgemm.planning.schedule.Stream`): the built one
+        where :attr:`schedule` was asked for, else its operations made as they are taken
+        (:func:`~oocgemm.planning.schedule.stream_schedule`: the same operations in the same
+        order), so that a run starts before the walk reaches the last block."""
+        from .schedule import built_stream, stream_schedule
+
+        built = self.__dict__.get("schedule")  # functools.cached_property's, once made
+        return built_stream(built) if built is not None else stream_schedule(self)
+
     @functools.cached_property
     def counts(self):
         """Operations per kind and bytes per level of :attr:`schedule`, counted without
