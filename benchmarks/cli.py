@@ -11,7 +11,8 @@
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram, s3, scaling,
-                                                    # dask_scaling, scaling_model
+                                                    # dask_scaling, scaling_model,
+                                                    # small_blocks
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -404,6 +405,8 @@ _OWN_MAINS = {
     "dask-scaling": ("dask_scaling", "oocgemm.dask.matmul on LocalCluster CPU workers: "
                                      "decodes and balance."),
     "scaling-model": ("scaling_model", "docs/scaling.md's model of many machines."),
+    "small-blocks": ("small_blocks", "multiply with a small tile on the CPU beside numpy and "
+                                     "the plain blocked loop, from numpy, Zarr and .npy."),
 }
 
 
