@@ -220,7 +220,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     nk = math.ceil(k / r) if prob.computes_product else 0
     complex_ = prob.dtype.startswith("complex")
     busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
-                 symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode)
+                 symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode,
+                 resident=resident)
     fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
                          split_last=split_last, in_core=in_core)
     # The last block's C leaves after its last panels: with `tail` panels run stripe by
@@ -251,16 +252,20 @@ def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
 def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
           model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool,
           decodes: dict | None = None, cache: tuple[str, ...] = (),
-          gpu_decode: tuple[str, ...] = ()) -> dict[str, Any]:
+          gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> dict[str, Any]:
     """Each resource's busy seconds over the run of the tiling ``tile`` (clipped) of
     ``grid`` blocks and panels: :class:`Prediction`'s ``compute``, ``decode``,
     ``device_decode``, ``h2d``, ``d2h``, ``storage_read``, ``storage_write`` and
-    ``host_copy``."""
+    ``host_copy``. A ``resident`` operand's panels are each loaded once."""
     m, n, s = prob.m, prob.n, prob.itemsize
     w, h, _ = tile
     c_bytes = m * n * s
     a_loads, b_loads, compute = _loads_and_compute(prob, tile, grid, model, staged=staged,
                                                    kernel=kernel, symmetric=symmetric)
+    if "A" in resident:
+        a_loads = min(a_loads, prob.m * prob.k * s)
+    if "B" in resident:
+        b_loads = min(b_loads, prob.k * prob.n * s)
     c_in = c_bytes if prob.reads_c else 0
     # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
     # its panel touches (more than the panel where its edges cut chunks), a kept operand
