@@ -12,7 +12,7 @@
                                                     # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram, s3, scaling,
                                                     # dask_scaling, scaling_model, fresh,
-                                                    # gpu_small_blocks
+                                                    # gpu_small_blocks, small_blocks
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -408,6 +408,8 @@ _OWN_MAINS = {
     "fresh": ("fresh", "A fresh process (the CLI) beside a warm one, warm and cold."),
     "gpu-small-blocks": ("gpu_small_blocks", "A small tile on the GPU into Zarr, beside the "
                                              "same into memory."),
+    "small-blocks": ("small_blocks", "multiply with a small tile on the CPU beside numpy and "
+                                     "the plain blocked loop, from numpy, Zarr and .npy."),
 }
 
 

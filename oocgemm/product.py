@@ -24,10 +24,12 @@ says what happened.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import os
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -53,6 +55,7 @@ from .planning import (
     in_place,
     on_object_edges,
     with_gpu_decode,
+    with_tile_advice,
 )
 from .result import Result
 from .runtime.execute import execute
@@ -239,6 +242,8 @@ class Product:
             plan = plan_product(*args)
             if key is not None and _one_block(plan):
                 SMALL_PLANS.put(key, plan)
+        for advice in plan.warnings:
+            _warn(advice)
         mode = gpu_decode_mode()
         if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
             return self._told_cached(plan)
@@ -265,6 +270,16 @@ class Product:
 
 
 # ------------------------------------------------------------------------------------------
+def _warn(message: str) -> None:
+    """A RuntimeWarning, ``oocgemm: message``, pointing at the caller's line that led here
+    (the first frame outside oocgemm)."""
+    frame = inspect.currentframe()
+    level, frame = 2, frame.f_back if frame is not None else None  # (2: _warn's caller)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("oocgemm"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn("oocgemm: " + message, RuntimeWarning, stacklevel=level)
+
+
 def gpu_decode_mode() -> str:
     """``OOCGEMM_GPU_DECODE``: '1' decodes the inputs' zstd frames on the GPU wherever the
     plan allows (:func:`decoded_on_device`), '0' on the host; 'auto' (or unset) on the GPU
@@ -383,8 +398,11 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     settings = dict(problem=problem, device=device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
                     symmetric=symmetric, **staging.settings)
-    if tile is not None:
-        return finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
+    if tile is not None:  # said in the plan where the planner's own choice is far faster
+        return with_tile_advice(
+            finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings)),
+            lambda: plan_product(problem, dataclasses.replace(options, tile=None), device,
+                                 kernel, model, mem, host, staging, in_core))
     shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
                           symmetric=symmetric, split_last=staging.settings.get("split_last", 1),
                           min_stripes=staging.settings.get("min_stripes", 1)) if in_core else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -100,13 +101,17 @@ def assert_gemm(got, a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_
 
 
 def interrupt_write(monkeypatch, sink_class, at: int):
-    """Make ``sink_class.write`` raise KeyboardInterrupt (Ctrl-C) on its call number ``at``,
-    every other call writing as it does; returns the real ``write``, to put back."""
-    real, writes = sink_class.write, {"n": 0}
+    """Make ``sink_class.write`` raise KeyboardInterrupt (Ctrl-C) from its call number ``at``
+    on, the calls before writing as they do (the writers are threads: a call after the
+    interrupted one may be under way on another, and must not get through either); returns
+    the real ``write``, to put back."""
+    real, writes, lock = sink_class.write, {"n": 0}, threading.Lock()
 
     def write(self, rows, cols, block):
-        writes["n"] += 1
-        if writes["n"] == at:
+        with lock:
+            writes["n"] += 1
+            late = writes["n"] >= at
+        if late:
             raise KeyboardInterrupt
         real(self, rows, cols, block)
 

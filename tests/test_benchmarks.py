@@ -102,7 +102,7 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
                     "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs",
                     "s3", "scaling", "dask-scaling", "scaling-model", "fresh",
-                    "gpu-small-blocks"):
+                    "gpu-small-blocks", "small-blocks"):
         assert command in proc.stdout
 
 
@@ -266,6 +266,26 @@ def test_small_products_against_numpy_on_the_cpu(tmp_path):
         assert entry["ratio"] > 0 and entry["ratio_out"] > 0
         assert "staged" not in entry  # the moves through pinned memory: a GPU's
     assert "--sizes" in fails("small", "--sizes", "a,b", "--device", "cpu")
+
+
+def test_small_blocks_side_by_side(tmp_path):
+    """python -m benchmarks small-blocks, run small: numpy, the blocked loop and multiply from
+    each source, every result checked, the JSON on stdout and in the file."""
+    path = tmp_path / "blocks.json"
+    result = run("small-blocks", "--n", "96", "--zarr-n", "80", "--tile", "32", "--repeat",
+                 "2", "--workdir", str(tmp_path), "--out", str(path))
+    data = json.loads(result.stdout)
+    assert data == json.loads(path.read_text())
+    assert [e["source"] for e in data["sources"]] == ["numpy", "zarr", "npy"]
+    for entry in data["sources"]:
+        assert entry["correct"] and set(entry["cases"]) == {"numpy", "loop", "multiply"}
+        assert all(len(case["seconds"]) == 2 for case in entry["cases"].values())
+        assert entry["operations_run"] == entry["operations_planned"] > 0
+        assert entry["multiply_vs_loop"] > 0 and entry["n"] == (80 if entry["source"] == "zarr"
+                                                                else 96)
+    assert data["sources"][1]["chunks"]  # zarr's default chunks, as written
+    assert sorted(os.listdir(tmp_path)) == ["blocks.json"]  # the stores went with their folder
+    assert "--sources" in fails("small-blocks", "--sources", "tape")
 
 
 @pytest.mark.gpu

@@ -158,7 +158,9 @@ def test_streamed_operands_decode_once_per_load(rng, workdir):
     a, b = rand(rng, (64, 48)), rand(rng, (48, 64))
     write("a.zarr", a, (16, 16), "v3-zstd")
     write("b.zarr", b, (16, 16), "v3-zstd")
-    kw = dict(device="cpu", tile=(16, 16, 16))
+    # (a memory_limit that keeps no operand's panels all read, Plan.resident: each B panel is
+    # loaded again for each block row)
+    kw = dict(device="cpu", tile=(16, 16, 16), memory_limit="30KB")
     roomy = oocgemm.plan("a.zarr", "b.zarr", **kw)
     budget = roomy.host_bytes - 1  # one operand fewer fits
     plan = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit=budget, **kw)
@@ -167,7 +169,7 @@ def test_streamed_operands_decode_once_per_load(rng, workdir):
     (store, zs) = counted(f"{streamed.lower()}.zarr")
     x = {"A": a, "B": b}[streamed]
     args = (zs, "b.zarr") if streamed == "A" else ("a.zarr", zs)
-    r = oocgemm.multiply(*args, device="cpu", tile=(16, 16, 16), host_memory_limit=budget)
+    r = oocgemm.multiply(*args, host_memory_limit=budget, **kw)
     assert_gemm(r.out, a, b)
     want = decode_counts(loads(r.plan.schedule.ops, streamed, (16, 16)), kept=False)
     assert sum(want.values()) > n_chunks(x.shape, (16, 16))  # reloaded: decoded again
@@ -192,7 +194,7 @@ def test_staged_streamed_operand_stays_within_its_window(rng, workdir):
     (store_b, zb) = counted("b.zarr")
     plan = oocgemm.plan("a.zarr", zb, device="cpu", tile=(32, 32, 32))
     plan = dataclasses.replace(plan, staged=True, stripe=4 * 32, n_stage=3, n_out=2,
-                               cache=())
+                               cache=(), n_a=2, n_b=2)  # (not a slot per panel: reloaded)
     ops = plan.schedule.ops
     b_loads = loads(ops, "B", (16, 16))
     assert all(x.reads == 8 and set(x.uses) == {4} for x in b_loads)  # 4 stripes a chunk
@@ -348,7 +350,8 @@ def test_plan_keeps_within_host_memory_limit(rng, workdir):
 def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
     zarr.create_array("a.zarr", shape=(4000, 3000), dtype="f8", chunks=(500, 500))
     zarr.create_array("b.zarr", shape=(3000, 5000), dtype="f8", chunks=(500, 500))
-    kw = dict(device="cpu", tile=(1000, 1000, 1000), memory_limit="1GB")
+    # (a memory_limit that keeps no operand's panels all read, Plan.resident)
+    kw = dict(device="cpu", tile=(1000, 1000, 1000), memory_limit="100MB")
     kept = oocgemm.plan("a.zarr", "b.zarr", **kw)
     streamed = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit="64MB", **kw)
     assert kept.cache and not streamed.cache

@@ -182,17 +182,16 @@ def test_plan_ignores_unknown_keywords_like_overwrite(rng):
 def test_prediction_charges_every_operation(rng, shape, tile, staged, stripe, min_stripes):
     """The per-operation overhead the planner charges counts the stripes of staged loads:
     within a factor of 1.5 of the schedule's real count (it does not see panels kept in a
-    slot from one block to the next)."""
+    slot from one block to the next), each at the model's cost of one."""
     import dataclasses
-
-    from oocgemm.planning.tiling import OP_OVERHEAD
 
     m, k, n = shape
     plan = oocgemm.plan(np.empty((m, k)), np.empty((k, n)), device="cpu", tile=tile)
     if staged:
         plan = dataclasses.replace(plan, staged=True, stripe=stripe, min_stripes=min_stripes,
                                    n_stage=4, n_out=2)
-    estimate = plan.prediction.overhead / OP_OVERHEAD
+    estimate = plan.prediction.operations
+    assert plan.prediction.overhead == estimate * plan.model.op_overhead
     assert plan.counts.total / 1.5 <= estimate <= plan.counts.total * 1.5
 
 

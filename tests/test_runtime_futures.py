@@ -1,17 +1,13 @@
 """The executors' futures (no GPU needed). The CUDA executor's, made on first use: every
 thread asking for one operation gets the same future, and a stopped run cancels those made so
 far and every one made later, so that no lane can wait forever on a future nobody will settle.
-The CPU executor's: a lane waiting on the compute thread's future is not left asleep by an
-interrupt that lands inside its ``set_result``."""
+The CPU executor's (no futures: a flag per operation): a lane waiting on the compute
+thread's GEMM is not left asleep by an interrupt that lands inside its finish."""
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures._base import FINISHED
-
-import pytest
 
 import oocgemm
 from oocgemm.planning.schedule import OpKind
@@ -48,53 +44,45 @@ def test_cancel_all_reaches_futures_made_later():
     assert not futures[0].cancelled()
 
 
-def test_a_cpu_run_interrupted_inside_set_result_ends(rng, monkeypatch):
+def test_a_cpu_run_interrupted_inside_a_finish_ends(rng, monkeypatch, workdir):
     """Ctrl-C and SIGTERM raise in the compute thread (the caller's) wherever it is, also
-    inside the ``set_result`` of a GEMM's future, after CPython's Future is marked done and
-    before the lanes waiting on it are woken: the run still ends (it once waited forever in
-    ``shutdown(wait=True)`` for a lane asleep on a done future: the rare hang of
-    test_resume's SIGTERM cases under load)."""
+    inside the finish of a GEMM, after its flag is set and before the lanes waiting on it
+    are woken: the run still ends, raising the interrupt (with futures, it once waited
+    forever in ``shutdown(wait=True)`` for a lane asleep on a done future: the rare hang of
+    test_resume's SIGTERM cases under load). The lane asleep looks again every
+    ``LOOK_AGAIN`` seconds, and the run wakes every lane as it stops."""
     a, b = rng.standard_normal((128, 64)), rng.standard_normal((64, 128))
-    ops = oocgemm.plan(a, b, tile=(64, 64, 64), device="cpu").schedule.ops
-    # The compute thread's futures (of what no pool runs) are made in schedule order; the one
-    # interrupted is the GEMM that the first WRITE waits for (on an idle writer: at once).
-    pooled = (OpKind.READ, OpKind.UPLOAD, OpKind.DOWNLOAD, OpKind.WRITE)
-    computed = [op.index for op in ops if op.kind not in pooled]
-    target = computed.index(min(d for op in ops if op.kind is OpKind.WRITE for d in op.deps))
-    made: list[Future] = []
+    # out to a .npy file: C is not computed in place, so its WRITEs run on the writer lane
+    plan = oocgemm.plan(a, b, "c.npy", tile=(64, 64, 64), device="cpu")
+    ops = plan.schedule.ops
+    assert "C" not in plan.in_place
+    target = min(d for op in ops if op.kind is OpKind.WRITE for d in op.deps)
+    assert ops[target].kind is OpKind.GEMM
+    finish, slept = cpu._Board.finish, []
 
-    class Interrupted(Future):
-        def __init__(self):
-            super().__init__()
-            made.append(self)
+    def interrupted(self, index):
+        if index != target:
+            return finish(self, index)
+        self.done[index] = 1  # done, and nobody woken: the interrupt lands here
+        deadline = time.monotonic() + 10
+        while not self._sleepers and time.monotonic() < deadline:
+            time.sleep(0.001)
+        slept.append(self._sleepers)
+        raise KeyboardInterrupt
 
-        def set_result(self, result):
-            if self is not made[target]:
-                super().set_result(result)
-                return
-            deadline = time.monotonic() + 10
-            while not self._condition._waiters and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert self._condition._waiters, "no lane waited on the GEMM"
-            with self._condition:  # done, and nobody woken: the interrupt lands here
-                self._result, self._state = result, FINISHED
-            raise KeyboardInterrupt
+    monkeypatch.setattr(cpu._Board, "finish", interrupted)
+    done = threading.Event()
+    errors: list[BaseException] = []
 
-    rescued = threading.Event()
+    def run():
+        try:
+            oocgemm.multiply(a, b, "c.npy", tile=(64, 64, 64), device="cpu", progress=False)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            errors.append(exc)
+        done.set()
 
-    def rescue():  # a run that waits on: its lanes woken, so that the test fails, not hangs
-        rescued.set()
-        with made[target]._condition:
-            made[target]._condition.notify_all()
-
-    monkeypatch.setattr(cpu, "Future", Interrupted)
-    timer = threading.Timer(20, rescue)
-    timer.daemon = True
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            oocgemm.multiply(a, b, tile=(64, 64, 64), device="cpu", progress=False)
-    finally:
-        timer.cancel()
-    assert len(made) == len(computed) and made[target].done()
-    assert not rescued.is_set(), "the run waited for a lane asleep on a done future"
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert done.wait(20), "the run waited for a lane asleep on a finished GEMM"
+    assert slept == [1], "no lane waited on the GEMM"
+    assert len(errors) == 1 and isinstance(errors[0], KeyboardInterrupt)

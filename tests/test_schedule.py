@@ -22,7 +22,7 @@ from oocgemm.planning import (
     cpu_model,
     cuda_model,
 )
-from oocgemm.planning.schedule import op_span
+from oocgemm.planning.schedule import op_span, stream_schedule
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
 
@@ -83,6 +83,22 @@ def test_random_plans_pass_the_checker(plan):
         assert all(op.operand == "C" for op in schedule.ops)
     kinds = {op.kind for op in schedule.ops}
     assert (OpKind.UPLOAD in kinds or OpKind.DOWNLOAD in kinds) == (plan.staged and p * q > 0)
+
+
+@settings(max_examples=examples(ci=60, thorough=300))
+@given(plans())
+def test_the_stream_hands_out_the_built_schedule(plan):
+    """What an executor takes from the walk as it makes it (Plan.replay, before the schedule
+    is built) is the built schedule, operation for operation; once built, the same list."""
+    stream = plan.replay()
+    assert "schedule" not in plan.__dict__
+    ops = tuple(op for batch in stream.batches for op in batch)
+    assert ops == plan.schedule.ops
+    assert (stream.slots, stream.transposed) == (plan.schedule.slots, plan.schedule.transposed)
+    again = plan.replay()
+    assert tuple(op for batch in again.batches for op in batch) == plan.schedule.ops
+    fresh = stream_schedule(plan)
+    assert all(len(batch) for batch in fresh.batches)
 
 
 # -- mutations -------------------------------------------------------------------------------

@@ -27,9 +27,13 @@ def test_sigterm_mid_run_commits_nothing(rng, workdir):
     np.save("b.npy", a.T.copy())
     # Each block's write slowed down (225 blocks: about 7 s in all), so that the run is still
     # under way when the signal comes, however late a loaded machine lets this test send it
-    # (unslowed, the run takes about 1 s once it has started writing).
+    # (unslowed, the run takes about 1 s once it has started writing); and none done in the
+    # process's first 5 s, so that the signal finds no block written (one written would be
+    # kept for --resume).
     code = ("import time\nfrom oocgemm.storage import zarr_store\nfrom oocgemm.cli import main\n"
+            "START = time.monotonic()\n"
             "def write(self, rows, cols, block, _write=zarr_store.ZarrSink.write):\n"
+            "    time.sleep(max(0.0, START + 5 - time.monotonic()))\n"
             "    _write(self, rows, cols, block)\n"
             "    time.sleep(0.05)\n"
             "zarr_store.ZarrSink.write = write\n"

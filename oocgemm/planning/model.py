@@ -72,6 +72,9 @@ class DeviceModel:
     (residues)."""
     convert_element: float = 0.0
     """Seconds the conversion adds per element of a loaded A or B panel (its stats)."""
+    op_overhead: float = 40e-6
+    """Seconds each operation of the schedule costs to dispatch, beside its work (Python,
+    stream and thread hand-offs)."""
 
     def gemm_seconds(self, w: int, h: int, r: int, itemsize: int, complex_: bool = False) -> float:
         flops = (8 if complex_ else 2) * w * h * r

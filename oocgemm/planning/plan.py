@@ -120,6 +120,14 @@ class Plan:
     each, one C block and one K panel; B goes up first, A in row stripes, and C is computed,
     downloaded and written stripe by stripe (``split_last`` stripes at least), each GEMM
     waiting for its own rows of A only."""
+    notes: tuple[str, ...] = ()
+    """What the planning chose beyond the staging's settings and why, in words:
+    ``print(plan)`` and :meth:`summary` show them."""
+    warnings: tuple[str, ...] = ()
+    """What the planning advises against (a tile the user gave that is predicted far slower
+    than the planner's own choice: :func:`~oocgemm.planning.finish.with_tile_advice`), in
+    words: making the plan warns of each (a RuntimeWarning), and ``print(plan)`` and
+    :meth:`summary` show them."""
 
     # ---- geometry -------------------------------------------------------------------------
     @property
@@ -194,7 +202,9 @@ class Plan:
 
     @property
     def device_bytes(self) -> int:
-        return (device_bytes(self.buffers, self.n_c + self.n_t, self.n_a, self.n_b)
+        # (a slot of an operand used in place is a view of it: no memory of its own)
+        n_a, n_b = (0 if x in self.in_place else n for x, n in (("A", self.n_a), ("B", self.n_b)))
+        return (device_bytes(self.buffers, self.n_c + self.n_t, n_a, n_b)
                 + sum(self.n_z * self.z_slot(x) for x in self.gpu_decode)
                 + self.decode_scratch)
 
@@ -307,6 +317,40 @@ class Plan:
 
         return build_schedule(self)
 
+    def replay(self):
+        """The schedule to run (:class:`oocgemm.planning.schedule.Stream`): the built one
+        where :attr:`schedule` was asked for, else its operations made as they are taken
+        (:func:`~oocgemm.planning.schedule.stream_schedule`: the same operations in the same
+        order), so that a run starts before the walk reaches the last block."""
+        from .schedule import built_stream, stream_schedule
+
+        built = self.__dict__.get("schedule")  # functools.cached_property's, once made
+        return built_stream(built) if built is not None else stream_schedule(self)
+
+    @property
+    def resident(self) -> tuple[str, ...]:
+        """Operands with a slot for each of their panels ('A', 'B'): each panel is loaded
+        once and kept (:func:`~oocgemm.planning.finish.with_resident_panels`)."""
+        p, q, nk = self.grid
+        return tuple(x for x, slots, panels in (("A", self.n_a, p * nk), ("B", self.n_b, q * nk))
+                     if panels and slots >= panels)
+
+    @property
+    def in_place(self) -> tuple[str, ...]:
+        """What an unstaged run uses where it is and moves no bytes for: 'A' and 'B' where
+        they are in memory in a layout BLAS takes (a READ binds its slot to a view), 'C' where
+        the output is (a C slot is a view of the output's region, so a WRITE has nothing to
+        store), but not in a symmetric product that reads C (its C slots are scratch: the
+        output may be C, still to be read as blocks are written). Such a READ or WRITE takes
+        microseconds: the CPU executor runs it on its compute lane, in schedule order."""
+        if self.staged:
+            return ()
+        prob = self.problem
+        out = prob.out is not None and prob.out.zero_copy and not (self.symmetric
+                                                                   and prob.reads_c)
+        return tuple(name for name, used in (("A", prob.a.zero_copy), ("B", prob.b.zero_copy),
+                                             ("C", out)) if used)
+
     @functools.cached_property
     def counts(self):
         """Operations per kind and bytes per level of :attr:`schedule`, counted without
@@ -324,7 +368,7 @@ class Plan:
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core,
-                       gpu_decode=self.gpu_decode)
+                       gpu_decode=self.gpu_decode, resident=self.resident)
 
     def validate(self) -> Plan:
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -383,9 +427,10 @@ class Plan:
 
     def _device_breakdown(self) -> str:
         buf = self.buffers
-        parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}",
-                 f"A {self.n_a}x{format_size(buf.a)}",
-                 f"B {self.n_b}x{format_size(buf.b)}"]
+        parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}"]
+        for x, n, size in (("A", self.n_a, buf.a), ("B", self.n_b, buf.b)):
+            parts.append(f"{x} {n} views in place" if x in self.in_place
+                         else f"{x} {n}x{format_size(size)}")
         for x in self.gpu_decode:
             parts.append(f"compressed {x} {self.n_z}x{format_size(self.z_slot(x))}")
         if self.gpu_decode:
@@ -426,6 +471,8 @@ class Plan:
             "gpu_decode": list(self.gpu_decode),
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
+            "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
                                    "into_ring": r.into_ring, "loads": r.loads,
                                    "decodes": r.decodes}
@@ -472,6 +519,8 @@ class Plan:
                f"full)" if self.symmetric else ""),
             f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
             f"({pred.bound}-bound; {pred.describe()})",
+            *(f"  {'notes' if n == 0 else '':<12}{note}" for n, note in enumerate(self.notes)),
+            *(f"  {'warning':<12}{text}" for text in self.warnings),
         ]
         return "\n".join(lines)
 

@@ -28,7 +28,9 @@ C stripe goes down and out as soon as its GEMM is done, while the next computes.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from .grid import chunk_region, chunks_of
@@ -114,6 +116,30 @@ class Op:
         extra = f" q={self.q}" if self.kind is OpKind.GEMM else ""
         return (f"#{self.index:<5} {self.kind.value:<8} {self.operand}{self.key}{extra} "
                 f"{where}->{to} deps={list(self.deps)}")
+
+
+def quick_constructor(cls: type) -> Callable:
+    """A constructor of the frozen slots dataclass ``cls``, taking what its ``__init__`` takes,
+    five times faster: an instance of a mutable twin of the same slots, set by plain stores,
+    then made a ``cls`` (its class assigned: the layouts are the same). A frozen dataclass's
+    own ``__init__`` sets each field through ``object.__setattr__``: 1.6-1.9 us for an
+    :class:`Op`'s 16 fields on the 2-core VM, 0.35 us this way; a schedule of small blocks
+    makes a hundred thousand of them, and its run as many events."""
+    fields = [(f.name, f.type, dataclasses.field(default=f.default))
+              if f.default is not dataclasses.MISSING else (f.name, f.type)
+              for f in dataclasses.fields(cls)]
+    twin = dataclasses.make_dataclass(f"{cls.__name__}Draft", fields, slots=True)
+
+    def make(*args, **kwargs):
+        made = twin(*args, **kwargs)
+        made.__class__ = cls
+        return made
+
+    return make
+
+
+#: :class:`Op`'s constructor where the builder makes most of them.
+new_op = quick_constructor(Op)
 
 
 #: The in-order lanes: each runs its operations one at a time, in schedule order, in every
@@ -249,6 +275,11 @@ class Schedule:
         return "\n".join(str(op) for op in self.ops)
 
 
+#: Operations a schedule stream (:func:`stream_schedule`) hands out at a time at most, but
+#: for a block's stores: few enough that a run starts on its first GEMMs at once.
+BATCH = 32
+
+
 class _SlotState:
     """What a slot holds and who touched which of its elements since it got its content, while
     building. Entries are (op, lo, hi, lane). A slot that gets new content forgets them all
@@ -290,15 +321,28 @@ class _SlotState:
         return hazards
 
     def record(self, index: int, lo: int, hi: int, lane: str | None, writing: bool) -> None:
+        # (Most lists hold one entry, which the new one covers: replaced without a scan.)
+        entry = (index, lo, hi, lane)
         if not writing:
-            if lane is not None and self.readers:
-                self.readers = [e for e in self.readers
-                                if not (e[3] == lane and lo <= e[1] and e[2] <= hi)]
-            self.readers.append((index, lo, hi, lane))
+            readers = self.readers
+            if lane is not None and readers:
+                if len(readers) == 1:
+                    e = readers[0]
+                    if e[3] == lane and lo <= e[1] and e[2] <= hi:
+                        self.readers = [entry]
+                        return
+                else:
+                    self.readers = readers = [e for e in readers
+                                              if not (e[3] == lane and lo <= e[1] and e[2] <= hi)]
+            readers.append(entry)
             return
-        if self.writers:
-            self.writers = [e for e in self.writers if not (lo <= e[1] and e[2] <= hi)]
-        self.writers.append((index, lo, hi, lane))
+        writers = self.writers
+        if len(writers) == 1 and lo <= writers[0][1] and writers[0][2] <= hi:
+            self.writers = [entry]
+        else:
+            if writers:
+                self.writers = writers = [e for e in writers if not (lo <= e[1] and e[2] <= hi)]
+            writers.append(entry)
         if self.readers:
             self.readers = [e for e in self.readers if not (lo <= e[1] and e[2] <= hi)]
         self._memo = None
@@ -310,8 +354,9 @@ class _Builder:
         prob = plan.problem
         self.prob = prob
         self.s = prob.itemsize
-        self.ops: list[Op] = []
-        self.lanes: list[str | None] = []  # ordered_lane of each op
+        self.ops: list[Op] = []  # the operations made and not yet handed out (stream)
+        self.base = 0  # the index of self.ops[0]: the operations handed out before it
+        self.lanes: list[str | None] = []  # ordered_lane of each op, by index
         self.clock = 0
         names = ([f"A{i}" for i in range(plan.n_a)] + [f"B{i}" for i in range(plan.n_b)]
                  + [f"C{i}" for i in range(plan.n_c)] + [f"T{i}" for i in range(plan.n_t)])
@@ -322,6 +367,9 @@ class _Builder:
         self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
                             "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
         self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
+        self.fresh = {"A": 0, "B": 0}  # where fresh_slot() looks first
+        self.c_first = self.reads_c_first()
+        self.flop_factor = 8 if prob.dtype.startswith("complex") else 2  # as gemm_flops
         self.ring = plan.buffers.ring // self.s  # elements of a ring buffer going up
         self.out_ring = plan.buffers.out_ring // self.s  # ...and of one coming down
         self.stage_turn = {"sR": 0, "sO": 0, "T": 0, "ZA": 0, "ZB": 0}
@@ -331,20 +379,31 @@ class _Builder:
     # -- bookkeeping ---------------------------------------------------------------------
     def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
         """Append an op and record which elements of which slots it touches."""
-        index = len(self.ops)
+        index = self.base + len(self.ops)
         lane = _lane(kind, operand)
-        op = Op(index=index, kind=kind, operand=operand, key=key, src=tuple(src), dst=dst,
-                deps=self.reduce(deps, lane), region=region, **kw)
+        op = new_op(index=index, kind=kind, operand=operand, key=key, src=tuple(src), dst=dst,
+                    deps=self.reduce(deps, lane), region=region, **kw)
+        self.append(op, lane, [op_span(op, name, False) for name in src],
+                    op_span(op, dst, True) if dst is not None else None)
+        return index
+
+    def append(self, op: Op, lane: str | None, reads: list[tuple[int, int]],
+               writes: tuple[int, int] | None) -> None:
+        """Append ``op`` (of ``lane``), which reads the element ranges ``reads`` of its
+        ``src`` slots and writes ``writes`` of its ``dst`` (:func:`op_span`'s, which the
+        busiest callers know without asking it)."""
         self.ops.append(op)
         self.lanes.append(lane)
         self.clock += 1
-        for name in src:
-            self.state[name].record(index, *op_span(op, name, False), lane, writing=False)
-            self.state[name].last_use = self.clock
-        if dst is not None:
-            self.state[dst].record(index, *op_span(op, dst, True), lane, writing=True)
-            self.state[dst].last_use = self.clock
-        return index
+        clock, state, index = self.clock, self.state, op.index
+        for name, (lo, hi) in zip(op.src, reads):
+            slot = state[name]
+            slot.record(index, lo, hi, lane, writing=False)
+            slot.last_use = clock
+        if writes is not None and op.dst is not None:
+            slot = state[op.dst]
+            slot.record(index, writes[0], writes[1], lane, writing=True)
+            slot.last_use = clock
 
     def reduce(self, deps, lane: str | None) -> tuple[int, ...]:
         """The dependencies an op of ``lane`` needs: none on its own lane (it runs after those
@@ -438,9 +497,12 @@ class _Builder:
         if operand in self.plan.gpu_decode:
             self.load_objects(operand, key, region, dst, hazards)
             return
-        if not self.plan.staged:
-            self.emit(OpKind.READ, operand, key, (), dst, hazards, region,
-                      nbytes=self.nbytes(region))
+        if not self.plan.staged:  # op_span: the first elements of dst, those of the region
+            (r0, r1), (c0, c1) = region
+            elements = (r1 - r0) * (c1 - c0)
+            self.append(new_op(self.base + len(self.ops), OpKind.READ, operand, key, (), dst,
+                           self.reduce(hazards, None), region, nbytes=elements * self.s),
+                        None, [], (0, elements))
             return
         # Most operations of a staged schedule are these pairs, so they are appended here
         # directly, with what emit() would record: each ring buffer gets new content (its
@@ -452,11 +514,11 @@ class _Builder:
             stage = self.next_stage("sR")
             ring = self.state[stage]
             elements = self.nbytes(stripe) // self.s
-            read = len(ops)
-            ops.append(Op(read, OpKind.READ, operand, key, (), stage,
+            read = self.base + len(ops)
+            ops.append(new_op(read, OpKind.READ, operand, key, (), stage,
                           self.reduce(ring.refill(), None), stripe,
                           nbytes=elements * self.s))
-            ops.append(Op(read + 1, OpKind.UPLOAD, operand, key, (stage,), dst,
+            ops.append(new_op(read + 1, OpKind.UPLOAD, operand, key, (stage,), dst,
                           tuple(sorted(waits + (read,))), stripe, nbytes=elements * self.s,
                           offset=offset))
             lanes += (None, lane)
@@ -503,10 +565,11 @@ class _Builder:
             held = None
         if held is not None:
             return held.name
-        victim: _SlotState | None = None
-        for st in self.panel_slots[operand]:
-            if st.name not in pinned and (victim is None or st.last_use < victim.last_use):
-                victim = st
+        victim = self.fresh_slot(operand, pinned)
+        if victim is None:
+            for st in self.panel_slots[operand]:
+                if st.name not in pinned and (victim is None or st.last_use < victim.last_use):
+                    victim = st
         # The walk never asks for a new panel with every slot pinned (it pins the tail panels
         # one by one, at most as many as the operand has slots).
         assert victim is not None, f"every {operand} slot is pinned"
@@ -517,13 +580,45 @@ class _Builder:
         self.holding[content] = victim
         return victim.name
 
+    def fresh_slot(self, operand: str, pinned: set[str]) -> _SlotState | None:
+        """The first of the operand's slots never used yet (the least recently used, first
+        among equals: what the scan in :meth:`ensure` finds), in constant time: a plan that
+        keeps every panel (:func:`~oocgemm.planning.finish.with_resident_panels`) has a slot
+        for each, and fills them in order. None once every slot was used."""
+        slots, at = self.panel_slots[operand], self.fresh[operand]
+        while at < len(slots) and slots[at].last_use != -1:
+            at += 1
+        self.fresh[operand] = at
+        if at < len(slots) and slots[at].name not in pinned:
+            return slots[at]
+        return None
+
     # -- the loop of figure 3 ----------------------------------------------------------------
     def build(self):
         self.walk()
         return Schedule(ops=tuple(self.ops), slots=self.slot_sizes(),
-                        transposed={"A": self.prob.trans_a, "B": self.prob.trans_b, "C": False})
+                        transposed=self.transposed())
+
+    def transposed(self) -> dict:
+        return {"A": self.prob.trans_a, "B": self.prob.trans_b, "C": False}
+
+    def stream(self) -> Iterator[list[Op]]:
+        """The operations in order, handed out as the walk makes them, a block's or
+        :data:`BATCH` at a time; the builder keeps none of them (only their lanes, which later
+        dependencies are reduced by)."""
+        for _ in self.steps():
+            if self.ops:
+                batch, self.ops = self.ops, []
+                self.base += len(batch)
+                yield batch
 
     def walk(self) -> None:
+        for _ in self.steps():
+            pass
+
+    def steps(self) -> Iterator[None]:
+        """The walk, pausing after each block, and within a block once :data:`BATCH`
+        operations are made (:meth:`stream` hands out what was made meanwhile)."""
         plan, prob = self.plan, self.prob
         p, q_blocks, _ = plan.grid
         order = self.block_order()
@@ -534,15 +629,17 @@ class _Builder:
             c_region = self.region("C", c_key)
             if plan.in_core:
                 self.in_core(c_key, c_slot, c_region)
+                yield
                 continue
             self.begin_block(c_key, c_slot)
             if not prob.computes_product:
                 self.fill(c_key, c_slot, c_region)
                 parts = None
             else:
-                parts = self.compute_block(t, c_key, c_slot, c_region, taper=t == last,
-                                           final=t == order[-1][0])
+                parts = yield from self.compute_block(t, c_key, c_slot, c_region,
+                                                      taper=t == last, final=t == order[-1][0])
             self.store_block(c_key, c_slot, c_region, final=t == order[-1][0], parts=parts)
+            yield
 
     def block_order(self) -> list[tuple[int, tuple[int, int]]]:
         """The blocks to compute, each with its place t in the whole run's order. Blocks
@@ -578,10 +675,11 @@ class _Builder:
             panels = list(dict.fromkeys(panels))
         return panels
 
-    def compute_block(self, t: int, c_key, c_slot, c_region, *, taper: bool, final: bool):
+    def compute_block(self, t: int, c_key, c_slot, c_region, *, taper: bool, final: bool
+                      ) -> Generator[None, None, list[tuple[int, int]]]:
         """The GEMMs of block ``c_key`` (the ``t``-th), its tail in row stripes (``taper``:
-        the run's last block in the whole order; ``final``: the last this walk computes);
-        the row stripes of the tail."""
+        the run's last block in the whole order; ``final``: the last this walk computes),
+        pausing every :data:`BATCH` operations; returns the row stripes of the tail."""
         plan = self.plan
         nk = plan.grid[2]
         i, j = c_key
@@ -604,9 +702,8 @@ class _Builder:
         # the same order: the same bits.
         tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
         head, rest = panels[:nk - tail], panels[nk - tail:]
-        for q in head:
-            self.gemm(i, j, q, first=q == panels[0], rows=(0, w), c_slot=c_slot,
-                      c_region=c_region, h=h, pinned=set(), upper=diagonal)
+        yield from self.head_gemms(c_key, head, first=panels[0], w=w, h=h, c_slot=c_slot,
+                                   c_region=c_region, upper=diagonal)
         pinned: set[str] = set()
         for q in rest:  # load the tail panels, each into a slot of its own
             # One matrix in both roles: each role's tail panels in its own slots (the pins
@@ -625,6 +722,8 @@ class _Builder:
                       c_region=c_region, h=h, pinned=pinned, upper=diagonal)
             if diagonal and q == rest[-1]:  # these rows and all above are final
                 self.mirror(c_key, c_slot, c_region, rows, h)
+            if len(self.ops) >= BATCH:
+                yield
         return parts
 
     def store_block(self, c_key, c_slot, c_region, *, final: bool, parts) -> None:
@@ -679,25 +778,105 @@ class _Builder:
     def gemm(self, i, j, q, *, first, rows, c_slot, c_region, h, pinned, upper=False) -> None:
         """C[i, j] rows ``rows`` (+)= A(i, q) @ B(q, j): beta of the problem (or 0) on the first
         panel of the block, 1 after; ``upper``: on and above the diagonal only."""
-        prob = self.prob
-        a_slot = self.ensure("A", (i, q), pinned=pinned)
+        prob, state = self.prob, self.state
+        # (a panel already held: ensure()'s first step, without its call)
+        held = None if prob.shared else self.holding.get(("A", (i, q)))
+        a_slot = held.name if held is not None else self.ensure("A", (i, q), pinned=pinned)
+        held = None if prob.shared else self.holding.get(("B", (q, j)))
         # (one matrix in both roles: A's panel may sit in a B slot, which B must not take)
-        b_slot = self.ensure("B", (q, j), pinned=pinned | {a_slot})
-        beta = (prob.beta if self.reads_c_first() else 0.0) if first else 1.0
+        b_slot = (held.name if held is not None
+                  else self.ensure("B", (q, j), pinned=pinned | {a_slot}))
+        beta = (prob.beta if self.c_first else 0.0) if first else 1.0
         r = self.ks[q + 1] - self.ks[q]
         x0, x1 = rows
         lo, hi = x0 * h, x1 * h
-        src = (a_slot, b_slot) + ((c_slot,) if beta != 0 else ())
         # In the in-core shape a row-major A's stripe is contiguous: wait for its rows only.
         a_span = (x0 * r, x1 * r) if self.plan.in_core and not prob.trans_a else None
-        deps = (self.read_dep(a_slot, *(a_span or ()))
-                + (self.read_dep(b_slot) if b_slot != a_slot else []))
-        deps += (self.read_dep(c_slot, lo=lo, hi=hi) if beta != 0
-                 else self.write_deps(c_slot, *self.c_hazards, lo=lo, hi=hi))
-        region = ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1])
-        self.emit(OpKind.GEMM, "C", (i, j), src, c_slot, deps, region, q=q, alpha=prob.alpha,
-                  beta=beta, offset=lo, flops=gemm_flops(prob.dtype, x1 - x0, h, r, upper, x1),
-                  upper=upper, a_span=a_span)
+        a_state, c_state = state[a_slot], state[c_slot]
+        deps = a_state.producers(*(a_span or ()))
+        if b_slot != a_slot:
+            deps = deps + state[b_slot].producers()
+        if beta != 0:
+            src: tuple[str, ...] = (a_slot, b_slot, c_slot)
+            deps = deps + c_state.producers(lo, hi)
+        else:
+            src = (a_slot, b_slot)
+            deps = deps + self.write_deps(c_slot, *self.c_hazards, lo=lo, hi=hi)
+        index = self.base + len(self.ops)
+        flops = (self.flop_factor * (x1 - x0) * h * r if not upper
+                 else gemm_flops(prob.dtype, x1 - x0, h, r, upper, x1))
+        self.ops.append(new_op(index, OpKind.GEMM, "C", (i, j), src, c_slot,
+                           self.reduce(deps, "compute"),
+                           ((c_region[0][0] + x0, c_region[0][0] + x1), c_region[1]), q, lo,
+                           prob.alpha, beta, 0, flops, upper, a_span))
+        self.lanes.append("compute")
+        # What append() records, op_span's ranges written out: the A panel whole (or its
+        # a_span), the B panel whole, its rows of C (read where beta != 0, and written).
+        self.clock = clock = self.clock + 1
+        a_lo, a_hi = a_span or (0, WHOLE)
+        a_state.record(index, a_lo, a_hi, "compute", writing=False)
+        a_state.last_use = clock
+        b_state = state[b_slot]
+        b_state.record(index, 0, WHOLE, "compute", writing=False)
+        b_state.last_use = clock
+        if beta != 0:
+            c_state.record(index, lo, hi, "compute", writing=False)
+        c_state.record(index, lo, hi, "compute", writing=True)
+        c_state.last_use = clock
+
+    def head_gemms(self, c_key, qs, *, first: int, w: int, h: int, c_slot: str, c_region,
+                   upper: bool) -> Iterator[None]:
+        """Block ``c_key``'s GEMMs over the K panels ``qs`` in turn, each on the whole block
+        (``first``: the block's first panel), pausing every :data:`BATCH` operations: what
+        :meth:`gemm` does for each, its invariants taken once and a panel already held found
+        without a call (most of a schedule of small blocks is these)."""
+        i, j = c_key
+        prob, state, holding, ks = self.prob, self.state, self.holding, self.ks
+        shared, alpha, factor, hi = prob.shared, prob.alpha, self.flop_factor, w * h
+        first_beta = prob.beta if self.c_first else 0.0
+        region = (c_region[0], c_region[1])  # its rows (0, w): the whole block's
+        in_core_a = self.plan.in_core and not prob.trans_a
+        c_state, none = state[c_slot], set[str]()
+        for q in qs:
+            held = None if shared else holding.get(("A", (i, q)))
+            a_slot = held.name if held is not None else self.ensure("A", (i, q), pinned=none)
+            held = None if shared else holding.get(("B", (q, j)))
+            # (one matrix in both roles: A's panel may sit in a B slot, which B must not take)
+            b_slot = (held.name if held is not None
+                      else self.ensure("B", (q, j), pinned={a_slot}))
+            beta = first_beta if q == first else 1.0
+            r = ks[q + 1] - ks[q]
+            a_span = (0, w * r) if in_core_a else None
+            a_state, b_state = state[a_slot], state[b_slot]
+            deps = a_state.producers(*(a_span or ()))
+            if b_slot != a_slot:
+                deps = deps + b_state.producers()
+            if beta != 0:
+                src: tuple[str, ...] = (a_slot, b_slot, c_slot)
+                deps = deps + c_state.producers(0, hi)
+            else:
+                src = (a_slot, b_slot)
+                deps = deps + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
+            index = self.base + len(self.ops)
+            self.ops.append(new_op(index, OpKind.GEMM, "C", c_key, src, c_slot,
+                                   self.reduce(deps, "compute"), region, q, 0, alpha, beta, 0,
+                                   gemm_flops(prob.dtype, w, h, r, upper, w) if upper
+                                   else factor * hi * r, upper, a_span))
+            self.lanes.append("compute")
+            # What append() records (as gemm() does), its outcome written out: only GEMMs read
+            # a panel slot, so a read of the whole panel leaves itself its only reader (it
+            # covers every earlier one, of its own lane); and the block's rows written whole
+            # cover all that this content of the C slot had (its read with them).
+            self.clock = clock = self.clock + 1
+            if a_span is None:
+                a_state.readers = [(index, 0, WHOLE, "compute")]
+            else:
+                a_state.record(index, *a_span, "compute", writing=False)
+            b_state.readers = [(index, 0, WHOLE, "compute")]
+            a_state.last_use = b_state.last_use = c_state.last_use = clock
+            c_state.writers, c_state.readers, c_state._memo = [(index, 0, hi, "compute")], [], None
+            if len(self.ops) >= BATCH:
+                yield
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""
@@ -808,6 +987,14 @@ class _Counter(_Builder):
                                  self.ks[q + 1] - self.ks[q], upper, rows[1])
         self.clock += 1
         self.state[a].last_use = self.state[b].last_use = self.clock
+
+    def head_gemms(self, c_key, qs, *, first: int, w: int, h: int, c_slot: str, c_region,
+                   upper: bool) -> Iterator[None]:
+        i, j = c_key
+        for q in qs:
+            self.gemm(i, j, q, first=q == first, rows=(0, w), c_slot=c_slot,
+                      c_region=c_region, h=h, pinned=set(), upper=upper)
+        yield from ()
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         self.counted[OpKind.MIRROR] += 1
@@ -943,6 +1130,34 @@ def serpentine(rows: int, cols: int):
 def build_schedule(plan) -> Schedule:
     """Expand a plan into its ordered block operations."""
     return _Builder(plan).build()
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A schedule to replay, its operations made as they are consumed
+    (:func:`stream_schedule`), or those of a built :class:`Schedule`."""
+
+    slots: dict
+    """Slot name -> capacity in elements (as :attr:`Schedule.slots`)."""
+    transposed: dict
+    """As :attr:`Schedule.transposed`."""
+    batches: Iterator[Sequence[Op]]
+    """The operations in schedule order, a few at a time; each is taken once."""
+
+
+def stream_schedule(plan) -> Stream:
+    """The operations of ``plan``'s schedule in order, made as they are taken: the same
+    operations as :func:`build_schedule`'s, none listed before the walk gets to it, none kept
+    after (an executor starts on the first GEMM while the walk has a block made, and the
+    list of a schedule of a hundred thousand operations is never held)."""
+    builder = _Builder(plan)
+    return Stream(builder.slot_sizes(), builder.transposed(), builder.stream())
+
+
+def built_stream(schedule: Schedule) -> Stream:
+    """A built schedule as a :class:`Stream`."""
+    return Stream(schedule.slots, schedule.transposed,
+                  iter((schedule.ops,) if schedule.ops else ()))
 
 
 def count_schedule(plan) -> Counts:

@@ -23,7 +23,9 @@ from .model import DeviceModel
 from .problem import Problem
 from .schedule import stripe_rows
 
-#: Per-operation dispatch cost the model charges (Python, stream and thread hand-offs), seconds.
+#: Per-operation dispatch cost the CUDA model charges (Python, stream and thread hand-offs),
+#: seconds: :attr:`DeviceModel.op_overhead <oocgemm.planning.model.DeviceModel.op_overhead>`'s
+#: default.
 OP_OVERHEAD = 40e-6
 #: A budget is refused when its best tile is predicted to take more than SLOWDOWN times the
 #: product's time with every operand read once (the whole product as one tile), and more than
@@ -76,10 +78,14 @@ class Prediction:
     fill: float
     drain: float
     overhead: float
+    """Seconds of the operations' dispatch (``operations`` at the model's
+    :attr:`~oocgemm.planning.model.DeviceModel.op_overhead`)."""
     decode: float = 0.0
     """Decoding chunks of compressed storage (the decoder threads together)."""
     device_decode: float = 0.0
     """Decoding the panels of operands decoded on the device (its decode stream)."""
+    operations: int = 0
+    """About how many operations the schedule has (:func:`_operations`)."""
 
     @property
     def bound(self) -> str:
@@ -193,7 +199,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
             kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False,
-            gpu_decode: tuple[str, ...] = ()) -> Prediction:
+            gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
     first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
@@ -205,14 +211,17 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     one (the blocks on and above the diagonal, half of each diagonal block). ``in_core``:
     the in-core shape, whose first GEMM waits for all of B and A's first stripe.
     ``gpu_decode``: the operands whose panels the device decodes, each load all of its
-    frames (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`)."""
+    frames (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`). ``resident``:
+    the operands whose every panel is loaded once (:attr:`Plan.resident
+    <oocgemm.planning.plan.Plan.resident>`)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     w, h, r = prob.clipped(tile)
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
     complex_ = prob.dtype.startswith("complex")
     busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
-                 symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode)
+                 symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode,
+                 resident=resident)
     fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
                          split_last=split_last, in_core=in_core)
     # The last block's C leaves after its last panels: with `tail` panels run stripe by
@@ -225,10 +234,12 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     block_out = 0 if out_in_place else w * h * s * per_byte
     tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
     drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
-    n_ops = _operations(p * q, nk, (w, h, r), staged=staged, stripe=stripe,
+    n_ops = _operations((p, q), nk, (w, h, r), staged=staged, stripe=stripe,
                         min_stripes=min_stripes, reads_c=prob.reads_c,
-                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1))
-    return Prediction(**busy, fill=fill, drain=drain, overhead=n_ops * OP_OVERHEAD)
+                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1),
+                        resident=resident)
+    return Prediction(**busy, fill=fill, drain=drain, overhead=n_ops * model.op_overhead,
+                      operations=n_ops)
 
 
 def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
@@ -241,16 +252,20 @@ def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
 def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
           model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool,
           decodes: dict | None = None, cache: tuple[str, ...] = (),
-          gpu_decode: tuple[str, ...] = ()) -> dict[str, Any]:
+          gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> dict[str, Any]:
     """Each resource's busy seconds over the run of the tiling ``tile`` (clipped) of
     ``grid`` blocks and panels: :class:`Prediction`'s ``compute``, ``decode``,
     ``device_decode``, ``h2d``, ``d2h``, ``storage_read``, ``storage_write`` and
-    ``host_copy``."""
+    ``host_copy``. A ``resident`` operand's panels are each loaded once."""
     m, n, s = prob.m, prob.n, prob.itemsize
     w, h, _ = tile
     c_bytes = m * n * s
     a_loads, b_loads, compute = _loads_and_compute(prob, tile, grid, model, staged=staged,
                                                    kernel=kernel, symmetric=symmetric)
+    if "A" in resident:
+        a_loads = min(a_loads, prob.m * prob.k * s)
+    if "B" in resident:
+        b_loads = min(b_loads, prob.k * prob.n * s)
     c_in = c_bytes if prob.reads_c else 0
     # Chunked storage is read and decoded a whole chunk at a time: a load reads the chunks
     # its panel touches (more than the panel where its edges cut chunks), a kept operand
@@ -424,16 +439,21 @@ def _fill_seconds(prob: Problem, tile: tuple[int, int, int], nk: int, model: Dev
     return fill
 
 
-def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: bool, stripe: int,
-                min_stripes: int, reads_c: bool, gemms: int) -> int:
-    """About how many operations the schedule has: per C block, a load of each K panel of A
-    and B (a READ, or a READ and an UPLOAD per stripe when staged), its GEMMs, and C's store
-    (and load when beta != 0). Each costs ``OP_OVERHEAD`` to dispatch, so the planner does not
-    pick tiles whose thin panels are cut into millions of stripes."""
+def _operations(grid: tuple[int, int], nk: int, tile: tuple[int, int, int], *, staged: bool,
+                stripe: int, min_stripes: int, reads_c: bool, gemms: int,
+                resident: tuple[str, ...] = ()) -> int:
+    """About how many operations the schedule has: per C block (``grid``: blocks along M and
+    N), a load of each K panel of A and B (a READ, or a READ and an UPLOAD per stripe when
+    staged; a ``resident`` operand's panels once in all), its GEMMs, and C's store (and load
+    when beta != 0). Each costs the model's ``op_overhead`` to dispatch, so the planner does
+    not pick tiles whose thin panels are cut into millions of stripes."""
     w, h, r = tile
+    p, q = grid
+    blocks = p * q
+    a_loads = (p if "A" in resident else blocks) * nk
+    b_loads = (q if "B" in resident else blocks) * nk
     if not staged:
-        per_block = 2 * nk + gemms + 1 + (1 if reads_c else 0)
-        return blocks * per_block
+        return blocks * (gemms + 1 + (1 if reads_c else 0)) + a_loads + b_loads
 
     ring = max(stripe, w, h, r)  # elements of a ring buffer (Buffers.ring)
     out_ring = max(min(stripe, DEFAULT_STRIPE), w, h)  # Buffers.out_ring
@@ -442,8 +462,8 @@ def _operations(blocks: int, nk: int, tile: tuple[int, int, int], *, staged: boo
         return -(-rows // stripe_rows(rows, cols, buffer, min_stripes))
 
     c_moves = 2 * stripes(w, h, out_ring) + (2 * stripes(w, h) if reads_c else 0)
-    per_block = nk * 2 * (stripes(w, r) + stripes(r, h)) + gemms + c_moves
-    return blocks * per_block
+    return (blocks * (gemms + c_moves)
+            + 2 * (a_loads * stripes(w, r) + b_loads * stripes(r, h)))
 
 
 def _candidates(extent: int, align: int | None, floor: int) -> list[int]:
@@ -730,7 +750,7 @@ def _too_slow_error(best: tuple[int, int, int], pred: Prediction, whole: float,
     return BudgetError(
         f"{' and '.join(short)} {'leaves' if len(short) == 1 else 'leave'} only tiles of "
         f"w={w} h={h} r={r}: "
-        f"{round(pred.overhead / OP_OVERHEAD):,} operations, predicted "
+        f"{pred.operations:,} operations, predicted "
         f"{format_seconds(pred.total)} against {format_seconds(whole)} with "
         f"room for the whole product")
 

@@ -199,7 +199,6 @@ class Executor:
                  resources=None):
         self.plan = plan
         self.resources = resources
-        self.schedule = plan.schedule
         self.sources = sources
         self.sink = sink
         self.on_event = on_event
@@ -208,6 +207,12 @@ class Executor:
         """Events of the run (none kept with ``record=False``) and the bytes it moved."""
         sink.attach(self.log)  # a writer that stores behind the run records it here
         self._cancel = threading.Event()
+
+    @property
+    def schedule(self):
+        """The plan's built schedule (built when first asked for: an executor that replays a
+        :meth:`~oocgemm.planning.Plan.replay` stream never builds it)."""
+        return self.plan.schedule
 
     def run(self) -> EventLog:  # pragma: no cover - abstract
         raise NotImplementedError
