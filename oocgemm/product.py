@@ -123,6 +123,7 @@ class Product:
         self._plan: Plan | None = None
         #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
         self._limits: tuple[int, int] | None = None
+        self._held: set[str] | None = None  # the inputs the page cache holds (_cached)
         self._executed = False
         #: True once what it opened is released; it plans and runs nothing more.
         self.closed = False
@@ -253,8 +254,18 @@ class Product:
         if not decodable(base):
             return self._told_cached(plan)
         return self._told_cached(decoded_on_device(
-            base, choose=mode == "auto", cached=mode == "auto" and self._io.inputs_cached(),
+            base, choose=mode == "auto", cached=mode == "auto" and self._cached() == {"A", "B"},
             host=plan))
+
+    def _cached(self) -> set[str]:
+        """The inputs ('A', 'B') the OS page cache holds: each source asked once (one matrix
+        in both roles once), once per product."""
+        if self._held is None:
+            held = {"A"} if self._io.inputs_cached(("A",)) else set()
+            if held if self._io.shared else self._io.inputs_cached(("B",)):
+                held.add("B")
+            self._held = held
+        return self._held
 
     def _told_cached(self, plan: Plan) -> Plan:
         """``plan``, its prediction told which stored inputs the OS page cache holds (read
@@ -263,7 +274,7 @@ class Product:
         prob = plan.problem
         held = {role: dataclasses.replace(getattr(prob, role), cached=True)
                 for role, name in (("a", "A"), ("b", "B"))
-                if getattr(prob, role).on_disk and self._io.inputs_cached((name,))}
+                if getattr(prob, role).on_disk and name in self._cached()}
         if not held:
             return plan
         return dataclasses.replace(plan, problem=dataclasses.replace(prob, **held))
