@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from _helpers import cli
+from _helpers import cli, leftovers
 from click.testing import CliRunner
 
 from oocgemm import random_matrices
@@ -30,10 +30,6 @@ run, fails = cli(main)
 def load(path) -> np.ndarray:
     path = str(path)
     return np.load(path) if path.endswith(".npy") else zarr.open_array(path, mode="r")[:]
-
-
-def leftovers(directory) -> list[str]:
-    return [p.name for p in Path(directory).iterdir() if ".oocgemm-partial-" in p.name]
 
 
 @pytest.fixture

@@ -25,18 +25,15 @@ def test_sigterm_mid_run_commits_nothing(rng, workdir):
     a = rng.standard_normal((1500, 1500))
     np.save("a.npy", a)
     np.save("b.npy", a.T.copy())
-    # Each block's write slowed down (225 blocks: about 7 s in all), so that the run is still
-    # under way when the signal comes, however late a loaded machine lets this test send it
-    # (unslowed, the run takes about 1 s once it has started writing); and none done in the
-    # process's first 5 s, so that the signal finds no block written (one written would be
-    # kept for --resume).
-    code = ("import time\nfrom oocgemm.storage import zarr_store\nfrom oocgemm.cli import main\n"
-            "START = time.monotonic()\n"
-            "def write(self, rows, cols, block, _write=zarr_store.ZarrSink.write):\n"
-            "    time.sleep(max(0.0, START + 5 - time.monotonic()))\n"
-            "    _write(self, rows, cols, block)\n"
-            "    time.sleep(0.05)\n"
-            "zarr_store.ZarrSink.write = write\n"
+    # No block is computed before the signal has come: every GEMM (on the compute thread, the
+    # main one, where the signal's handler raises) waits, so that the signal finds no block
+    # written, however late a loaded machine lets this test send it. (Writes under way when
+    # a signal comes are finished, and their blocks kept for --resume.)
+    code = ("import threading\nimport numpy as np\nfrom oocgemm.cli import main\n"
+            "def matmul(*args, _matmul=np.matmul, **kwargs):\n"
+            "    threading.Event().wait(60)\n"
+            "    return _matmul(*args, **kwargs)\n"
+            "np.matmul = matmul\n"
             "main(['multiply', 'a.npy', 'b.npy', '-o', 'c.zarr', "
             "'--device', 'cpu', '--tile', '100,100,100', '-q'])\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
