@@ -11,8 +11,8 @@
     python -m benchmarks zarr-product ...           # zarr_product, dask_matmul, gpu_decode,
                                                     # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram, s3, scaling,
-                                                    # dask_scaling, scaling_model,
-                                                    # small_blocks
+                                                    # dask_scaling, scaling_model, fresh,
+                                                    # gpu_small_blocks, small_blocks
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -405,6 +405,9 @@ _OWN_MAINS = {
     "dask-scaling": ("dask_scaling", "oocgemm.dask.matmul on LocalCluster CPU workers: "
                                      "decodes and balance."),
     "scaling-model": ("scaling_model", "docs/scaling.md's model of many machines."),
+    "fresh": ("fresh", "A fresh process (the CLI) beside a warm one, warm and cold."),
+    "gpu-small-blocks": ("gpu_small_blocks", "A small tile on the GPU into Zarr, beside the "
+                                             "same into memory."),
     "small-blocks": ("small_blocks", "multiply with a small tile on the CPU beside numpy and "
                                      "the plain blocked loop, from numpy, Zarr and .npy."),
 }

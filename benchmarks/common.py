@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -48,6 +50,32 @@ def write_json(path: str | None, doc: dict) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1, default=str)
+
+
+def zarr_product_parser(doc: str, *, n: int, chunk: int, device: str,
+                        memory_limit: str | None) -> argparse.ArgumentParser:
+    """The command line of a benchmark of one Zarr product made for it: where, its size and
+    chunks, the device and budget, and where its JSON goes."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--zarr", required=True, help="a folder for the inputs and outputs")
+    parser.add_argument("--n", type=int, default=n)
+    parser.add_argument("--chunk", type=int, default=chunk)
+    parser.add_argument("--device", default=device)
+    parser.add_argument("--memory-limit", default=memory_limit)
+    parser.add_argument("--json", default=None)
+    return parser
+
+
+def report(doc: dict, path: str | None) -> None:
+    """``doc`` printed as JSON, and written to ``path`` (nothing where None)."""
+    print(json.dumps(doc, indent=1, default=str))
+    write_json(path, doc)
+
+
+def remove_all(*paths: str) -> None:
+    """The folders a benchmark made, gone."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def gbps(nbytes: float, seconds: float | None) -> str:

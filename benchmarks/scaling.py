@@ -5,7 +5,7 @@
         [--xt (cuBLASXt on the same GPUs, operands pinned in place, block dim 8192)]
         [--zarr DIR (the same from Zarr stores in DIR, beside the storage and decode floors)]
         [--chunk 4096] [--dask (with --zarr: oocgemm.dask.matmul in one process and on a
-        cluster of one worker per GPU)] [--npy DIR (README's recipe from .npy inputs)]
+        cluster of one worker per GPU)] [--npy DIR (docs/dask.md's recipe from .npy inputs)]
         [--no-host (skip the products from host memory)] [--memory-limit SIZE (of the
         products from Zarr)] [--trace DIR (the widest runs' timelines)] [--json FILE]
         [--cpu (CPU executors, a check of this script)]
@@ -26,7 +26,7 @@ too: ``oocgemm.dask.matmul(da.from_zarr(a), da.from_zarr(b)).to_zarr(c)`` in one
 (threaded scheduler, one device) beside ``multiply`` into the same layout (C compared bit for
 bit), and on a ``dask.distributed`` cluster of g worker processes, each seeing only its own
 GPU (``CUDA_VISIBLE_DEVICES``) with ``resources={"GPU": 1}``, warmed as they start
-(``oocgemm.dask.WarmUp``), as the README's recipe starts them: its first run and the later
+(``oocgemm.dask.WarmUp``), as docs/dask.md's recipe starts them: its first run and the later
 ones, the workers' balance (mean over most of their flops), the bytes they decoded over the
 inputs', and that work's own floor (those decodes at the host's decode rate, plus writing
 C). ``--npy DIR``: the recipe from ``.npy`` inputs, C into an uncompressed Zarr store.
@@ -310,7 +310,7 @@ def in_one_process(args, table, a, b, files, threads, out_options, output):
 
 
 def on_workers(args, table, counts, a, b, files, threads, decode, write, output):
-    """README's recipe: a scheduler and one worker process per device (``resources={"GPU":
+    """docs/dask.md's recipe: a scheduler and one worker process per device (``resources={"GPU":
     1}``), warmed as they start (``oocgemm.dask.WarmUp``); per device count its first run on
     fresh workers and its later runs, the balance of the workers' flops, and what they
     decoded against the inputs and against that work's own floor on this host (those
@@ -354,7 +354,7 @@ def on_workers(args, table, counts, a, b, files, threads, decode, write, output)
 
 
 def from_npy(args, table: Table, counts: list[int]) -> None:
-    """README's recipe from ``.npy`` inputs (a compute-bound product): one worker per device,
+    """docs/dask.md's recipe from ``.npy`` inputs (a compute-bound product): one worker per device,
     each warmed as it starts, C into an uncompressed Zarr store; per device count the first
     run and the later ones."""
     import dask.array as da

@@ -1,6 +1,6 @@
 """``python -m oocgemm``: the same as the ``oocgemm`` command."""
 
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":
-    main(prog_name="oocgemm")
+    run()

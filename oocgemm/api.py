@@ -76,9 +76,10 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
     ----------
     a, b
         Matrices: a path (a ``.zarr`` directory in Zarr format 2 or 3, a ``.npy`` file opened
-        as a memmap), a URL of a Zarr array (``file://``, ``memory://``, ``s3://``, ``gs://``:
-        whatever fsspec opens), a ``zarr.Array``, a numpy array or memmap (any strides), a
-        CuPy array, or a dask array.
+        as a memmap, a ``.zip`` file of a Zarr array read through zarr's ``ZipStore``), a URL
+        of a Zarr array (``file://``, ``memory://``, ``s3://``, ``gs://``: whatever fsspec
+        opens), a ``zarr.Array``, a numpy array or memmap (any strides), a CuPy array, or a
+        dask array. A ``.npz`` archive is refused (it holds several arrays: pass one).
     out
         A path (created: ``.zarr`` as Zarr v3, or the format of the Zarr group it goes into,
         uncompressed, with chunks of at most 64 MiB that tile the C blocks; ``.npy`` as a
@@ -111,8 +112,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         'dmma' (float64, FP64 tensor cores, compute capability 8.0+); those are not for the
         CPU. On a GPU or the CPU: 'ozaki' or 'ozaki:N', float64 products emulated with Ozaki
         scheme II from exact int8 GEMMs (N moduli; 'ozaki' takes as many as keep DGEMM's error
-        bound), the same bits on both; other dtypes keep their GEMM (README, Python API:
-        ``kernel``).
+        bound), the same bits on both; other dtypes keep their GEMM (docs/kernels.md).
     overwrite
         Replace an existing output path.
     progress
@@ -136,7 +136,8 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         product into this same output path: the C blocks it finished (each checked against the
         checksum it journaled) are kept, the others computed with the same tile and schedule,
         so the result is bitwise what an uninterrupted run gives. Refused (``OutputError``)
-        when the inputs or the options changed; a fresh run when there is nothing to resume.
+        when the inputs or the options changed, or when the output is complete (it exists,
+        and no interrupted run of it is left); a fresh run when there is nothing to resume.
         Needs an output path and inputs stored as local files.
     engine
         The :class:`oocgemm.Engine` whose pinned memory, cuBLAS handles and compiled kernels

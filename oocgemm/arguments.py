@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DTypeError, InputError, OptionError
+from .errors import DTypeError, InputError, OptionError, operand_name
 from .storage.base import MatrixSource
 
 #: The dtypes oocgemm multiplies (the one list: operands, options and ``oocgemm random``).
@@ -63,8 +63,8 @@ def check_dtype(role: str | None, dtype) -> np.dtype:
 def check_matrix(role: str, src: MatrixSource) -> None:
     """InputError unless the source of operand ``role`` is 2-d."""
     if len(src.shape) != 2:
-        raise InputError(f"{role} ({src.name}) is not a matrix: shape {tuple(src.shape)} has "
-                         f"{len(src.shape)} dimension(s), expected 2")
+        raise InputError(f"{operand_name(role, src.name)} is not a matrix: shape "
+                         f"{tuple(src.shape)} has {len(src.shape)} dimension(s), expected 2")
 
 
 #: The compressors a new Zarr output may name (``NAME[:LEVEL]``), beside none.

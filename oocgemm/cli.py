@@ -14,12 +14,14 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import sys
 import threading
+import warnings
 
 import click
 
@@ -98,7 +100,9 @@ class OOCGemmGroup(ErrorHandlingGroup):
 
     def main(self, *args, **kwargs):
         _State.wrote = None
-        return super().main(*args, **kwargs)
+        with warnings.catch_warnings():  # the hook is the command's only: put back after it
+            warnings.showwarning = _show_warning
+            return super().main(*args, **kwargs)
 
     def interrupted(self, exc: BaseException, how: str) -> str:
         committed = (getattr(exc, "oocgemm_committed", None)
@@ -114,6 +118,14 @@ class OOCGemmGroup(ErrorHandlingGroup):
         if _State.wrote:
             return f"{how} (after {_State.wrote} was written)"
         return f"{how}; no output was written"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning on the command line: ``warning: <message>`` on one line of stderr, without
+    Python's file, line number, category and source line (which name oocgemm's code, not
+    what the user did)."""
+    text = " ".join(str(message).split())
+    click.echo(f"warning: {text.removeprefix('oocgemm: ')}", err=True)
 
 
 def _error(message: str, ctx: click.Context | None = None) -> None:
@@ -287,6 +299,22 @@ def _traffic(nbytes: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {format_size(v)}" for k, v in nbytes.items() if v)
 
 
+def run() -> None:
+    """The ``oocgemm`` command's process: :func:`main`, then its exit at once. What the
+    command wrote is committed and its output flushed by then; freeing the GPU's memory
+    pools, pinned buffers and threads is left to the OS (Python's own exit waits for it,
+    tenths of a second), and a replaced output still being removed to a process of its own
+    (:func:`~oocgemm.storage.files.hand_over`)."""
+    code = main(prog_name="oocgemm", standalone_mode=False)
+    from .storage import files
+
+    files.hand_over()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0)
+
+
 # ------------------------------------------------------------------------------------------
 # Commands
 # ------------------------------------------------------------------------------------------
@@ -314,12 +342,7 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     from .api import multiply as api_multiply
 
     # fail before the run, not after it
-    _check_writable(timeline_path, "the timeline")
-    _check_writable(plot_path, "the plot")
-    if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
-
-        require_matplotlib()
+    _check_reports(timeline_path, plot_path, {"A": a, "B": b, "C": given.get("c"), "OUT": out})
     result = api_multiply(a, b, out, progress=False if quiet else None, **_api_kwargs(**given))
     _State.wrote = out
     timeline = _save_timeline(result, timeline_path, plot_path)
@@ -334,6 +357,10 @@ def multiply(a, b, out, quiet, as_json, timeline_path, plot_path, **given):
     prob = result.plan.problem
     if result.flops:
         speed = f"{_rate(result.flops / result.seconds) if result.seconds > 0 else 'inf'}"
+        if result.resumed:  # the rate of this run's work, not of the blocks kept
+            speed += f" ({result.work()})"
+    elif result.resumed:
+        speed = "nothing left to compute"
     else:
         speed = "no product computed (alpha == 0 or K == 0)"
     moved = _traffic(result.bytes)
@@ -374,12 +401,40 @@ def gram_command(ctx, x, outer, **rest):
     ctx.invoke(multiply, a=x, b=x, trans_a=not outer, trans_b=outer, **rest)
 
 
-def _check_writable(path, what: str) -> None:
-    if path is None:
-        return
+def _check_reports(timeline_path, plot_path, data: dict) -> None:
+    """The files a run writes after its product (``--timeline``, ``--plot``), checked before
+    it: each in a directory that can be written, not a directory itself, not one of the
+    run's matrices (``data``: its name -> path), not each other; a plot's format one that
+    matplotlib writes, and matplotlib installed."""
+    reports = {"the timeline": timeline_path, "the plot": plot_path}
+    for what, path in reports.items():
+        if path is not None:
+            _check_writable(path, what, {**data, **{w: p for w, p in reports.items()
+                                                    if w != what}})
+    if plot_path is not None:
+        from .diagnostics.plot import check_plot_path
+
+        check_plot_path(plot_path)
+
+
+def _check_writable(path, what: str, others: dict) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise OutputError(f"cannot write {what} to {path!r}: {folder!r} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} to {path!r}: the directory {folder!r} is not "
+                          f"writable")
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write {what} to {path!r}: it is a directory")
+    for name, other in others.items():
+        if other is not None and _same_path(path, other):
+            raise OutputError(f"cannot write {what} to {path!r}: it is "
+                              f"{name if name.startswith('the ') else name + ' of the product'}"
+                              f"; name another file")
+
+
+def _same_path(x, y) -> bool:
+    return os.path.realpath(os.fspath(x)) == os.path.realpath(os.fspath(y))
 
 
 def _save_timeline(result, timeline_path, plot_path):
@@ -414,9 +469,10 @@ def timeline_command(trace, plot_path, as_json):
     from .diagnostics.timeline import Timeline
 
     if plot_path is not None:
-        from .diagnostics.plot import require_matplotlib
+        _check_writable(plot_path, "the plot", {"the timeline": trace})
+        from .diagnostics.plot import check_plot_path
 
-        require_matplotlib()
+        check_plot_path(plot_path)
     timeline = Timeline.load(trace)
     if plot_path is not None:
         timeline.plot(plot_path)

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 
+def operand_name(role: str, name: str) -> str:
+    """How a message names the operand ``role`` ('a', 'out') read or written as ``name`` (a
+    source's or sink's name): ``"b ('b.npy')"``-like for a path, and the name alone where it
+    names the role already (``'b (numpy array)'``), so that no message says ``b (b (numpy
+    array))``."""
+    if not name or name == role:
+        return role
+    if name.startswith(role + " ("):
+        return name
+    return f"{role} ({name})"
+
+
 class OOCGemmError(ValueError):
     """Base class of every error that oocgemm raises on purpose."""
 

@@ -148,8 +148,7 @@ def _wide(complex_: bool) -> np.dtype:
 def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
            beta: Scalar = 0.0, c_in: MatrixLike | None = None, trans_a: bool = False,
            trans_b: bool = False, rounds: int = 2, seed: int | None = None,
-           storage_options: Mapping[str, Any] | None = None, _c_in_side=None,
-           _x=None, _checking: bool = False) -> VerifyReport:
+           storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Freivalds' check that ``c == alpha * op(a) @ op(b) + beta * c_in``.
 
     Parameters are those of :func:`oocgemm.multiply` (paths, URLs or arrays); ``c`` is the
@@ -159,16 +158,30 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
 
     Returns a :class:`VerifyReport`, truthy exactly when the check passes.
     """
+    return verify_run(a, b, c, alpha=alpha, beta=beta, c_in=c_in, trans_a=trans_a,
+                      trans_b=trans_b, rounds=rounds, seed=seed,
+                      storage_options=storage_options)
+
+
+def verify_run(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
+               beta: Scalar = 0.0, c_in: MatrixLike | None = None, trans_a: bool = False,
+               trans_b: bool = False, rounds: int = 2, seed: int | None = None,
+               storage_options: Mapping[str, Any] | None = None, c_in_side=None, x=None,
+               checking: bool = False) -> VerifyReport:
+    """:func:`verify`, and the check of ``multiply(verify=True)`` before its commit: its
+    vectors ``x`` drawn and C_in's side ``c_in_side`` (:func:`prepare_c_in`) taken before
+    the run (an update in place overwrites C_in), and ``c`` the product not yet committed
+    (``checking``: an output flagged incomplete is read)."""
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise OptionError(f"rounds must be a positive integer, got {rounds!r}")
     from .arguments import check_dtype, check_matrix, scalar
 
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
-    if beta != 0 and c_in is None and _c_in_side is None:
+    if beta != 0 and c_in is None and c_in_side is None:
         raise OptionError("beta != 0: pass c_in=, the C the product was computed from")
     fs = None if storage_options is None else dict(storage_options)
     srcs = {"a": open_source(a, "a", fs), "b": open_source(b, "b", fs),
-            "c": open_source(c, "c", fs, incomplete_ok=_checking)}
+            "c": open_source(c, "c", fs, incomplete_ok=checking)}
     try:
         for role, src in srcs.items():
             check_matrix(role, src)
@@ -182,10 +195,10 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
         complex_ = (compute.kind == "c" or np.dtype(srcs["c"].dtype).kind == "c"
                     or isinstance(alpha, complex) or isinstance(beta, complex))
         wide = _wide(complex_)
-        x = _x if _x is not None else random_vectors(n, rounds, complex_, seed)
+        x = x if x is not None else random_vectors(n, rounds, complex_, seed)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             return _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide,
-                           compute, fs, _c_in_side)
+                           compute, fs, c_in_side)
     finally:
         for src in srcs.values():
             src.close()

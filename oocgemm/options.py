@@ -98,7 +98,7 @@ class Options:
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise OptionError(f"{where}: unknown options {unknown}; it takes "
-                              f"{', '.join(names)}")
+                              f"{', '.join(names)}" + _hints(unknown, names))
         for name in ("memory_limit", "host_memory_limit"):
             parse_size(given.get(name), 1 << 40, name=name)  # its spelling; the total later
         for name in ("out_options", "storage_options"):
@@ -145,6 +145,37 @@ class Options:
         """The options that differ from the defaults, by name (to hand on)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != f.default}
+
+
+#: Keywords of ``zarr.create_array`` (and dask's ``to_zarr``) that users pass to ``multiply``
+#: itself, with the ``out_options`` key and the flag that set them (None: no flag).
+LAYOUT_KEYWORDS: dict[str, tuple[str, str | None]] = {
+    "chunks": ("chunks", "--out-chunks"), "shards": ("shards", "--out-shards"),
+    "compressors": ("compressors", "--out-compressor"),
+    "compressor": ("compressors", "--out-compressor"),
+    "zarr_format": ("zarr_format", "--zarr-format"), "filters": ("filters", None),
+    "serializer": ("serializer", None), "dimension_names": ("dimension_names", None),
+    "chunk_key_encoding": ("chunk_key_encoding", None),
+}
+
+
+def _hints(unknown: list[str], names: tuple[str, ...]) -> str:
+    """What was probably meant by each of the ``unknown`` option names: the layout of a new
+    Zarr output (``out_options``), or a known name spelled nearly alike."""
+    import difflib
+
+    hints = []
+    for name in unknown:
+        if name in LAYOUT_KEYWORDS and "out_options" in names:
+            key, cli = LAYOUT_KEYWORDS[name]
+            hints.append(f"{name} is the layout of a new .zarr output: pass "
+                         f"out_options={{{key!r}: ...}}"
+                         + (f" ({cli} on the command line)" if cli else ""))
+            continue
+        close = difflib.get_close_matches(name, names, n=1)
+        if close:
+            hints.append(f"did you mean {close[0]}?")
+    return "".join("; " + hint for hint in hints)
 
 
 #: The options by what they change: every one, those of a plan, those of a run only (which

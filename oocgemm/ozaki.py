@@ -69,8 +69,9 @@ MODULI: tuple[int, ...] = _coprime_moduli()
 MAX_BITS = 53 + 60
 
 #: The most moduli the rule (``kernel="ozaki"``) takes; a panel that needs more runs native
-#: DGEMM. The H100's int8 tensor cores run 19.6 int8 GEMMs in the time of one DGEMM under its
-#: power cap (1039 TOPS against 53 TFLOP/s), so past 19 the emulation cannot keep up.
+#: DGEMM. In the time of one DGEMM the H100's int8 tensor cores, under its power cap, run
+#: fewer than 20 int8 GEMMs, so past 19 the emulation cannot keep up (docs/performance.md,
+#: "Ozaki scheme II on the GPU").
 RULE_MODULI = 19
 
 #: The most moduli 'ozaki:N' takes (the GPU's largest finishing kernel, ``ozaki_finish36``).
@@ -136,8 +137,8 @@ K_ALIGN, N_ALIGN = 16, 4
 
 #: Rows of C whose int32 products (one plane a modulus) the GPU holds in each of its two
 #: buffers: one chunk's products are finished while the next chunk's int8 GEMMs run. The
-#: int8 GEMMs ran at 1000-1040 TOPS with 2048 rows and K 8192-16384 on the H100, 800 with
-#: 1024 rows and K 4096.
+#: int8 GEMMs ran near their best rate with 2048 rows, and slower with fewer rows and a
+#: shallower K (docs/performance.md, "Ozaki scheme II on the GPU").
 CHUNK_ROWS = 2048
 
 
@@ -252,8 +253,8 @@ def _largest_exponent(mags: np.ndarray, axis: int) -> np.ndarray:
 def _balanced_mod(x: np.ndarray, m: int) -> np.ndarray:
     """``x mod m`` in ``[-(m//2), (m+1)//2)``, as int8 (int64 ``x``, ``m <= 256``): the floor
     modulo of ``x + m//2``, less ``m//2``. numpy divides by a constant with a multiply
-    (libdivide) but computes ``%`` with a division: ``y - (y // m) m`` is four times faster
-    than ``y % m``."""
+    (libdivide) but computes ``%`` with a division: ``y - (y // m) m`` is several times
+    faster than ``y % m`` (docs/performance.md, "Figures moved from the code's docstrings")."""
     y = x + m // 2
     return (y - (y // m) * m - m // 2).astype(np.int8)
 
@@ -263,7 +264,7 @@ def residues(x: np.ndarray, shift: np.ndarray, moduli: tuple[int, ...]) -> np.nd
     (moduli x rows x columns). All exact, in integers: ``x'`` (a float64 integer of up to
     ``bits`` bits) is ``s 2^e`` with ``|s| < 2^53`` an int64 and ``e >= 0``, and
     ``x' mod m = s (2^e mod m) mod m``, a product below ``2^61``. (``fmod`` of the float64 is
-    exact too, but thirty times slower in numpy; any exact method gives these residues.)"""
+    exact too, but much slower in numpy; any exact method gives these residues.)"""
     scaled = np.rint(np.ldexp(x, shift))
     _, top = np.frexp(scaled)
     e = np.maximum(top - 53, 0)
@@ -277,7 +278,7 @@ def residues(x: np.ndarray, shift: np.ndarray, moduli: tuple[int, ...]) -> np.nd
 
 def _product(ra: np.ndarray, rb: np.ndarray, m: int) -> np.ndarray:
     """``ra @ rb`` for int8 residues modulo ``m``, exact, as int32: the int32 that int8 tensor
-    cores give. float64 BLAS runs it (numpy's integer matmul has no BLAS and is 170 times
+    cores give. float64 BLAS runs it (numpy's integer matmul has no BLAS and is far
     slower); every partial sum is an integer of at most ``MAX_DEPTH 2^14 < 2^31``, so exact
     in float64 whatever the order, and the int32 is the same number. Deeper blocks run in
     slices of ``MAX_DEPTH``, the sum so far reduced modulo ``m`` before each slice is added:

@@ -27,6 +27,7 @@ import dataclasses
 import inspect
 import numbers
 import os
+import re
 import threading
 import warnings
 from collections import OrderedDict
@@ -40,6 +41,7 @@ from .arguments import flag, scalar
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel
+from .labels import labelled
 from .options import Options
 from .planning import (
     STAGING,
@@ -58,10 +60,11 @@ from .planning import (
 from .result import Result
 from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
+from .storage.identity import seen_through
 from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
-from .units import format_size, parse_size
+from .units import echo_size, format_size, parse_size
 
 __all__ = ["Product"]
 
@@ -104,13 +107,22 @@ class Product:
         self.devices = device_names(self.options.device)
         alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
         trans_a, trans_b = flag("trans_a", trans_a), flag("trans_b", trans_b)
+        # x.T of a numpy x beside x: x itself, read transposed (a Gram product found)
+        a, trans_a, b, trans_b = seen_through(a, trans_a, b, trans_b)
         #: The device the plan is made for (the first of several).
         self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
+        if self.device.kind == "cuda":  # contexts and cuBLAS start while the inputs open
+            from .cuda import startup
+
+            startup.ahead([int(d.partition(":")[2] or 0) for d in self.devices]
+                          if self.devices else [self.device.index])
         self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
                                    trans_b=trans_b, out_options=self.options.out_options,
                                    storage_options=self.options.storage_options)
         self._scalars = (alpha, beta, trans_a, trans_b)
         self._plan: Plan | None = None
+        #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
+        self._limits: tuple[int, int] | None = None
         self._executed = False
         #: True once what it opened is released; it plans and runs nothing more.
         self.closed = False
@@ -132,6 +144,9 @@ class Product:
                 self._plan = self._make_plan()
             except BaseException as exc:  # no plan: what was opened is released now
                 self._release(exc)
+                if isinstance(exc, BudgetError) and self._limits is not None:
+                    raise BudgetError(_in_users_units(str(exc), self.options, *self._limits)
+                                      ) from None
                 raise
         return self._plan
 
@@ -144,6 +159,12 @@ class Product:
         Result
             ``result.out`` holds the product; ``result.plan`` the plan that ran to the end
             (``plan()``'s, or smaller blocks after memory ran short).
+
+        Raises
+        ------
+        InputError
+            An input named by a local path was rewritten, replaced or removed since the
+            product was made (its shape and layout were read then); nothing is computed.
         """
         plan_ = self.plan()
         if self._executed:
@@ -163,8 +184,12 @@ class Product:
             self._release(exc)
             raise
         self.close()
+        if io.out is None:  # a new array: an xarray input's labels on its rows and columns
+            result_out = labelled(result_out, io.given["a"], io.given["b"], *self._scalars[2:])
         log = run.log
-        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=run.plan.flops,
+        # a resumed run's schedule skips the blocks kept: its flops are its GEMMs' only
+        flops = run.plan.counts.flops if run.plan.done else run.plan.flops
+        return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=flops,
                       bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
                       started_at=log.started_at, chunks=chunk_counts(run.readers),
                       verified=report, resumed=len(run.plan.done), replanned=run.replanned,
@@ -208,6 +233,7 @@ class Product:
             raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = _budgets(self.device, self.options)
+        self._limits = (mem, host)
         staging = staging_for(self.device.kind, problem, model, kernel)
         args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
         key = _plan_key(*args)
@@ -220,14 +246,27 @@ class Product:
             _warn(advice)
         mode = gpu_decode_mode()
         if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
-            return plan
+            return self._told_cached(plan)
         # In core, A and B are each one panel: decoding them on the device takes the
         # panelled plan, which the choice weighs against the in-core one.
         base = plan_product(*args, in_core=False) if _in_core_decodable(plan) else plan
         if not decodable(base):
+            return self._told_cached(plan)
+        return self._told_cached(decoded_on_device(
+            base, choose=mode == "auto", cached=mode == "auto" and self._io.inputs_cached(),
+            host=plan))
+
+    def _told_cached(self, plan: Plan) -> Plan:
+        """``plan``, its prediction told which stored inputs the OS page cache holds (read
+        at the host's memory rate); chosen as for storage (:attr:`Operand.cached
+        <oocgemm.planning.problem.Operand.cached>`)."""
+        prob = plan.problem
+        held = {role: dataclasses.replace(getattr(prob, role), cached=True)
+                for role, name in (("a", "A"), ("b", "B"))
+                if getattr(prob, role).on_disk and self._io.inputs_cached((name,))}
+        if not held:
             return plan
-        return decoded_on_device(base, choose=mode == "auto",
-                                 cached=mode == "auto" and self._io.inputs_cached(), host=plan)
+        return dataclasses.replace(plan, problem=dataclasses.replace(prob, **held))
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,8 +345,8 @@ def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
         return host
     # Where both inputs can, the model's choice is both or neither: with one on the host, a
     # kept operand's decoding all comes in the first block row, which the model's overlap of
-    # resources does not see (H200, shards of 512² chunks under 16 GB: A alone on the GPU
-    # 3.0 s, both 1.9 s, neither 3.9 s).
+    # resources does not see (A alone on the GPU was far slower than both, barely quicker
+    # than neither: docs/performance.md, "Who decodes the inputs").
     candidates = []
     for operands in [able] + ([(name,) for name in able] if len(able) == 2 and not choose
                               else []):
@@ -340,6 +379,17 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     ``model``, within the budgets ``mem`` and ``host`` (bytes), staged as ``staging`` says
     (the executor's, as data): the user's tile (``options.tile``), or the planner's choice
     (``in_core``: the in-core shape where it applies)."""
+    if problem.shared and problem.a.sliced:
+        # One matrix in both roles whose chunk files could be sliced block by block: read at
+        # its grain instead, each chunk once for both roles, where a chunk fits the budgets
+        # (else sliced, holding no chunk: under a budget smaller than one)
+        whole = dataclasses.replace(problem, a=dataclasses.replace(problem.a, sliced=False),
+                                    b=dataclasses.replace(problem.b, sliced=False))
+        try:
+            return plan_product(whole, options, device, kernel, model, mem, host, staging,
+                                in_core)
+        except BudgetError:
+            pass
     # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
     # the user's that is not square computes the product in full, as they asked).
     tile = options.tile
@@ -372,8 +422,9 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     if (in_place(problem, staging.staged) and not symmetric
             and tile == (problem.m, problem.n, problem.k)):
         # One block computed where it goes: its last panel in one GEMM (row stripes let a
-        # last block be written as it becomes final, and nothing is written here). 1024^3
-        # on the CPU: 7 GEMMs took 1.4x the time of one.
+        # last block be written as it becomes final, and nothing is written here). On the
+        # CPU, row stripes' several GEMMs took longer than one (docs/performance.md,
+        # "Figures moved from the code's docstrings").
         settings["split_last"] = 1
     return finished(Plan(tile=tile, **settings))
 
@@ -382,9 +433,9 @@ class PlanCache:
     """The last few plans of one C block and one K panel, by what made them
     (:func:`plan_product` is a pure function of its arguments, and a plan with its schedule
     is immutable): a loop of small products of one shape plans once. Planning and building
-    the schedule took 0.5 ms of the 3.6 ms of an n = 1024 product from numpy on the H200; a
-    product of many blocks runs for seconds, and its plans (schedules of thousands of
-    operations) are not kept."""
+    the schedule are a noticeable share of a small product's call (docs/performance.md,
+    "Figures moved from the code's docstrings"); a product of many blocks runs for seconds,
+    and its plans (schedules of thousands of operations) are not kept."""
 
     def __init__(self, size: int = 16):
         self.size = size
@@ -459,8 +510,8 @@ def _budgets(dev: Device, options: Options):
         free, total = cuda.memory_info(dev.index)
         mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
         if mem > free:
-            raise BudgetError(f"memory_limit={format_size(mem)} is more than the "
-                              f"{format_size(free)} free on {dev}")
+            raise BudgetError(f"memory_limit={echo_size(options.memory_limit, mem)} is more "
+                              f"than the {format_size(free)} free on {dev}")
         model = cuda_model()
     else:
         total = machine.total_memory()
@@ -469,6 +520,21 @@ def _budgets(dev: Device, options: Options):
     host = parse_size(options.host_memory_limit, machine.total_memory(),
                       name="host_memory_limit") or machine.total_memory() // 4
     return model, mem, host
+
+
+def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
+    """``message`` with the budgets it names (``memory_limit=977 KiB``, as the planner, which
+    sees bytes only, writes them) in the user's own spelling beside their bytes
+    (``memory_limit='1MB' (977 KiB)``: :func:`~oocgemm.units.echo_size`)."""
+    for name, given, nbytes in (("host_memory_limit", options.host_memory_limit, host),
+                                ("memory_limit", options.memory_limit, mem)):
+        if given is None:  # a default: the planner's size is all there is to say
+            continue
+        # "memory_limit=" is not matched inside "host_memory_limit="; the replacement's
+        # backslashes (a user's odd string) are kept as they are
+        said = f"{name}={echo_size(given, nbytes)}".replace("\\", "\\\\")
+        message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}", said, message)
+    return message
 
 
 def _unit_hint(**limits) -> str:
@@ -500,13 +566,13 @@ class _Check:
 
     def run(self, product):
         """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
-        from .freivalds import verify
+        from .freivalds import verify_run
 
         prob, io = self.prob, self.io
-        report = verify(io.given["a"], io.given["b"], product, alpha=prob.alpha, beta=prob.beta,
-                        trans_a=prob.trans_a, trans_b=prob.trans_b, rounds=2,
-                        storage_options=io.storage_options, _c_in_side=self.side, _x=self.x,
-                        _checking=True)
+        report = verify_run(io.given["a"], io.given["b"], product, alpha=prob.alpha,
+                            beta=prob.beta, trans_a=prob.trans_a, trans_b=prob.trans_b,
+                            rounds=2, storage_options=io.storage_options, c_in_side=self.side,
+                            x=self.x, checking=True)
         if report.inconclusive:
             raise ExecutionError(f"the product could not be checked, so nothing was committed "
                                  f"(run without verify to keep it): {report}")

@@ -6,6 +6,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .units import format_seconds, format_size
 
 if TYPE_CHECKING:
@@ -28,7 +30,8 @@ class Result:
     seconds: float
     """Wall time of the execution (planning and opening excluded), seconds."""
     flops: int
-    """Floating-point operations of the product."""
+    """Floating-point operations this run did: the product's (:attr:`total_flops`), but for a
+    resumed run, which does only those of the blocks it computed (not of those it kept)."""
     bytes: dict
     """Bytes per level: ``storage_read`` (taken from storage: the stored, compressed bytes of
     the chunks decoded, or what was read from a file's pages; the decoded size where a
@@ -88,10 +91,37 @@ class Result:
         return Timeline.from_events(self.events, run_seconds=self.seconds, predicted=predicted,
                                     meta=meta)
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """C as a numpy array (the array protocol): ``np.asarray(result)`` is ``result.out``
+        itself where that is a numpy array or memmap, else read whole (a Zarr output). A
+        CuPy ``out`` stays on the GPU: take ``result.out`` (as CuPy does, no silent copy)."""
+        out = self.out
+        if hasattr(out, "dims") and hasattr(out, "variable"):  # an xarray input's labels
+            out = out.data
+        if hasattr(out, "__cuda_array_interface__"):
+            raise TypeError("C is a CuPy array (result.out): use result.out, or "
+                            "result.out.get() for a numpy copy")
+        if copy is False and not isinstance(out, np.ndarray):
+            raise ValueError(f"C is a {type(out).__name__}: reading it makes a copy")
+        return np.array(out, dtype=dtype, copy=True) if copy else np.asarray(out, dtype=dtype)
+
     @property
     def tflops(self) -> float:
-        """Achieved TFLOP/s over the wall time."""
+        """Achieved TFLOP/s over the wall time: the flops this run did (:attr:`flops`)."""
         return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
+
+    @property
+    def total_flops(self) -> int:
+        """Floating-point operations of the whole product (the plan's), those of the blocks
+        a resumed run kept included."""
+        return self.plan.flops
+
+    def work(self) -> str:
+        """'x of y GFLOP done here' for a resumed run (what it computed of the product's
+        total); '' otherwise."""
+        if not self.resumed:
+            return ""
+        return f"{self.flops / 1e9:.4g} of {self.total_flops / 1e9:.4g} GFLOP done here"
 
     def summary(self) -> dict:
         """The run as plain data (``--json``): the plan's fields (``Plan.summary``, the same
@@ -103,6 +133,7 @@ class Result:
             **planned,
             "seconds": self.seconds,
             "tflops": self.tflops,
+            "flops_done": self.flops,
             "bytes": dict(self.bytes),
             "out": self.out_name,
             "resumed_blocks": self.resumed,
@@ -127,4 +158,5 @@ class Result:
                           for k, v in self.bytes.items() if v)
         return (f"C[{p.m}x{p.n}] ({p.dtype}, K={p.k}) on {self.plan.device}: "
                 f"{format_seconds(self.seconds)}, {self.tflops * 1e3:.4g} GFLOP/s"
+                + (f" ({self.work()})" if self.resumed else "")
                 + (f"; moved {moved}" if moved else ""))

@@ -71,9 +71,9 @@ class Native:
         """The staging ``settings`` of the executor of device ``kind`` for it."""
         if kind == "cuda" and prob.gram:
             # A symmetric product writes two blocks of C for each it computes, in half the
-            # time: 16 output stripes (and writers) rather than 8 took X^T X of 32768² from
-            # 0.636 to 0.610 of the general product's time on the H100 (writing fresh host
-            # pages: 18.9 GB/s from 8 threads, 27.9 from 16).
+            # time: 16 output stripes (and writers) rather than 8 made X^T X quicker, since
+            # writing fresh host pages goes faster from more threads (docs/performance.md,
+            # "Gram products").
             settings.update(n_out=16)
         return settings
 

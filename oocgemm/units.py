@@ -78,6 +78,16 @@ def format_size(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def echo_size(given, nbytes: int) -> str:
+    """A size the user gave, said back in their own spelling with what it came to beside it
+    (``"'30MB' (28.6 MiB)"``, ``"'80%' (12.5 GiB)"``), so that a message does not answer
+    '30MB' with a number that looks like another; :func:`format_size` alone where they gave
+    none (a default)."""
+    if given is None or isinstance(given, bool):
+        return format_size(nbytes)
+    return f"{given!r} ({format_size(nbytes)})"
+
+
 def format_seconds(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} us"

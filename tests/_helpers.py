@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from oocgemm.storage.files import PARTIAL
+from oocgemm.storage.files import PARTIAL, settle
 
 #: How far the property-based (hypothesis) tests go: OOCGEMM_TEST_PROFILE, "ci" (the
 #: default, sized for a 2-core machine) or "thorough" (full breadth); tests/conftest.py says more.
@@ -120,7 +120,9 @@ def interrupt_write(monkeypatch, sink_class, at: int):
 
 
 def leftovers(directory) -> list[str]:
-    """Temporary files of interrupted runs in ``directory``."""
+    """Temporary files of interrupted runs in ``directory`` (once the replaced outputs being
+    removed behind their runs are gone)."""
+    assert settle(timeout=60), "replaced outputs still being removed after a minute"
     return sorted(name for name in os.listdir(directory) if PARTIAL in name)
 
 

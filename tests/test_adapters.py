@@ -141,6 +141,15 @@ class TestShardedZarrPath(SourceContract):
         return "x.zarr"
 
 
+class TestZipPath(SourceContract):
+    kind = "zip"  # a Zarr array in a zip file, read through zarr's ZipStore
+
+    def given(self, x):
+        with zarr.storage.ZipStore("x.zip", mode="w") as store:
+            zarr.create_array(store, shape=x.shape, dtype=x.dtype, chunks=(10, 6))[...] = x
+        return "x.zip"
+
+
 class TestFileUrl(SourceContract):
     kind = "zarr"  # a file:// URL is a local path
 

@@ -101,7 +101,8 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
     assert proc.returncode == 0, proc.stderr
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
                     "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs",
-                    "s3", "scaling", "dask-scaling", "scaling-model", "small-blocks"):
+                    "s3", "scaling", "dask-scaling", "scaling-model", "fresh",
+                    "gpu-small-blocks", "small-blocks"):
         assert command in proc.stdout
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +246,25 @@ def test_multiply_interrupted_writes_nothing(operands, tmp_path, monkeypatch):
     assert not (tmp_path / "out.zarr").exists() and leftovers(tmp_path) == []
 
 
+def test_warnings_are_one_line_each_without_pythons_file_and_category(operands, tmp_path,
+                                                                      monkeypatch):
+    from _helpers import interrupt_write
+
+    from oocgemm.storage import npy
+
+    a, b, _ = operands
+    out = tmp_path / "out.npy"
+    real = interrupt_write(monkeypatch, npy.NpySink, at=3)
+    run("multiply", a, b, "-o", out, "--tile", "8,8,8", "-q", code=130)
+    monkeypatch.setattr(npy.NpySink, "write", real)
+    result = run("multiply", a, b, "-o", out, "--tile", "8,8,8", "-q")  # not --resume
+    lines = result.stderr.splitlines()
+    said = [line for line in lines if "interrupted run" in line]
+    assert len(said) == 1 and said[0].startswith("warning: ") and "--resume" in said[0]
+    assert "RuntimeWarning" not in result.stderr and ".py:" not in result.stderr
+    assert all(line.startswith("warning: ") for line in lines)
+
+
 def test_unexpected_exceptions_keep_their_traceback(operands, tmp_path, monkeypatch):
     import oocgemm.api
 
@@ -400,3 +420,32 @@ def test_kernel_option_errors(tmp_path, rng, args, why):
         assert result.exit_code == 2, result.output
         assert why in result.output and "Traceback" not in result.output
     assert not (tmp_path / "c.npy").exists()
+
+
+def test_the_commands_process_ends_at_once_with_its_output_said_and_committed(workdir):
+    """``oocgemm`` (``python -m oocgemm``) leaves without waiting on what the OS frees: its
+    summary is printed whole, its output committed, its exit code kept, and an output it
+    replaced is removed all the same."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((60, 40)), rng.standard_normal((40, 50))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+
+    def oocgemm(*args):
+        return subprocess.run([sys.executable, "-m", "oocgemm", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    done = oocgemm("multiply", "a.npy", "b.npy", "-o", "c.zarr", "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["out"] == "c.zarr"
+    np.testing.assert_allclose(zarr.open_array("c.zarr")[...], a @ b, rtol=1e-12)
+    again = oocgemm("multiply", "b.npy", "b.npy", "-o", "c.zarr", "--device", "cpu")
+    assert again.returncode == 2 and again.stderr.startswith("error:")
+    replaced = oocgemm("multiply", "a.npy", "b.npy", "-o", "c.zarr", "--device", "cpu",
+                       "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    for _ in range(200):
+        if not [name for name in os.listdir(".") if "partial" in name]:
+            break
+        time.sleep(0.05)
+    assert sorted(os.listdir(".")) == ["a.npy", "b.npy", "c.zarr"]

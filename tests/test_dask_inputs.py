@@ -134,9 +134,30 @@ def test_xarray_dataarrays(rng, backing):
     xr = pytest.importorskip("xarray")
     a, b = rand(rng, (12, 9)), rand(rng, (9, 7))
     data = a if backing == "numpy" else da.from_array(a, chunks=4)
-    x = xr.DataArray(data, dims=("sample", "feature"))
+    x = xr.DataArray(data, dims=("sample", "feature"),
+                     coords={"sample": np.arange(12) * 10, "site": ("sample", list("ab") * 6)})
     r = oocgemm.multiply(x, b, device="cpu")
-    assert isinstance(r.out, np.ndarray)  # the result is plain
-    assert_gemm(r.out, a, b)
+    assert r.out.dims == ("sample", "dim_col")  # op(a)'s rows labelled; b has no labels
+    assert list(r.out["sample"].values) == list(range(0, 120, 10))
+    assert list(r.out["site"].values) == list("ab") * 6
+    assert_gemm(np.asarray(r), a, b)
     with pytest.raises(oocgemm.InputError, match="not an array"):
         oocgemm.multiply(xr.Dataset({"x": x}), b, device="cpu")
+
+
+def test_a_gram_product_of_a_dataarray_keeps_its_features(rng, workdir):
+    """``X.T @ X`` of a (samples, features) DataArray: (features, features_2), each side
+    with the features' coordinates, found to be a Gram product (exactly symmetric)."""
+    xr = pytest.importorskip("xarray")
+    a = rand(rng, (200, 5))
+    x = xr.DataArray(a, dims=("samples", "features"),
+                     coords={"features": list("abcde"), "unit": ("features", list("mmkkg"))})
+    r = oocgemm.multiply(x.T, x, device="cpu", tile=(2, 2, 64))
+    assert r.plan.symmetric
+    assert r.out.dims == ("features", "features_2")
+    assert list(r.out["features"].values) == list(r.out["features_2"].values) == list("abcde")
+    assert list(r.out["unit_2"].values) == list("mmkkg")
+    assert_gemm(np.asarray(r), a, a, trans_a=True)
+    assert np.array_equal(np.asarray(r), np.asarray(r).T)
+    stored = oocgemm.multiply(x.T, x, "c.zarr", device="cpu")  # an output of its own: as is
+    assert not hasattr(stored.out, "dims")

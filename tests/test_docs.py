@@ -275,12 +275,12 @@ def test_the_source_reader_agrees_with_imports():
         assert not _exists(name) and not _static_name(name), name
 
 
-def test_the_errors_the_readme_lists_are_oocgemms():
-    """README's troubleshooting table: each error it names is exported by the package (as
+def test_the_errors_troubleshooting_lists_are_oocgemms():
+    """docs/troubleshooting.md's table: each error it names is exported by the package (as
     ``oocgemm.KernelError``) and is an :class:`oocgemm.OOCGemmError`."""
     import oocgemm
 
-    table = (ROOT / "README.md").read_text().partition("## Troubleshooting")[2]
+    table = (ROOT / "docs" / "troubleshooting.md").read_text().partition("## Errors")[2]
     named = set(re.findall(r"^\| `(\w+Error)\b", table, re.MULTILINE))
     assert {"DeviceError", "KernelError", "OptionError"} <= named
     for name in named:
@@ -503,3 +503,55 @@ def test_a_broken_link_is_found(tmp_path):
     assert _broken_links(doc) == ["missing.md: no such file",
                                   "other.md#not-a-heading: no heading #not-a-heading in other.md",
                                   "other.md#part-2: no heading #part-2 in other.md"]
+
+
+# -- the README, short, and the guide's pages beside it ------------------------------------
+
+README = ROOT / "README.md"
+#: The pages the README leaves the detail to. They are among DOCS and CURRENT, so the checks
+#: above hold them to the same rules as the README: the names they mention exist, the paths
+#: they name exist, their links lead somewhere.
+GUIDE = [ROOT / "docs" / name for name in (
+    "usage.md", "zarr.md", "object-storage.md", "dask.md", "kernels.md", "profiling.md",
+    "troubleshooting.md", "performance.md")]
+
+
+def _code_blocks(text: str) -> list[str]:
+    """The fenced code blocks of Markdown text (a block left open at the end is left out)."""
+    return re.findall(r"^ {0,3}```[^\n]*\n(.*?)^ {0,3}```", text, re.MULTILINE | re.DOTALL)
+
+
+def test_the_guide_pages_are_checked_and_linked_from_the_readme():
+    readme = README.read_text()
+    for page in GUIDE:
+        assert page.is_file(), page
+        assert page in DOCS and page in CURRENT, page
+        assert f"](docs/{page.name}" in readme, f"README does not link docs/{page.name}"
+    named = {n for page in GUIDE for n in NAME.findall(page.read_text())}
+    assert {"oocgemm.dask.WarmUp", "oocgemm.dask.timeline"} <= named  # the pages' names are read
+
+
+def test_the_readme_starts_short():
+    """At most 250 lines; within its first 60, code that multiplies numpy arrays, code that
+    multiplies Zarr arrays into a Zarr array, the command line and a Gram product, and where
+    C is (``.out``)."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines"
+    blocks = _code_blocks("\n".join(lines[:60]) + "\n")
+    python = [b for b in blocks if "oocgemm.multiply(" in b or "oocgemm.gram(" in b]
+    assert any("import numpy" in b and "oocgemm.multiply(" in b for b in python), "numpy"
+    assert any(b.count(".zarr") >= 3 and "oocgemm.multiply(" in b for b in python), "Zarr"
+    assert any(re.search(r"^oocgemm multiply ", b, re.MULTILINE) for b in blocks), "CLI"
+    assert any("oocgemm.gram(" in b for b in python), "Gram"
+    assert any(re.search(r"^oocgemm gram ", b, re.MULTILINE) for b in blocks), "oocgemm gram"
+    assert all(".out" in b for b in python), "where C is"
+
+
+def test_the_readme_gives_the_test_command_ci_runs():
+    """README's "For developers" gives the command that .ci/run runs (the two kept in step)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = re.search(r"^python3 -m pytest [^\n]*$", ci, re.MULTILINE).group(0)
+    developers = README.read_text().partition("## For developers")[2]
+    lines = [line.strip() for b in _code_blocks(developers) for line in b.splitlines()]
+    assert command in lines, (command, lines)
+    assert "-e '.[test]'" in ci and "pip install -e '.[test]'" in lines

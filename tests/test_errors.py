@@ -48,6 +48,36 @@ def test_not_a_matrix(rng, shape, ndim, role):
         oocgemm.multiply(args["a"], args["b"], c=args["c"], beta=1.0, device="cpu")
 
 
+@pytest.mark.parametrize("kind, named", [
+    ("numpy", "b (numpy array)"), ("dask", "b (dask array)"),
+    ("xarray", "b (xarray DataArray)"), ("zarr array", "b (zarr array)"),
+    ("dask from zarr", "b (dask array from Zarr)"), ("path", "b (b.zarr)"),
+])
+def test_messages_name_each_operand_once(rng, workdir, kind, named):
+    import dask.array as da
+
+    x = rand(rng, (4, 2, 2))
+    stored = zarr.create_array("b.zarr", shape=x.shape, dtype=x.dtype, chunks=(2, 2, 2))
+    stored[...] = x
+    given = {"numpy": lambda: x, "dask": lambda: da.from_array(x, chunks=2),
+             "xarray": lambda: pytest.importorskip("xarray").DataArray(x),
+             "zarr array": lambda: stored, "dask from zarr": lambda: da.from_zarr("b.zarr"),
+             "path": lambda: "b.zarr"}[kind]()
+    with pytest.raises(oocgemm.InputError) as caught:
+        oocgemm.multiply(rand(rng, (3, 4)), given, device="cpu")
+    assert str(caught.value).startswith(f"{named} is not a matrix: shape (4, 2, 2)")
+
+
+def test_output_messages_name_each_operand_once(rng):
+    a = rand(rng, (4, 4))
+    with pytest.raises(oocgemm.OutputError, match=r"same matrix as a \(numpy array\): "):
+        oocgemm.multiply(a, rand(rng, (4, 4)), a, device="cpu")
+    frozen = np.zeros((4, 4))
+    frozen.flags.writeable = False
+    with pytest.raises(oocgemm.OutputError, match=r"^out \(numpy array\) is read-only$"):
+        oocgemm.multiply(a, a, frozen, device="cpu")
+
+
 @pytest.mark.parametrize("kind", ["npy", "zarr"])
 def test_not_a_matrix_on_disk(rng, workdir, kind):
     x = rand(rng, (2, 3, 4))
@@ -219,6 +249,21 @@ def test_requested_tile_over_the_budget(rng):
         oocgemm.plan(a, b, tile=(50, 50, 50), memory_limit="20KB", device="cpu")
 
 
+@pytest.mark.parametrize("limit, said", [("20KB", "'20KB' (19.5 KiB)"),
+                                         ("20 KiB", "'20 KiB' (20 KiB)"),
+                                         (20000, "20000 (19.5 KiB)")])
+def test_a_budget_is_said_back_in_the_users_own_spelling(rng, workdir, limit, said):
+    a, b = rand(rng, (50, 50)), rand(rng, (50, 50))
+    with pytest.raises(oocgemm.BudgetError) as caught:
+        oocgemm.plan(a, b, tile=(50, 50, 50), memory_limit=limit, device="cpu")
+    assert str(caught.value).endswith(f"over memory_limit={said}")
+    x = rand(rng, (64, 64))
+    zarr.create_array("a.zarr", shape=x.shape, dtype=x.dtype, chunks=(64, 64))[...] = x
+    with pytest.raises(oocgemm.BudgetError) as caught:
+        oocgemm.plan("a.zarr", x, host_memory_limit=limit, device="cpu")
+    assert str(caught.value).startswith(f"host_memory_limit={said} is too small for any tile")
+
+
 def test_host_memory_limit_too_small(rng, workdir):
     x = rand(rng, (64, 64))
     zarr.create_array("a.zarr", shape=x.shape, dtype=x.dtype, chunks=(64, 64))[...] = x
@@ -279,6 +324,35 @@ def test_npy_that_is_not_npy(rng, workdir):
         fh.write("just some text, long enough to hold a header...\n" * 4)
     with pytest.raises(oocgemm.InputError, match="a.npy"):
         oocgemm.multiply("a.npy", rand(rng, (3, 3)), device="cpu")
+
+
+@pytest.mark.parametrize("name", ["ab.npz", "ab"])  # by its suffix, or by what it holds
+def test_npz_input_names_its_arrays_and_says_how_to_pass_one(rng, workdir, name):
+    with open(name, "wb") as fh:
+        np.savez(fh, first=rand(rng, (3, 4)), second=rand(rng, (4, 2)))
+    with pytest.raises(oocgemm.InputError) as caught:
+        oocgemm.multiply(name, rand(rng, (4, 2)), device="cpu")
+    message = str(caught.value)
+    assert message.startswith(f"a: {name!r} is a .npz archive")
+    assert "'first', 'second'" in message and f"np.load({name!r})['first']" in message
+    assert ".npy" in message
+
+
+def test_zip_output_is_refused_before_any_work(rng, workdir):
+    with pytest.raises(oocgemm.OutputError, match=r"out 'c.zip'.*zip.*\.zarr"):
+        oocgemm.multiply(rand(rng, (3, 4)), rand(rng, (4, 2)), "c.zip", device="cpu")
+    assert os.listdir(".") == []
+
+
+def test_zip_that_holds_a_zarr_group_or_nothing_zarr_is_refused(rng, workdir):
+    with zarr.storage.ZipStore("g.zip", mode="w") as store:
+        zarr.create_group(store).create_array("x", shape=(4, 2), dtype="f8")
+    with pytest.raises(oocgemm.InputError, match="b: the zip file 'g.zip' holds a Zarr group"):
+        oocgemm.multiply(rand(rng, (3, 4)), "g.zip", device="cpu")
+    with open("t.zip", "wb") as fh:
+        fh.write(b"not a zip file at all")
+    with pytest.raises(oocgemm.InputError, match="b: 't.zip' is not a readable zip file"):
+        oocgemm.multiply(rand(rng, (3, 4)), "t.zip", device="cpu")
 
 
 @pytest.mark.parametrize("fmt", [2, 3])

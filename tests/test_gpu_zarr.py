@@ -92,3 +92,25 @@ def test_stripes_store_each_output_chunk_once_on_the_gpu(rng, workdir, layout):
     unit = (512, 384) if layout == "v3-sharded" else (256, 192)
     assert set(store.stores.values()) == {1}
     assert len(store.stores) == n_chunks((1024, 768), unit)
+
+
+def test_small_blocks_run_the_planned_operations_and_store_each_chunk_once(rng, workdir):
+    """The small-block cliff (issue 51): a small tile under a small budget into a default
+    (uncompressed) Zarr C ran its planned operations, but its stripes cut C into chunks of a
+    row or so, stored 16 KiB at a time. Every planned operation runs once, and C's chunks
+    are stored once each, none under an eighth of a block."""
+    import collections
+
+    a, b = rand(rng, (2048, 2048)), rand(rng, (2048, 2048))
+    for name, x in (("a", a), ("b", b)):
+        zarr.create_array(f"{name}.zarr", shape=x.shape, chunks=(512, 512), dtype="f8",
+                          compressors=None)[...] = x
+    r = oocgemm.multiply("a.zarr", "b.zarr", "c.zarr", device="cuda", tile=(512, 512, 512),
+                         memory_limit="64MB", events=True)
+    ran = collections.Counter(e.index for e in r.events if e.kind != "store")
+    assert sorted(ran) == list(range(len(r.plan.schedule.ops))) and set(ran.values()) == {1}
+    out = zarr.open_array("c.zarr", mode="r")
+    assert out.chunks[0] * out.chunks[1] >= 512 * 512 // 8
+    stores = [e for e in r.events if e.kind == "store"]
+    assert len(stores) == n_chunks(out.shape, out.chunks)
+    assert_gemm(out[:], a, b)

@@ -59,6 +59,26 @@ def test_each_chunk_is_fetched_once(rng, workdir, layout, trans_a):
     assert np.array_equal(result.out, result.out.T)
 
 
+@pytest.mark.parametrize("trans_a", [True, False])
+def test_an_uncompressed_x_is_read_once_too(rng, workdir, trans_a):
+    """X in plain chunk files (what ``oocgemm random`` writes), whose parts could be sliced
+    out of its files block by block: read at its grain instead, each chunk once for both
+    roles, and counted in ``result.chunks``."""
+    shape = (600, 90) if trans_a else (90, 600)
+    x = rand(rng, shape)
+    z = zarr.create_array("x.zarr", shape=shape, dtype="f8", compressors=None,
+                          chunks=(128, 90) if trans_a else (90, 128))
+    z[...] = x
+    result = oocgemm.multiply("x.zarr", "x.zarr", device="cpu", tile=(32, 32, 128),
+                              **sides(trans_a))
+    assert result.plan.symmetric and result.plan.grid[0] > 1
+    chunks = result.chunks["A"]
+    assert chunks["decodes"] == chunks["chunks"] == 5
+    assert result.bytes["storage_read"] == 5 * 128 * 90 * 8  # each chunk file once, whole
+    np.testing.assert_allclose(result.out, gram(x, trans_a), rtol=1e-12, atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+
+
 def test_two_different_matrices_are_read_each_their_own(rng, workdir):
     x = rand(rng, (90, 40))
     write("x.zarr", x, (30, 40), "v3")
@@ -99,6 +119,24 @@ def test_the_same_operand_however_given(rng, workdir, how):
     result = oocgemm.multiply(a, b, device="cpu", trans_a=True, tile=(12, 12, 50))
     np.testing.assert_allclose(result.out, gram(x, True), rtol=1e-12, atol=1e-11)
     assert np.array_equal(result.out, result.out.T)
+
+
+@pytest.mark.parametrize("how", ["x.T, x", "x, x.T", "memmap.T, memmap"])
+def test_a_numpy_transposed_view_is_the_same_matrix_read_transposed(rng, workdir, how):
+    """``multiply(x.T, x)`` as a numpy user writes it: found to be X^T X (X read once, C
+    exactly symmetric), as ``multiply(x, x, trans_a=True)``."""
+    x = rand(rng, (150, 40))
+    if how.startswith("memmap"):
+        np.save("x.npy", x)
+        x = np.load("x.npy", mmap_mode="r")
+    a, b = (x, x.T) if how == "x, x.T" else (x.T, x)
+    plan = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 50))
+    assert plan.problem.shared and plan.symmetric
+    result = oocgemm.multiply(a, b, device="cpu", tile=(16, 16, 50))
+    want = np.asarray(a) @ np.asarray(b)
+    np.testing.assert_allclose(result.out, want, rtol=1e-12, atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+    assert not oocgemm.plan(x.T.copy(), x, device="cpu").problem.shared  # a copy: another
 
 
 def test_a_copy_is_another_matrix(rng):

@@ -13,7 +13,7 @@ from _helpers import assert_gemm, leftovers, poisoned, rand
 import oocgemm
 
 INPUT_KINDS = ["numpy", "transposed-view", "strided", "fortran", "memmap", "npy", "npy-pathlib",
-               "zarr2", "zarr3", "zarr2-array", "zarr3-array", "dask"]
+               "zarr2", "zarr3", "zarr2-array", "zarr3-array", "zarr-zip", "dask"]
 
 
 def as_kind(kind: str, x: np.ndarray, directory: pathlib.Path, name: str, rng):
@@ -41,6 +41,11 @@ def as_kind(kind: str, x: np.ndarray, directory: pathlib.Path, name: str, rng):
         path = directory / f"{name}.npy"
         np.save(path, x)
         return path if kind == "npy-pathlib" else str(path)
+    if kind == "zarr-zip":  # a Zarr array in a zip file, named by its path
+        path = str(directory / f"{name}.zip")
+        with zarr.storage.ZipStore(path, mode="w") as store:
+            zarr.create_array(store, shape=x.shape, dtype=x.dtype, chunks=(5, 4))[...] = x
+        return path
     if kind.startswith("zarr"):
         fmt = 2 if kind.startswith("zarr2") else 3
         path = str(directory / f"{name}-v{fmt}.zarr")

@@ -70,6 +70,25 @@ def test_bad_options_are_refused_by_name(bad, match):
         Options.of("here", **bad)
 
 
+@pytest.mark.parametrize("name, key, flag", [
+    ("chunks", "chunks", "--out-chunks"), ("shards", "shards", "--out-shards"),
+    ("compressor", "compressors", "--out-compressor"),
+    ("compressors", "compressors", "--out-compressor"),
+])
+def test_a_zarr_layout_keyword_given_to_multiply_points_to_out_options(rng, name, key, flag):
+    a = rand(rng, (6, 4))
+    with pytest.raises(oocgemm.OptionError) as caught:
+        oocgemm.multiply(a, a.T, "c.zarr", device="cpu", **{name: "x"})
+    message = str(caught.value)
+    assert f"unknown options [{name!r}]" in message
+    assert f"pass out_options={{{key!r}: ...}} ({flag} on the command line)" in message
+
+
+def test_a_misspelled_option_is_answered_with_the_nearest_name():
+    with pytest.raises(oocgemm.OptionError, match="did you mean memory_limit[?]"):
+        Options.of("multiply()", memory_limt="1GB")
+
+
 @pytest.mark.parametrize("bad", [{"tile": "8,6"}, {"memory_limit": "16 parsecs"}])
 def test_every_entry_point_refuses_them_before_any_work(rng, workdir, bad):
     a = rand(rng, (20, 10))

@@ -40,6 +40,18 @@ def test_default_chunks_tile_blocks_and_stripes_within_64_mib(block, stripe):
         assert stripe % rows == 0
 
 
+@pytest.mark.parametrize("block, stripe", [((2048, 2048), 2047), ((2048, 2048), 1000),
+                                           ((4096, 8192), 4095)])
+def test_stripes_that_share_few_rows_with_the_blocks_do_not_make_tiny_chunks(block, stripe):
+    """Stripes of 2047 rows in blocks of 2048 made chunks of one row (16 KiB): the store's
+    cost per chunk was the run's bound. The chunks tile the blocks only then, the writer
+    gathering the stripes that cut them."""
+    rows, cols = output_chunks(block, 8, stripe)
+    assert block[0] % rows == 0 and block[1] % cols == 0
+    assert rows * cols * 8 >= min(4 << 20, block[0] * block[1] * 8 // 8)
+    assert rows * cols * 8 <= MAX_OUT_CHUNK
+
+
 def test_default_output_is_chunked_to_the_blocks(inputs):
     a, b = inputs
     r = oocgemm.multiply("a.npy", "b.npy", "c.zarr", device="cpu", tile=(16, 25, 30))

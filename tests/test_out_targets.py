@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -61,6 +62,34 @@ def test_overwrite_replaces_a_zarr_array_and_a_npy_file(inputs):
     for target in ("c.zarr", "c.npy"):
         r = oocgemm.multiply("in/a.npy", "in/b.npy", target, device="cpu", overwrite=True)
         assert_gemm(r.out[:], a, b)
+
+
+def test_a_replaced_output_is_removed_behind_the_run_and_after_its_exit(inputs, workdir):
+    """The old output of an overwrite is removed behind the call (it waits on its write-back
+    otherwise), and by a process of its own where the caller exits first: never left."""
+    import subprocess
+    import sys
+    import textwrap
+
+    zarr.create_array("c.zarr", shape=(20, 10), chunks=(5, 5), dtype="f8")[...] = 1.0
+    r = oocgemm.multiply("in/a.npy", "in/b.npy", "c.zarr", device="cpu", overwrite=True)
+    assert_gemm(r.out[:], *inputs)
+    assert leftovers(".") == []  # (after the removal behind the run has ended)
+    script = textwrap.dedent("""
+        import time, oocgemm
+        from oocgemm.storage import files
+        slow = files.remove
+        files.remove = lambda path: (time.sleep(30), slow(path))  # still at it at exit
+        oocgemm.multiply("in/a.npy", "in/b.npy", "c.zarr", device="cpu", overwrite=True)
+        assert [p for p in __import__("os").listdir(".") if files.PARTIAL in p]
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    for _ in range(200):  # the detached process's turn
+        if not leftovers("."):
+            break
+        time.sleep(0.05)
+    assert leftovers(".") == []
+    assert_gemm(zarr.open_array("c.zarr")[:], *inputs)
 
 
 def test_read_only_folder_is_refused_before_any_work(inputs):

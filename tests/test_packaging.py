@@ -123,3 +123,23 @@ def test_installed_wheel_runs_a_dmma_product(installed, tmp_path):
     assert Path(got["folder"]) == installed / "oocgemm" / "_kernels"
     assert got["kernel"] == "dmma" and got["blocks"] > 1
     assert got["error"] < 1e-12
+
+
+@pytest.mark.parametrize("cuda", ["12", "13"])
+def test_each_cuda_extra_installs_nvcomp_for_its_cuda(cuda):
+    """The default zstd output is compressed on the GPU only with nvCOMP: ``pip install
+    'oocgemm[cuda13]'`` brings the libnvcomp wheel of that CUDA (oocgemm/cuda/nvcomp.py)."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    names = [req.split(">")[0].split("=")[0].split(";")[0].strip()
+             for req in extras[f"cuda{cuda}"]]
+    assert f"nvidia-libnvcomp-cu{cuda}" in names and f"cupy-cuda{cuda}x" in names
+
+
+def test_ci_installs_no_cuda_extra():
+    """CI's machine has no GPU: .ci/run installs the test extras only, never a CUDA one."""
+    script = (ROOT / ".ci" / "run").read_text()
+    installs = [line for line in script.splitlines() if "pip install" in line or "'.[" in line]
+    assert installs and all("cuda" not in line for line in installs)

@@ -360,3 +360,50 @@ def test_the_search_floors_never_change_the_tile(rng, workdir, monkeypatch, devi
                 total = tiling.predict(problem, (w, h, r), model, staged=device != "cpu",
                                        kernel=kernel).total
                 assert 0 < floor <= total, (problem, (w, h, r))
+
+
+def _evict(folder: str) -> bool:
+    """Ask the OS to drop ``folder``'s files from its page cache; whether it did."""
+    import os
+
+    for root, _, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)  # dirty pages stay cached until written back
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return ZarrSource(zarr.open_array(folder, mode="r"), "x").cached_fraction() == 0.0
+
+
+def _warm(folder: str) -> None:
+    import os
+
+    for root, _, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                f.read()
+
+
+def test_inputs_in_the_page_cache_are_predicted_at_memory_speed_and_planned_alike(rng,
+                                                                                 workdir):
+    """``oocgemm plan`` hears which stored inputs the page cache holds: their reads at the
+    host's memory rate in the prediction, the blocks chosen as for storage (the same bits
+    warm and cold)."""
+    for name in ("a", "b"):
+        zarr.create_array(f"{name}.zarr", shape=(600, 600), chunks=(200, 200), dtype="f8",
+                          compressors=None)[...] = rand(rng, (600, 600))
+    options = dict(device="cpu", memory_limit="2MB")
+    _warm("a.zarr")
+    _warm("b.zarr")
+    warm = oocgemm.plan("a.zarr", "b.zarr", "c.zarr", **options)
+    if not (_evict("a.zarr") and _evict("b.zarr")):
+        pytest.skip("the OS keeps these files in its page cache")
+    cold = oocgemm.plan("a.zarr", "b.zarr", "c.zarr", **options)
+    assert warm.problem.a.cached and warm.problem.b.cached
+    assert not cold.problem.a.cached and not cold.problem.b.cached
+    assert warm.tile == cold.tile and warm.schedule.ops == cold.schedule.ops
+    assert warm.prediction.storage_read < cold.prediction.storage_read / 2
+    assert warm.prediction.total < cold.prediction.total
+

@@ -49,6 +49,41 @@ def test_a_printed_plan_of_stored_inputs_is_the_one_that_runs(rng, workdir):
     assert sorted(os.listdir(".")) == ["a.npy", "b.npy", "c.npy"]
 
 
+@pytest.mark.parametrize("how", ["rewritten", "replaced", "removed"])
+def test_an_input_file_changed_between_plan_and_execute_is_refused_by_name(rng, workdir, how):
+    a, b = rand(rng, (12, 8)), rand(rng, (8, 6))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    product = oocgemm.Product("a.npy", "b.npy", "c.npy", device="cpu")
+    product.plan()
+    other = rand(rng, (6, 8))  # another shape and other values: read with b's header...
+    if how == "rewritten":
+        np.save("b.npy", other)  # the same file, truncated and written again
+    elif how == "replaced":
+        np.save("new.npy", other)
+        os.replace("new.npy", "b.npy")
+    else:
+        os.remove("b.npy")
+    with pytest.raises(oocgemm.InputError, match=r"^b: 'b.npy' was (rewritten or replaced|"
+                                                 r"removed) after it was opened"):
+        product.execute()
+    assert product.closed and not os.path.exists("c.npy")
+    assert sorted(os.listdir(".")) == ["a.npy"] + (["b.npy"] if how != "removed" else [])
+
+
+def test_a_zarr_input_rewritten_between_plan_and_execute_is_refused(rng, workdir):
+    import zarr
+
+    zarr.create_array("a.zarr", shape=(12, 8), dtype="f8", chunks=(5, 5))[...] = rand(
+        rng, (12, 8))
+    product = oocgemm.Product("a.zarr", rand(rng, (8, 6)), device="cpu")
+    product.plan()
+    zarr.create_array("a.zarr", shape=(12, 8), dtype="f8", chunks=(4, 4),
+                      overwrite=True)[...] = rand(rng, (12, 8))
+    with pytest.raises(oocgemm.InputError, match=r"^a: 'a.zarr' was rewritten or replaced"):
+        product.execute()
+
+
 def test_close_releases_what_it_opened_and_ends_the_product(rng, workdir, monkeypatch):
     closed = []
     original = MatrixSource.close

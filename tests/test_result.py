@@ -162,6 +162,28 @@ def test_import_and_cpu_multiply_do_not_import_cupy():
     assert out.strip() == "[]"
 
 
+def test_the_command_line_and_the_errors_load_no_planner():
+    """``oocgemm --help`` and ``except oocgemm.OOCGemmError`` import neither the planner nor
+    the engine (a fresh process's first cost); the API loads on first use."""
+    out = run_python("""
+        import sys
+        import oocgemm
+        from oocgemm import OOCGemmError, __version__
+        from oocgemm.cli import main
+        try:
+            main(["--help"])
+        except SystemExit:
+            pass
+        loaded = sorted(m for m in sys.modules if m.startswith(("oocgemm.planning",
+                                                                  "oocgemm.product",
+                                                                  "oocgemm.runtime")))
+        print(loaded)
+        assert callable(oocgemm.multiply) and "multiply" in dir(oocgemm)
+        assert "oocgemm.product" in sys.modules
+    """)
+    assert out.strip().splitlines()[-1] == "[]"
+
+
 def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
     """The bar's figures: C blocks stored (each once all its writes are done) and the
     storage's read and write rates, from a real run's events."""
@@ -189,9 +211,54 @@ def test_progress_bar_counts_blocks_and_storage_rates(rng, workdir):
     assert_gemm(r.out, a, b)
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_progress_bar_keeps_a_wide_bar_and_drops_figures_that_do_not_fit(rng, workdir,
+                                                                         columns):
+    """On an 80-column terminal the line fits, its bar is at least MIN_BAR wide, and the
+    figures that do not fit are left out whole (the least important first), never cut."""
+    import io
+
+    from oocgemm.diagnostics.progress import MIN_BAR, ProgressBar
+
+    np.save("a.npy", rand(rng, (300, 200)))
+    np.save("b.npy", rand(rng, (200, 250)))
+    plan = oocgemm.plan("a.npy", "b.npy", "c.npy", tile=(64, 64, 64), device="cpu")
+    stream = io.StringIO()
+    bar = ProgressBar(plan, file=stream, ncols=columns)
+    oocgemm.multiply("a.npy", "b.npy", "c.npy", tile=(64, 64, 64), device="cpu", progress=bar)
+    bar.bar.refresh()
+    line = stream.getvalue().split("\r")[-1]
+    bar.close()
+    assert len(line) <= columns
+    drawn = line.split("|")[1]
+    assert len(drawn) >= MIN_BAR
+    assert " left, " in line and "flop/s" in line
+    assert "blocks 20/20" in line
+    shown = line.split("flop/s")[1]
+    assert shown == "" or all(part.endswith(("GB/s", "flop", "/20")) for part in
+                              shown.lstrip(", ").split(", ")), line
+    if columns >= 200:  # room for every figure
+        assert "read " in line and "write " in line and "30.0M/30.0M flop" in line
+
+
 def test_short_reprs(rng):
     a, b = rng.standard_normal((200, 150)), rng.standard_normal((150, 120))
     r = oocgemm.multiply(a, b, device="cpu", tile=(20, 20, 20))
     assert len(r.events) > 100
     assert len(repr(r)) < 200 and "C[200x120]" in repr(r) and "events" in repr(r)
     assert len(repr(r.timeline)) < 200 and repr(r.timeline).startswith("Timeline(")
+
+
+def test_a_result_is_its_product_to_numpy(rng, workdir):
+    """``np.asarray(result)`` is C, as a numpy user expects of ``c = multiply(a, b)``."""
+    a, b = rand(rng, (70, 50)), rand(rng, (50, 60))
+    result = oocgemm.multiply(a, b, device="cpu")
+    assert np.asarray(result) is result.out  # the array itself, no copy
+    assert np.allclose(result, a @ b) and np.asarray(result).shape == (70, 60)
+    assert np.array(result, copy=True) is not result.out
+    stored = oocgemm.multiply(a, b, "c.zarr", device="cpu")
+    got = np.asarray(stored)
+    assert isinstance(got, np.ndarray) and np.array_equal(got, stored.out[...])
+    assert np.asarray(stored, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(stored, copy=False)

@@ -427,6 +427,32 @@ def test_cli_unwritable_timeline_path_exits_2_before_the_run(operands, workdir, 
     assert not workdir.joinpath("c.npy").exists()
 
 
+@needs_matplotlib
+def test_cli_plot_of_an_unknown_format_exits_2_before_the_run(operands, workdir):
+    done = CliRunner().invoke(main, ["multiply", "a.npy", "b.npy", "-o", "c.npy", "--device",
+                                     "cpu", "--plot", "out.xyz"])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.startswith("error: cannot write the plot to 'out.xyz'")
+    assert "'xyz'" in done.stderr and ".png" in done.stderr
+    assert not workdir.joinpath("c.npy").exists() and not workdir.joinpath("out.xyz").exists()
+
+
+@pytest.mark.parametrize("option, path, named", [
+    ("--timeline", "a.npy", "A of the product"),
+    ("--timeline", "c.npy", "OUT of the product"),
+    ("--timeline", ".", "a directory"),
+])
+def test_cli_timeline_onto_a_matrix_or_a_folder_exits_2_before_the_run(operands, workdir,
+                                                                        option, path, named):
+    before = workdir.joinpath("a.npy").read_bytes()
+    done = CliRunner().invoke(main, ["multiply", "a.npy", "b.npy", "-o", "c.npy", "--device",
+                                     "cpu", option, path])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.startswith("error: cannot write the timeline") and named in done.stderr
+    assert workdir.joinpath("a.npy").read_bytes() == before
+    assert not workdir.joinpath("c.npy").exists()
+
+
 def test_timeline_save_to_a_missing_directory_is_an_output_error(workdir):
     with pytest.raises(oocgemm.OutputError, match="cannot write the timeline"):
         Timeline.from_events(PIPELINE).save(workdir / "no" / "run.json")

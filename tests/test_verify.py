@@ -151,6 +151,14 @@ def test_bad_arguments():
         oocgemm.multiply(a, b, device="cpu", verify="yes")
 
 
+def test_the_public_signature_shows_only_what_a_user_passes():
+    import inspect
+
+    params = inspect.signature(oocgemm.verify).parameters
+    assert list(params) == ["a", "b", "c", "alpha", "beta", "c_in", "trans_a", "trans_b",
+                            "rounds", "seed", "storage_options"]
+
+
 def test_cli_verify(rng, workdir):
     a, b = rand(rng, (30, 20)), rand(rng, (20, 25))
     np.save("a.npy", a)

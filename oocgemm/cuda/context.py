@@ -67,9 +67,8 @@ def _fault_in(raw: np.ndarray) -> None:
 
 def _pin(nbytes: int) -> tuple[int, np.ndarray]:
     """``nbytes`` of page-locked host memory: anonymous pages faulted in by many threads, then
-    registered with CUDA. On the H100 machine 20 x 256 MiB took 0.41 s this way (0.14 s of
-    faults on 16 threads, 0.27 s to register) against 2.5 s through ``cudaHostAlloc``, which
-    faults and locks on one thread (2.1 GB/s, no faster from 16 threads)."""
+    registered with CUDA: several times quicker than ``cudaHostAlloc``, which faults and
+    locks on one thread, no faster from many (docs/performance.md, "Gram products")."""
     area = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = np.frombuffer(area, dtype=np.uint8)[:nbytes]
     _fault_in(raw)
@@ -79,8 +78,8 @@ def _pin(nbytes: int) -> tuple[int, np.ndarray]:
 
 
 class PinnedPool:
-    """Page-locked host buffers, kept for reuse between runs (pinning costs ~20 ms per GB,
-    :func:`_pin`).
+    """Page-locked host buffers, kept for reuse between runs (pinning them again would cost
+    every run time, :func:`_pin`).
 
     ``in_use()`` is what runs hold now (for leak checks); ``release()`` unpins what is idle.
     """
@@ -138,8 +137,9 @@ class Lanes(NamedTuple):
 
 class HandlePool:
     """cuBLAS handles per GPU with their streams (:class:`Lanes`), kept for reuse between
-    runs (creating and destroying a handle cost milliseconds a run; new streams cost a small
-    product's run 0.1 ms, its first GEMM on them the most); a run holds its own, so that
+    runs (creating and destroying a handle cost every run time; new streams cost a small
+    product's run time too, its first GEMM on them the most: docs/performance.md, "Figures
+    moved from the code's docstrings"); a run holds its own, so that
     concurrent runs never share a stream."""
 
     def __init__(self):

@@ -14,9 +14,9 @@ and writes each frame's status there; the statuses come down behind the batch an
 at when the table is used again and at the end of the run (:meth:`PanelDecoder.finish`), where
 a frame nvCOMP refused is an InputError naming its chunk.
 
-Measured before it was built (docs/performance.md, GPU decoding as a design): the route is
-0.23-0.34x the host decoders' time on shards of small chunks and 0.58x on 4096² chunks where
-each is decoded once, and frees most of the host's CPU.
+Measured before it was built (docs/performance.md, "GPU decoding of the inputs, as a
+design"): the route takes a fraction of the host decoders' time, on shards of small chunks
+most of all, and frees most of the host's CPU.
 """
 
 from __future__ import annotations

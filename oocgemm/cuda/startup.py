@@ -67,6 +67,27 @@ def cublas(index: int, resources=None) -> None:
         record(index, "cublas", time.perf_counter() - start)
 
 
+def ahead(indices) -> threading.Thread | None:
+    """Start the contexts and cuBLAS of GPUs ``indices`` in a thread of their own, while the
+    caller opens its inputs and plans (a fresh process's first product: the planner's first
+    question then finds the context made); None where they are started. What fails there
+    fails again, and is raised, where the run needs it."""
+    indices = [i for i in indices if not measured(i, "cublas")]
+    if not indices:
+        return None
+
+    def start() -> None:
+        try:
+            for index in indices:
+                cublas(index)
+        except Exception:  # raised again on the caller's path, with its context
+            pass
+
+    thread = threading.Thread(target=start, name="oocgemm-cuda-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def pinned(index: int, seconds: float, nbytes: int) -> None:
     """The first run's pinned ring on GPU ``index``: ``nbytes`` pinned in ``seconds``."""
     record(index, "pinned", seconds)

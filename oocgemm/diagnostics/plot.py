@@ -27,6 +27,29 @@ def require_matplotlib():
     return matplotlib
 
 
+def check_plot_path(path) -> None:
+    """Before any work: matplotlib is installed and ``path``'s suffix names a format it
+    writes (with no suffix it writes a PNG), so that a plot asked of a run cannot fail
+    after it.
+
+    Raises
+    ------
+    DependencyError
+        matplotlib is not installed.
+    OutputError
+        The suffix names no format that matplotlib writes.
+    """
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        others = ", ".join("." + f for f in sorted(formats) if f not in ("png", "svg", "pdf"))
+        raise OutputError(f"cannot write the plot to {os.fspath(path)!r}: matplotlib does not "
+                          f"write {suffix!r} files; name it .png, .svg or .pdf (or {others})")
+
+
 def plot_timeline(timeline, path=None, *, title: str | None = None):
     """Draw ``timeline`` as a Gantt chart; write it to ``path`` when given.
 

@@ -11,14 +11,22 @@ from ..planning.schedule import OpKind
 
 #: Seconds between two refreshes of the figures beside the bar.
 REFRESH = 0.5
+#: Columns the bar itself keeps at the least: on a narrow terminal the figures beside it give
+#: way first, the least important first (:meth:`ProgressBar.figures`).
+MIN_BAR = 20
+#: The line: the share done, the bar, the time left and the rate (tqdm's), then the figures
+#: (no elapsed time and no counts before them: at 80 columns tqdm's own line left the bar one
+#: column and cut the figures off).
+FORMAT = "{desc} {percentage:3.0f}%|{bar}| {remaining} left, {rate_fmt}{postfix}"
 
 
 class ProgressBar:
     """An ``on_event`` callback that draws a tqdm bar on stderr: flops (or C blocks when no
-    product is computed) with ETA and rate; beside it the C blocks stored and the storage's
-    read and write rates so far. Thread-safe (readers, writers and streams report)."""
+    product is computed) with ETA and rate; beside it the C blocks stored, the storage's
+    read and write rates so far and the flops done, as many as fit beside a bar of
+    :data:`MIN_BAR` columns. Thread-safe (readers, writers and streams report)."""
 
-    def __init__(self, plan, *, file=None):
+    def __init__(self, plan, *, file=None, ncols: int | None = None):
         from tqdm.auto import tqdm
 
         self._flops = plan.flops
@@ -30,12 +38,13 @@ class ProgressBar:
         self._lock = threading.Lock()
         self._start = time.perf_counter()
         self._shown = 0.0
+        # ncols: that many columns; None: the terminal's, followed as it is resized
+        shape = dict(desc="oocgemm", leave=False, file=file, bar_format=FORMAT, ncols=ncols,
+                     dynamic_ncols=ncols is None)
         if self._flops:
-            self.bar = tqdm(total=self._flops, unit="flop", unit_scale=True, desc="oocgemm",
-                            leave=False, dynamic_ncols=True, file=file)
+            self.bar = tqdm(total=self._flops, unit="flop", unit_scale=True, **shape)
         else:  # integer counts: float GFLOP steps add up past the total by rounding
-            self.bar = tqdm(total=self._blocks, unit="block", desc="oocgemm", leave=False,
-                            dynamic_ncols=True, file=file)
+            self.bar = tqdm(total=self._blocks, unit="block", **shape)
 
     def __call__(self, event) -> None:
         with self._lock:
@@ -53,17 +62,44 @@ class ProgressBar:
             now = time.perf_counter()
             if now - self._shown >= REFRESH or self._stored == self._blocks:
                 self._shown = now
-                self.bar.set_postfix_str(self.figures(now - self._start), refresh=False)
+                self.bar.set_postfix_str(self.figures(now - self._start, self._room()),
+                                         refresh=False)
 
-    def figures(self, seconds: float) -> str:
-        """'blocks 3/16, read 1.2 GB/s, write 0.4 GB/s' (the storage rates so far)."""
+    def _room(self) -> int | None:
+        """Columns left for the figures beside a bar of :data:`MIN_BAR` columns on the
+        bar's line; None where the line has no width (not a terminal)."""
+        shape = self.bar.format_dict
+        columns = shape["ncols"]
+        if not columns:
+            return None
+        # the line without figures, with tqdm's bar of 10 columns where no width is given
+        line = self.bar.format_meter(**{**shape, "postfix": None, "ncols": None})
+        return columns - (len(line) - 10) - MIN_BAR
+
+    def figures(self, seconds: float, room: int | None = None) -> str:
+        """'blocks 3/16, read 1.2 GB/s, write 0.4 GB/s, 1.2T/4.1T flop' (the storage rates
+        so far); within ``room`` columns (with the ', ' before them) where given, the least
+        important dropped first: the flop counts, then the write rate, then the read rate,
+        then the blocks."""
+        from tqdm import tqdm
+
         seconds = max(seconds, 1e-9)
-        parts = [f"blocks {self._stored}/{self._blocks}"]
-        if self._read:
-            parts.append(f"read {self._read / seconds / 1e9:.3g} GB/s")
-        if self._written:
-            parts.append(f"write {self._written / seconds / 1e9:.3g} GB/s")
-        return ", ".join(parts)
+        done = self.bar.n if self._flops else 0
+        parts = {  # shown in this order
+            "blocks": f"blocks {self._stored}/{self._blocks}",
+            "read": f"read {self._read / seconds / 1e9:.3g} GB/s" if self._read else "",
+            "write": f"write {self._written / seconds / 1e9:.3g} GB/s" if self._written else "",
+            "flop": (f"{tqdm.format_sizeof(done)}/{tqdm.format_sizeof(self._flops)} flop"
+                     if self._flops else ""),
+        }
+        if room is not None:
+            left = room
+            for name in ("blocks", "read", "write", "flop"):
+                if parts[name] and len(parts[name]) + 2 <= left:
+                    left -= len(parts[name]) + 2
+                else:
+                    parts[name] = ""
+        return ", ".join(part for part in parts.values() if part)
 
     def close(self) -> None:
         self.bar.close()

@@ -310,8 +310,12 @@ class Timeline:
             recorded = f" of {planned}" if planned else ""
             return (f"timeline: no block operations recorded (0{recorded}; "
                     f"multiply(..., events=False) records none)")
-        ops = f"{len(self.events)} operations" + (
-            f" of {planned} planned" if planned and planned != len(self.events) else "")
+        # the schedule's operations, and the chunks the writer stored behind them
+        stores = sum(1 for e in self.events if e.kind == "store")
+        ran = len(self.events) - stores
+        ops = (f"{ran} operations" + (f" of {planned} planned" if planned and planned != ran
+                                      else "")
+               + (f", {stores} chunks stored" if stores else ""))
         head = "timeline"
         if m.get("shape"):
             tile = "x".join(str(t) for t in m.get("tile", ()))

@@ -99,11 +99,12 @@ def with_cache(plan: Plan) -> Plan:
     """Keep the decoded chunks of chunked on-disk operands (Zarr) in host memory for the whole
     run where they fit in what the rest leaves of host_memory_limit (a kept operand no longer
     needs its streaming window): every chunk is then read and decoded once, and the decoders
-    run ahead of the executor as far as storage allows (on the H100: storage is 25-40x slower
-    than PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
+    run ahead of the executor as far as storage allows (storage is many times slower than
+    PCIe). Those that streaming would decode more than once (panels reloaded, chunks cut
     by panel edges) come first, the most repeated decode bytes first; then the larger. A .npy
     memmap is left to the OS page cache, which already is that cache: a copy of it cost the
-    GPU benchmark 60% of its rate from warm .npy files."""
+    GPU benchmark much of its rate from warm .npy files (docs/performance.md, "Figures moved
+    from the code's docstrings")."""
     priority = {}
     for report in plan.chunk_reports():
         if report.operand in ("A", "B"):
@@ -129,10 +130,10 @@ def on_object_edges(plan: Plan, operands: tuple[str, ...]) -> list[tuple[int, in
     sides; the block's rows (of A's objects) and columns (of B's) rounded up, then halved on
     the objects' edges down to one object. The blocks start on the output's chunk edges
     too, where it has chunks of its own (C blocks that cut its chunks are gathered across
-    blocks, and no stripe of them is compressed on the device: H200, n = 32768, 3000²
-    input chunks and 4096² output chunks, 9000-row blocks took 9.3-10.4 s against 4.3-4.8
-    aligned to the output): where no common multiple fits, the whole extent. Each clipped to
-    the problem."""
+    blocks, and no stripe of them is compressed on the device: blocks that cut the output's
+    chunks took far longer than blocks on them, docs/performance.md, "C compressed on the
+    GPU by default"): where no common multiple fits, the whole extent. Each clipped to the
+    problem."""
     prob = plan.problem
     w, h, r = plan.tile
     out = prob.out.chunks if prob.out is not None and prob.out.chunks else (1, 1)

@@ -16,7 +16,8 @@ from .. import machine
 
 @dataclass(frozen=True)
 class DeviceModel:
-    """Rates of one executor's resources. Defaults are figures measured on the H100 machine."""
+    """Rates of one executor's resources. Defaults are rates measured on the H100 machine
+    (docs/performance.md, "Figures moved from the code's docstrings")."""
 
     name: str
     """'cuda' or 'cpu'."""
@@ -39,8 +40,9 @@ class DeviceModel:
     """A GEMM of w×h×r runs at flops / (1 + half_size/w + half_size/h + half_size/r):
     small blocks do not fill the device."""
     granule: int = 1
-    """Block sizes the device runs best at multiples of (cuBLAS DGEMM on an H100 runs ~17%
-    slower with 10923-sized operands than with 11008 = 43·256); chunk alignment comes first."""
+    """Block sizes the device runs best at multiples of (cuBLAS DGEMM runs markedly slower
+    with 10923-sized operands than with 11008 = 43·256: docs/performance.md, "Figures moved
+    from the code's docstrings"); chunk alignment comes first."""
     decode: float = 0.0
     """Bytes/s at which the decoder threads together decode compressed chunks (0: not
     charged)."""
@@ -83,23 +85,21 @@ class DeviceModel:
 
 @functools.cache
 def cuda_model() -> DeviceModel:
-    """H100 80GB over PCIe gen5, as measured there: 55 TFLOP/s DGEMM, 55 GB/s each way; a
-    GEMM with r = 128 runs at about half rate."""
-    # Host staging copies run on many threads; while C streams out beside A and B streaming
-    # in, the host's copies together reached ~25 GB/s on the H100 machine (16 cores).
-    # Whole zstd chunks decode at 9.2 GB/s from their files straight into the buffers (16
-    # threads, 256 MB chunks; 1.7-2.9 GB/s through zarr-python's pipelines, which layouts
-    # that are not plain chunk files still take: oocgemm.storage.zarr_store.direct).
-    # The emulation (kernel='ozaki', H100, 2026-11-24): int8 GEMMs 1036-1050 TOPS sustained
-    # (batched, 2048 x 16384 x 8192-16384); the finish and the conversion as they added to
-    # the compute lane's time out of core at n = 32768 (16 moduli, tiles 16384^2 x 2560 and
-    # 16384 x 32768 x 8192: 2.38 s and 1.62 s against 2.39 s and 1.62 s modelled).
-    # Shards of 512² chunks (2 MiB frames) took the host's decoders 0.8 s longer than 4096²
-    # chunks for the same 17 GB (8,192 frames against 128; H200 machine, session 29).
-    # nvCOMP 6.0's zstd decode on the H200 (2026-11-27, session 29, n = 32768 runs): a batch
-    # takes its largest frame at 1.0 GB/s (one thread block) plus all of it at 20 GB/s: 32
-    # K steps of 12 frames of 128 MiB ran 6.1 s (5.9 modelled), 16 of them 3.5 s (3.4), 32
-    # of hundreds of 2 MiB frames 1.8 s (1.8).
+    """H100 80GB over PCIe gen5, as measured there (its DGEMM rate, its PCIe rate each way);
+    a GEMM with r = 128 runs at about half rate."""
+    # Every rate below was measured, on the H100 machine or (the decoders' frames, the
+    # device's decodes) the H200 machine; the figures and how the model met them:
+    # docs/performance.md, "Figures moved from the code's docstrings" (the cost model).
+    # memory_copy: the host's staging copies together, on many threads, while C streams out
+    # beside A and B streaming in. decode: whole zstd chunks decoded from their files
+    # straight into the buffers (zarr-python's pipelines, which layouts that are not plain
+    # chunk files still take, are slower: oocgemm.storage.zarr_store.direct).
+    # int8_ops, finish_digit, convert_digit: the emulation's int8 GEMMs sustained, and the
+    # finish and the conversion as they added to the compute lane's time out of core.
+    # decode_frame: shards of small chunks (many small frames) cost the host's decoders more
+    # than large chunks of the same bytes. device_decode, device_decode_frame: nvCOMP decodes
+    # a frame on one thread block, so a batch takes its largest frame at one block's rate
+    # plus all of it at the batch's rate (docs/performance.md, "Who decodes the inputs").
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
                        half_size=128, granule=256, decode=8e9, decode_frame=1e-4,
                        device_decode=20e9,
@@ -108,16 +108,18 @@ def cuda_model() -> DeviceModel:
 
 
 def cpu_model() -> DeviceModel:
-    """numpy BLAS on this host: about 35 GFLOP/s per core in float64 (0.56 TFLOP/s on 16)."""
+    """numpy BLAS on this host: a float64 rate per core, times its cores (measured:
+    docs/performance.md, "Figures moved from the code's docstrings")."""
     return _cpu_model(machine.cores())
 
 
 @functools.cache
 def _cpu_model(cores: int) -> DeviceModel:
-    # Copies into fresh buffers fault pages in: ~1.5 GB/s on a 2-core VM, against ~6 GB/s
-    # for copies between warm buffers.
-    # zstd chunk files decode at about 1 GB/s a core straight into the buffers (2.1 GB/s on
-    # the 2-core VM; 0.5 GB/s a core through zarr-python's pipeline).
+    # Copies into fresh buffers fault pages in (first_touch), several times slower than
+    # copies between warm buffers (memory_copy). zstd chunk files decode straight into the
+    # buffers at a rate per core (decode), quicker than through zarr-python's pipeline.
+    # Measured on a 2-core VM: docs/performance.md, "Figures moved from the code's
+    # docstrings" (the cost model).
     return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
                        decode=1.0e9 * cores, decode_on_compute_cores=True)

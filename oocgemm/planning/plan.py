@@ -562,10 +562,10 @@ def with_ring_decodes(plan: Plan) -> Plan:
     chunk read once (a plan of one C block, the tall-skinny product), and the budget still
     holds. Else ``plan`` unchanged.
 
-    A decoded chunk would otherwise be copied out of into the ring stripe by stripe: on the
-    H100 machine that copy took the readers 7.6 s of thread time for a 16.4 GB X, beside
-    28.6 s of decoding on the same 16 cores (docs/performance.md, Gram products). The output
-    ring keeps its own, smaller buffers (:attr:`Buffers.out_ring`)."""
+    A decoded chunk would otherwise be copied out of into the ring stripe by stripe, a copy
+    that took the readers a sizeable share of the thread time their decoding took on the
+    same cores (docs/performance.md, "Gram products"). The output ring keeps its own,
+    smaller buffers (:attr:`Buffers.out_ring`)."""
     prob = plan.problem
     one_block = len(plan.row_splits) == len(plan.col_splits) == 2  # each panel loaded once
     if not (plan.staged and prob.computes_product and one_block):

@@ -28,6 +28,10 @@ class Operand:
     decodes_into: bool = False
     """A whole chunk decodes straight into a caller's buffer (a plain chunk file and its
     codec): a staged plan may decode it into a pinned ring buffer (``Plan.into_ring``)."""
+    cached: bool = False
+    """On disk, and held by the OS page cache (a fact of the run's I/O): its storage reads
+    run at the host's memory rate. Only the prediction hears it: the plan's choices are made
+    as for storage, so that a product plans the same blocks (the same bits) warm and cold."""
     zstd_frames: tuple[int, int] | None = None
     """The decoded shape of one zstd frame (a chunk, or an inner chunk of a shard) where every
     stored object is a local file of zstd frames of plain bytes, which a device may decode

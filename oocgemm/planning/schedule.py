@@ -702,8 +702,9 @@ class _Builder:
         # Elsewhere the block's drain hides behind the next block's compute, and the
         # stripes go panel by panel, so that a GEMM waits for one panel, not for the
         # whole tail (the first block of a run, its panels arriving from cold, waited
-        # 0.8 s for them on each of two H200s). The same GEMMs either way, each
-        # stripe's panels in the same order: the same bits.
+        # long for them on each of two H200s: docs/performance.md, "Figures moved from
+        # the code's docstrings"). The same GEMMs either way, each stripe's panels in
+        # the same order: the same bits.
         tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
         head, rest = panels[:nk - tail], panels[nk - tail:]
         yield from self.head_gemms(c_key, head, first=panels[0], w=w, h=h, c_slot=c_slot,

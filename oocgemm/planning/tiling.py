@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BudgetError
+from ..errors import BudgetError, operand_name
 from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
@@ -404,11 +404,12 @@ def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, fl
     if prob.reads_c and prob.c is not None:
         reads.append((read[2], prob.c, None))
     for nbytes, operand, once in reads:
+        rate = model.memory_copy if operand.cached else model.storage_read
         if operand.on_disk and once is not None:  # read once, reloads come from host memory
-            storage_read += min(once, nbytes) / model.storage_read
+            storage_read += min(once, nbytes) / rate
             host_copy += max(nbytes - once, 0) / model.memory_copy
         elif operand.on_disk:
-            storage_read += nbytes / model.storage_read
+            storage_read += nbytes / rate
         elif not (operand.zero_copy and not staged):  # else used in place
             host_copy += nbytes / model.memory_copy
     if out_disk:
@@ -431,8 +432,8 @@ def _fill_seconds(prob: Problem, tile: tuple[int, int, int], nk: int, model: Dev
         first_panels = sum(nbytes for nbytes, operand in ((a_first, prob.a),
                                                           (r_first * h * s, prob.b))
                            if not (operand.zero_copy and not staged))
-    fill = first_panels / model.storage_read if (prob.a.on_disk or prob.b.on_disk) else (
-        first_panels / model.memory_copy)
+    stored = any(x.on_disk and not x.cached for x in (prob.a, prob.b))
+    fill = first_panels / (model.storage_read if stored else model.memory_copy)
     fill += first_panels / model.h2d if model.h2d else 0.0
     fill += first_panels / model.first_touch if model.first_touch else 0.0
     return fill
@@ -533,14 +534,14 @@ def _r_candidates(rs: list[int], fits) -> list[int]:
 
 
 #: Rows of C that a GEMM of the in-core shape computes at the least: each stripe's GEMM stays
-#: large enough to run near the device's rate (the H100 does 2·2048³ flops in ~0.35 ms; at
-#: these sizes the copies take the time).
+#: large enough to run near the device's rate (at these sizes the copies take the time, not
+#: the GEMMs).
 IN_CORE_ROWS = 256
 
 #: Bytes a stripe of the in-core shape moves at the least. Each stripe costs the executor
-#: about 0.1 ms of host work (a reader's task, a copy call, two timed events), which at
-#: these sizes is more than the overlap wins: on the H100, n = 2048 took 19.5 ms in 10 A
-#: stripes and 8 C stripes, 12.6 ms in 4 of each; n = 1024 13.0 ms in 10 and 8, 7.1 ms in 2.
+#: host work (a reader's task, a copy call, two timed events), which at these sizes is more
+#: than the overlap wins: fewer, larger stripes ran small products quicker
+#: (docs/performance.md, "Figures moved from the code's docstrings").
 IN_CORE_STRIPE_BYTES = 8 << 20
 
 
@@ -780,7 +781,7 @@ def _chunks_too_large(prob: Problem, limit: int, need: int) -> str:
     name, x = max(stored, key=lambda item: math.prod(item[1].chunks or (0,)))
     assert x.chunks is not None
     size = math.prod(x.chunks) * prob.itemsize
-    what = f"{name} ({x.name})" if x.name else name
+    what = operand_name(name, x.name)
     return (f"host_memory_limit={format_size(limit)} is too small for any tile: {what} is "
             f"stored in chunks of {x.chunks[0]}x{x.chunks[1]} ({format_size(size)} each, "
             f"decoded whole; a run holds one being read and the next being decoded); "

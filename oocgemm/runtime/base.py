@@ -122,8 +122,8 @@ class Bands:
     """``work(lo, hi)`` over row bands covering ``[0, rows)``, each at least `BAND_BYTES`
     (rows of ``row_bytes``), started now on up to ``threads`` threads of ``pool`` (one fewer
     with ``caller``: the calling thread takes its share in :meth:`join`). A copy of an
-    in-core product's operand (8 MB at n = 1024) takes one thread 0.8-1.0 ms on the H200's
-    host, and four 0.5 ms.
+    in-core product's operand is a large part of a small product's time, and a few threads
+    take it in less (docs/performance.md, "Figures moved from the code's docstrings").
 
     The bands are taken from a shared queue by whoever is free; once :meth:`join`'s thread
     finds none left it cancels the helpers that have not started (all of the pool's threads

@@ -24,10 +24,10 @@ a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM
 says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its stripe on the GPU
 first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which runs ahead of the
 GEMMs) and its WRITE hands the sink the frames; the other stripes go to the host's encoders.
-By default the GPU compresses every stripe where nvCOMP is found (H200, n = 32768: 0.94-1.2x
-the time of an uncompressed output, against 1.3-2x with the host's encoders;
-docs/performance.md); elsewhere, or with ``OOCGEMM_GPU_ENCODE=0``, C's chunks are gathered
-and encoded whole on the host.
+By default the GPU compresses every stripe where nvCOMP is found (about the time of an
+uncompressed output, where the host's encoders take longer: docs/performance.md, "C
+compressed on the GPU by default"); elsewhere, or with ``OOCGEMM_GPU_ENCODE=0``, C's chunks
+are gathered and encoded whole on the host.
 
 Timing: a pair of CUDA events brackets every device operation; a clock thread maps them onto
 the host clock of the event log as the GPU finishes each one, through a reference event
@@ -86,7 +86,8 @@ def _settle(future: Future, task) -> None:
 
 
 #: The share of the run's last C block's stripes that ``OOCGEMM_GPU_ENCODE=last`` has the
-#: GPU compress (nvCOMP: about 9 GB/s; the host's 16 cores: about 5), the rest the host's.
+#: GPU compress, the rest the host's: in proportion to their rates, nvCOMP's the higher
+#: (docs/performance.md, "Figures moved from the code's docstrings").
 GPU_SHARE = 0.6
 
 
@@ -164,9 +165,9 @@ def few_copies(plan) -> bool:
     """Whether a run of ``plan`` copies its operands in row bands (:class:`Bands`) and
     runs in the calling thread (:meth:`CudaExecutor._run_inline`): an in-core product with
     one read of each operand and one write of C, which would leave most of their pools'
-    threads idle. Bands at n = 1024 on the H200: 5.2 -> 4.5 ms; where the stripes already
-    keep the threads busy (n = 2048, 4096: eight reads) they only contend (8.4 -> 10.3 ms,
-    19 -> 23 ms)."""
+    threads idle. Bands make such a product quicker; where the stripes already keep the
+    threads busy (n = 2048, 4096: eight reads) they only contend, and the run is slower
+    (docs/performance.md, "Who compresses C, side by side; small products")."""
     if not plan.in_core:
         return False
     reads = [op.operand for op in plan.schedule.ops if op.kind is OpKind.READ]
@@ -367,8 +368,8 @@ class CudaExecutor(Executor):
         """Start the bands of the next READ after ``ops[i]`` on the read pool now, into
         ``ahead`` (index: (start, Bands)), where nothing it waits for is left (what it
         depends on are host operations before ``ops[i]``) and its source reads in bands: the
-        copies of B and A then overlap (n = 1024 on the H200: two 8 MB copies at once 0.76
-        ms, one after the other 1.0)."""
+        copies of B and A then overlap, quicker than one after the other (docs/performance.md,
+        "Small products in the calling thread")."""
         nxt = next((op for op in ops[i + 1:] if op.kind is OpKind.READ), None)
         if nxt is None or nxt.index in ahead or not all(
                 d < i and _on_host(ops[d]) for d in nxt.deps):
@@ -519,7 +520,8 @@ class CudaExecutor(Executor):
         thread: each operation in schedule order, the host's now (their copies in bands),
         the device's enqueued on their streams after event waits for what they wait for on
         the others, their times read once the streams are done. No feeder, dispatcher or
-        clock thread: n = 1024's run took 3.0 ms in threads, 2.0 of them the operations.
+        clock thread, whose hand-offs took much of a small product's run
+        (docs/performance.md, "Figures moved from the code's docstrings").
         The schedule's order is one its dependencies allow, so nothing waits out of turn."""
         from ..cuda.context import GpuContext
 

@@ -43,9 +43,9 @@ def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
 
     Each group is one executor run, which fills its pipeline at its start and drains it at
     its end, and loads again the panels its blocks share with other groups' blocks. Groups
-    of single blocks made two H200s take 7.1 s on the 2 x 2 blocks of n = 65536 where one
-    took 11.4 (80% efficiency; docs/performance.md, "Several GPUs"): every block loaded its
-    panels afresh, in a burst at its start, while the other GPU did the same."""
+    of single blocks left two H200s well short of twice one on the 2 x 2 blocks of n = 65536
+    (docs/performance.md, "Several GPUs, n = 65536"): every block loaded its panels afresh,
+    in a burst at its start, while the other GPU did the same."""
     p, q, _ = plan.grid
     done = set(plan.done)
     walk = triangle(p) if plan.symmetric else serpentine(p, q)

@@ -37,14 +37,13 @@ def cpu_settings(problem, model, kernel: str = DEFAULT) -> dict:
 def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
     """The CUDA executor's.
 
-    Pageable -> pinned copies need many threads to approach PCIe rates (on the H100: 16
-    threads ~50 GB/s); the ring holds two stripes per reader, and small regions are spread
-    over all readers. The first panel runs in pieces (r/4, r/4, r/2: two halvings were ~1%
-    ahead of three in two sweeps on the H100), so that the first GEMM starts early. The
-    last 4 panels of a block run row stripe by row stripe, 8 stripes (16 drained faster
-    but ran the GEMMs slower: 1.5% slower end to end), with 5 slots each for A and B (4
-    resident + 1 for the next block's first panel), so that C's rows become final over 4
-    panels' time and leave while the rest computes. Then what the kernel's strategy changes
+    Pageable -> pinned copies need many threads to approach PCIe rates; the ring holds two
+    stripes per reader, and small regions are spread over all readers. The first panel runs
+    in pieces (r/4, r/4, r/2: two halvings came out ahead of three), so that the first GEMM
+    starts early. The last 4 panels of a block run row stripe by row stripe, 8 stripes (16
+    drained faster but ran the GEMMs slower, and the run with them), with 5 slots each for
+    A and B (4 resident + 1 for the next block's first panel), so that C's rows become final
+    over 4 panels' time and leave while the rest computes. Then what the kernel's strategy changes
     (:meth:`oocgemm.strategies.Native.stage`: a Gram product's 16 output stripes, an
     emulation's slots)."""
     from .. import machine

@@ -23,12 +23,13 @@ def is_path(obj) -> bool:
     return isinstance(obj, (str, os.PathLike))
 
 
-#: Path suffixes and the kind of adapter that reads and writes them.
-SUFFIXES: dict[str, str] = {".npy": "npy", ".zarr": "zarr"}
+#: Path suffixes and the kind of adapter that reads and writes them ('zip': a Zarr array in a
+#: zip file, read only).
+SUFFIXES: dict[str, str] = {".npy": "npy", ".zarr": "zarr", ".zip": "zip"}
 
 
 def kind_of_path(path: str) -> str:
-    """'npy', 'zarr' or a registered kind, from the name's suffix (and, for other existing
+    """'npy', 'zarr', 'zip' or a registered kind, from the name's suffix (and, for other existing
     paths, what is there: a directory is Zarr, a file .npy)."""
     lower = path.lower().rstrip("/\\")
     for suffix, kind in SUFFIXES.items():
@@ -51,7 +52,8 @@ def exists(target, storage_options: dict | None = None) -> bool:
 
 def open_source(obj, role: str, storage_options: dict | None = None, *,
                 incomplete_ok: bool = False) -> MatrixSource:
-    """A readable matrix from a path (.zarr directory, .npy file), a URL of a Zarr array
+    """A readable matrix from a path (.zarr directory, .npy file, a Zarr array in a .zip
+    file), a URL of a Zarr array
     (``storage_options`` for its file system), a zarr/numpy/cupy/dask array or an xarray
     DataArray: the adapter registered for its kind (:data:`SOURCES`). ``incomplete_ok``
     accepts a Zarr array flagged incomplete (the product being checked before its commit);
@@ -71,8 +73,8 @@ def open_source(obj, role: str, storage_options: dict | None = None, *,
     if is_path(obj) and kind != "url" and not os.path.exists(obj):
         raise InputError(f"{role}: no such file or directory: {obj!r}")
     return _adapter(SOURCES, kind, InputError(
-        f"{role}: expected a path (.zarr or .npy) or an array (numpy, zarr, cupy, dask, "
-        f"xarray), got {type(obj).__name__}"))(obj, role, storage_options, incomplete_ok)
+        f"{role}: expected a path (.zarr, .npy or a Zarr .zip) or an array (numpy, zarr, cupy, "
+        f"dask, xarray), got {type(obj).__name__}"))(obj, role, storage_options, incomplete_ok)
 
 
 def _url_source(url, role, storage_options, incomplete_ok):
@@ -97,11 +99,24 @@ def _zarr_source(path, role, storage_options, incomplete_ok):
     return ZarrSource(open_zarr_array(path, role), name=path, path=os.path.abspath(path))
 
 
+def _zip_source(path, role, storage_options, incomplete_ok):
+    from .zarr_store import ZarrSource, open_zip_array
+
+    return ZarrSource(open_zip_array(path, role), name=path, path=os.path.abspath(path),
+                      owns_store=True)
+
+
 def _numpy_source(obj, role, storage_options, incomplete_ok):
     name = "numpy memmap" if isinstance(obj, np.memmap) else "numpy array"
     mapped = isinstance(obj, np.memmap) and obj.filename
     path = os.path.abspath(obj.filename) if mapped else None
-    return NumpySource(obj, name=f"{role} ({name})", on_disk=path is not None, path=path)
+    return NumpySource(obj, name=_described(role, name), on_disk=path is not None, path=path)
+
+
+def _described(role: str, kind: str) -> str:
+    """A source's name: its role and what it is ('a (numpy array)'), or the role alone where
+    it says that already (an array inside a dask or xarray one: 'a (xarray DataArray)')."""
+    return role if role.endswith(")") else f"{role} ({kind})"
 
 
 def _zarr_array_source(obj, role, storage_options, incomplete_ok):
@@ -116,7 +131,8 @@ def _zarr_array_source(obj, role, storage_options, incomplete_ok):
     if folder is not None:  # opened as a LocalStore: read at its grain, file by file
         obj = open_zarr_array(folder, role)
         path = folder
-    return ZarrSource(obj, name=f"{role} (zarr array)", path=path, incomplete_ok=incomplete_ok)
+    return ZarrSource(obj, name=_described(role, "zarr array"), path=path,
+                      incomplete_ok=incomplete_ok)
 
 
 def _local_fsspec_folder(array) -> str | None:
@@ -137,7 +153,7 @@ def _local_fsspec_folder(array) -> str | None:
 
 
 def _cupy_source(obj, role, storage_options, incomplete_ok):
-    return CupySource(obj, name=f"{role} (cupy array)")
+    return CupySource(obj, name=_described(role, "cupy array"))
 
 
 def _dask_source(obj, role, storage_options, incomplete_ok):
@@ -145,7 +161,7 @@ def _dask_source(obj, role, storage_options, incomplete_ok):
     if stored is not None:  # da.from_zarr: read the store at its grain, not through dask
         return open_source(stored, f"{role} (dask array from Zarr)", storage_options,
                            incomplete_ok=incomplete_ok)
-    return DaskSource(obj, name=f"{role} (dask array)")
+    return DaskSource(obj, name=_described(role, "dask array"))
 
 
 def _xarray_source(obj, role, storage_options, incomplete_ok):
@@ -162,9 +178,9 @@ def _xarray_source(obj, role, storage_options, incomplete_ok):
 #: incomplete_ok) -> MatrixSource``, or a 'module:function' name imported when first used.
 #: :func:`register_source` adds one.
 SOURCES: dict[str, Callable | str] = {
-    "url": _url_source, "npy": _npy_source, "zarr": _zarr_source, "numpy": _numpy_source,
-    "zarr array": _zarr_array_source, "cupy array": _cupy_source, "dask array": _dask_source,
-    "xarray array": _xarray_source,
+    "url": _url_source, "npy": _npy_source, "zarr": _zarr_source, "zip": _zip_source,
+    "numpy": _numpy_source, "zarr array": _zarr_array_source, "cupy array": _cupy_source,
+    "dask array": _dask_source, "xarray array": _xarray_source,
 }
 
 

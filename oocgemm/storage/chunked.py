@@ -308,8 +308,8 @@ class _Band:
     """A cell's buffer, chunk by chunk: the rows of each chunk's part of the cell (its
     columns ``cols[k]:cols[k + 1]``) in an array of their own, so that a whole chunk is
     stored from where it was gathered, in one piece. (Rows of a chunk gathered inside a
-    row-major cell are a column slice of it: 16 threads wrote 134 MB chunk files that way
-    in 115-210 ms each on the H200 machine, against 56-89 ms from one piece of memory.)"""
+    row-major cell are a column slice of it, much slower to write than one piece of memory:
+    docs/performance.md, "C compressed on the GPU by default".)"""
 
     __slots__ = ("shape", "cols", "parts", "nbytes")
 
@@ -379,9 +379,10 @@ class ChunkWriter(MatrixSink):
     brings to a chunk row band of its block (a *cell*) wait in a host buffer until the cell
     is complete, and the cell's chunks then go to the encoder threads, each chunk encoded and
     stored by one of them, while the write that completed the cell returns: the staging
-    buffer it came from goes back to the run at once, and encoding (zstd stores ~0.3 GB/s a
-    thread) runs behind compute on every core. A write that covers whole cells is copied
-    into a buffer of its own and handed on the same way.
+    buffer it came from goes back to the run at once, and encoding (slow on one thread:
+    docs/performance.md, "Zarr writes, n = 32768") runs behind compute on every core. A
+    write that covers whole cells is copied into a buffer of its own and handed on the same
+    way.
 
     ``budget`` bounds the buffered bytes, those of cells being gathered and those of cells
     waiting for the encoders: a write that needs a buffer waits while the encoders free

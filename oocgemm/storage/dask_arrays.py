@@ -16,6 +16,10 @@ class DaskSource(MatrixSource):
 
     def __init__(self, array, name: str = "dask array"):
         self.name = name
+        if array.ndim != 2:  # its shape says so (arguments.check_matrix): no grid to read
+            self._array, self.shape, self.dtype = array, tuple(array.shape), np.dtype(array.dtype)
+            self.chunks, self.on_disk = None, True
+            return
         rows, cols = array.chunks
         if any(c != c for axis in (rows, cols) for c in axis):  # NaN: sizes dask does not know
             raise InputError(f"{name}: a dask array whose chunk sizes are unknown (after a "

@@ -3,6 +3,7 @@ files the page cache holds."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -10,6 +11,8 @@ import functools
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -79,6 +82,64 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
+#: Replaced outputs being removed behind the caller, by path (:func:`discard`).
+_DISCARDING: dict[str, threading.Thread] = {}
+_DISCARD_LOCK = threading.Lock()
+
+
+def discard(path: str) -> None:
+    """Remove ``path``, an output that was replaced and now lies under a temporary name,
+    behind the caller: unlinking gigabytes just written waits on their write-back (seconds
+    for a C of gigabytes: docs/performance.md, "A fresh process"), which the new output does
+    not need.
+    What is not removed when the process exits is left to a process of its own
+    (:func:`hand_over`), so that exit does not wait either; :func:`settle` waits."""
+    thread = threading.Thread(target=_discarded, args=(path,), name="oocgemm-discard",
+                              daemon=True)
+    with _DISCARD_LOCK:
+        if not _DISCARDING:
+            atexit.register(hand_over)
+        _DISCARDING[path] = thread
+    thread.start()
+
+
+def discarding() -> set[str]:
+    """The replaced outputs this process is removing now (:func:`discard`)."""
+    with _DISCARD_LOCK:
+        return set(_DISCARDING)
+
+
+def _discarded(path: str) -> None:
+    try:
+        remove(path)
+    finally:
+        with _DISCARD_LOCK:
+            _DISCARDING.pop(path, None)
+
+
+def settle(timeout: float | None = None) -> bool:
+    """Wait for the replaced outputs being removed (:func:`discard`); whether none is left."""
+    with _DISCARD_LOCK:
+        threads = list(_DISCARDING.values())
+    for thread in threads:
+        thread.join(timeout)
+    with _DISCARD_LOCK:
+        return not _DISCARDING
+
+
+def hand_over() -> None:
+    """At exit: the replaced outputs not removed yet are removed by a detached process."""
+    with _DISCARD_LOCK:
+        left = list(_DISCARDING)
+        _DISCARDING.clear()
+    if left:
+        code = "import shutil, sys\nfor p in sys.argv[1:]: shutil.rmtree(p, ignore_errors=True)"
+        with contextlib.suppress(OSError):
+            subprocess.Popen([sys.executable, "-c", code, *left], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+
+
 def publish(temporary: str, final: str, *, replace: bool) -> None:
     """Move ``temporary`` to ``final``, atomically. With ``replace`` False, an output that
     appeared at ``final`` meanwhile (another process writing the same path) is left as it is
@@ -98,7 +159,7 @@ def publish(temporary: str, final: str, *, replace: bool) -> None:
                 except FileNotFoundError:  # another writer moved it first
                     continue
                 if swapped:  # the old output now sits at the temporary name
-                    remove(temporary)
+                    discard(temporary)
                     return
                 # No atomic exchange here: move the old aside, the new in, the old away.
                 old = temporary + "-old"
@@ -115,7 +176,7 @@ def publish(temporary: str, final: str, *, replace: bool) -> None:
                     with contextlib.suppress(OSError):  # the user's output goes back
                         os.rename(old, final)
                     raise
-                shutil.rmtree(old, ignore_errors=True)
+                discard(old)
                 return
             try:
                 os.replace(temporary, final)

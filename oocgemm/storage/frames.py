@@ -46,9 +46,9 @@ class Framing:
     shape: tuple[int, int]
     itemsize: int
     frame_bytes: int = 16 << 10
-    """Small frames make a stripe's batch wide enough to fill the GPU: stripes of 32 MiB
-    compressed at 9.1 GB/s in 16 KiB frames, 5.0 in 64 KiB, 1.1 in 1 MiB on an H200
-    (docs/performance.md); the ratio moves by 0.1%."""
+    """Small frames make a stripe's batch wide enough to fill the GPU: a stripe of 32 MiB
+    compresses the slower the larger its frames, and the ratio barely moves
+    (docs/performance.md, "C compressed on the GPU, in the engine")."""
     codec: Any = field(default=None, compare=False)
     """The output's numcodecs codec: it encodes the padding rows and, in a host replay, the
     frames themselves."""

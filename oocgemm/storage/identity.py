@@ -27,11 +27,12 @@ import os
 import posixpath
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..errors import OutputError
+from ..errors import OutputError, operand_name
 from . import urls
 from .base import MatrixSink, MatrixSource, library_of
 from .regions import ZarrRegion
@@ -189,6 +190,21 @@ def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource, *,
     return same_matrix(identify(a, source_a), identify(b, source_b))
 
 
+def seen_through(a, trans_a: bool, b, trans_b: bool) -> tuple[Any, bool, Any, bool]:
+    """``multiply(x.T, x)`` as ``multiply(x, x, trans_a=True)`` where one side is a numpy
+    array (or memmap, or an xarray DataArray of one) viewing the other's bytes transposed: the
+    same matrix read transposed,
+    so that the product is found to be ``X^T X`` (X read once, C exactly symmetric)."""
+    x, y = (v.data if library_of(v) == "xarray" and hasattr(v, "variable") else v
+            for v in (a, b))
+    if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)) or x.ndim != 2 \
+            or y.ndim != 2 or x is y:
+        return a, trans_a, b, trans_b
+    if same_matrix(identity(x), identity(y.T)):
+        return b, not trans_a, b, trans_b
+    return a, trans_a, b, trans_b
+
+
 def remembered() -> Callable[..., Identity]:
     """:func:`identity`, each answer kept by the objects asked about: the checks of one call
     (one matrix in both roles, the output against each input) ask about each operand twice.
@@ -248,7 +264,7 @@ def check_output(out, inputs, c=None, *, identify=identity) -> bool:
             hint = " (pass it as c=out to update it in place)" if role == "c" else ""
             named = source.name if source is not None else _name(obj).strip("'")
             raise OutputError(
-                f"out {_name(out)} {what} {role} ({named}): writing C would overwrite "
+                f"out {_name(out)} {what} {operand_name(role, named)}: writing C would overwrite "
                 f"{role} while it is still being read; write C elsewhere{hint}")
     return in_place
 

@@ -30,6 +30,7 @@ from typing import TextIO
 import numpy as np
 
 from ..errors import OutputError
+from . import files
 from .base import MatrixSink, MatrixSource, PartialSink
 from .files import PARTIAL
 
@@ -112,8 +113,9 @@ def left_behind(final: str) -> list[str]:
     """Temporary outputs of ``final`` that earlier runs left (interrupted, killed, or kept
     when a resume started afresh), whose process is gone: after a run of ``final`` was
     committed, nothing needs them. They are the user's to remove; oocgemm names them."""
+    going = files.discarding()  # a replaced output this process is removing
     return sorted(p for p in _partials(final)
-                  if not p.endswith(NAME) and not writer_alive(p))
+                  if not p.endswith(NAME) and not writer_alive(p) and p not in going)
 
 
 class Journal:

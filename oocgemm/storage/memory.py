@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from ..errors import OutputError
+from ..errors import OutputError, operand_name
 from .base import MatrixSink, MatrixSource, blas_view
 
 
@@ -60,7 +60,7 @@ class NumpySink(MatrixSink):
 
     def __init__(self, array: np.ndarray, name: str = "numpy array"):
         if not array.flags.writeable:
-            raise OutputError(f"out ({name}) is read-only")
+            raise OutputError(f"{operand_name('out', name)} is read-only")
         self._array = array
         self.shape = tuple(array.shape)
         self.dtype = array.dtype

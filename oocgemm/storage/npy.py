@@ -27,7 +27,21 @@ def open_npy(path: str, role: str) -> NumpySource:
                          f"{exc})") from None
     except OSError as exc:
         raise InputError(f"{role}: cannot open {path!r}: {exc}") from None
+    if not isinstance(array, np.ndarray):  # np.load opens a zip file as an NpzFile
+        names = list(array.files)
+        array.close()
+        raise InputError(npz_message(path, role, names))
     return NumpySource(array, name=path, on_disk=True, path=os.path.abspath(path))
+
+
+def npz_message(path: str, role: str, names: list[str]) -> str:
+    """Why a .npz file is not a matrix, and what to pass instead: one of its arrays."""
+    if not names:
+        return f"{role}: {path!r} is a .npz archive that holds no arrays; pass a .npy file"
+    shown = ", ".join(repr(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
+    return (f"{role}: {path!r} is a .npz archive, which holds several arrays ({shown}), not "
+            f"one matrix; pass one of them: np.load({path!r})[{names[0]!r}] (read into "
+            f"memory), or save it as a .npy file to read it from disk")
 
 
 def _reserve(path: str) -> None:
@@ -93,7 +107,10 @@ class NpySink(MatrixSink):
         return getattr(self, "_array", None)
 
     def commit(self):
-        self._array.flush()
+        # No msync: it wrote the whole C back to disk before the call could return (seconds
+        # a few GB, as long as storing C at the disk's rate), where the OS writes the pages
+        # back behind the caller as it does a Zarr output's chunk files; the rename below
+        # publishes what the page cache holds either way.
         del self._array
         files.publish(self._temporary, self._final, replace=self._replace)
         self._temporary = None

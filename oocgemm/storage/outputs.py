@@ -60,6 +60,9 @@ def check_out_path(path: str) -> None:
     if not path.strip():
         raise OutputError("out is an empty path; name a .zarr or .npy output")
     kind = kind_of_path(path)
+    if kind == "zip" or path.lower().endswith(".npz"):
+        raise OutputError(f"out {path!r}: oocgemm does not write zip archives (.zip, .npz); "
+                          f"write a .zarr or .npy output, and zip it after the run if needed")
     if kind == "npy" and path.endswith(("/", os.sep)):
         raise OutputError(f"out {path!r}: a .npy output is a file, not a directory")
     if os.path.lexists(path):

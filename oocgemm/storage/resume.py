@@ -23,17 +23,29 @@ from . import is_path, urls
 from . import journal as journals
 
 
-def signatures(out, inputs: dict) -> dict | None:
+def signatures(out, inputs: dict, known: dict | None = None) -> dict | None:
     """Each input's signature (``inputs``: role -> what the user passed), for a run's journal;
     None where the run cannot be resumed: an output that is not a local path, or an input
-    that is not a local file or folder."""
+    that is not a local file or folder. ``known``: the signatures taken already
+    (:func:`local_signatures` of the same inputs)."""
     if not is_path(out) or urls.is_url(os.fspath(out)):
         return None
+    found = local_signatures(inputs) if known is None else known
+    return found if set(found) == set(inputs) else None
+
+
+def local_signatures(inputs: dict) -> dict:
+    """The signatures of the ``inputs`` (role -> what the user passed) that are local files
+    or folders (:func:`~oocgemm.storage.journal.signature`: their stat, nothing read); an
+    input that is no longer there signs as ``'missing'``. Arrays and URLs are left out."""
     found = {}
     for role, x in inputs.items():
         if not is_path(x) or urls.is_url(urls.local(os.fspath(x))):
-            return None
-        found[role] = journals.signature(urls.local(os.fspath(x)))
+            continue
+        try:
+            found[role] = journals.signature(urls.local(os.fspath(x)))
+        except FileNotFoundError:
+            found[role] = "missing"
     return found
 
 
@@ -52,6 +64,15 @@ def not_resumable(out, inputs: dict) -> str:
         return (f"{why}: {', '.join(urls_in)} {'is a URL' if len(urls_in) == 1 else 'are URLs'}"
                 f", whose changes a journal cannot see; run it again without resume")
     return why
+
+
+def nothing_to_resume(final: str) -> str:
+    """Why ``resume=True`` of the output ``final``, which exists and has no interrupted run
+    to finish, does nothing: a run publishes its output only once it is complete."""
+    return (f"cannot resume: out {final!r} is complete (a run publishes its output only once "
+            f"every block is written) and no interrupted run of it is left, so there is "
+            f"nothing to resume; run without resume (--resume) to keep it, or with "
+            f"overwrite=True (--overwrite) to compute it again")
 
 
 def fingerprint(plan: Plan, inputs: dict, out, in_place: bool, layout: dict) -> dict:

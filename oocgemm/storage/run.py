@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import machine
 from ..arguments import check_dtype, check_matrix
-from ..errors import DTypeError, OptionError, OutputError, ShapeError
+from ..errors import DTypeError, InputError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
 from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls
 from .files import signals_deferred
@@ -64,6 +64,10 @@ class RunIO:
     """The inputs' signatures of a journaled run."""
     _plan: Any = None
     """The plan being run."""
+    signed: dict = field(default_factory=dict)
+    """The signatures of the matrices read from local paths when they were opened ('A', 'B',
+    'C': :func:`~oocgemm.storage.resume.local_signatures`): their shapes and layouts were
+    read then, and :meth:`begin` refuses to read files that changed since."""
 
     # -- before the plan ---------------------------------------------------------------
     def operands(self) -> tuple[Operand, Operand, Operand | None, Operand]:
@@ -103,16 +107,18 @@ class RunIO:
         """Open the output for a run of ``plan``, with its journal where the output is a
         path of inputs stored as files; with ``resume_``, continue the interrupted run of
         this product. The plan to run (the interrupted run's, with its blocks done)."""
-        inputs = {"A": self.given["a"], "B": self.given["b"]}
-        if plan.problem.reads_c:
-            inputs["C"] = self.out if self.in_place else self.given["c"]
-        signatures = resume.signatures(self.out, inputs)
+        inputs = self.read_paths(plan.problem.reads_c)
+        now = resume.local_signatures(inputs)
+        self._check_unchanged(now)
+        signatures = resume.signatures(self.out, inputs, now)
         journal = temporary = None
         if resume_:
             if signatures is None:
                 raise OptionError(resume.not_resumable(self.out, inputs))
             plan, journal, temporary = resume.resumable(
                 plan, self.out, lambda p: self._fingerprint(p, signatures))
+            if journal is None and not (overwrite or self.in_place) and exists(self.out):
+                raise OutputError(resume.nothing_to_resume(os.fspath(self.out)))
         elif signatures is not None:
             resume.warn_kept(os.fspath(self.out))
         self._journal = journal  # closed by __exit__ when the sink is never made
@@ -129,6 +135,28 @@ class RunIO:
                 self.sink = JournaledSink(self.sink, journal, plan.row_splits, plan.col_splits)
         self._signatures, self._plan = signatures, plan
         return plan
+
+    def read_paths(self, reads_c: bool) -> dict:
+        """What the user passed for each matrix the run reads ('A', 'B', and 'C' where
+        ``reads_c``: ``c``, or ``out`` updated in place)."""
+        inputs = {"A": self.given["a"], "B": self.given["b"]}
+        if reads_c:
+            inputs["C"] = self.out if self.in_place else self.given["c"]
+        return inputs
+
+    def _check_unchanged(self, now: dict) -> None:
+        """InputError where a matrix read from a local path is not the file (or folder) that
+        was opened: rewritten, replaced or removed since, its bytes would be read with the
+        shape and layout read then (``now``: the signatures taken again)."""
+        for role, signed in self.signed.items():
+            if now.get(role, signed) == signed:
+                continue
+            name = {"A": "a", "B": "b"}.get(role, "out (read as c)" if self.in_place else "c")
+            path = self.read_paths(True)[role]
+            how = "was removed" if now[role] == "missing" else "was rewritten or replaced"
+            raise InputError(f"{name}: {os.fspath(path)!r} {how} after it was opened (its "
+                             f"shape and layout were read then); nothing was computed: make a "
+                             f"new Product, or call multiply again, to read it as it is now")
 
     def _fingerprint(self, plan: Plan, signatures: dict) -> dict:
         return resume.fingerprint(plan, signatures, self.out, self.in_place, self.layout(plan))
@@ -178,8 +206,8 @@ class RunIO:
         """Signals held back while the output is created or committed
         (:func:`~oocgemm.storage.files.signals_deferred`), but for an array in memory
         (None, a numpy array, a CuPy array): nothing is published there, and swapping the
-        handlers took 0.03 ms of each of the begin and the commit (n = 1024 from numpy
-        on the H200's host: 2.5-3 ms a call)."""
+        handlers at the begin and the commit is a cost a small product's call notices
+        (docs/performance.md, "Figures moved from the code's docstrings")."""
         out = self.out
         in_memory = out is None or (isinstance(out, np.ndarray) and not isinstance(out, np.memmap)
                                     ) or hasattr(out, "__cuda_array_interface__")
@@ -315,10 +343,12 @@ def _opened(a, b, out, c, alpha, beta, trans_a, trans_b, out_options, storage_op
     sources = {"A": src_a, "B": src_b}
     if src_c is not None and reads_c:
         sources["C"] = src_c
-    return RunIO(sources=sources, out=out, out_operand=out_operand, in_place=in_place,
-                 shared=shared, shape=(m, n, k), dtype=dtype, out_options=out_options,
-                 given={"a": a, "b": b, "c": c}, storage_options=storage_options,
-                 _opened=list(opened))
+    io = RunIO(sources=sources, out=out, out_operand=out_operand, in_place=in_place,
+               shared=shared, shape=(m, n, k), dtype=dtype, out_options=out_options,
+               given={"a": a, "b": b, "c": c}, storage_options=storage_options,
+               _opened=list(opened))
+    io.signed = resume.local_signatures(io.read_paths(reads_c))
+    return io
 
 
 def _dimensions(src_a, src_b, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
@@ -366,10 +396,14 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
     decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
+    prob = plan.problem
+    planned = {"A": prob.a, "B": prob.b, "C": prob.c}
     for name, src in sources.items():
-        if name == "B" and plan.problem.shared:
+        operand = planned.get(name)  # as the plan reads it: whole chunks, or slices of them
+        whole = operand.decoded if operand is not None else not src.sliced
+        if name == "B" and prob.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
-        elif (src.on_disk and src.chunks is not None and not src.sliced
+        elif (src.on_disk and src.chunks is not None and whole
               and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),

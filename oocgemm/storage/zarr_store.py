@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import warnings
+import zipfile
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -40,13 +41,41 @@ def open_zarr_array(path: str, role: str):
     return node
 
 
+def open_zip_array(path: str, role: str):
+    """Open a Zarr array stored in a zip file read-only (zarr's ``ZipStore``), with a clear
+    error for everything else; the store is closed with the source
+    (:meth:`ZarrSource.close`)."""
+    store = zarr.storage.ZipStore(path, mode="r")  # opens the file when first read
+    try:
+        node = zarr.open(store=store, mode="r")
+    except Exception as exc:
+        _close_quietly(store)
+        if isinstance(exc, zipfile.BadZipFile):
+            raise InputError(f"{role}: {path!r} is not a readable zip file ({exc})") from None
+        raise InputError(f"{role}: {path!r} is a zip file that holds no readable Zarr array "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(node, zarr.Array):
+        _close_quietly(store)
+        raise InputError(f"{role}: the zip file {path!r} holds a Zarr group, not an array; "
+                         f"open it with zarr.open_array(zarr.storage.ZipStore({path!r}), "
+                         f"path=...) and pass that array")
+    return node
+
+
+def _close_quietly(store) -> None:
+    """Close a store that failed to open (a ZipStore whose file never opened has nothing to
+    close, and says so by raising)."""
+    with contextlib.suppress(Exception):
+        store.close()
+
+
 def pipeline_config(threads: int) -> dict:
     """zarr settings under which oocgemm opens the arrays it reads and those it creates,
-    chosen by measurement (docs/performance.md, the H100 machine, warm): zarr's fused codec
-    pipeline where zarr has one (3.4+; whole 4096² zstd chunks decoded from 16 threads at
-    3.30 GB/s, 4096² chunks stored uncompressed from 8 threads at 10.0 GB/s against 2.50 with
-    zarr's defaults), else the ``zarrs`` pipeline where it is installed (2.83 and 7.96), else
-    zarr's own with more concurrency (decoding at 2.17 against 1.75 with its defaults)."""
+    chosen by measurement (docs/performance.md, "Which decoder" and "Zarr writes, n =
+    32768"): zarr's fused codec pipeline where zarr has one (3.4+; the quickest to decode
+    whole zstd chunks, and to store uncompressed ones, several times quicker than zarr's
+    defaults), else the ``zarrs`` pipeline where it is installed (the next quickest), else
+    zarr's own with more concurrency (quicker than its defaults)."""
     from zarr.core import codec_pipeline
 
     config: dict[str, object] = {"async.concurrency": 4 * threads,
@@ -90,11 +119,10 @@ class Frame(NamedTuple):
 class _Direct:
     """Whole chunks of a local, unsharded Zarr array whose chunks are plain C-order bytes,
     compressed or not, decoded straight into the caller's buffer: the chunk file read, its
-    codec (numcodecs) run on it; and written the other way (:meth:`write`). On the H100
-    machine 16 threads decode the zstd chunks of a 16.4 GB matrix at 8.1 GB/s this way,
-    against 2.7 GB/s through zarr's fused codec pipeline (docs/performance.md, Gram
-    products). :func:`direct` says which arrays qualify; every other layout goes through
-    zarr."""
+    codec (numcodecs) run on it; and written the other way (:meth:`write`). Decoding zstd
+    chunks this way is several times quicker than through zarr's fused codec pipeline
+    (docs/performance.md, "Gram products"). :func:`direct` says which arrays qualify; every
+    other layout goes through zarr."""
 
     def __init__(self, array: zarr.Array, codec):
         self.array = array
@@ -226,10 +254,10 @@ IOV_MAX = 1024
 
 def write_all(fd: int, buffers: list) -> None:
     """``buffers`` written to ``fd`` back to back, with as few system calls as the kernel
-    takes (``os.writev``, which lets the other threads run; an uncompressed chunk's rows
-    copied into a fresh whole chunk first took an encoder thread 270-300 ms per 128 MiB
-    chunk, faulting its pages in, on the H200 machine); a short write goes on where it
-    stopped."""
+    takes (``os.writev``, which lets the other threads run; copying an uncompressed chunk's
+    rows into a fresh whole chunk first cost an encoder thread far more, faulting its pages
+    in: docs/performance.md, "C compressed on the GPU by default"); a short write goes on
+    where it stopped."""
     views = [b.cast("B") if b.format != "B" else b for b in buffers]
     start = 0
     while start < len(views):
@@ -248,9 +276,9 @@ class _DirectSharded(_Direct):
     bytes, raw or compressed by one numcodecs codec: the shard's file mapped once, its index
     read (at its start or end, its crc32c checked where it has one), and each inner chunk
     decoded and copied into its place in the caller's buffer; inner chunks never written
-    take the fill value. On the H200 machine (16 threads, n = 32768, 4096² shards of 512²
-    zstd chunks) zarr's pipeline took about 75 core-seconds for the product's reads of
-    these stores against 45 for chunk files of the same data (docs/performance.md)."""
+    take the fill value. zarr's pipeline took far more of the host's CPU for a product's
+    reads of such stores (shards of small zstd chunks) than for chunk files of the same data
+    (docs/performance.md, "Shards read straight from their files")."""
 
     def __init__(self, array: zarr.Array, codec, sharding):
         super().__init__(array, codec)
@@ -395,12 +423,14 @@ def direct_reader(array: zarr.Array) -> _Direct | None:
 
 class ZarrSource(MatrixSource):
     def __init__(self, array: zarr.Array, name: str, path: str | None = None,
-                 incomplete_ok: bool = False):
+                 incomplete_ok: bool = False, owns_store: bool = False):
         mark = array.attrs.get("oocgemm")
         if isinstance(mark, dict) and mark.get("complete") is False and not incomplete_ok:
             raise InputError(f"{name}: an incomplete oocgemm output (its run was interrupted "
                              f"or failed); run the product again, or resume it")
         self._given = array
+        self._owns_store = owns_store
+        """The store was opened for this source (a zip file): closed with it."""
         self._array = fast_reader(array)
         self._direct = direct_reader(self._array)
         self._hinted: set[str] = set()
@@ -408,8 +438,8 @@ class ZarrSource(MatrixSource):
         self.shape = cast(tuple[int, int], tuple(array.shape))
         self.dtype = np.dtype(array.dtype)
         # The unit decoded at once: the shard of a sharded array. zarr's pipelines decode a
-        # whole shard at 3.2-3.5 GB/s against 1.0-2.3 for its inner chunks one call each
-        # (16 threads, 4096² shards of 512² chunks, docs/performance.md).
+        # whole shard quicker than its inner chunks one call each (docs/performance.md,
+        # "Which decoder").
         chunks = getattr(array, "shards", None) or array.chunks
         self.chunks = tuple(chunks) if len(chunks) == 2 else None
         self.on_disk = True
@@ -624,12 +654,19 @@ class ZarrSource(MatrixSource):
     def array(self):
         return self._given
 
+    def close(self) -> None:
+        if self._owns_store:
+            self._given.store_path.store.close()
+
 
 #: Keywords of ``zarr.create_array`` that ``out_options`` may set.
 OUT_OPTIONS = ("chunks", "shards", "compressors", "filters", "serializer", "zarr_format",
                "dimension_names", "chunk_key_encoding")
 #: Largest default output chunk, bytes: readers of C downstream want chunks, not one file.
 MAX_OUT_CHUNK = 64 << 20
+#: Smallest default output chunk where the blocks hold one, bytes: a store's cost per chunk
+#: (a file, an encoder's call) stays small beside its bytes.
+MIN_OUT_CHUNK = 4 << 20
 
 
 def _divisors(n: int) -> list[int]:
@@ -641,9 +678,20 @@ def output_chunks(block: tuple[int, int], itemsize: int, stripe_rows: int | None
                   limit: int = MAX_OUT_CHUNK) -> tuple[int, int]:
     """Default chunks of a new Zarr output: they tile the C blocks (``block``: w x h) and the
     row stripes C is written in (``stripe_rows``, staged plans), so that every write covers
-    whole chunks, and hold at most ``limit`` bytes; square-ish, as large as that allows."""
+    whole chunks, and hold at most ``limit`` bytes; square-ish, as large as that allows.
+
+    Stripes whose rows share few factors with the block's (2047 of 2048) would make chunks
+    of a row or so, and the store's cost per chunk the run's bound (a 16 KiB chunk each:
+    docs/performance.md, "Small blocks"): where the stripes' chunks would hold less than
+    :data:`MIN_OUT_CHUNK` and an eighth of a block, chunks tile the blocks only, and the
+    writer gathers the stripes that cut them (:class:`~oocgemm.storage.chunked.ChunkWriter`).
+    """
     w, h = max(block[0], 1), max(block[1], 1)
-    unit = math.gcd(w, stripe_rows) if stripe_rows else w
+    unit = w
+    if stripe_rows:
+        aligned = math.gcd(w, stripe_rows)
+        if aligned * h * itemsize >= min(MIN_OUT_CHUNK, w * h * itemsize // 8):
+            unit = aligned
     fits = [d for d in _divisors(unit) if d * d * itemsize <= limit] or [1]
     rows = fits[-1]
     cols = [d for d in _divisors(h) if rows * d * itemsize <= limit] or [1]

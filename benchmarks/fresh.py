@@ -1,0 +1,132 @@
+"""A fresh process beside a warm one (issue 51): ``oocgemm multiply`` on Zarr inputs with a
+warm page cache and a cold one, beside the same product in a warm process and the storage
+floor; where a fresh process's time goes (start-up and import, the call before the run's
+first operation, the run, the call after it, the exit); ``oocgemm --help``; what ``oocgemm
+plan`` predicts.
+
+    python -m benchmarks fresh --zarr /tmp/fresh --n 32768 --chunk 4096 [--memory-limit 16GB]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from benchmarks.common import remove_all, report, zarr_product_parser
+from oocgemm import machine
+
+#: A child that times itself: when it started, imported oocgemm, called and returned from
+#: multiply, and the run's own figures (its events' zero and its seconds).
+CHILD = """
+import json, sys, time
+t0 = time.time()
+import oocgemm
+t1 = time.time()
+r = oocgemm.multiply(*sys.argv[1:4], progress=False, events=True,
+                     **json.loads(sys.argv[4]))
+t2 = time.time()
+print(json.dumps({"started": t0, "imported": t1, "called": t1, "returned": t2,
+                  "run_zero": r.started_at, "run_seconds": r.seconds}), flush=True)
+"""
+
+
+def child(a: str, b: str, c: str, options: dict) -> dict:
+    """One fresh Python process's product, timed from outside and from inside."""
+    begun = time.time()
+    proc = subprocess.run([sys.executable, "-c", CHILD, a, b, c, json.dumps(options)],
+                          capture_output=True, text=True, check=True)
+    ended = time.time()
+    inside = json.loads(proc.stdout.strip().splitlines()[-1])
+    run_end = inside["run_zero"] + inside["run_seconds"]
+    return {"wall": ended - begun,
+            "start_and_import": inside["imported"] - begun,
+            "before_run": inside["run_zero"] - inside["called"],
+            "run": inside["run_seconds"],
+            "after_run": inside["returned"] - run_end,
+            "exit": ended - inside["returned"]}
+
+
+def command(argv: list[str]) -> float:
+    """Seconds of one ``oocgemm`` command (its output discarded)."""
+    begun = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "oocgemm", *argv], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - begun
+
+
+def main(argv=None) -> int:
+    import oocgemm
+    from benchmarks.storage_floor import drop_caches, product_floor, read_files
+    from benchmarks.zarr_stores import make_store, store_files
+
+    parser = zarr_product_parser(__doc__, n=32768, chunk=4096, device="auto",
+                                 memory_limit=None)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    work = os.path.abspath(args.zarr)
+    os.makedirs(work, exist_ok=True)
+    a, b, c = (os.path.join(work, name) for name in ("a.zarr", "b.zarr", "c.zarr"))
+    threads = machine.cores()
+    for seed, path in ((1, a), (2, b)):
+        make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed, threads=threads)
+    options = {"device": args.device}
+    flags = ["--device", args.device]
+    if args.memory_limit:
+        options["memory_limit"] = args.memory_limit
+        flags += ["--memory-limit", args.memory_limit]
+    files = store_files(a, b)
+    doc: dict = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "chunk": args.chunk,
+                 "options": options}
+    doc["help"] = min(command(["--help"]) for _ in range(5))
+    planned = subprocess.run([sys.executable, "-m", "oocgemm", "plan", a, b, *flags, "--json"],
+                             capture_output=True, text=True, check=True)
+    doc["predicted"] = json.loads(planned.stdout)["predicted_seconds"]
+
+    def ready() -> None:  # a new output each time (an overwrite is timed on its own)
+        shutil.rmtree(c, ignore_errors=True)
+        os.sync()
+        read_files(files, threads)
+
+    warm = []
+    for _ in range(args.repeat + 1):  # the first pays the process's first-run costs
+        ready()
+        begun = time.perf_counter()
+        oocgemm.multiply(a, b, c, progress=False, **options)
+        warm.append(time.perf_counter() - begun)
+    doc["warm_process"] = {"first": warm[0], "later": min(warm[1:])}
+    fresh, cli = [], []
+    for _ in range(args.repeat):
+        ready()
+        fresh.append(child(a, b, c, options))
+        ready()
+        cli.append(command(["multiply", a, b, "-o", c, "-q", *flags]))
+    doc["fresh_child"] = min(fresh, key=lambda r: r["wall"])
+    doc["cli_warm"] = min(cli)
+    doc["cli_warm_of_warm_process"] = doc["cli_warm"] / doc["warm_process"]["later"]
+    read_files(files, threads)  # c is there, just written: replaced
+    doc["cli_overwrite"] = command(["multiply", a, b, "-o", c, "--overwrite", "-q", *flags])
+
+    c_bytes = args.n * args.n * 8
+    floor = product_floor([a, b], c_bytes, work, threads)
+    doc["floor"] = floor["seconds"]
+    cold = []
+    for _ in range(args.repeat):
+        shutil.rmtree(c, ignore_errors=True)
+        doc["dropped"] = drop_caches(files)
+        cold.append(command(["multiply", a, b, "-o", c, "-q", *flags]))
+    doc["cli_cold"] = min(cold)
+    doc["cli_cold_of_floor"] = doc["cli_cold"] / floor["seconds"]
+    doc["predicted_of_warm"] = doc["predicted"] / doc["warm_process"]["later"]
+    doc["predicted_of_cold"] = doc["predicted"] / doc["cli_cold"]
+    report(doc, args.json)
+    remove_all(a, b, c)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
