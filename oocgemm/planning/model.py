@@ -119,9 +119,7 @@ def _cpu_model(cores: int) -> DeviceModel:
     # copies between warm buffers (memory_copy). zstd chunk files decode straight into the
     # buffers at a rate per core (decode), quicker than through zarr-python's pipeline.
     # Measured on a 2-core VM: docs/performance.md, "Figures moved from the code's
-    # docstrings" (the cost model). op_overhead: what an operation of the CPU executor
-    # costs beside its work, the walk that makes it included (4000² in 128³ blocks from
-    # numpy, 38,921 operations: docs/performance.md, "Small blocks on the CPU").
+    # docstrings" (the cost model).
     return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
-                       decode=1.0e9 * cores, decode_on_compute_cores=True, op_overhead=20e-6)
+                       decode=1.0e9 * cores, decode_on_compute_cores=True)
