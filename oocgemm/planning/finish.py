@@ -77,8 +77,8 @@ def with_resident_panels(plan: Plan) -> Plan:
     inputs = sorted((("A", "n_a", p * nk), ("B", "n_b", q * nk)),
                     key=lambda x: prob.operand_bytes(x[0]))
     for name, field, panels in inputs:
-        if getattr(plan, field) >= panels:
-            continue
+        if getattr(plan, field) >= panels or (name == "A" and nk == 1):
+            continue  # (one K panel: each of A's is shared by its row of blocks already)
         trial = (dataclasses.replace(plan, n_a=panels) if field == "n_a"
                  else dataclasses.replace(plan, n_b=panels))
         if name in plan.in_place:

@@ -409,21 +409,26 @@ class _Builder:
         """The dependencies an op of ``lane`` needs: none on its own lane (it runs after those
         in order), the latest on each other in-order lane (it stands for the earlier ones),
         and every pool op (READ, WRITE: no order among them)."""
+        lanes = self.lanes
         if len(deps) == 1:  # the common case (a stripe's read, a write's one reader)
             d = deps[0]
-            return () if d is None or (lane is not None and self.lanes[d] == lane) else (d,)
-        latest: dict[str, int] = {}
-        pool = set()
+            return () if d is None or (lane is not None and lanes[d] == lane) else (d,)
+        latest: dict[str, int] | None = None  # (made only where another lane is named)
+        pool = []
         for d in deps:
             if d is None:
                 continue
-            other = self.lanes[d]
+            other = lanes[d]
             if other is None:
-                pool.add(d)
-            elif other != lane and d > latest.get(other, -1):
-                latest[other] = d
-        pool.update(latest.values())
-        return tuple(sorted(pool))
+                pool.append(d)
+            elif other != lane:
+                if latest is None:
+                    latest = {other: d}
+                elif d > latest.get(other, -1):
+                    latest[other] = d
+        if latest:
+            pool.extend(latest.values())
+        return tuple(sorted(set(pool))) if len(pool) > 1 else tuple(pool)
 
     def write_deps(self, slot: str, *extra: int, lo: int = 0, hi: int = WHOLE) -> list[int]:
         return self.state[slot].hazards(lo, hi) + [e for e in extra if e is not None]

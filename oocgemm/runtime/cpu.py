@@ -201,6 +201,9 @@ class CpuExecutor(Executor):
         self._objects: dict = {}
         # C slots stand for the output's regions (Plan.in_place)
         self._binds = "C" in plan.in_place
+        # GEMMs that _plain_gemm may run: native BLAS on panels used as stored
+        self._plain = not (self.strategy.emulated or plan.problem.trans_a
+                           or plan.problem.trans_b)
         self._board = _Board(self._cancel)
         self._records: list[list] = []  # each lane thread's (op, lane, start, end, nbytes)
         self._errors: list[BaseException] = []
@@ -366,6 +369,9 @@ class CpuExecutor(Executor):
         beta = op.beta
         if beta == 0 and self._binds:  # starts a block: C is not read
             self._bind_output(op)
+        if self._plain and not op.offset and op.alpha == 1 and beta in (0, 1) \
+                and not op.upper and self._plain_gemm(op, beta):
+            return
         panel, a, b, c = self._operands(op)
         multiply = upper_matmul if op.upper else np.matmul
         if self.strategy.emulated:  # the same steps, the product emulated
@@ -391,6 +397,26 @@ class CpuExecutor(Executor):
         if op.alpha != 1:
             product *= op.alpha
         c += product
+
+    def _plain_gemm(self, op, beta) -> bool:
+        """The GEMM of a whole block (alpha 1, beta 0 or 1, native, nothing transposed) whose
+        panels and C slot stand for data in place, as :meth:`_gemm` runs it, with none of
+        its shapes worked out (they are the views'): most GEMMs of small blocks from memory.
+        False where they are not all bound, or the GEMM covers some rows only."""
+        bound = self._bound
+        a, b, c = bound.get(op.src[0]), bound.get(op.src[1]), bound.get(op.dst)
+        (r0, r1), _ = op.region
+        if a is None or b is None or c is None or r1 - r0 != c.shape[0]:
+            return False
+        if beta == 0:  # C is not read
+            np.matmul(a, b, out=c)
+            return True
+        product = self._accumulators.get(c.shape)
+        if product is None:
+            product = self._accumulators[c.shape] = self.view("accumulator", c.shape)
+        np.matmul(a, b, out=product)
+        c += product
+        return True
 
     def _operands(self, op) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What a GEMM combines: A's panel (as used: transposed where stored so), its rows
