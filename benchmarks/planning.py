@@ -16,11 +16,11 @@ import time
 import numpy as np
 
 from oocgemm.kernel_catalog import check_kernel
+from oocgemm.lifecycle.run import open_run
 from oocgemm.options import Options
 from oocgemm.planning import Problem, cpu_model, cuda_model, tiling
 from oocgemm.product import plan_product
 from oocgemm.runtime.staging import staging_for
-from oocgemm.storage.run import open_run
 
 from .common import BenchError
 

@@ -12,7 +12,7 @@ wrappers over it::
         print(product.plan())          # read nothing yet
         result = product.execute()     # runs the plan printed above
 
-The run's I/O is opened and checked by :func:`~oocgemm.storage.run.open_run` (the operands,
+The run's I/O is opened and checked by :func:`~oocgemm.lifecycle.run.open_run` (the operands,
 the output target, aliasing); the plan is made by :mod:`oocgemm.planning` (which never
 touches storage) with the executor's staging handed over as data
 (:mod:`oocgemm.runtime.staging`); the runtime (:func:`oocgemm.runtime.execute.execute`: one
@@ -42,6 +42,7 @@ from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel
 from .labels import labelled
+from .lifecycle.run import RunIO, chunk_counts, open_run
 from .options import Options
 from .planning import (
     STAGING,
@@ -61,7 +62,6 @@ from .result import Result
 from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
 from .storage.identity import seen_through
-from .storage.run import RunIO, chunk_counts, open_run
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
 from .units import echo_size, format_size, parse_size

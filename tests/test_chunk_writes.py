@@ -17,10 +17,10 @@ from _helpers import assert_gemm, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
+from oocgemm.lifecycle.run import chunk_readers, chunk_writer
 from oocgemm.planning.chunks import assembly_bytes, chunks_of
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.chunked import ChunkWriter
-from oocgemm.storage.run import chunk_readers, chunk_writer
 from oocgemm.storage.zarr_store import ZarrSink, ZarrSource
 
 
@@ -244,7 +244,7 @@ def test_a_journal_records_a_block_only_when_its_chunks_are_stored(rng, workdir)
     """The writer's cells lie inside blocks: when a block's last stripe has passed, its
     chunks are stored and the journal over the sink records it, with checksums that the
     stored chunks match; a block cut short is neither recorded nor half stored."""
-    from oocgemm.storage.journal import Journal, JournaledSink, _verified
+    from oocgemm.lifecycle.journal import Journal, JournaledSink, _verified
 
     shape, rows, cols = (64, 40), (0, 32, 64), (0, 40)
     c = rng.standard_normal(shape)

@@ -16,6 +16,7 @@ from _helpers import assert_gemm, poisoned, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
+from oocgemm.lifecycle.run import chunk_readers
 from oocgemm.planning.chunks import (
     chunk_range,
     chunks_of,
@@ -26,7 +27,6 @@ from oocgemm.planning.chunks import (
 )
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
-from oocgemm.storage.run import chunk_readers
 from oocgemm.storage.zarr_store import ZarrSource
 
 

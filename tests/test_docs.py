@@ -317,7 +317,7 @@ def _package_names() -> tuple[set[str], dict[str, list[str]]]:
 
 
 def _relative(name: str) -> list[str] | None:
-    """The package's names that ``name`` may stand for (``storage.run.open_run``,
+    """The package's names that ``name`` may stand for (``lifecycle.run.open_run``,
     ``CudaExecutor.staging``, ``result.bytes``), or None where it names none of its modules,
     classes or a run's objects. A class's or an object's name is checked one attribute deep
     (what follows is an attribute of that attribute's value)."""

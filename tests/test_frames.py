@@ -15,12 +15,12 @@ import zarr
 from _helpers import assert_gemm, rand
 
 import oocgemm
+from oocgemm.lifecycle.journal import Journal, JournaledSink, verified
+from oocgemm.lifecycle.run import chunk_readers, chunk_writer
 from oocgemm.runtime.base import framed_writes
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.chunked import ChunkWriter
 from oocgemm.storage.frames import Framing, encode_stripe
-from oocgemm.storage.journal import Journal, JournaledSink, verified
-from oocgemm.storage.run import chunk_readers, chunk_writer
 from oocgemm.storage.zarr_store import ZarrSink, ZarrSource
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

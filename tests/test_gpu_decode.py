@@ -22,13 +22,13 @@ from _helpers import assert_gemm, poisoned, rand
 import oocgemm
 from oocgemm.cuda.decode import panel_batch
 from oocgemm.errors import InputError, OptionError
+from oocgemm.lifecycle.run import chunk_counts, chunk_readers
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
 from oocgemm.planning.grid import on_chunk_edges
 from oocgemm.planning.schedule import Op, decode_batches
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.frames import zstd_pieces
 from oocgemm.storage.memory import NumpySink
-from oocgemm.storage.run import chunk_counts, chunk_readers
 from oocgemm.storage.zarr_store import ZarrSource
 
 LAYOUTS = {
@@ -171,11 +171,11 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
               out_options=None):
     """A CUDA plan of ``za @ zb`` (the user's ``tile``, or the planner's for None) within
     ``memory`` of GPU and ``host`` (else ``memory``) of host memory, made without a GPU."""
+    from oocgemm.lifecycle.run import open_run
     from oocgemm.options import Options
     from oocgemm.planning import cuda_model
     from oocgemm.product import plan_product
     from oocgemm.runtime.staging import staging_for
-    from oocgemm.storage.run import open_run
 
     with open_run(za, zb, out, trans_a=trans_a, out_options=out_options) as io:
         m, n, k = io.shape
@@ -257,6 +257,7 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
     the GPU, decoded by the host) against the panelled plan with C whole whose inputs the
     GPU decodes, each once (H200: in core 3.2 s on 4096² chunks, 3.5-3.8 on shards). A
     product whose host decoding takes under IN_CORE_DECODE_FLOOR is not weighed."""
+    from oocgemm.lifecycle.run import open_run
     from oocgemm.options import Options
     from oocgemm.planning import cuda_model
     from oocgemm.product import (
@@ -266,7 +267,6 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
         plan_product,
     )
     from oocgemm.runtime.staging import staging_for
-    from oocgemm.storage.run import open_run
 
     def plans(n):
         arrays = [zarr.create_array(f"{x}{n}.zarr", shape=(n, n), dtype="f8", **layout)
@@ -294,8 +294,8 @@ def test_whether_the_inputs_are_in_the_page_cache(rng, workdir):
     """What the model's choice is told: the share of the stored objects' bytes the page
     cache holds (mincore; nothing read), dropped from it and read back into it; a store
     that is not a local folder cannot tell."""
+    from oocgemm.lifecycle.run import open_run
     from oocgemm.storage.files import cached_fraction
-    from oocgemm.storage.run import open_run
 
     a, b = rand(rng, (256, 192)), rand(rng, (192, 128))
     store("a.zarr", a, "v3-sharded")

@@ -470,7 +470,7 @@ def test_an_output_of_one_call_is_checked_against_each_input_once(rng, monkeypat
     """open_run: a and b are looked at once each (one_matrix and the output's check share
     the answers), and an output that views an input is still refused."""
     from oocgemm.errors import OutputError
-    from oocgemm.storage.run import open_run
+    from oocgemm.lifecycle.run import open_run
 
     calls = []
     real = identity_module.identity

@@ -68,7 +68,7 @@ def test_staged_writes_cover_whole_chunks(inputs):
     plan = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 25, 30))
     plan = dataclasses.replace(plan, staged=True, stripe=4 * 25, n_stage=3, n_out=2,
                                min_stripes=2)
-    from oocgemm.storage.outputs import output_layout
+    from oocgemm.lifecycle.outputs import output_layout
 
     rows, cols = output_layout(plan, {})["chunks"]
     writes = [op for op in plan.schedule.ops if op.kind.value == "write"]

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 import oocgemm
 from oocgemm import cuda
 from oocgemm.cli import main
+from oocgemm.lifecycle import journal as journal_module
 from oocgemm.planning.schedule import OpKind
-from oocgemm.storage import journal as journal_module
 from oocgemm.storage import npy
 from oocgemm.storage.files import PARTIAL
 
@@ -414,7 +414,7 @@ def test_an_outputs_layout_is_journaled_alike_by_every_process():
     is the process's: the layout in a run's fingerprint is its codecs' configuration."""
     code = ("import numcodecs\n"
             "from zarr import codecs\n"
-            "from oocgemm.storage.resume import layout_text\n"
+            "from oocgemm.lifecycle.resume import layout_text\n"
             "print(layout_text({'chunks': (64, 64), 'zarr_format': 3, 'compressors': "
             "codecs.BloscCodec(cname='lz4', clevel=5), 'shards': None, 'filters': "
             "[numcodecs.Blosc('lz4', 5)], 'tags': {'b', 'a', 'c'}}))\n")

@@ -124,10 +124,22 @@ def _imported_by(prefix: str) -> dict[str, set[str]]:
     ("oocgemm.storage", "oocgemm.api"),  # the run's I/O is assembled below the API
     ("oocgemm.planning", "oocgemm.storage"),  # the planner never touches storage
     ("oocgemm.runtime", "oocgemm.api"),
+    ("oocgemm.storage", "oocgemm.lifecycle"),  # adapters know nothing of a run's life
+    ("oocgemm.planning", "oocgemm.lifecycle"),
+    ("oocgemm.lifecycle", "oocgemm.api"),
 ])
 def test_the_way_through_goes_down_only(importer, forbidden):
     for module, deps in _imported_by(importer).items():
         wrong = sorted(d for d in deps if d == forbidden or d.startswith(forbidden + "."))
+        assert not wrong, f"{module} imports {wrong}"
+
+
+def test_storage_imports_no_plan():
+    """The adapters take what they are told (regions, chunk grids), not plans: of planning/
+    they use the pure chunk-grid helpers only."""
+    allowed = {"oocgemm.planning.chunks", "oocgemm.planning.grid"}
+    for module, deps in _imported_by("oocgemm.storage").items():
+        wrong = sorted(d for d in deps if d.startswith("oocgemm.planning") and d not in allowed)
         assert not wrong, f"{module} imports {wrong}"
 
 

@@ -1,6 +1,6 @@
 """The runtime's one entry point: a plan run into a run's I/O, on one device or several.
 
-:func:`execute` takes the plan, the run's I/O (:class:`~oocgemm.storage.run.RunIO`: it reads
+:func:`execute` takes the plan, the run's I/O (:class:`~oocgemm.lifecycle.run.RunIO`: it reads
 the sources and writes the sink at their grain) and the devices, and picks what replays the
 schedule: the executor of the device's kind (:func:`~oocgemm.runtime.base.executor_class`),
 or one executor per device (:mod:`oocgemm.runtime.multi_device`). When memory runs
@@ -42,7 +42,7 @@ class Run:
 
 def execute(plan, io, devices: list[str] | None = None, *, progress=None, record: bool = True,
             resources=None) -> Run:
-    """Run ``plan`` into ``io``'s sink (``io``: a :class:`~oocgemm.storage.run.RunIO` whose
+    """Run ``plan`` into ``io``'s sink (``io``: a :class:`~oocgemm.lifecycle.run.RunIO` whose
     output is open) on ``plan.device``, or on ``devices`` (several names of one kind) with
     the C blocks shared out; plan again with smaller blocks when memory runs short.
 

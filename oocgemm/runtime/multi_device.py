@@ -172,7 +172,7 @@ class Work:
 def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool = True,
                    resources=None, replanned: list[str] | None = None) -> MergedLog:
     """The product of ``plan`` on several executors, one per name of ``devices`` (one kind),
-    into ``io``'s sink (a :class:`~oocgemm.storage.run.RunIO` whose output is open): its K
+    into ``io``'s sink (a :class:`~oocgemm.lifecycle.run.RunIO` whose output is open): its K
     split when it has one C block (:func:`k_parts`; C written once), else its C blocks
     handed out in groups (:func:`run_split`) into ``io.writer(plan)``, the sink written at
     its grain (the groups' blocks share no chunk row band cell). Each executor reads the

@@ -30,9 +30,9 @@ from typing import TextIO
 import numpy as np
 
 from ..errors import OutputError
-from . import files
-from .base import MatrixSink, MatrixSource, PartialSink
-from .files import PARTIAL
+from ..storage import files
+from ..storage.base import MatrixSink, MatrixSource, PartialSink
+from ..storage.files import PARTIAL
 
 #: The journal's name inside a temporary Zarr output; beside a temporary .npy, its name + this.
 NAME = "oocgemm-journal.jsonl"
@@ -209,12 +209,12 @@ def verified(journal: Journal) -> set[tuple[int, int]]:
     if os.path.isdir(temporary):
         import zarr
 
-        from .zarr_store import ZarrSource
+        from ..storage.zarr_store import ZarrSource
 
         source = ZarrSource(zarr.open_array(temporary, mode="r"), name=temporary,
                             incomplete_ok=True)
     else:
-        from .memory import NumpySource
+        from ..storage.memory import NumpySource
 
         source = NumpySource(np.load(temporary, mmap_mode="r"), name=temporary, on_disk=True)
     try:

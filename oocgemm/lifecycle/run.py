@@ -26,9 +26,10 @@ from .. import machine
 from ..arguments import check_dtype, check_matrix
 from ..errors import DTypeError, InputError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
-from . import MatrixSource, exists, is_path, open_sink, open_source, resume, urls
-from .files import signals_deferred
-from .identity import check_output, one_matrix, remembered
+from ..storage import MatrixSource, exists, is_path, open_sink, open_source, urls
+from ..storage.files import signals_deferred
+from ..storage.identity import check_output, one_matrix, remembered
+from . import resume
 from .outputs import check_out, check_out_options, output_layout
 
 
@@ -66,7 +67,7 @@ class RunIO:
     """The plan being run."""
     signed: dict = field(default_factory=dict)
     """The signatures of the matrices read from local paths when they were opened ('A', 'B',
-    'C': :func:`~oocgemm.storage.resume.local_signatures`): their shapes and layouts were
+    'C': :func:`~oocgemm.lifecycle.resume.local_signatures`): their shapes and layouts were
     read then, and :meth:`begin` refuses to read files that changed since."""
 
     # -- before the plan ---------------------------------------------------------------
@@ -390,8 +391,8 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     (:class:`~oocgemm.storage.chunked.ChunkReader`): each chunk decoded once per load, or
     once per run for the operands the plan keeps."""
     from ..planning.chunks import loads
-    from .base import ChunkedSource
-    from .chunked import ChunkReader
+    from ..storage.base import ChunkedSource
+    from ..storage.chunked import ChunkReader
 
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
     decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
@@ -417,7 +418,7 @@ def chunk_writer(plan: Plan, sink):
     the output is stored in chunks on disk: each chunk encoded once, whole (not once per row
     stripe that cuts it), on the encoder threads, behind compute. Else the sink itself."""
     from ..planning.tiling import assembly_window
-    from .chunked import ChunkWriter
+    from ..storage.chunked import ChunkWriter
 
     if not sink.on_disk or not sink.chunks:
         return sink
@@ -431,7 +432,7 @@ def chunk_writer(plan: Plan, sink):
 def chunk_counts(readers: dict) -> dict:
     """What the chunk readers did, per operand: chunks, decodes (and which chunks), decoded
     and peak bytes, the readers' time copying out of decoded chunks."""
-    from .chunked import ChunkReader
+    from ..storage.chunked import ChunkReader
 
     counts: dict = {}
     seen: dict[int, str] = {}  # one reader for one matrix in both roles: reported once, as A

@@ -1,7 +1,7 @@
 """What a run of an output path tells its journal, and how a later run finds and judges it.
 
 A run's fingerprint (:func:`fingerprint`) holds what it computes and from what: its inputs'
-signatures (:func:`~oocgemm.storage.journal.signature`), the problem, the output and its
+signatures (:func:`~oocgemm.lifecycle.journal.signature`), the problem, the output and its
 layout; its schedule key (:func:`schedule_key`) what fixes the order of every block's sums.
 :func:`resumable` finds the interrupted run of the same product (same fingerprint and key:
 then the blocks it journaled are bitwise what this run would compute) and says in words what
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..errors import BudgetError, OutputError
 from ..planning import Plan, finished
-from . import is_path, urls
+from ..storage import is_path, urls
 from . import journal as journals
 
 
@@ -36,7 +36,7 @@ def signatures(out, inputs: dict, known: dict | None = None) -> dict | None:
 
 def local_signatures(inputs: dict) -> dict:
     """The signatures of the ``inputs`` (role -> what the user passed) that are local files
-    or folders (:func:`~oocgemm.storage.journal.signature`: their stat, nothing read); an
+    or folders (:func:`~oocgemm.lifecycle.journal.signature`: their stat, nothing read); an
     input that is no longer there signs as ``'missing'``. Arrays and URLs are left out."""
     found = {}
     for role, x in inputs.items():

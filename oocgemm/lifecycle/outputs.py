@@ -16,9 +16,9 @@ from .. import machine
 from ..arguments import check_dtype
 from ..errors import DTypeError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
+from ..storage import is_path, kind_of_path, urls
+from ..storage.regions import ZarrRegion, write_unit
 from ..units import format_size
-from . import is_path, kind_of_path, urls
-from .regions import ZarrRegion, write_unit
 
 
 def check_out(out, shape: tuple[int, int], dtype: np.dtype) -> Operand:
@@ -68,7 +68,7 @@ def check_out_path(path: str) -> None:
     if os.path.lexists(path):
         _check_replaceable(path, kind)
     elif not path.lower().rstrip("/\\").endswith((".zarr", ".npy")):
-        from .zarr_store import parent_group  # zarr is imported when a run needs it
+        from ..storage.zarr_store import parent_group  # zarr is imported when a run needs it
 
         if parent_group(path) is None:  # inside a Zarr group any name is one of its arrays
             raise OutputError(f"out {path!r}: name a new output .zarr (a Zarr array) or .npy "
@@ -80,7 +80,7 @@ def check_out_path(path: str) -> None:
 
 def _check_replaceable(path: str, kind: str) -> None:
     """An existing output path is one oocgemm may replace: a Zarr array or a .npy file."""
-    from .zarr_store import is_zarr_array
+    from ..storage.zarr_store import is_zarr_array
 
     if kind == "zarr" and not is_zarr_array(path):
         raise OutputError(f"out {path!r} exists and is not a Zarr array; oocgemm replaces "
@@ -104,7 +104,7 @@ def check_out_options(out, options, shape, dtype, in_place: bool) -> dict:
     """``out_options`` for a new Zarr output path, checked before any work (with the Zarr
     format of the group it goes into filled in); refused where the output is not created by
     this run (an array, a .npy file, an update in place)."""
-    from .zarr_store import check_zarr_options
+    from ..storage.zarr_store import check_zarr_options
 
     zarr_path = is_path(out) and kind_of_path(os.fspath(out)) == "zarr"
     if options is None:  # a Zarr path is written anew (in place too): its group's format
@@ -124,7 +124,7 @@ def output_layout(plan: Plan, out_options: dict, original=None) -> dict:
     (:func:`~oocgemm.storage.zarr_store.output_chunks`), and the Zarr format of the group
     the output goes into; for an update in place of the Zarr array ``original``, that
     array's own layout."""
-    from .zarr_store import ZarrSource, layout_of, output_chunks
+    from ..storage.zarr_store import ZarrSource, layout_of, output_chunks
 
     if isinstance(original, ZarrSource):
         # An update in place keeps the user's array as it was: chunks, shards, codecs, fill
