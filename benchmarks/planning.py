@@ -15,12 +15,11 @@ import time
 
 import numpy as np
 
+from oocgemm.backends import backend_of
 from oocgemm.kernel_catalog import check_kernel
 from oocgemm.lifecycle.run import open_run
-from oocgemm.options import Options
-from oocgemm.planning import Problem, cpu_model, cuda_model, tiling
-from oocgemm.product import plan_product
-from oocgemm.runtime.staging import staging_for
+from oocgemm.planning import Problem, tiling
+from oocgemm.planning.planner import Facts, plan_product
 
 from .common import BenchError
 
@@ -37,10 +36,11 @@ def in_memory_problem(n: int) -> Problem:
 
 def _plan_seconds(problem: Problem, device: str, mem: int, host: int, repeat: int,
                   floors: bool) -> tuple[float, tuple[int, int, int]]:
-    kind = device.partition(":")[0]
-    model = cuda_model() if kind == "cuda" else cpu_model()
+    backend = backend_of(device)
+    model = backend.model()
     kernel = check_kernel(None, np.dtype(problem.dtype))
-    staging = staging_for(kind, problem, model, kernel)
+    facts = Facts(device=device, kernel=kernel, model=model, memory_limit=mem,
+                  host_memory_limit=host, staging=backend.staging(problem, model, kernel))
     real = tiling._resource_floor
     if not floors:
         tiling._resource_floor = lambda *args, **kwargs: 0.0
@@ -48,8 +48,7 @@ def _plan_seconds(problem: Problem, device: str, mem: int, host: int, repeat: in
         times, tile = [], None
         for _ in range(repeat):
             start = time.perf_counter()
-            plan = plan_product(problem, Options.of("planning"), device, kernel, model, mem,
-                                host, staging)
+            plan = plan_product(problem, facts)
             times.append(time.perf_counter() - start)
             tile = plan.tile
     finally:

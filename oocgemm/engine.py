@@ -85,13 +85,11 @@ class Engine:
         keep nothing: the CPU)."""
         with self._lock:
             self._check_open()  # a closed engine runs nothing, on a CPU either
-            if kind != "cuda":
-                return None
-            if "cuda" not in self._resources:
-                from .cuda.context import Resources
+            if kind not in self._resources:
+                from .backends import backend_of
 
-                self._resources["cuda"] = Resources()
-            return self._resources["cuda"]
+                self._resources[kind] = backend_of(kind).resources()
+            return self._resources[kind]
 
     def close(self) -> None:
         """Free the resources; later calls are refused. Closing twice is harmless."""
@@ -101,7 +99,8 @@ class Engine:
             self.closed = True
             resources, self._resources = self._resources, {}
         for held in resources.values():
-            held.close()
+            if held is not None:
+                held.close()
 
     def _check_open(self) -> None:
         if self.closed:

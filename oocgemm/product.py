@@ -23,48 +23,31 @@ says what happened.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import numbers
 import os
 import re
-import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from . import machine
 from .arguments import flag, scalar
+from .backends import backend_of, device_index
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel
 from .labels import labelled
 from .lifecycle.run import RunIO, chunk_counts, open_run
 from .options import Options
-from .planning import (
-    STAGING,
-    Plan,
-    Problem,
-    choose_tile,
-    cpu_model,
-    cuda_model,
-    finished,
-    in_core_shape,
-    in_place,
-    on_object_edges,
-    with_gpu_decode,
-    with_tile_advice,
-)
+from .planning import Plan, Problem
+from .planning.planner import Facts, make_plan
 from .result import Result
 from .runtime.execute import execute
-from .runtime.staging import Staging, staging_for
 from .storage.identity import seen_through
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
-from .units import echo_size, format_size, parse_size
+from .units import echo_size, format_size
 
 __all__ = ["Product"]
 
@@ -111,11 +94,10 @@ class Product:
         a, trans_a, b, trans_b = seen_through(a, trans_a, b, trans_b)
         #: The device the plan is made for (the first of several).
         self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
-        if self.device.kind == "cuda":  # contexts and cuBLAS start while the inputs open
-            from .cuda import startup
-
-            startup.ahead([int(d.partition(":")[2] or 0) for d in self.devices]
-                          if self.devices else [self.device.index])
+        self._backend = backend_of(self.device)
+        # (a GPU's context and cuBLAS start while the inputs open)
+        self._backend.start([device_index(d) for d in self.devices] if self.devices
+                            else [self.device.index])
         self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
                                    trans_b=trans_b, out_options=self.options.out_options,
                                    storage_options=self.options.storage_options)
@@ -123,7 +105,6 @@ class Product:
         self._plan: Plan | None = None
         #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
         self._limits: tuple[int, int] | None = None
-        self._held: set[str] | None = None  # the inputs the page cache holds (_cached)
         self._executed = False
         #: True once what it opened is released; it plans and runs nothing more.
         self.closed = False
@@ -229,55 +210,37 @@ class Product:
         problem = Problem(m=m, n=n, k=k, itemsize=io.dtype.itemsize, dtype=io.dtype.name,
                           a=op_a, b=op_b, c=op_c, out=op_out, alpha=alpha, beta=beta,
                           trans_a=trans_a, trans_b=trans_b, shared=io.shared)
-        kernel = check_kernel(self.options.kernel, np.dtype(problem.dtype))
+        plan = make_plan(problem, self._facts(problem))
+        for advice in plan.warnings:
+            _warn(advice)
+        return plan
+
+    def _facts(self, problem: Problem) -> Facts:
+        """What the planner needs to know of this product's device and I/O."""
+        options, backend = self.options, self._backend
+        kernel = check_kernel(options.kernel, np.dtype(problem.dtype))
         if self.device.kind not in strategy_of(kernel).devices:
             raise OptionError(f"kernel={kernel!r} is a CUDA kernel, but the device is "
                               f"{self.device}; leave kernel unset on the CPU")
-        model, mem, host = _budgets(self.device, self.options)
+        model, mem, host = backend.budgets(self.device.index, options)
         self._limits = (mem, host)
-        staging = staging_for(self.device.kind, problem, model, kernel)
-        args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
-        key = _plan_key(*args)
-        plan = SMALL_PLANS.get(key)
-        if plan is None:
-            plan = plan_product(*args)
-            if key is not None and _one_block(plan):
-                SMALL_PLANS.put(key, plan)
-        for advice in plan.warnings:
-            _warn(advice)
-        mode = gpu_decode_mode()
-        if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
-            return self._told_cached(plan)
-        # In core, A and B are each one panel: decoding them on the device takes the
-        # panelled plan, which the choice weighs against the in-core one.
-        base = plan_product(*args, in_core=False) if _in_core_decodable(plan) else plan
-        if not decodable(base):
-            return self._told_cached(plan)
-        return self._told_cached(decoded_on_device(
-            base, choose=mode == "auto", cached=mode == "auto" and self._cached() == {"A", "B"},
-            host=plan))
+        mode = gpu_decode_mode() if backend.decodes else "0"
+        return Facts(device=str(self.device), kernel=kernel, model=model, memory_limit=mem,
+                     host_memory_limit=host, staging=backend.staging(problem, model, kernel),
+                     tile=options.tile, gpu_decode=mode,
+                     decoder_found=mode == "auto" and backend.decoder_found(),
+                     cached=frozenset(self._cached(problem)),
+                     given_limits=(options.memory_limit, options.host_memory_limit))
 
-    def _cached(self) -> set[str]:
-        """The inputs ('A', 'B') the OS page cache holds: each source asked once (one matrix
-        in both roles once), once per product."""
-        if self._held is None:
-            held = {"A"} if self._io.inputs_cached(("A",)) else set()
-            if held if self._io.shared else self._io.inputs_cached(("B",)):
-                held.add("B")
-            self._held = held
-        return self._held
-
-    def _told_cached(self, plan: Plan) -> Plan:
-        """``plan``, its prediction told which stored inputs the OS page cache holds (read
-        at the host's memory rate); chosen as for storage (:attr:`Operand.cached
-        <oocgemm.planning.problem.Operand.cached>`)."""
-        prob = plan.problem
-        held = {role: dataclasses.replace(getattr(prob, role), cached=True)
-                for role, name in (("a", "A"), ("b", "B"))
-                if getattr(prob, role).on_disk and name in self._cached()}
-        if not held:
-            return plan
-        return dataclasses.replace(plan, problem=dataclasses.replace(prob, **held))
+    def _cached(self, problem: Problem) -> set[str]:
+        """The stored inputs ('A', 'B') the OS page cache holds: each source on disk asked
+        once (one matrix in both roles once)."""
+        if not (problem.a.on_disk or problem.b.on_disk):
+            return set()
+        held = {"A"} if self._io.inputs_cached(("A",)) else set()
+        if held if self._io.shared else self._io.inputs_cached(("B",)):
+            held.add("B")
+        return held
 
 
 # ------------------------------------------------------------------------------------------
@@ -302,237 +265,6 @@ def gpu_decode_mode() -> str:
     return mode
 
 
-def _nvcomp_found() -> bool:
-    from .cuda import nvcomp
-
-    return nvcomp.library() is not None
-
-
-def decodable(plan: Plan) -> tuple[str, ...]:
-    """The inputs of ``plan`` that a device could decode (zstd frames, chunked): none where
-    the plan is not staged, is in core, or takes one matrix in both roles."""
-    if plan.problem.shared or not plan.staged or plan.in_core:
-        return ()
-    return _zstd_inputs(plan.problem)
-
-
-def _zstd_inputs(prob: Problem) -> tuple[str, ...]:
-    """The inputs stored as chunks of zstd frames (:attr:`Operand.zstd_frames
-    <oocgemm.planning.problem.Operand.zstd_frames>`)."""
-    return tuple(name for name, x in (("A", prob.a), ("B", prob.b))
-                 if x.zstd_frames is not None and x.chunks is not None)
-
-
-#: Seconds of host decoding below which an in-core plan is not weighed against decoding
-#: on the device: the device's route has costs the model does not count (nvCOMP's buffers,
-#: the decoder's tables), and a tenth of a second is all there is to gain.
-IN_CORE_DECODE_FLOOR = 0.1
-
-
-def _in_core_decodable(plan: Plan) -> bool:
-    """An in-core plan whose inputs a device could decode, in a panelled plan, and whose
-    host decoding is worth weighing against that."""
-    prob = plan.problem
-    return (plan.in_core and not prob.shared and plan.chosen_by != "tile"
-            and bool(_zstd_inputs(prob))
-            and plan.prediction.decode >= IN_CORE_DECODE_FLOOR)  # (numpy inputs: not asked)
-
-
-def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
-                      host: Plan | None = None) -> Plan:
-    """``plan`` with its operands of zstd frames decoded on the device
-    (:func:`~oocgemm.planning.with_gpu_decode`): both where both can be, else the one that
-    can. The planner's tile gives way to the nearest on the stored objects' edges that fits
-    the budgets (:func:`~oocgemm.planning.finish.on_object_edges`); a tile the user gave
-    does not. ``choose``: only where the model predicts it faster than ``host`` (which
-    decodes on the host; ``plan`` where not given, else the plan to keep where decoding on
-    the device is not faster: an in-core plan): with the inputs' files in the page cache
-    (``cached``: their reads at the host's memory rate), or from a disk at the model's
-    storage rate (a reload of an operand decoded on the device reads its objects again).
-    Where no plan decodes on the device, ``host`` (``plan``)."""
-    host = plan if host is None else host
-    able = decodable(plan)
-    if not able:
-        return host
-    # Where both inputs can, the model's choice is both or neither: with one on the host, a
-    # kept operand's decoding all comes in the first block row, which the model's overlap of
-    # resources does not see (A alone on the GPU was far slower than both, barely quicker
-    # than neither: docs/performance.md, "Who decodes the inputs").
-    candidates = []
-    for operands in [able] + ([(name,) for name in able] if len(able) == 2 and not choose
-                              else []):
-        tiles = [plan.tile] if plan.chosen_by == "tile" else on_object_edges(plan, operands)
-        for tile in tiles:
-            try:
-                trial = plan if tile == plan.tile else finished(dataclasses.replace(
-                    plan, tile=tile, chosen_by="planner, on the stored objects' edges"))
-                candidates.append(with_gpu_decode(trial, operands))
-                break
-            except (OptionError, BudgetError):
-                continue
-        if candidates and not choose:
-            return candidates[0]
-    if not choose:
-        return host
-
-    def seconds(p: Plan) -> float:  # cached: storage read at the host's memory rate
-        if cached:
-            p = dataclasses.replace(p, model=dataclasses.replace(
-                p.model, storage_read=p.model.memory_copy))
-        return p.prediction.total
-
-    return min([host] + candidates, key=seconds)
-
-
-def plan_product(problem: Problem, options: Options, device: str, kernel: str, model,
-                 mem: int, host: int, staging: Staging, in_core: bool = True) -> Plan:
-    """The plan of ``problem`` on ``device`` (its name) with ``kernel`` (checked), its cost
-    ``model``, within the budgets ``mem`` and ``host`` (bytes), staged as ``staging`` says
-    (the executor's, as data): the user's tile (``options.tile``), or the planner's choice
-    (``in_core``: the in-core shape where it applies)."""
-    if problem.shared and problem.a.sliced:
-        # One matrix in both roles whose chunk files could be sliced block by block: read at
-        # its grain instead, each chunk once for both roles, where a chunk fits the budgets
-        # (else sliced, holding no chunk: under a budget smaller than one)
-        whole = dataclasses.replace(problem, a=dataclasses.replace(problem.a, sliced=False),
-                                    b=dataclasses.replace(problem.b, sliced=False))
-        try:
-            return plan_product(whole, options, device, kernel, model, mem, host, staging,
-                                in_core)
-        except BudgetError:
-            pass
-    # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
-    # the user's that is not square computes the product in full, as they asked).
-    tile = options.tile
-    symmetric = problem.gram and strategy_of(kernel).halves_gram and (
-        tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
-    settings = dict(problem=problem, device=device, model=model, memory_limit=mem,
-                    host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, **staging.settings)
-    if tile is not None:  # said in the plan where the planner's own choice is far faster
-        return with_tile_advice(
-            finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings)),
-            lambda: plan_product(problem, dataclasses.replace(options, tile=None), device,
-                                 kernel, model, mem, host, staging, in_core))
-    shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
-                          symmetric=symmetric, split_last=staging.settings.get("split_last", 1),
-                          min_stripes=staging.settings.get("min_stripes", 1)) if in_core else None
-    if shape is not None:  # A, B and C on the device at once: no tile to search for
-        try:
-            return finished(Plan(**{**settings, **shape}))
-        except BudgetError:  # its staging does not fit the host budget
-            pass
-    try:
-        tile = choose_tile(problem, model, mem, host, staged=staging.staged, kernel=kernel,
-                           symmetric=symmetric, **{k: v for k, v in staging.settings.items()
-                                                   if k in STAGING})
-    except BudgetError as exc:
-        raise BudgetError(str(exc) + _unit_hint(memory_limit=options.memory_limit,
-                                                host_memory_limit=options.host_memory_limit)
-                          ) from None
-    if (in_place(problem, staging.staged) and not symmetric
-            and tile == (problem.m, problem.n, problem.k)):
-        # One block computed where it goes: its last panel in one GEMM (row stripes let a
-        # last block be written as it becomes final, and nothing is written here). On the
-        # CPU, row stripes' several GEMMs took longer than one (docs/performance.md,
-        # "Figures moved from the code's docstrings").
-        settings["split_last"] = 1
-    return finished(Plan(tile=tile, **settings))
-
-
-class PlanCache:
-    """The last few plans of one C block and one K panel, by what made them
-    (:func:`plan_product` is a pure function of its arguments, and a plan with its schedule
-    is immutable): a loop of small products of one shape plans once. Planning and building
-    the schedule are a noticeable share of a small product's call (docs/performance.md,
-    "Figures moved from the code's docstrings"); a product of many blocks runs for seconds,
-    and its plans (schedules of thousands of operations) are not kept."""
-
-    def __init__(self, size: int = 16):
-        self.size = size
-        self._plans: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key) -> Plan | None:
-        if key is None:
-            return None
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None:
-                self._plans.move_to_end(key)
-            return plan
-
-    def put(self, key, plan: Plan) -> None:
-        with self._lock:
-            self._plans[key] = plan
-            while len(self._plans) > self.size:
-                self._plans.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._plans.clear()
-
-
-#: The process's plans of small products (:class:`PlanCache`).
-SMALL_PLANS = PlanCache()
-
-
-def _one_block(plan: Plan) -> bool:
-    """One C block and one K panel: a schedule of a few operations."""
-    prob = plan.problem
-    return plan.tile[0] >= prob.m and plan.tile[1] >= prob.n and plan.tile[2] >= prob.k
-
-
-def _plan_key(problem: Problem, options: Options, device: str, kernel: str, model, mem: int,
-              host: int, staging: Staging):
-    """What :func:`plan_product` reads of its arguments, hashable; None where a part is not
-    (such a plan is made each time)."""
-    try:
-        return _Key((problem, type(problem.alpha), type(problem.beta), options.tile, device,
-                     kernel, model, mem, host, staging.staged,
-                     tuple(sorted(staging.settings.items()))))
-    except TypeError:  # a part that cannot be hashed
-        return None
-
-
-class _Key:
-    """A plan's key with its hash taken once: hashing the problem (its operands, nested
-    dataclasses) is most of what a cache hit costs, and a lookup hashes its key twice."""
-
-    __slots__ = ("parts", "_hash")
-
-    def __init__(self, parts: tuple):
-        self.parts = parts
-        self._hash = hash(parts)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Key) and self._hash == other._hash \
-            and self.parts == other.parts
-
-
-def _budgets(dev: Device, options: Options):
-    """(device model, memory_limit, host_memory_limit) in bytes for a run on ``dev``."""
-    if dev.kind == "cuda":
-        from . import cuda
-
-        free, total = cuda.memory_info(dev.index)
-        mem = parse_size(options.memory_limit, total, name="memory_limit") or int(free * 0.9)
-        if mem > free:
-            raise BudgetError(f"memory_limit={echo_size(options.memory_limit, mem)} is more "
-                              f"than the {format_size(free)} free on {dev}")
-        model = cuda_model()
-    else:
-        total = machine.total_memory()
-        mem = parse_size(options.memory_limit, total, name="memory_limit") or total // 4
-        model = cpu_model()
-    host = parse_size(options.host_memory_limit, machine.total_memory(),
-                      name="host_memory_limit") or machine.total_memory() // 4
-    return model, mem, host
-
-
 def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
     """``message`` with the budgets it names (``memory_limit=977 KiB``, as the planner, which
     sees bytes only, writes them) in the user's own spelling beside their bytes
@@ -546,17 +278,6 @@ def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:
         said = f"{name}={echo_size(given, nbytes)}".replace("\\", "\\\\")
         message = re.sub(rf"(?<!\w){name}={re.escape(format_size(nbytes))}", said, message)
     return message
-
-
-def _unit_hint(**limits) -> str:
-    """A question for budgets given as a bare number under 1 MiB: bytes, or a unit forgotten?"""
-    for name, value in limits.items():
-        bare = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
-            isinstance(value, str) and value.strip().isdigit())
-        if bare and int(value) < (1 << 20):
-            return (f". {name}={value} is bytes (a bare number): did you mean "
-                    f"'{int(value)}MB' or '{int(value)}GB'?")
-    return ""
 
 
 class _Check:

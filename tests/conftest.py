@@ -76,9 +76,9 @@ def workdir(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_plans_kept():
     """Each test plans afresh: the process's plans of small products
-    (``oocgemm.product.SMALL_PLANS``) are not carried from one test into the next, where a
+    (``oocgemm.planning.planner.SMALL_PLANS``) are not carried from one test into the next, where a
     test may patch what the planner reads."""
-    from oocgemm.product import SMALL_PLANS
+    from oocgemm.planning.planner import SMALL_PLANS
 
     SMALL_PLANS.clear()
     yield

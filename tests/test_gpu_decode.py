@@ -171,11 +171,10 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
               out_options=None):
     """A CUDA plan of ``za @ zb`` (the user's ``tile``, or the planner's for None) within
     ``memory`` of GPU and ``host`` (else ``memory``) of host memory, made without a GPU."""
+    from oocgemm.backends import backend_of
     from oocgemm.lifecycle.run import open_run
-    from oocgemm.options import Options
     from oocgemm.planning import cuda_model
-    from oocgemm.product import plan_product
-    from oocgemm.runtime.staging import staging_for
+    from oocgemm.planning.planner import Facts, plan_product
 
     with open_run(za, zb, out, trans_a=trans_a, out_options=out_options) as io:
         m, n, k = io.shape
@@ -184,12 +183,15 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
                                            b=b, c=c, out=out, alpha=1.0, beta=0.0,
                                            trans_a=trans_a)
     model = cuda_model()
-    return plan_product(problem, Options.of("test", tile=tile), "cuda:0", "cublas", model,
-                        memory, host or memory, staging_for("cuda", problem, model, "cublas"))
+    return plan_product(problem, Facts(
+        device="cuda:0", kernel="cublas", model=model, memory_limit=memory,
+        host_memory_limit=host or memory, tile=tile,
+        staging=backend_of("cuda").staging(problem, model, "cublas")))
 
 
 def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
-    from oocgemm.product import decoded_on_device, gpu_decode_mode
+    from oocgemm.planning.planner import decoded_on_device
+    from oocgemm.product import gpu_decode_mode
 
     a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
     za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3-sharded")
@@ -230,7 +232,7 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, cached
     chunks of one large frame, whose K steps are batches of a dozen frames (the H200 decoded
     those 1.17-2x slower than the host, shards of 512² chunks in 0.43-0.49x its time). Both
     inputs or neither: A alone on the GPU was measured slower than both."""
-    from oocgemm.product import decoded_on_device
+    from oocgemm.planning.planner import decoded_on_device
 
     n = 32768
     a = zarr.create_array("a.zarr", shape=(n, n_k), dtype="f8", **layout)
@@ -257,16 +259,16 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
     the GPU, decoded by the host) against the panelled plan with C whole whose inputs the
     GPU decodes, each once (H200: in core 3.2 s on 4096² chunks, 3.5-3.8 on shards). A
     product whose host decoding takes under IN_CORE_DECODE_FLOOR is not weighed."""
+    from oocgemm.backends import backend_of
     from oocgemm.lifecycle.run import open_run
-    from oocgemm.options import Options
     from oocgemm.planning import cuda_model
-    from oocgemm.product import (
+    from oocgemm.planning.planner import (
         IN_CORE_DECODE_FLOOR,
+        Facts,
         _in_core_decodable,
         decoded_on_device,
         plan_product,
     )
-    from oocgemm.runtime.staging import staging_for
 
     def plans(n):
         arrays = [zarr.create_array(f"{x}{n}.zarr", shape=(n, n), dtype="f8", **layout)
@@ -276,9 +278,10 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
         problem = oocgemm.planning.Problem(m=n, n=n, k=n, itemsize=8, dtype="float64", a=a,
                                            b=b, c=c, out=out, alpha=1.0, beta=0.0)
         model = cuda_model()
-        args = (problem, Options.of("test"), "cuda:0", "cublas", model, 64 << 30, 96 << 30,
-                staging_for("cuda", problem, model, "cublas"))
-        return plan_product(*args), plan_product(*args, in_core=False)
+        facts = Facts(device="cuda:0", kernel="cublas", model=model, memory_limit=64 << 30,
+                      host_memory_limit=96 << 30,
+                      staging=backend_of("cuda").staging(problem, model, "cublas"))
+        return plan_product(problem, facts), plan_product(problem, facts, in_core=False)
 
     in_core, panelled = plans(32768)
     assert in_core.in_core and not panelled.in_core and _in_core_decodable(in_core)
@@ -325,7 +328,7 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     the planner's K panels of 2048 cut the chunks; decoding on the device takes the nearest
     tile on their edges that fits, and a tile the user gave stays as it is."""
     from oocgemm.planning import on_object_edges
-    from oocgemm.product import decoded_on_device
+    from oocgemm.planning.planner import decoded_on_device
 
     n, side = 32768, 4096
     za = zarr.create_array("a.zarr", shape=(n, n), chunks=(side, side), dtype="f8")
@@ -354,9 +357,10 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     assert on_device.gpu_decode == ("A", "B") and on_device.ramp_pieces
     check_schedule(on_device.schedule, on_device)
     # memory running short: the smaller plan decodes on the host (its tile may cut objects)
-    from oocgemm.planning import smaller
+    from oocgemm.planning.planner import replan
 
-    again = smaller(decoded, 8 << 30, 16 << 30, "out of memory")
+    again = replan(decoded, memory_limit=8 << 30, host_memory_limit=16 << 30,
+                   why="out of memory")
     assert again.gpu_decode == () and again.device_bytes <= 8 << 30
     given = cuda_plan(za, zb, planned.tile, memory=16 << 30)
     assert decoded_on_device(given).tile == planned.tile
@@ -375,7 +379,7 @@ def test_blocks_decoded_on_the_device_start_on_the_outputs_chunks(workdir):
     9.3-10.4 s against 4.3-4.8 s on the output's edges). 4096² objects and an output of
     8192² chunks: blocks on multiples of 8192."""
     from oocgemm.planning import on_object_edges
-    from oocgemm.product import decoded_on_device
+    from oocgemm.planning.planner import decoded_on_device
 
     n = 32768
     za, zb = (zarr.create_array(f"{x}.zarr", shape=(n, n), chunks=(3000, 3000), dtype="f8",

@@ -285,20 +285,20 @@ def test_device_models_are_made_once_per_machine(monkeypatch):
 def _planned_both_ways(monkeypatch, problem, device, kernel, mem, host):
     """plan_product's tile (or its refusal) with the search's floors, and without them (each
     block's every depth predicted, as before the floors)."""
-    from oocgemm.options import Options
-    from oocgemm.planning import cpu_model, cuda_model, tiling
-    from oocgemm.product import plan_product
-    from oocgemm.runtime.staging import staging_for
+    from oocgemm.backends import backend_of
+    from oocgemm.planning import tiling
+    from oocgemm.planning.planner import Facts, plan_product
 
-    model = cuda_model() if device == "cuda:0" else cpu_model()
-    staging = staging_for(device.partition(":")[0], problem, model, kernel)
+    backend = backend_of(device)
+    model = backend.model()
+    facts = Facts(device=device, kernel=kernel, model=model, memory_limit=mem,
+                  host_memory_limit=host, staging=backend.staging(problem, model, kernel))
     answers = []
     for floors in (True, False):
         if not floors:
             monkeypatch.setattr(tiling, "_resource_floor", lambda *args, **kwargs: 0.0)
         try:
-            plan = plan_product(problem, Options.of("test"), device, kernel, model, mem, host,
-                                staging)
+            plan = plan_product(problem, facts)
             answers.append(plan.tile)
         except oocgemm.BudgetError as exc:
             answers.append(str(exc))

@@ -188,7 +188,7 @@ def test_plans_of_many_blocks_are_made_each_time(rng):
 
 
 def test_the_plan_cache_keeps_the_last_few():
-    from oocgemm.product import PlanCache
+    from oocgemm.planning.planner import PlanCache
 
     cache = PlanCache(size=2)
     plans = [object(), object(), object()]

@@ -11,14 +11,14 @@ about the temporary outputs of other runs; nothing here removes them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import warnings
 from collections.abc import Callable
 
 from ..errors import BudgetError, OutputError
-from ..planning import Plan, finished
+from ..planning import Plan
+from ..planning.planner import replan
 from ..storage import is_path, urls
 from . import journal as journals
 
@@ -168,7 +168,8 @@ def _judge(plan: Plan, journal: journals.Journal, found: Callable[[Plan], dict])
     if plan.chosen_by == "tile" and tile != tuple(plan.tile):
         return [f"tile was {tile}, now {tuple(plan.tile)}"]  # another sum order
     try:  # the interrupted run's tile, which must fit this run's budgets
-        forced = finished(dataclasses.replace(plan, tile=tile, chosen_by="resume"))
+        forced = replan(plan, tile=tile, chosen_by="resume",
+                        why="the interrupted run's tile, which it resumes")
     except BudgetError:
         journal.close()
         raise
@@ -180,7 +181,8 @@ def _judge(plan: Plan, journal: journals.Journal, found: Callable[[Plan], dict])
     journal.blocks = {block: journal.blocks[block] for block in done}
     if forced.symmetric:  # a block above the diagonal is done once it is written across too
         done = {(i, j) for i, j in done if i <= j and (j, i) in done}
-    return dataclasses.replace(forced, done=tuple(sorted(done)))
+    return replan(forced, done=tuple(sorted(done)),
+                  why=f"{len(done)} C blocks done before, kept")
 
 
 def differences(was: dict, now: dict, where: str = "") -> list[str]:

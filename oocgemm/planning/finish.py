@@ -1,7 +1,7 @@
 """A plan made ready to run once its tile is chosen (by the planner, the user, a resume or a
-replan after memory ran short): stripes no larger than its regions, validated against its
-budgets, and the operands it decodes straight into the ring or keeps whole in host memory
-chosen for that tile."""
+replan after memory ran short: :mod:`oocgemm.planning.planner`): stripes no larger than its
+regions, validated against its budgets, and the operands it decodes straight into the ring
+or keeps whole in host memory chosen for that tile."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from ..errors import BudgetError, OOCGemmError
+from ..errors import OOCGemmError
 from ..units import format_seconds, format_size
 from .plan import Plan, with_ring_decodes
-from .tiling import choose_tile
 
 #: A tile the user gave is advised against (:func:`with_tile_advice`) where it is predicted
 #: to take more than this many times as long as the planner's own choice, and more than
@@ -33,7 +32,7 @@ def finished(plan: Plan) -> Plan:
         default = int(Plan.__dataclass_fields__["stripe"].default)  # type: ignore[arg-type]
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
     # (inputs decoded on the device are asked for of a finished plan, its tile in hand:
-    # oocgemm.product.decoded_on_device; a replan's tile may cut their objects)
+    # oocgemm.planning.planner.decoded_on_device; a replan's tile may cut their objects)
     return with_cache(with_ring_decodes(with_resident_panels(
         dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=())).validate()))
 
@@ -160,18 +159,3 @@ def on_object_edges(plan: Plan, operands: tuple[str, ...]) -> list[tuple[int, in
     tiles = [(a, b, depth) for a in choices(w, sides["w"], prob.m)
              for b in choices(h, sides["h"], prob.n)]
     return sorted(dict.fromkeys(tiles), key=lambda t: -t[0] * t[1])
-
-
-def smaller(plan: Plan, memory_limit: int, host_memory_limit: int, why: str) -> Plan:
-    """The plan to go on with after memory ran short (``why``): the best tile under the
-    smaller budgets, every block to compute."""
-    staging = {k: getattr(plan, k) for k in STAGING}
-    try:
-        tile = choose_tile(plan.problem, plan.model, memory_limit, host_memory_limit,
-                           staged=plan.staged, kernel=plan.kernel, symmetric=plan.symmetric,
-                           **staging)
-    except BudgetError as budget:
-        raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
-    return finished(dataclasses.replace(
-        plan, tile=tile, memory_limit=memory_limit, host_memory_limit=host_memory_limit,
-        done=(), chosen_by="planner, again after running out of memory"))

@@ -129,6 +129,11 @@ class Plan:
     words: making the plan warns of each (a RuntimeWarning), and ``print(plan)`` and
     :meth:`summary` show them."""
 
+    decisions: tuple[str, ...] = ()
+    """What each of the planner's passes chose and why (:mod:`oocgemm.planning.planner`), in
+    order, one line each (``'tile: ...'``, ``'gpu decode: ...'``): ``print(plan)`` and
+    :meth:`summary` show them."""
+
     # ---- geometry -------------------------------------------------------------------------
     @property
     def row_splits(self) -> tuple[int, ...]:
@@ -473,6 +478,7 @@ class Plan:
             "predicted_bound": pred.bound,
             "notes": list(self.notes),
             "warnings": list(self.warnings),
+            "decisions": list(self.decisions),
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
                                    "into_ring": r.into_ring, "loads": r.loads,
                                    "decodes": r.decodes}
@@ -520,6 +526,8 @@ class Plan:
             f"  predicted   {format_seconds(pred.total)} on {self.model.name} "
             f"({pred.bound}-bound; {pred.describe()})",
             *(f"  {'notes' if n == 0 else '':<12}{note}" for n, note in enumerate(self.notes)),
+            *(f"  {'decided' if n == 0 else '':<12}{text}"
+              for n, text in enumerate(self.decisions)),
             *(f"  {'warning':<12}{text}" for text in self.warnings),
         ]
         return "\n".join(lines)

@@ -1,32 +1,16 @@
-"""What the executors share: slot views, the per-op arithmetic contract, the executor registry."""
+"""What the executors share: slot views, the per-op arithmetic contract."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 from concurrent.futures import CancelledError, InvalidStateError
 
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..errors import DeviceError, ExecutionError, MemoryPressureError, OOCGemmError
+from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
 from ..planning.chunks import on_chunk_edges
 from ..planning.schedule import OpKind
-
-#: Executor modules by device kind, imported lazily (the CUDA one imports cupy).
-_EXECUTORS = {"cpu": "oocgemm.runtime.cpu:CpuExecutor",
-              "cuda": "oocgemm.runtime.cuda_executor:CudaExecutor"}
-
-
-def executor_class(kind: str):
-    """The executor class for 'cpu' or 'cuda'."""
-    try:
-        target = _EXECUTORS[kind]
-    except KeyError:
-        known = ", ".join(sorted(_EXECUTORS))
-        raise DeviceError(f"unknown executor {kind!r}; known: {known}") from None
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def block_shape(plan, key) -> tuple[int, int]:

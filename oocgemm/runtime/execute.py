@@ -2,7 +2,8 @@
 
 :func:`execute` takes the plan, the run's I/O (:class:`~oocgemm.lifecycle.run.RunIO`: it reads
 the sources and writes the sink at their grain) and the devices, and picks what replays the
-schedule: the executor of the device's kind (:func:`~oocgemm.runtime.base.executor_class`),
+schedule: the executor of the device's kind (:meth:`Backend.executor_class
+<oocgemm.backends.Backend.executor_class>`),
 or one executor per device (:mod:`oocgemm.runtime.multi_device`). When memory runs
 short (:class:`~oocgemm.errors.MemoryPressureError`), the work is planned again with
 smaller blocks (:mod:`oocgemm.runtime.replan`) and run again: on one device the whole
@@ -18,9 +19,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends import backend_of
 from ..errors import MemoryPressureError
-from .base import executor_class
-from .replan import MAX_REPLANS, device_kind, replan_note, smaller
+from .replan import MAX_REPLANS, replan_note, smaller
 
 
 @dataclass
@@ -72,7 +73,7 @@ def execute(plan, io, devices: list[str] | None = None, *, progress=None, record
     if devices:
         return _on_devices(plan, io, devices, progress=progress, record=record,
                            resources=resources)
-    kind = device_kind(plan.device)
+    make = backend_of(plan.device).executor_class()
     start = time.perf_counter()
     replanned: list[str] = []
     while True:
@@ -82,8 +83,8 @@ def execute(plan, io, devices: list[str] | None = None, *, progress=None, record
             readers = io.readers(plan)
             writer = io.writer(plan)
             try:
-                log = executor_class(kind)(plan, readers, writer, on_event=on_event,
-                                           record=record, resources=resources).run()
+                log = make(plan, readers, writer, on_event=on_event, record=record,
+                           resources=resources).run()
             except BaseException:
                 writer.settle()  # nothing stored behind the run after this
                 raise

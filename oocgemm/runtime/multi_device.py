@@ -29,10 +29,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..backends import backend_of
 from ..diagnostics.events import Event
 from ..errors import MemoryPressureError
+from ..planning.planner import replan
 from ..planning.schedule import LEVELS, OpKind, serpentine, triangle
-from .replan import MAX_REPLANS, device_kind, replan_note, smaller
+from .replan import MAX_REPLANS, replan_note, smaller
 
 
 def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
@@ -166,7 +168,7 @@ class Work:
 
     def on(self, name: str):
         """Its plan on device ``name`` ('cpu#1': a second CPU executor)."""
-        return dataclasses.replace(self.plan, device=name.partition("#")[0])
+        return replan(self.plan, device=name.partition("#")[0], why=f"run on {name}")
 
 
 def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool = True,
@@ -179,10 +181,8 @@ def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool 
     sources through ``io.readers``. Work that runs out of memory is planned again with
     smaller blocks and run again (:func:`again`), the others going on; ``replanned`` (a
     list) is told of it at once, also when the run fails later."""
-    from .base import executor_class
-
     running: set = set()
-    make = executor_class(device_kind(plan.device))
+    make = backend_of(plan.device).executor_class()
 
     def run(device_plan, sources: dict, sink) -> object:
         opened = io.readers(device_plan, sources)
@@ -227,7 +227,8 @@ def run_split(plan, devices: list[str], run_group, stop, *,
     def run(name: str, work: Work):
         return run_group(work.on(name), name), work.blocks
 
-    work = [Work(dataclasses.replace(plan, blocks=tuple(group)), len(group))
+    work = [Work(replan(plan, blocks=tuple(group), why=f"a group of {len(group)} C blocks"),
+                 len(group))
             for group in groups(plan, len(devices))]
     return _share(work, devices, run, stop, replanned=replanned)
 
@@ -255,7 +256,8 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
         return run(work.on(name), {"A": a, "B": b},
                    NumpySink(partials[work.part], "a partial C")), 1
 
-    work = [Work(dataclasses.replace(plan, problem=prob.k_part(lo, hi)), 1, part=(lo, hi))
+    work = [Work(replan(plan, problem=prob.k_part(lo, hi), why=f"K {lo}:{hi}"), 1,
+                 part=(lo, hi))
             for lo, hi in parts]
     log = _share(work, devices, run_part, stop, one_each=True,  # parts even, one a device
                  replanned=replanned)
@@ -290,7 +292,7 @@ def again(work: Work, name: str, exc: MemoryPressureError) -> tuple[Work, str]:
         small = smaller(plan, exc)
         what = f"part {work.part[0]}:{work.part[1]} of K on {name}"
     else:
-        small = _within(plan, smaller(dataclasses.replace(plan, blocks=()), exc))
+        small = _within(plan, smaller(replan(plan, blocks=(), why="the whole product"), exc))
         first = plan.blocks[0]
         what = f"the group of {len(plan.blocks)} C blocks from {first} on {name}"
     return (dataclasses.replace(work, plan=small, replans=work.replans + 1),
@@ -300,13 +302,12 @@ def again(work: Work, name: str, exc: MemoryPressureError) -> tuple[Work, str]:
 def _within(plan, small):
     """``small`` (a whole product's plan under a smaller budget) with the largest tile under
     its own whose w and h divide ``plan``'s, computing the blocks inside ``plan.blocks``."""
-    from ..planning import finished
-
     w, h, _ = plan.tile
     w2, h2 = _divisor(w, small.tile[0]), _divisor(h, small.tile[1])
     if plan.symmetric:
         w2 = h2 = _divisor(w, min(w2, h2))
-    small = finished(dataclasses.replace(small, tile=(w2, h2, small.tile[2]), blocks=()))
+    small = replan(small, tile=(w2, h2, small.tile[2]), blocks=(),
+                   why="the group's blocks divided")
     rows, cols = small.row_splits, small.col_splits
     inside = []
     for i, j in plan.blocks:
@@ -314,7 +315,7 @@ def _within(plan, small):
         c0, c1 = cols.index(plan.col_splits[j]), cols.index(plan.col_splits[j + 1])
         inside += [(a, b) for a in range(r0, r1) for b in range(c0, c1)
                    if not small.symmetric or a <= b]
-    return finished(dataclasses.replace(small, blocks=tuple(inside)))
+    return replan(small, tile=small.tile, blocks=tuple(inside), why="inside the group")
 
 
 def _divisor(n: int, limit: int) -> int:

@@ -3,42 +3,35 @@ out (:func:`smaller`), at most :data:`MAX_REPLANS` times, and what the result sa
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from ..backends import backend_of, device_index
 from ..errors import MemoryPressureError
-from ..planning import smaller as smaller_plan
+from ..planning.planner import replan
 from ..units import format_size
-from .staging import staging_for
 
 #: Times a run (or, on several devices, a group of blocks) plans again with smaller blocks
 #: after running out of memory.
 MAX_REPLANS = 3
 
 
-def device_kind(device: str) -> str:
-    """'cpu' or 'cuda', of a device's name ('cuda:1', 'cpu#2')."""
-    return device.partition("#")[0].partition(":")[0]
-
-
 def smaller(plan, exc: MemoryPressureError):
     """The plan to go on with after ``exc``: half the budget of the memory that ran out (and
     no more than the GPU has free now), every block to compute, on ``plan.device``."""
-    kind, _, index = plan.device.partition("#")[0].partition(":")
+    backend = backend_of(plan.device)
     mem, host = plan.memory_limit, plan.host_memory_limit
+    staging = None
     if plan.in_core:  # panels again, with the executor's staging
-        plan = replace(plan, in_core=False, **staging_for(
-            kind, plan.problem, plan.model, plan.kernel).settings)
-    if exc.where == "device" or (exc.where == "host" and kind == "cpu"):
+        staging = backend.staging(plan.problem, plan.model, plan.kernel).settings
+    if exc.where == "device" or (exc.where == "host" and backend.working_memory_is_host):
         mem //= 2  # on the CPU, the working buffers are host memory
     if exc.where in ("host", "pinned"):
         host //= 2
     if exc.where == "pinned":
         mem //= 2  # a CUDA allocation of unknown kind: both
-    if kind == "cuda":
-        from .. import cuda
-
-        mem = min(mem, int(cuda.memory_info(int(index or 0))[0] * 0.9))
-    return smaller_plan(plan, mem, host, str(exc))
+    free = backend.free_memory(device_index(plan.device))
+    if free is not None:
+        mem = min(mem, int(free * 0.9))
+    return replan(plan, memory_limit=mem, host_memory_limit=host, staging=staging,
+                  why=str(exc))
 
 
 def replan_note(exc: MemoryPressureError, plan, what: str = "") -> str:

@@ -1,29 +1,14 @@
-"""How each executor stages a run, as data the planner takes: whether its data moves through
-staging buffers, and the settings (readers, ring sizes, stripes, slots) that size the
-buffers the tile must fit. The planner is handed a :class:`Staging` before any executor
-exists (:class:`oocgemm.Product` asks :func:`staging_for`), and each executor replays plans
-made with its own (``CpuExecutor.staging`` and ``CudaExecutor.staging`` are the functions
-here). Nothing here imports CuPy."""
+"""How each executor stages a run, as data the planner takes: the settings (readers, ring
+sizes, stripes, slots) that size the buffers the tile must fit. The planner is handed them
+as a :class:`~oocgemm.planning.planner.Staging` before any executor exists (the device's
+:meth:`Backend.staging <oocgemm.backends.Backend.staging>` asks the functions here), and each
+executor replays plans made with its own (``CpuExecutor.staging`` and
+``CudaExecutor.staging`` are the functions here). Nothing here imports CuPy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..errors import DeviceError
 from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
-
-
-@dataclass(frozen=True)
-class Staging:
-    """An executor's staging of one product."""
-
-    staged: bool
-    """True: the data moves through pinned staging buffers between storage and the device
-    (the CUDA executor); False: the executor works in place (the CPU's)."""
-    settings: dict = field(default_factory=dict)
-    """The plan's staging settings (fields of :class:`~oocgemm.planning.Plan`, and
-    ``min_stripes`` and ``ramp_granule`` for the planner), by name."""
 
 
 def cpu_settings(problem, model, kernel: str = DEFAULT) -> dict:
@@ -54,17 +39,3 @@ def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
                     ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
                                      problem.b_chunks_kn()[0] or 1))
     return strategy_of(kernel).stage("cuda", settings, problem)
-
-
-#: Device kind -> (staged, its settings).
-POLICIES = {"cpu": (False, cpu_settings), "cuda": (True, cuda_settings)}
-
-
-def staging_for(kind: str, problem, model, kernel: str) -> Staging:
-    """The staging of ``problem`` with ``kernel`` by the executor of device ``kind``."""
-    try:
-        staged, settings = POLICIES[kind]
-    except KeyError:
-        raise DeviceError(f"unknown executor {kind!r}; known: {', '.join(sorted(POLICIES))}"
-                          ) from None
-    return Staging(staged, settings(problem, model, kernel))
