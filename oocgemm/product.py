@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import numbers
-import os
 import re
 import threading
 import warnings
@@ -61,6 +60,7 @@ from .planning import (
 from .result import Result
 from .runtime.execute import execute
 from .runtime.staging import Staging, staging_for
+from .settings import get as setting
 from .storage.identity import seen_through
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
@@ -236,7 +236,8 @@ class Product:
         model, mem, host = _budgets(self.device, self.options)
         self._limits = (mem, host)
         staging = staging_for(self.device.kind, problem, model, kernel)
-        args = (problem, self.options, str(self.device), kernel, model, mem, host, staging)
+        options, notes = gpu_coding(self.options, self.device.kind)
+        args = (problem, options, str(self.device), kernel, model, mem, host, staging)
         key = _plan_key(*args)
         plan = SMALL_PLANS.get(key)
         if plan is None:
@@ -245,8 +246,10 @@ class Product:
                 SMALL_PLANS.put(key, plan)
         for advice in plan.warnings:
             _warn(advice)
-        mode = gpu_decode_mode()
-        if self.device.kind != "cuda" or mode == "0" or mode == "auto" and not _nvcomp_found():
+        if notes:
+            plan = dataclasses.replace(plan, notes=plan.notes + notes)
+        mode = options.gpu_decode
+        if self.device.kind != "cuda" or mode is False or mode == "auto" and not _nvcomp_found():
             return self._told_cached(plan)
         # In core, A and B are each one panel: decoding them on the device takes the
         # panelled plan, which the choice weighs against the in-core one.
@@ -291,15 +294,27 @@ def _warn(message: str) -> None:
     warnings.warn("oocgemm: " + message, RuntimeWarning, stacklevel=level)
 
 
-def gpu_decode_mode() -> str:
-    """``OOCGEMM_GPU_DECODE``: '1' decodes the inputs' zstd frames on the GPU wherever the
-    plan allows (:func:`decoded_on_device`), '0' on the host; 'auto' (or unset) on the GPU
-    where the plan allows, nvCOMP is found and the cost model predicts it faster. OptionError
-    for another value."""
-    mode = os.environ.get("OOCGEMM_GPU_DECODE", "auto")
-    if mode not in ("0", "1", "auto"):
-        raise OptionError(f"OOCGEMM_GPU_DECODE={mode!r}: 0, 1 or auto")
-    return mode
+def gpu_coding(options: Options, kind: str) -> tuple[Options, tuple[str, ...]]:
+    """``options`` with ``gpu_decode`` and ``gpu_encode`` decided for a plan on a device of
+    ``kind`` ('cpu', 'cuda'), and the notes the plan takes of them. Each is the option where
+    given, else its setting (:mod:`oocgemm.settings`: the environment's, else the default).
+    ``gpu_decode``: 'auto' weighs decoding on the GPU where the plan allows and nvCOMP is
+    found (:func:`decoded_on_device`); True decodes there wherever the plan allows; False on
+    the host. On the CPU the host decodes and encodes (``gpu_encode`` is False) whatever was
+    asked; an option given that asks for the GPU is noted in the plan."""
+    decode = options.gpu_decode if options.gpu_decode is not None else setting("gpu_decode")
+    encode = options.gpu_encode if options.gpu_encode is not None else setting("gpu_encode")
+    notes: tuple[str, ...] = ()
+    if kind != "cuda":
+        asked = [f"{name}={value!r}" for name, value, gpu in (
+            ("gpu_decode", options.gpu_decode, options.gpu_decode is True),
+            ("gpu_encode", options.gpu_encode, options.gpu_encode not in (None, False)))
+            if gpu]
+        if asked:
+            notes = (f"{' and '.join(asked)} ask{'s' if len(asked) == 1 else ''} for a GPU; "
+                     f"on the CPU the host decodes the inputs and encodes C",)
+        encode = False
+    return dataclasses.replace(options, gpu_decode=decode, gpu_encode=encode), notes
 
 
 def _nvcomp_found() -> bool:
@@ -406,9 +421,10 @@ def plan_product(problem: Problem, options: Options, device: str, kernel: str, m
     tile = options.tile
     symmetric = problem.gram and strategy_of(kernel).halves_gram and (
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
+    encode = gpu_coding(options, device.partition(":")[0])[0].gpu_encode  # (or the setting)
     settings = dict(problem=problem, device=device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, **staging.settings)
+                    symmetric=symmetric, gpu_encode=encode, **staging.settings)
     if tile is not None:  # said in the plan where the planner's own choice is far faster
         return with_tile_advice(
             finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings)),
@@ -488,8 +504,8 @@ def _plan_key(problem: Problem, options: Options, device: str, kernel: str, mode
     """What :func:`plan_product` reads of its arguments, hashable; None where a part is not
     (such a plan is made each time)."""
     try:
-        return _Key((problem, type(problem.alpha), type(problem.beta), options.tile, device,
-                     kernel, model, mem, host, staging.staged,
+        return _Key((problem, type(problem.alpha), type(problem.beta), options.tile,
+                     options.gpu_encode, device, kernel, model, mem, host, staging.staged,
                      tuple(sorted(staging.settings.items()))))
     except TypeError:  # a part that cannot be hashed
         return None
