@@ -49,6 +49,8 @@ __all__ = ["BudgetError", "DTypeError", "DependencyError", "DeviceError", "Engin
 
 
 def __getattr__(name: str):
+    if name == "settings":  # the module (oocgemm.settings.get, .set), as zarr.config
+        return importlib.import_module(".settings", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -58,4 +60,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, "settings"})

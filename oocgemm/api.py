@@ -113,6 +113,20 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         CPU. On a GPU or the CPU: 'ozaki' or 'ozaki:N', float64 products emulated with Ozaki
         scheme II from exact int8 GEMMs (N moduli; 'ozaki' takes as many as keep DGEMM's error
         bound), the same bits on both; other dtypes keep their GEMM (docs/kernels.md).
+    gpu_decode
+        Who decodes inputs stored as zstd frames on a GPU run: 'auto' (the GPU where the plan
+        allows, nvCOMP is found and the cost model predicts it faster), True (the GPU wherever
+        the plan allows) or False (the host); 'on' and 'off' are True and False. None (the
+        default): the setting :mod:`oocgemm.settings` holds (``OOCGEMM_GPU_DECODE``, else
+        'auto'). The plan says which inputs the GPU decodes (``plan.gpu_decode``).
+    gpu_encode
+        Who compresses a zstd output on a GPU run: True (the GPU, a row stripe of C at a
+        time, where nvCOMP is found and its buffers fit), False (the host, whole chunks), or
+        the experimental 'last' and 'frames' (shares of the stripes between the GPU and the
+        host's encoders); 'on' and 'off' are True and False. None (the default): the setting
+        (``OOCGEMM_GPU_ENCODE``, else True). ``result.out_encoder`` names the GPU's encoder
+        where it compressed C. On the CPU, the host decodes and encodes whatever these say
+        (the plan notes a GPU asked for).
     overwrite
         Replace an existing output path.
     progress

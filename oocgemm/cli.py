@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import warnings
+from typing import Any
 
 import click
 
@@ -212,8 +213,13 @@ def _flags(names) -> list:
     their definitions there (the flag, its help, the field's default)."""
     from .options import on_the_command_line
 
-    return [click.option(*spec["flags"], name, default=default,
-                         **{k: v for k, v in spec.items() if k != "flags"})
+    def keywords(spec: dict) -> dict[str, Any]:
+        given: dict[str, Any] = {k: v for k, v in spec.items() if k not in ("flags", "choices")}
+        if "choices" in spec:
+            given["type"] = click.Choice(spec["choices"])
+        return given
+
+    return [click.option(*spec["flags"], name, default=default, **keywords(spec))
             for name, default, spec in on_the_command_line() if name in names]
 
 

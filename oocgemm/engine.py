@@ -27,7 +27,8 @@ from .result import Result
 class Engine:
     """Plans and runs products with the options it was made with (those of
     :class:`~oocgemm.options.Options`: ``device``, ``memory_limit``, ``host_memory_limit``,
-    ``tile``, ``kernel``, ``out_options``, ``storage_options``); a call's own keywords take
+    ``tile``, ``kernel``, ``gpu_decode``, ``gpu_encode``, ``out_options``,
+    ``storage_options``); a call's own keywords take
     precedence. It owns the device resources its runs keep for the next, and frees them on
     :meth:`close` (or at the end of a ``with`` block). Safe to use from several threads.
 

@@ -7,7 +7,6 @@ on machines without a GPU, and outside :mod:`oocgemm.cuda` (which compiles and l
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import OptionError
+from .settings import get as setting
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -101,13 +101,13 @@ STEPS = ("ozaki.cu", "symmetric.cu", "frames.cu")
 def kernels_dir() -> Traversable:
     """Where the .cu sources are, first found of:
 
-    - ``$OOCGEMM_KERNELS``, a folder;
+    - the ``kernels`` setting (:mod:`oocgemm.settings`: ``$OOCGEMM_KERNELS``), a folder;
     - ``oocgemm/_kernels`` inside the installed package (a wheel carries them there: the build
       copies ``kernels/``), read through ``importlib.resources``;
     - the ``kernels/`` folder of the checkout this package runs from (a source tree, or an
       editable install, which reads them in place).
     """
-    override = os.environ.get("OOCGEMM_KERNELS")
+    override = setting("kernels")
     if override:
         return Path(override)
     packaged = resources.files("oocgemm").joinpath("_kernels")

@@ -1,12 +1,13 @@
 """The options of a product beside its operands and scalars, defined here once
-(:class:`Options`): those of its plan (where it runs, its budgets, its tile and kernel, its
-output layout and its file systems) and those of its run only (overwrite, progress, events,
-verify, resume, engine). :class:`oocgemm.Product` takes them, and through it ``multiply``,
-``plan``, :class:`oocgemm.Engine` and ``oocgemm.dask.matmul`` (the last two, a plan's
-only); ``multiply``'s keyword arguments and the command line's flags are made from these
-fields (a field's ``cli`` metadata is its flag). They are checked here, in one place,
-before any work (what needs the operands, such as a kernel's dtypes, is checked where the
-operands are opened)."""
+(:class:`Options`): those of its plan (where it runs, its budgets, its tile and kernel, who
+decodes and encodes on a GPU, its output layout and its file systems) and those of its run
+only (overwrite, progress, events, verify, resume, engine). :class:`oocgemm.Product` takes
+them, and through it ``multiply``, ``plan``, :class:`oocgemm.Engine` and
+``oocgemm.dask.matmul`` (the last two, a plan's only); ``multiply``'s keyword arguments and
+the command line's flags are made from these fields (a field's ``cli`` metadata is its flag).
+They are checked here, in one place, before any work (what needs the operands, such as a
+kernel's dtypes, is checked where the operands are opened). An option left None that has a
+setting (:mod:`oocgemm.settings`) takes the setting's value when the plan is made."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import settings
 from .arguments import flag, parse_compressor
 from .errors import OptionError
 from .units import parse_size
@@ -27,7 +29,8 @@ def _run() -> dict:
 
 def _cli(*flags: str, **click: Any) -> dict:
     """A field's flag on the command line: its spellings and click's keywords (``metavar``,
-    ``help``, ``is_flag``...); the field's name is the parameter's, its default the flag's."""
+    ``help``, ``is_flag``...; ``choices``, the words it takes); the field's name is the
+    parameter's, its default the flag's."""
     return {"cli": {"flags": flags, **click}}
 
 
@@ -60,6 +63,25 @@ class Options:
              "(kernels/); ozaki[:N]: float64 emulated on int8 products in exact integers, "
              "rounded once (GPU or CPU)."))
     """The per-block GEMM on a GPU ('cublas', 'dmma', ...), or None for the default."""
+    gpu_decode: bool | str | None = field(default=None, metadata=_cli(
+        "--gpu-decode", choices=("auto", "on", "off"),
+        help="Who decodes inputs stored as zstd frames on a GPU: auto (the GPU where the "
+             "model predicts it faster and nvCOMP is found), on (the GPU wherever the plan "
+             "allows), off (the host). Default: $OOCGEMM_GPU_DECODE, else auto."))
+    """Who decodes the inputs' zstd frames on a GPU run: 'auto', True (the GPU wherever the
+    plan allows) or False (the host); 'on' and 'off' are True and False. None: the setting
+    (:mod:`oocgemm.settings`: ``OOCGEMM_GPU_DECODE``, else 'auto'). A CPU run decodes on the
+    host, and its plan notes a GPU asked for."""
+    gpu_encode: bool | str | None = field(default=None, metadata=_cli(
+        "--gpu-encode", choices=("on", "off", "last", "frames"),
+        help="Who compresses a zstd OUT on a GPU run: on (the GPU, where nvCOMP is found), "
+             "off (the host, whole chunks); last and frames are experimental shares. "
+             "Default: $OOCGEMM_GPU_ENCODE, else on."))
+    """Who compresses a zstd output on a GPU run: True (the GPU, a row stripe of C at a
+    time, where nvCOMP is found and its buffers fit), False (the host, whole chunks), or the
+    experimental 'last' and 'frames' (:func:`oocgemm.runtime.cuda_executor.gpu_framing`);
+    'on' and 'off' are True and False. None: the setting (``OOCGEMM_GPU_ENCODE``, else True).
+    A CPU run's host encodes, and its plan notes a GPU asked for."""
     out_options: dict | None = None
     """The layout of a new ``.zarr`` output (``zarr.create_array`` keywords); on the command
     line, ``--out-chunks``, ``--out-shards``, ``--out-compressor`` and ``--zarr-format``."""
@@ -126,6 +148,9 @@ class Options:
                 compressor(layout["compressors"], layout["zarr_format"])
             else:
                 parse_compressor(layout["compressors"])
+        for name in ("gpu_decode", "gpu_encode"):  # 'on' as True...; None: the setting's
+            if given.get(name) is not None:
+                given[name] = settings.parse(name, given[name])
         for name in ("overwrite", "events", "verify", "resume"):
             if name in given:
                 given[name] = flag(name, given[name])

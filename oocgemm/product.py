@@ -23,8 +23,8 @@ says what happened.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import os
 import re
 import warnings
 from collections.abc import Mapping
@@ -44,6 +44,7 @@ from .planning import Plan, Problem
 from .planning.planner import Facts, make_plan
 from .result import Result
 from .runtime.execute import execute
+from .settings import get as setting
 from .storage.identity import seen_through
 from .strategies import strategy_of
 from .typing import MatrixLike, Scalar
@@ -102,6 +103,7 @@ class Product:
                                    trans_b=trans_b, out_options=self.options.out_options,
                                    storage_options=self.options.storage_options)
         self._scalars = (alpha, beta, trans_a, trans_b)
+        self._notes: tuple[str, ...] = ()  # what the plan notes of a GPU's coding asked for
         self._plan: Plan | None = None
         #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
         self._limits: tuple[int, int] | None = None
@@ -213,6 +215,8 @@ class Product:
         plan = make_plan(problem, self._facts(problem))
         for advice in plan.warnings:
             _warn(advice)
+        if self._notes:  # a GPU's coding asked for on the CPU
+            plan = dataclasses.replace(plan, notes=plan.notes + self._notes)
         return plan
 
     def _facts(self, problem: Problem) -> Facts:
@@ -224,10 +228,12 @@ class Product:
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = backend.budgets(self.device.index, options)
         self._limits = (mem, host)
-        mode = gpu_decode_mode() if backend.decodes else "0"
+        coding, self._notes = gpu_coding(options, backend.decodes)
+        mode, encode = coding.gpu_decode, coding.gpu_encode
+        assert mode is not None and encode is not None  # (decided: the option or the setting)
         return Facts(device=str(self.device), kernel=kernel, model=model, memory_limit=mem,
                      host_memory_limit=host, staging=backend.staging(problem, model, kernel),
-                     tile=options.tile, gpu_decode=mode,
+                     tile=options.tile, gpu_decode=mode, gpu_encode=encode,
                      decoder_found=mode == "auto" and backend.decoder_found(),
                      cached=frozenset(self._cached(problem)),
                      given_limits=(options.memory_limit, options.host_memory_limit))
@@ -254,15 +260,28 @@ def _warn(message: str) -> None:
     warnings.warn("oocgemm: " + message, RuntimeWarning, stacklevel=level)
 
 
-def gpu_decode_mode() -> str:
-    """``OOCGEMM_GPU_DECODE``: '1' decodes the inputs' zstd frames on the GPU wherever the
-    plan allows (:func:`decoded_on_device`), '0' on the host; 'auto' (or unset) on the GPU
-    where the plan allows, nvCOMP is found and the cost model predicts it faster. OptionError
-    for another value."""
-    mode = os.environ.get("OOCGEMM_GPU_DECODE", "auto")
-    if mode not in ("0", "1", "auto"):
-        raise OptionError(f"OOCGEMM_GPU_DECODE={mode!r}: 0, 1 or auto")
-    return mode
+def gpu_coding(options: Options, gpu: bool) -> tuple[Options, tuple[str, ...]]:
+    """``options`` with ``gpu_decode`` and ``gpu_encode`` decided for a plan on a GPU (``gpu``:
+    a device whose backend decodes and encodes there) or the CPU, and the notes the plan
+    takes of them. Each is the option where given, else its setting (:mod:`oocgemm.settings`:
+    the environment's, else the default). ``gpu_decode``: 'auto' weighs decoding on the GPU
+    where the plan allows and nvCOMP is found
+    (:func:`~oocgemm.planning.planner.decoded_on_device`); True decodes there wherever the
+    plan allows; False on the host. On the CPU the host decodes and encodes (both False)
+    whatever was asked; an option given that asks for the GPU is noted in the plan."""
+    decode = options.gpu_decode if options.gpu_decode is not None else setting("gpu_decode")
+    encode = options.gpu_encode if options.gpu_encode is not None else setting("gpu_encode")
+    notes: tuple[str, ...] = ()
+    if not gpu:
+        asked = [f"{name}={value!r}" for name, value, asks in (
+            ("gpu_decode", options.gpu_decode, options.gpu_decode is True),
+            ("gpu_encode", options.gpu_encode, options.gpu_encode not in (None, False)))
+            if asks]
+        if asked:
+            notes = (f"{' and '.join(asked)} ask{'s' if len(asked) == 1 else ''} for a GPU; "
+                     f"on the CPU the host decodes the inputs and encodes C",)
+        decode = encode = False
+    return dataclasses.replace(options, gpu_decode=decode, gpu_encode=encode), notes
 
 
 def _in_users_units(message: str, options: Options, mem: int, host: int) -> str:

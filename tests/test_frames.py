@@ -211,9 +211,9 @@ def test_a_framed_block_is_journaled(rng, workdir):
 
 
 def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
-    """Without nvCOMP (as here) the GPU compresses nothing: OOCGEMM_GPU_ENCODE=1 (the
-    default) leaves C to the host's whole-chunk encoders, as =0 does, =last and =frames to
-    its encoders a stripe at a time."""
+    """Without nvCOMP (as here) the GPU compresses nothing: the plan's gpu_encode=True (the
+    default) leaves C to the host's whole-chunk encoders, as False does, 'last' and 'frames'
+    to its encoders a stripe at a time. The executor reads the plan, not the environment."""
     from oocgemm.cuda import nvcomp
     from oocgemm.runtime.cuda_executor import gpu_framing
 
@@ -221,17 +221,12 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
         pytest.skip("nvCOMP is installed here")
     a, b = inputs(rng, 64, 32, 48)
     plan = staged_plan(a, b, (16, 48), tile=(32, 48, 16), stripe=4 * 48)
+    assert plan.gpu_encode is False  # a CPU plan's, here made to replay a CUDA run
     sink = new_output("c.zarr", (64, 48), (16, 48), "v3")
     writer = chunk_writer(plan, sink)
-    for mode, host in (("0", None), ("1", None), ("last", True), ("frames", True)):
-        monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
-        got = gpu_framing(plan, writer)
+    monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")  # not read here
+    for mode, host in ((False, None), (True, None), ("last", True), ("frames", True)):
+        got = gpu_framing(dataclasses.replace(plan, gpu_encode=mode), writer)
         assert (got and got.host) == host and (got is None or not got.downloads)
-    monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")
-    with pytest.raises(oocgemm.OptionError, match="OOCGEMM_GPU_ENCODE='yes': one of 0, 1.*"
-                                                  "1, the default"):
-        gpu_framing(plan, writer)
-    monkeypatch.delenv("OOCGEMM_GPU_ENCODE")
-    assert gpu_framing(plan, writer) is None
     assert gpu_framing(plan, sink) is None  # a sink that takes no stripes of frames
     sink.abort()

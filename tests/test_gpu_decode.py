@@ -166,7 +166,7 @@ def test_a_damaged_object_is_named(rng, workdir, damage):
     assert ("more than the" in str(info.value)) == (damage == "grown")
 
 
-# -- which plans decode on the device (OOCGEMM_GPU_DECODE=1) --------------------------------
+# -- which plans decode on the device (gpu_decode=True) ---------------------------------------
 def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
               out_options=None):
     """A CUDA plan of ``za @ zb`` (the user's ``tile``, or the planner's for None) within
@@ -190,8 +190,8 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
 
 
 def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
+    from oocgemm import settings
     from oocgemm.planning.planner import decoded_on_device
-    from oocgemm.product import gpu_decode_mode
 
     a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
     za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3-sharded")
@@ -203,12 +203,12 @@ def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
     assert decoded_on_device(cuda_plan(za, zb, (20, 20, 20))).gpu_decode == ()
     monkeypatch.setenv("OOCGEMM_GPU_DECODE", "yes")
     with pytest.raises(OptionError, match="OOCGEMM_GPU_DECODE='yes'"):
-        gpu_decode_mode()
-    for mode in ("0", "1", "auto"):
+        settings.get("gpu_decode")
+    for mode, value in (("0", False), ("1", True), ("auto", "auto")):
         monkeypatch.setenv("OOCGEMM_GPU_DECODE", mode)
-        assert gpu_decode_mode() == mode
+        assert settings.get("gpu_decode") == value
     monkeypatch.delenv("OOCGEMM_GPU_DECODE")
-    assert gpu_decode_mode() == "auto"
+    assert settings.get("gpu_decode") == "auto"
 
 
 CHUNKS_4096 = dict(chunks=(4096, 4096))  # a 128 MiB frame each: batches of a dozen

@@ -1,7 +1,7 @@
-"""C compressed on the GPU (nvCOMP) before it goes down (``OOCGEMM_GPU_ENCODE=1``, the
-default): the product zarr reads back equals numpy's, on ragged shapes whose stripes cut
-chunks, v2 and v3; with ``=0`` the host encodes; skipped where no GPU (or no nvCOMP) is
-found."""
+"""C compressed on the GPU (nvCOMP) before it goes down (``gpu_encode=True``, the default,
+or ``OOCGEMM_GPU_ENCODE=1``): the product zarr reads back equals numpy's, on ragged shapes
+whose stripes cut chunks, v2 and v3; with False (``=0``) the host encodes; skipped where no
+GPU (or no nvCOMP) is found."""
 
 from __future__ import annotations
 
@@ -59,16 +59,20 @@ def test_c_compressed_on_the_gpu(rng, workdir, gpu_encode, fmt, tile):
 
 
 def test_the_gpu_encodes_by_default_and_the_host_when_asked(rng, workdir, monkeypatch):
-    """OOCGEMM_GPU_ENCODE unset: the GPU's encoder; =0: the host's, the same product."""
+    """OOCGEMM_GPU_ENCODE unset: the GPU's encoder; =0, or gpu_encode=False: the host's, the
+    same product; gpu_encode=True over OOCGEMM_GPU_ENCODE=0: the GPU's (the option wins)."""
     nvcomp = nvcomp_or_skip()
+    gpu = f"nvCOMP {nvcomp.version()} zstd on the GPU"
     a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
     monkeypatch.delenv("OOCGEMM_GPU_ENCODE", raising=False)
-    for mode, encoder in ((None, f"nvCOMP {nvcomp.version()} zstd on the GPU"), ("0", None)):
-        if mode is not None:
-            monkeypatch.setenv("OOCGEMM_GPU_ENCODE", mode)
-        r = oocgemm.multiply(a, b, "c.zarr", device="cuda", overwrite=True,
+    for env, option, encoder in ((None, None, gpu), (None, False, None), ("0", None, None),
+                                 ("0", True, gpu)):
+        if env is not None:
+            monkeypatch.setenv("OOCGEMM_GPU_ENCODE", env)
+        r = oocgemm.multiply(a, b, "c.zarr", device="cuda", overwrite=True, gpu_encode=option,
                              out_options={"compressors": "zstd", "chunks": (64, 64)})
         assert r.out_encoder == encoder
+        assert r.plan.gpu_encode is (option if option is not None else env != "0")
         assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
 
 

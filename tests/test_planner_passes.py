@@ -70,9 +70,9 @@ def test_the_page_cache_is_a_fact_of_the_prediction_not_of_the_blocks(rng, workd
 
 
 @pytest.mark.parametrize("mode, found, decodes, said", [
-    ("0", True, False, None),
+    (False, True, False, None),
     ("auto", False, False, "gpu decode: on the host: nvCOMP is not found"),
-    ("1", False, True, "gpu decode: A on the device: asked"),
+    (True, False, True, "gpu decode: A on the device: asked"),
 ])
 def test_who_decodes_the_inputs_follows_the_facts(rng, workdir, mode, found, decodes, said):
     problem = _problem(_zstd("a.zarr", rng, (512, 256), (128, 128)),

@@ -282,3 +282,48 @@ def test_no_function_is_more_complex_than_the_limit_without_saying_why():
             for path in sorted((ROOT / "oocgemm").rglob("*.py"))
             for entry in _too_complex(path.read_text())]
     assert not over, "\n".join(over)
+
+
+#: The modules that read the environment: the settings (every OOCGEMM_* variable), the NVTX
+#: switches (the tools' own: NVTX_INJECTION64_PATH, NVTX_DISABLE, CUDA_PATH) and ``oocgemm
+#: info`` (the BLAS threads it reports).
+READ_THE_ENVIRONMENT = {"oocgemm/settings.py", "oocgemm/diagnostics/nvtx.py", "oocgemm/info.py"}
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def _reads_the_environment(source: str) -> list[str]:
+    """Where ``source`` reaches the process's environment through ``os`` (``os.environ``,
+    ``os.getenv``..., under any name ``os`` is imported as, or imported from it), by line."""
+    import ast
+
+    tree = ast.parse(source)
+    aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name == "os"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"line {node.lineno}: from os import {a.name}" for a in node.names
+                      if a.name in ENVIRONMENT_NAMES]
+        elif (isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT_NAMES
+              and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_environment_check_flags_what_it_should():
+    assert _reads_the_environment("import os\nx = os.environ.get('A')\n") == [
+        "line 2: os.environ"]
+    assert _reads_the_environment("import os as o\no.getenv('A')\n") == ["line 2: o.getenv"]
+    assert _reads_the_environment("from os import environ\n") == [
+        "line 1: from os import environ"]
+    assert not _reads_the_environment("import os\nos.path.join('a')\nenviron = {}\n")
+
+
+def test_the_environment_is_read_in_the_settings_module_only():
+    """Every OOCGEMM_* variable is read by oocgemm.settings (the default of a setting that an
+    option or ``settings.set`` replaces); elsewhere, only the NVTX switches and ``info``."""
+    found = [f"{path.relative_to(ROOT)} {where}"
+             for path in sorted((ROOT / "oocgemm").rglob("*.py"))
+             if str(path.relative_to(ROOT)) not in READ_THE_ENVIRONMENT
+             for where in _reads_the_environment(path.read_text())]
+    assert not found, "read oocgemm.settings instead: " + "; ".join(found)

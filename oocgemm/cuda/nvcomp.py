@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from ..settings import get as setting
 from ..storage.frames import Framing, Piece
 
 _D2H, _D2D = 2, 3
@@ -48,9 +49,8 @@ class _Properties(ctypes.Structure):  # nvcompProperties_t
 
 
 def _candidates() -> list[str]:
-    paths = []
-    if os.environ.get("OOCGEMM_NVCOMP"):
-        paths.append(os.environ["OOCGEMM_NVCOMP"])
+    first = setting("nvcomp")  # OOCGEMM_NVCOMP
+    paths = [first] if first else []
     try:
         spec = importlib.util.find_spec("nvidia.libnvcomp")
     except (ImportError, ValueError):

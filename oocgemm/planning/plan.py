@@ -100,6 +100,11 @@ class Plan:
     start on the objects' edges; staged plans only, not the in-core shape."""
     n_z: int = 2
     """Compressed slots of each operand decoded on the device (:attr:`gpu_decode`)."""
+    gpu_encode: bool | str = True
+    """Who compresses C where a CUDA run stores it from zstd frames (the ``gpu_encode``
+    option, else its setting): True, the GPU every stripe, where nvCOMP is found and its
+    buffers fit the budgets; False, the host, whole chunks; 'last' or 'frames', shares that
+    :func:`~oocgemm.runtime.cuda_executor.gpu_framing` spells out. False on the CPU."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = DEFAULT
@@ -474,6 +479,7 @@ class Plan:
             "shared": self.problem.shared,
             "in_core": self.in_core,
             "gpu_decode": list(self.gpu_decode),
+            "gpu_encode": self.gpu_encode,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "notes": list(self.notes),

@@ -36,10 +36,6 @@ from .plan import Plan, with_gpu_decode
 from .problem import Problem
 from .tiling import choose_tile, in_core_shape, in_place
 
-#: The values of the gpu_decode fact: '1' decodes the inputs' zstd frames on the device
-#: wherever the plan allows, '0' on the host, 'auto' where the model predicts it faster.
-GPU_DECODE_MODES = ("0", "1", "auto")
-
 
 @dataclass(frozen=True)
 class Staging:
@@ -72,8 +68,12 @@ class Facts:
     """The executor's staging."""
     tile: tuple[int, int, int] | None = None
     """The user's tile, or None for the planner's."""
-    gpu_decode: str = "0"
-    """One of :data:`GPU_DECODE_MODES`: '0' where the device cannot decode."""
+    gpu_decode: bool | str = False
+    """True decodes the inputs' zstd frames on the device wherever the plan allows, False on
+    the host (where the device cannot decode), 'auto' where the model predicts it faster."""
+    gpu_encode: bool | str = False
+    """Who compresses C where a run stores it from zstd frames (:attr:`Plan.gpu_encode
+    <oocgemm.planning.plan.Plan.gpu_encode>`): False where the device cannot encode."""
     decoder_found: bool = False
     """The device's zstd decoder (nvCOMP) is found."""
     cached: frozenset[str] = frozenset()
@@ -86,7 +86,7 @@ class Facts:
         """What :func:`plan_product` reads of the facts (the cache's key)."""
         return (self.device, self.kernel, self.model, self.memory_limit,
                 self.host_memory_limit, self.staging.staged,
-                tuple(sorted(self.staging.settings.items())), self.tile)
+                tuple(sorted(self.staging.settings.items())), self.tile, self.gpu_encode)
 
 
 def make_plan(problem: Problem, facts: Facts) -> Plan:
@@ -173,7 +173,7 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     settings = dict(problem=problem, device=facts.device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, **staging.settings)
+                    symmetric=symmetric, gpu_encode=facts.gpu_encode, **staging.settings)
     if tile is not None:  # said in the plan where the planner's own choice is far faster
         given = finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
         return _decided(with_tile_advice(
@@ -223,13 +223,13 @@ def _unit_hint(**limits) -> str:
 # -- pass 2: who decodes the inputs ---------------------------------------------------------
 def gpu_decode_pass(problem: Problem, facts: Facts, plan: Plan) -> Plan:
     """``plan`` with the zstd inputs the device decodes, after ``facts.gpu_decode``: the
-    host's where it is '0', the device cannot decode, or (with 'auto') nvCOMP is not found;
+    host's where it is False (the device cannot decode), or (with 'auto') nvCOMP is not found;
     else the plan that decodes on the device (with 'auto': where the model predicts it
     faster). An in-core plan is weighed against the panelled plan decoding on the device."""
     mode = facts.gpu_decode
-    if mode not in GPU_DECODE_MODES:
-        raise OptionError(f"gpu_decode={mode!r}: one of {', '.join(GPU_DECODE_MODES)}")
-    if mode == "0":
+    if not (isinstance(mode, bool) or mode == "auto"):
+        raise OptionError(f"gpu_decode={mode!r}: 'auto', True or False")
+    if mode is False:
         return plan
     if mode == "auto" and not facts.decoder_found:
         return _decided(plan, "gpu decode", "on the host: nvCOMP is not found")
@@ -241,7 +241,7 @@ def gpu_decode_pass(problem: Problem, facts: Facts, plan: Plan) -> Plan:
     chosen = decoded_on_device(base, choose=mode == "auto",
                                cached=mode == "auto" and facts.cached == {"A", "B"}, host=plan)
     if chosen.gpu_decode:
-        why = ("asked (gpu_decode=1)" if mode == "1" else
+        why = ("asked (gpu_decode=True)" if mode is True else
                f"predicted {format_seconds(chosen.prediction.total)} against "
                f"{format_seconds(plan.prediction.total)} decoding on the host")
         return _decided(chosen, "gpu decode",

@@ -20,13 +20,14 @@ depend on. The calling thread waits for the lanes. No device-wide synchronisatio
 inside the run.
 
 Where C's chunks are zstd and stored as files (:func:`~oocgemm.runtime.base.framed_writes`)
-a run may store them from zstd frames, a row stripe of C at a time, as ``OOCGEMM_GPU_ENCODE``
-says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its stripe on the GPU
-first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which runs ahead of the
-GEMMs) and its WRITE hands the sink the frames; the other stripes go to the host's encoders.
+a run may store them from zstd frames, a row stripe of C at a time, as the plan's
+``gpu_encode`` says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its
+stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which
+runs ahead of the GEMMs) and its WRITE hands the sink the frames; the other stripes go to
+the host's encoders.
 By default the GPU compresses every stripe where nvCOMP is found (about the time of an
 uncompressed output, where the host's encoders take longer: docs/performance.md, "C
-compressed on the GPU by default"); elsewhere, or with ``OOCGEMM_GPU_ENCODE=0``, C's chunks
+compressed on the GPU by default"); elsewhere, or with ``gpu_encode=False``, C's chunks
 are gathered and encoded whole on the host.
 
 Timing: a pair of CUDA events brackets every device operation; a clock thread maps them onto
@@ -39,7 +40,6 @@ also an NVTX range in the ``oocgemm`` domain while Nsight Systems is attached
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -47,7 +47,6 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from ..diagnostics.events import EventLog
-from ..errors import OptionError
 from ..planning.schedule import OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
 from ..strategies import strategy_of
@@ -85,7 +84,7 @@ def _settle(future: Future, task) -> None:
         future.set_exception(exc)
 
 
-#: The share of the run's last C block's stripes that ``OOCGEMM_GPU_ENCODE=last`` has the
+#: The share of the run's last C block's stripes that ``gpu_encode='last'`` has the
 #: GPU compress, the rest the host's: in proportion to their rates, nvCOMP's the higher
 #: (docs/performance.md, "Figures moved from the code's docstrings").
 GPU_SHARE = 0.6
@@ -108,34 +107,21 @@ class GpuFrames:
     """The host's encoders make frames of the other stripes (``encode_frames``)."""
 
 
-#: The values of ``OOCGEMM_GPU_ENCODE`` (:func:`gpu_framing`).
-GPU_ENCODE_MODES = ("0", "1", "last", "frames")
-
-
-def gpu_encode_mode() -> str:
-    """``OOCGEMM_GPU_ENCODE`` ('1' where unset); OptionError for a value it does not take."""
-    mode = os.environ.get("OOCGEMM_GPU_ENCODE", "1")
-    if mode not in GPU_ENCODE_MODES:
-        raise OptionError(f"OOCGEMM_GPU_ENCODE={mode!r}: one of {', '.join(GPU_ENCODE_MODES)} "
-                          f"(1, the default: C's stripes compressed on the GPU where nvCOMP is "
-                          f"found; 0: C's chunks encoded whole by the host)")
-    return mode
-
-
 def gpu_framing(plan, sink) -> GpuFrames | None:
-    """How a run of ``plan`` makes C's stripes into frames, after ``OOCGEMM_GPU_ENCODE``:
-    '1' (the default), every stripe compressed on the GPU; 'last', :data:`GPU_SHARE` of the
-    last C block's stripes on the GPU and the others on the host's encoders, a stripe each;
-    'frames', every stripe on the host's encoders. None (C's chunks gathered and encoded
-    whole) with '0', or where C is not stored from frames
+    """How a run of ``plan`` makes C's stripes into frames, as :attr:`Plan.gpu_encode
+    <oocgemm.planning.plan.Plan.gpu_encode>` says (the ``gpu_encode`` option, else
+    ``OOCGEMM_GPU_ENCODE``): True (the default), every stripe compressed on the GPU; 'last',
+    :data:`GPU_SHARE` of the last C block's stripes on the GPU and the others on the host's
+    encoders, a stripe each; 'frames', every stripe on the host's encoders. None (C's chunks
+    gathered and encoded whole) with False, or where C is not stored from frames
     (:func:`~oocgemm.runtime.base.framed_writes`); without nvCOMP, or where its buffers
     would not fit the plan's budgets, the GPU compresses nothing."""
-    mode = gpu_encode_mode()
-    framing = framed_writes(plan, sink) if mode in ("1", "last", "frames") else None
+    mode = plan.gpu_encode
+    framing = framed_writes(plan, sink) if mode in (True, "last", "frames") else None
     if framing is None:
         return None
     downs = [op for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
-    if mode == "1":
+    if mode is True:
         mine = downs
     elif mode == "last" and downs:
         last = [op for op in downs if op.key == downs[-1].key]
@@ -153,12 +139,12 @@ def gpu_framing(plan, sink) -> GpuFrames | None:
                  or plan.host_bytes + plan.n_out * max(0, ring - plan.buffers.out_ring)
                  > plan.host_memory_limit):
         mine, stripes, ring = [], (), 0
-    if not mine and mode == "1":
+    if not mine and mode is True:
         return None
     indices = frozenset(op.index for op in mine)
     writes = frozenset(op.index for op in plan.schedule.ops
                        if op.kind is OpKind.WRITE and op.deps and op.deps[0] in indices)
-    return GpuFrames(framing, indices, writes, stripes, ring, host=mode != "1")
+    return GpuFrames(framing, indices, writes, stripes, ring, host=mode is not True)
 
 
 def few_copies(plan) -> bool:

@@ -592,7 +592,8 @@ class ZarrSource(MatrixSource):
                     raise InputError(
                         f"{where}: its file holds {size} bytes, more than the {into.nbytes} "
                         f"a zstd frame of its size takes at most (written by another "
-                        f"encoder?); decode it on the host (OOCGEMM_GPU_DECODE=0)")
+                        f"encoder?); decode it on the host (gpu_decode=False, "
+                        f"--gpu-decode off)")
                 got = f.readinto(into[:size].data)
             if got != size:
                 raise ValueError(f"read {got} of {size} bytes")
