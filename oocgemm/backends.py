@@ -62,6 +62,10 @@ class Backend:
         """Begin the device's start-up (contexts, libraries) in the background, while the
         inputs open and the plan is made: nothing to do on the CPU."""
 
+    def start_now(self, index: int) -> None:
+        """Take device ``index``'s start-up steps now (a worker's warm-up): nothing to take
+        on the CPU."""
+
     def decoder_found(self) -> bool:
         """Its zstd decoder is found (a fact for the planner)."""
         return False
@@ -114,6 +118,12 @@ class CudaBackend(Backend):
         from .cuda import startup
 
         startup.ahead(indices)
+
+    def start_now(self, index: int) -> None:
+        """The context, cuBLAS and a pinned buffer (:func:`oocgemm.cuda.startup.times`)."""
+        from .cuda import startup
+
+        startup.times(index, start=True)
 
     def decoder_found(self) -> bool:
         from .cuda import nvcomp

@@ -54,11 +54,10 @@ def warm(device: Any = "auto", **options: Any) -> dict[str, float]:
         name.partition("#")[0] for name in device_names(device) or [str(resolve_device(device))]))
     steps: dict[str, float] = {}
     begin = time.perf_counter()
-    if names[0].startswith("cuda"):
-        from .cuda import startup
+    from .backends import backend_of, device_index
 
-        for name in names:
-            startup.times(int(name.partition(":")[2] or 0), start=True)
+    for name in names:
+        backend_of(name).start_now(device_index(name))
     steps["start"] = time.perf_counter() - begin
     rng = np.random.default_rng()
     x = rng.standard_normal((SIDE, SIDE))

@@ -145,8 +145,7 @@ def test_storage_imports_no_plan():
 
 #: Comparisons of a device kind's name left outside backends.py and devices.py (the device
 #: names' parser), by module: issue 52 moves them into the backends; none may be added.
-KIND_NAMES_LEFT = {"oocgemm/warmup.py": 1, "oocgemm/planning/plan.py": 2,
-                   "oocgemm/planning/tiling.py": 1, "oocgemm/strategies.py": 2}
+KIND_NAMES_LEFT = {"oocgemm/planning/plan.py": 2, "oocgemm/strategies.py": 2}
 
 
 def test_a_kind_of_device_is_compared_by_name_in_its_backend_only():

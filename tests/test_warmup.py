@@ -12,6 +12,7 @@ import time
 import pytest
 
 import oocgemm
+import oocgemm.api
 import oocgemm.dask as odask
 from oocgemm import cuda
 from oocgemm.warmup import warm

@@ -39,6 +39,9 @@ class DeviceModel:
     half_size: int = 256
     """A GEMM of w×h×r runs at flops / (1 + half_size/w + half_size/h + half_size/r):
     small blocks do not fill the device."""
+    smallest_side: int = 64
+    """The smallest block side the planner's search tries (where the product is larger):
+    smaller blocks do not fill the device."""
     granule: int = 1
     """Block sizes the device runs best at multiples of (cuBLAS DGEMM runs markedly slower
     with 10923-sized operands than with 11008 = 43·256: docs/performance.md, "Figures moved
@@ -121,5 +124,6 @@ def _cpu_model(cores: int) -> DeviceModel:
     # Measured on a 2-core VM: docs/performance.md, "Figures moved from the code's
     # docstrings" (the cost model).
     return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
+                       smallest_side=16,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
                        decode=1.0e9 * cores, decode_on_compute_cores=True)

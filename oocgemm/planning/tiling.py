@@ -616,7 +616,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     align_m = _with_granule(out_m or a_m, model.granule)
     align_n = _with_granule(out_n or b_n, model.granule)
     align_k = _with_granule(a_k or b_k, model.granule)
-    floor = 16 if model.name == "cpu" else 64
+    floor = model.smallest_side
     ws = _candidates(m, align_m, floor)
     hs = _candidates(n, align_n, floor)
     rs = _candidates(k, align_k, floor) if prob.computes_product else [1]

@@ -43,6 +43,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
@@ -365,48 +366,73 @@ class CudaExecutor(Executor):
             ahead[nxt.index] = (start, bands)
 
     # -- device lanes -------------------------------------------------------------------------
+    # -- device operations: one handler per kind (and per operand decoded on the device) ---
+    def handlers(self) -> dict[tuple[OpKind, str], Callable[..., None]]:
+        """The handler of each (kind, operand) that runs on a stream: it enqueues the
+        operation, taking the GPU's context, the operation, its stream, the events it waits
+        for on other streams (an emulated GEMM's panel conversion waits for them too) and the
+        DECODEs decoded with it as one batch (it first). Made when a run starts."""
+        table: dict[OpKind, Callable[..., None]] = {
+            OpKind.UPLOAD: self._upload, OpKind.DECODE: self._decode,
+            OpKind.DOWNLOAD: self._download, OpKind.GEMM: self._gemm,
+            OpKind.MIRROR: self._mirror, OpKind.TRANSPOSE: self._transpose,
+            OpKind.FILL: self._fill}
+        decoded = {OpKind.UPLOAD: self._upload_objects}
+        return {(kind, operand): (decoded.get(kind, handler)
+                                  if operand in self.plan.gpu_decode else handler)
+                for kind, handler in table.items() for operand in ("A", "B", "C")}
+
     def _enqueue(self, gpu, op, waits=(), batch=None) -> None:
         """Enqueue ``op`` on its stream (``waits``: the events of what it waits for on other
-        streams, which an emulated GEMM's panel conversion waits for too; ``batch``: the
-        DECODEs decoded with DECODE ``op`` as one, it first)."""
-        stream = _stream_of(op)
-        trans = self.schedule.transposed
-        if op.kind is OpKind.UPLOAD and op.operand in self.plan.gpu_decode:
-            found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
-            self._objects[(op.dst, op.offset)] = found
-            self._moved[op.index] = found[1]
-            gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
-        elif op.kind is OpKind.DECODE:
-            self._decoder.decode(batch or (op,), gpu.device_ptr, self._objects,
-                                 gpu.streams[stream])
-        elif op.kind is OpKind.UPLOAD:
-            gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
-        elif op.kind is OpKind.DOWNLOAD and self._encoder is not None \
-                and op.index in self._framed.downloads:
+        streams; ``batch``: the DECODEs decoded with DECODE ``op`` as one, it first)."""
+        self._handlers[op.kind, op.operand](gpu, op, _stream_of(op), waits, batch)
+
+    def _upload_objects(self, gpu, op, stream, waits, batch) -> None:
+        """The stored objects a READ of an operand decoded on the device found, into their
+        cell of its compressed slot."""
+        found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
+        self._objects[(op.dst, op.offset)] = found
+        self._moved[op.index] = found[1]
+        gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
+
+    def _decode(self, gpu, op, stream, waits, batch) -> None:
+        self._decoder.decode(batch or (op,), gpu.device_ptr, self._objects,
+                             gpu.streams[stream])
+
+    def _upload(self, gpu, op, stream, waits, batch) -> None:
+        gpu.upload(op.src[0], op.dst, op.nbytes, stream, dst_offset=op.offset)
+
+    def _download(self, gpu, op, stream, waits, batch) -> None:
+        """A stripe of C down into the output ring: compressed on the way where the plan's
+        framing says its stripe is the GPU's to encode."""
+        if self._encoder is not None and op.index in self._framed.downloads:
             self._encoder.encode(gpu.device_ptr(op.src[0]) + op.offset * gpu.dtype.itemsize,
                                  op.shape[1], *op.region, gpu.pinned_ptr(op.dst),
                                  gpu.streams[stream].ptr)
-        elif op.kind is OpKind.DOWNLOAD:
+        else:
             gpu.download(op.src[0], op.dst, op.nbytes, stream, src_offset=op.offset)
-        elif op.kind is OpKind.GEMM:
-            _, _, (w, h) = panel_shapes(self.plan, op)
-            r = self.plan.k_splits[op.q + 1] - self.plan.k_splits[op.q]
-            i, j = op.key
-            note = gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
-                            op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0],
-                            panels=(("A", i, op.q), ("B", op.q, j)), waits=waits,
-                            upper=op.upper)
-            if note is not None:
-                self.log.note(note)
-        elif op.kind is OpKind.MIRROR:
-            _, h = block_shape(self.plan, op.key)
-            gpu.mirror(op.dst, h, op.offset // h, op.shape[0])
-        elif op.kind is OpKind.TRANSPOSE:
-            gpu.transpose(op.src[0], op.dst, *op.shape[::-1])
-        elif op.kind is OpKind.FILL:
-            gpu.scale(op.dst, op.elements, op.beta)
-        else:  # pragma: no cover
-            raise AssertionError(op.kind)
+
+    def _gemm(self, gpu, op, stream, waits, batch) -> None:
+        trans = self.schedule.transposed
+        _, _, (w, h) = panel_shapes(self.plan, op)
+        r = self.plan.k_splits[op.q + 1] - self.plan.k_splits[op.q]
+        i, j = op.key
+        note = gpu.gemm(op.src[0], op.src[1], op.dst, w, h, r, trans["A"], trans["B"],
+                        op.alpha, op.beta, row0=op.offset // h, rows=op.shape[0],
+                        panels=(("A", i, op.q), ("B", op.q, j)), waits=waits,
+                        upper=op.upper)
+        if note is not None:
+            self.log.note(note)
+
+    def _mirror(self, gpu, op, stream, waits, batch) -> None:
+        _, h = block_shape(self.plan, op.key)
+        gpu.mirror(op.dst, h, op.offset // h, op.shape[0])
+
+    def _transpose(self, gpu, op, stream, waits, batch) -> None:
+        gpu.transpose(op.src[0], op.dst, *op.shape[::-1])
+
+    def _fill(self, gpu, op, stream, waits, batch) -> None:
+        gpu.scale(op.dst, op.elements, op.beta)
 
     def run(self) -> EventLog:
         """Replay the schedule; device and pinned buffers are freed on return, also on error.
@@ -415,6 +441,7 @@ class CudaExecutor(Executor):
         from ..diagnostics.nvtx import Ranges
 
         self._nvtx = Ranges()
+        self._handlers = self.handlers()
         if self._framed is None and not self._launch.waits_across_streams \
                 and self._few:
             return self._run_inline()
