@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError, ShapeError
-from .storage import open_source
+from .storage import MatrixSource, open_source
 from .typing import MatrixLike, Scalar
 
 #: Bytes of one band of stored rows read at a time (rounded to whole chunk rows).
@@ -120,7 +120,7 @@ def random_vectors(n: int, rounds: int, complex_: bool, seed) -> np.ndarray:
     return x
 
 
-class _Side:
+class CInSide:
     """What the check needs of ``beta C_in`` (or nothing), computed before C is overwritten
     when C is updated in place."""
 
@@ -128,14 +128,14 @@ class _Side:
         self.value, self.value_abs = value, value_abs
 
 
-def prepare_c_in(c_in, x: np.ndarray, *, storage_options=None) -> _Side:
+def prepare_c_in(c_in, x: np.ndarray, *, storage_options=None) -> CInSide:
     """``C_in x`` and ``|C_in| |x|`` (for a product that will overwrite C_in in place)."""
     if c_in is None:
-        return _Side()
+        return CInSide()
     src = open_source(c_in, "c_in", storage_options)
     try:
         complex_ = np.dtype(src.dtype).kind == "c" or x.dtype.kind == "c"
-        return _Side(*_apply(src, x, False, _wide(complex_)))
+        return CInSide(*_apply(src, x, False, _wide(complex_)))
     finally:
         src.close()
 
@@ -166,12 +166,30 @@ def verify(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
 def verify_run(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1.0,
                beta: Scalar = 0.0, c_in: MatrixLike | None = None, trans_a: bool = False,
                trans_b: bool = False, rounds: int = 2, seed: int | None = None,
-               storage_options: Mapping[str, Any] | None = None, c_in_side=None, x=None,
-               checking: bool = False) -> VerifyReport:
-    """:func:`verify`, and the check of ``multiply(verify=True)`` before its commit: its
-    vectors ``x`` drawn and C_in's side ``c_in_side`` (:func:`prepare_c_in`) taken before
-    the run (an update in place overwrites C_in), and ``c`` the product not yet committed
-    (``checking``: an output flagged incomplete is read)."""
+               storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
+    """:func:`verify`: the operands opened, checked (:func:`verify_sources`) and closed."""
+    fs = None if storage_options is None else dict(storage_options)
+    srcs = {"a": open_source(a, "a", fs), "b": open_source(b, "b", fs),
+            "c": open_source(c, "c", fs)}
+    try:
+        return verify_sources(srcs["a"], srcs["b"], srcs["c"], alpha=alpha, beta=beta,
+                              c_in=c_in, trans_a=trans_a, trans_b=trans_b, rounds=rounds,
+                              seed=seed, storage_options=fs)
+    finally:
+        for src in srcs.values():
+            src.close()
+
+
+def verify_sources(a: MatrixSource, b: MatrixSource, c: MatrixSource, *, alpha: Scalar = 1.0,
+                   beta: Scalar = 0.0, c_in: MatrixLike | None = None,
+                   trans_a: bool = False, trans_b: bool = False, rounds: int = 2,
+                   seed: int | None = None, vectors: np.ndarray | None = None,
+                   c_in_side: CInSide | None = None,
+                   storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
+    """:func:`verify` of operands already open (sources, :mod:`oocgemm.storage`: a run's own,
+    which ``multiply(verify=True)`` checks its product with before the commit, left open).
+    ``vectors`` (:func:`random_vectors`) and ``c_in_side`` (:func:`prepare_c_in`) may be
+    taken before the product is computed: an update in place overwrites C_in."""
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise OptionError(f"rounds must be a positive integer, got {rounds!r}")
     from .arguments import check_dtype, check_matrix, scalar
@@ -179,29 +197,24 @@ def verify_run(a: MatrixLike, b: MatrixLike, c: MatrixLike, *, alpha: Scalar = 1
     alpha, beta = scalar("alpha", alpha), scalar("beta", beta)
     if beta != 0 and c_in is None and c_in_side is None:
         raise OptionError("beta != 0: pass c_in=, the C the product was computed from")
+    srcs = {"a": a, "b": b, "c": c}
+    for role, src in srcs.items():
+        check_matrix(role, src)
+        check_dtype(role, src.dtype)
+    m, k = a.shape[::-1] if trans_a else a.shape
+    k2, n = b.shape[::-1] if trans_b else b.shape
+    if k != k2 or tuple(c.shape) != (m, n):
+        raise ShapeError(f"op(a) is {(m, k)}, op(b) is {(k2, n)}, c is "
+                         f"{tuple(c.shape)}: not a product of these shapes")
+    compute = np.result_type(a.dtype, b.dtype)
+    complex_ = (compute.kind == "c" or np.dtype(c.dtype).kind == "c"
+                or isinstance(alpha, complex) or isinstance(beta, complex))
+    wide = _wide(complex_)
+    x = vectors if vectors is not None else random_vectors(n, rounds, complex_, seed)
     fs = None if storage_options is None else dict(storage_options)
-    srcs = {"a": open_source(a, "a", fs), "b": open_source(b, "b", fs),
-            "c": open_source(c, "c", fs, incomplete_ok=checking)}
-    try:
-        for role, src in srcs.items():
-            check_matrix(role, src)
-            check_dtype(role, src.dtype)
-        m, k = srcs["a"].shape[::-1] if trans_a else srcs["a"].shape
-        k2, n = srcs["b"].shape[::-1] if trans_b else srcs["b"].shape
-        if k != k2 or tuple(srcs["c"].shape) != (m, n):
-            raise ShapeError(f"op(a) is {(m, k)}, op(b) is {(k2, n)}, c is "
-                             f"{tuple(srcs['c'].shape)}: not a product of these shapes")
-        compute = np.result_type(srcs["a"].dtype, srcs["b"].dtype)
-        complex_ = (compute.kind == "c" or np.dtype(srcs["c"].dtype).kind == "c"
-                    or isinstance(alpha, complex) or isinstance(beta, complex))
-        wide = _wide(complex_)
-        x = x if x is not None else random_vectors(n, rounds, complex_, seed)
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            return _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide,
-                           compute, fs, c_in_side)
-    finally:
-        for src in srcs.values():
-            src.close()
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide,
+                       compute, fs, c_in_side)
 
 
 def _judged(srcs, x, alpha, beta, c_in, trans_a, trans_b, k, n, rounds, wide, compute, fs,

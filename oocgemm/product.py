@@ -316,14 +316,20 @@ class _Check:
         self.side = prepare_c_in(c_in, self.x, storage_options=io.storage_options)
 
     def run(self, product):
-        """The report on ``product``; ExecutionError when it fails (nothing is committed)."""
-        from .freivalds import verify_run
+        """The report on ``product`` (not committed yet), checked against the run's own open
+        sources of A and B; ExecutionError when it fails (nothing is committed)."""
+        from .freivalds import verify_sources
+        from .storage import open_source
 
         prob, io = self.prob, self.io
-        report = verify_run(io.given["a"], io.given["b"], product, alpha=prob.alpha,
-                            beta=prob.beta, trans_a=prob.trans_a, trans_b=prob.trans_b,
-                            rounds=2, storage_options=io.storage_options, c_in_side=self.side,
-                            x=self.x, checking=True)
+        c = open_source(product, "c", io.storage_options, incomplete_ok=True)
+        try:
+            report = verify_sources(io.sources["A"], io.sources["B"], c, alpha=prob.alpha,
+                                    beta=prob.beta, trans_a=prob.trans_a, trans_b=prob.trans_b,
+                                    rounds=2, vectors=self.x, c_in_side=self.side,
+                                    storage_options=io.storage_options)
+        finally:
+            c.close()
         if report.inconclusive:
             raise ExecutionError(f"the product could not be checked, so nothing was committed "
                                  f"(run without verify to keep it): {report}")

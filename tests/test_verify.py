@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from _helpers import leftovers, rand, reference
+from _helpers import assert_gemm, leftovers, rand, reference
 from click.testing import CliRunner
 
 import oocgemm
@@ -174,3 +174,29 @@ def test_cli_verify(rng, workdir):
     assert bad.exit_code == 1 and '"ok": false' in bad.output
     err = CliRunner().invoke(main, ["verify", "a.npy", "b.npy", "missing.npy"])
     assert err.exit_code == 2 and "error:" in err.output
+
+
+def test_multiply_checks_its_product_with_the_runs_own_sources(rng, workdir, monkeypatch):
+    """verify=True reads A and B through the run's open sources (issue 52): the inputs are
+    opened once, by the run; the check opens only the product it checks."""
+    import oocgemm.freivalds
+    import oocgemm.lifecycle.run
+    import oocgemm.storage
+
+    a, b = rand(rng, (70, 40)), rand(rng, (40, 30))
+    np.save("a.npy", a)
+    np.save("b.npy", b)
+    opened = []
+    for module in (oocgemm.storage, oocgemm.freivalds, oocgemm.lifecycle.run):
+        real = module.open_source
+
+        def recording(obj, role, *args, _real=real, **kwargs):
+            opened.append(role)
+            return _real(obj, role, *args, **kwargs)
+
+        monkeypatch.setattr(module, "open_source", recording)
+    result = oocgemm.multiply("a.npy", "b.npy", "c.npy", device="cpu", verify=True)
+    assert result.verified and sorted(opened) == ["a", "b", "c"]  # the run's, and the check's
+    assert_gemm(np.load("c.npy"), a, b)
+    opened.clear()  # the function of the same name still opens what it is given
+    assert oocgemm.verify("a.npy", "b.npy", "c.npy") and opened == ["a", "b", "c"]

@@ -139,6 +139,12 @@ class Plan:
     order, one line each (``'tile: ...'``, ``'gpu decode: ...'``): ``print(plan)`` and
     :meth:`summary` show them."""
 
+    @functools.cached_property
+    def strategy(self):
+        """The kernel's strategy object (:func:`~oocgemm.strategies.strategy_of`), looked
+        up once: where it runs, its memory, staging and cost."""
+        return strategy_of(self.kernel)
+
     # ---- geometry -------------------------------------------------------------------------
     @property
     def row_splits(self) -> tuple[int, ...]:
@@ -392,7 +398,7 @@ class Plan:
                              or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
                               f"block and one K panel, one slot each")
-        depth = strategy_of(self.kernel).max_depth(self.staged)
+        depth = self.strategy.max_depth(self.staged)
         if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
                               f"at most {depth} (its int32 products stay exact up to there)")
@@ -466,7 +472,7 @@ class Plan:
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
             "kernel": self.kernel if self.device.startswith("cuda")
-            or strategy_of(self.kernel).emulated else None,
+            or self.strategy.emulated else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,

@@ -39,7 +39,6 @@ import numpy as np
 from ..diagnostics.events import EventLog
 from ..planning.schedule import Op, OpKind, object_cells
 from ..storage.frames import encode_stripe
-from ..strategies import strategy_of
 from .base import (
     Cancelled,
     Executor,
@@ -188,7 +187,7 @@ class CpuExecutor(Executor):
         self.readers = max(1, plan.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
-        self.strategy = strategy_of(plan.kernel)  # the product's GEMM: numpy's, or emulated
+        self.strategy = plan.strategy  # the product's GEMM: numpy's, or emulated
         self._slots: dict[str, int] = {}  # slot -> capacity in elements (the schedule's)
         self._transposed = (plan.problem.trans_a, plan.problem.trans_b)
         self._splits = (plan.row_splits, plan.col_splits, plan.k_splits)

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
-from ..strategies import strategy_of
 from .base import (
     Bands,
     Cancelled,
@@ -259,7 +258,7 @@ class CudaExecutor(Executor):
                 mirror_kernel(plan.problem.itemsize, self.resources.kernels)
         from ..cuda.launch import launch_of
 
-        self._launch = launch_of(strategy_of(plan.kernel))
+        self._launch = launch_of(plan.strategy)
         self._launch.compile(self.index, self.resources.kernels, plan.problem)
 
     # -- host lanes ---------------------------------------------------------------------------
