@@ -67,9 +67,13 @@ class Native:
         (:func:`oocgemm.planning.tiling._resource_floor`)."""
         return None
 
-    def stage(self, kind: str, settings: dict, prob: Problem) -> dict:
-        """The staging ``settings`` of the executor of device ``kind`` for it."""
-        if kind == "cuda" and prob.gram:
+    def cpu_staging(self, settings: dict, prob: Problem) -> dict:
+        """The CPU executor's staging ``settings`` for it."""
+        return settings
+
+    def cuda_staging(self, settings: dict, prob: Problem) -> dict:
+        """The CUDA executor's staging ``settings`` for it."""
+        if prob.gram:
             # A symmetric product writes two blocks of C for each it computes, in half the
             # time: 16 output stripes (and writers) rather than 8 made X^T X quicker, since
             # writing fresh host pages goes faster from more threads (docs/performance.md,
@@ -129,15 +133,17 @@ class Ozaki(Native):
         convert = loaded / prob.itemsize * (n * model.convert_digit + model.convert_element)
         return gemms + finish + convert
 
-    def stage(self, kind: str, settings: dict, prob: Problem) -> dict:
+    def cpu_staging(self, settings: dict, prob: Problem) -> dict:
         """On the CPU each panel runs whole (a stripe would be an emulated product of its
-        own). On a GPU each slot keeps its converted panel beside it, and every K panel's
+        own)."""
+        settings.update(split_last=1)
+        return settings
+
+    def cuda_staging(self, settings: dict, prob: Problem) -> dict:
+        """On a GPU each slot keeps its converted panel beside it, and every K panel's
         product is finished in an elementwise pass over C: two slots each for A and B, no
         ramp (small first panels would each take that pass), one tail panel."""
-        if kind == "cuda":
-            settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
-        else:
-            settings.update(split_last=1)
+        settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
         return settings
 
 

@@ -143,11 +143,6 @@ def test_storage_imports_no_plan():
         assert not wrong, f"{module} imports {wrong}"
 
 
-#: Comparisons of a device kind's name left outside backends.py and devices.py (the device
-#: names' parser), by module: issue 52 moves them into the backends; none may be added.
-KIND_NAMES_LEFT = {"oocgemm/planning/plan.py": 2, "oocgemm/strategies.py": 2}
-
-
 def test_a_kind_of_device_is_compared_by_name_in_its_backend_only():
     """What 'cpu' or 'cuda' means is asked of ``oocgemm.backends``: a comparison with a
     kind's name (``==``, ``!=``, ``in``, ``startswith``) elsewhere is a decision that belongs
@@ -170,7 +165,7 @@ def test_a_kind_of_device_is_compared_by_name_in_its_backend_only():
                 named = any(isinstance(x, ast.Constant) and x.value in kinds for x in node.args)
             if named:
                 found[rel] = found.get(rel, 0) + 1
-    assert found == KIND_NAMES_LEFT
+    assert found == {}
 
 
 def test_nothing_in_the_library_imports_benchmarks():

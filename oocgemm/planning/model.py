@@ -39,6 +39,12 @@ class DeviceModel:
     half_size: int = 256
     """A GEMM of w×h×r runs at flops / (1 + half_size/w + half_size/h + half_size/r):
     small blocks do not fill the device."""
+    memory: str = "GPU"
+    """What ``memory_limit`` bounds on the device, in words ('GPU', or the CPU's 'working'
+    memory)."""
+    kernels: bool = True
+    """``kernel=`` chooses the device's GEMM (a GPU's); False: numpy's BLAS runs every GEMM
+    that is not emulated (the CPU)."""
     smallest_side: int = 64
     """The smallest block side the planner's search tries (where the product is larger):
     smaller blocks do not fill the device."""
@@ -124,6 +130,6 @@ def _cpu_model(cores: int) -> DeviceModel:
     # Measured on a 2-core VM: docs/performance.md, "Figures moved from the code's
     # docstrings" (the cost model).
     return DeviceModel(name="cpu", flops=35e9 * cores, h2d=0.0, d2h=0.0, half_size=16,
-                       smallest_side=16,
+                       smallest_side=16, memory="working", kernels=False,
                        memory_copy=6e9, first_touch=1.5e9, accumulate_pass=True,
                        decode=1.0e9 * cores, decode_on_compute_cores=True)

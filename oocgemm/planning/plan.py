@@ -406,7 +406,7 @@ class Plan:
         if self.device_bytes > self.memory_limit:
             raise BudgetError(
                 f"tile (w={w}, h={h}, r={r}) needs {format_size(self.device_bytes)} of "
-                f"{'GPU' if self.model.name == 'cuda' else 'working'} memory "
+                f"{self.model.memory} memory "
                 f"({self._device_breakdown()}), over memory_limit={format_size(self.memory_limit)}")
         if self.host_bytes > self.host_memory_limit:
             raise BudgetError(
@@ -471,8 +471,7 @@ class Plan:
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')
-            "kernel": self.kernel if self.device.startswith("cuda")
-            or self.strategy.emulated else None,
+            "kernel": self.kernel if self.model.kernels or self.strategy.emulated else None,
             "grid": {"row_blocks": p, "col_blocks": q, "k_panels": nk},
             "operations": counts.total,
             "device_bytes": self.device_bytes,

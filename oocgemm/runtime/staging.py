@@ -15,8 +15,8 @@ def cpu_settings(problem, model, kernel: str = DEFAULT) -> dict:
     """The CPU executor's: 4 reader threads; the last K panel of a block runs in 4 row
     stripes (the run's last block in tapering ones), so that the run's last block is written
     stripe by stripe as its rows become final rather than all after its last GEMM; then what
-    the kernel's strategy changes (:meth:`oocgemm.strategies.Native.stage`)."""
-    return strategy_of(kernel).stage("cpu", {"readers": 4, "split_last": 4}, problem)
+    the kernel's strategy changes (:meth:`oocgemm.strategies.Native.cpu_staging`)."""
+    return strategy_of(kernel).cpu_staging({"readers": 4, "split_last": 4}, problem)
 
 
 def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
@@ -29,8 +29,8 @@ def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
     drained faster but ran the GEMMs slower, and the run with them), with 5 slots each for
     A and B (4 resident + 1 for the next block's first panel), so that C's rows become final
     over 4 panels' time and leave while the rest computes. Then what the kernel's strategy changes
-    (:meth:`oocgemm.strategies.Native.stage`: a Gram product's 16 output stripes, an
-    emulation's slots)."""
+    (:meth:`oocgemm.strategies.Native.cuda_staging`: a Gram product's 16 output stripes,
+    an emulation's slots)."""
     from .. import machine
 
     readers = max(4, min(10, machine.cores() - 4))
@@ -38,4 +38,4 @@ def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
                     min_stripes=readers, tail_panels=4, n_a=5, n_b=5,
                     ramp_granule=max(model.granule, problem.a_chunks_mk()[1] or 1,
                                      problem.b_chunks_kn()[0] or 1))
-    return strategy_of(kernel).stage("cuda", settings, problem)
+    return strategy_of(kernel).cuda_staging(settings, problem)
