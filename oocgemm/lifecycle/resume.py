@@ -16,6 +16,7 @@ import os
 import warnings
 from collections.abc import Callable
 
+from ..backends import backend_of
 from ..errors import BudgetError, OutputError
 from ..planning import Plan
 from ..planning.planner import replan
@@ -116,7 +117,7 @@ def _plain(value):
 
 def schedule_key(plan: Plan) -> dict:
     """What fixes the order of every block's sums: the same key, the same bits."""
-    return {"device": plan.device.split(":")[0], "kernel": plan.kernel, "tile": list(plan.tile),
+    return {"device": backend_of(plan.device).kind, "kernel": plan.kernel, "tile": list(plan.tile),
             "staged": plan.staged, "ramp": plan.ramp, "ramp_granule": plan.ramp_granule,
             "split_last": plan.split_last, "tail_panels": plan.tail_panels, "n_a": plan.n_a,
             "n_b": plan.n_b, "symmetric": plan.symmetric}

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
+from ..backends import device_index
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
@@ -216,7 +217,7 @@ class CudaExecutor(Executor):
             raise ValueError("the CUDA executor replays staged plans only")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
-        index = int(plan.device.partition(":")[2] or 0)
+        index = device_index(plan.device)
         from ..cuda import startup
 
         # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.context)
