@@ -139,6 +139,23 @@ def test_a_numpy_transposed_view_is_the_same_matrix_read_transposed(rng, workdir
     assert not oocgemm.plan(x.T.copy(), x, device="cpu").problem.shared  # a copy: another
 
 
+@pytest.mark.parametrize("how", ["x.T, x", "x, x.T"])
+def test_a_dask_transpose_is_the_same_matrix_read_transposed(rng, how):
+    """``multiply(x.T, x)`` of a dask array (its transpose's graph by name), as
+    ``oocgemm.dask.matmul`` finds it: the same entry point (issue 52), X^T X or X X^T."""
+    import dask.array as da
+
+    x = da.from_array(rand(rng, (150, 40)), chunks=(50, 40))
+    a, b = (x, x.T) if how == "x, x.T" else (x.T, x)
+    plan = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 50))
+    assert plan.problem.shared and plan.symmetric
+    result = oocgemm.multiply(a, b, device="cpu", tile=(16, 16, 50))
+    np.testing.assert_allclose(result.out, np.asarray(a) @ np.asarray(b), rtol=1e-12,
+                               atol=1e-11)
+    assert np.array_equal(result.out, result.out.T)
+    assert not oocgemm.plan(x.T + 0, x, device="cpu").problem.shared  # another graph
+
+
 def test_a_copy_is_another_matrix(rng):
     x = rand(rng, (60, 20))
     plan = oocgemm.plan(x, x.copy(), device="cpu", trans_a=True)

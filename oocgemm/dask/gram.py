@@ -18,20 +18,6 @@ if TYPE_CHECKING:
     from .operands import Operand
 
 
-def seen_through(x, trans_a: bool, y, trans_b: bool) -> tuple[Any, bool, Any, bool]:
-    """``matmul(x.T, x)`` as ``matmul(x, x, trans_a=True)``: one side the other's dask
-    transpose is that same matrix read transposed (so that a Gram product is found, and X is
-    read once)."""
-    from ..storage.base import library_of
-
-    if library_of(x) == "dask" and library_of(y) == "dask" and x.ndim == y.ndim == 2:
-        if x.name == y.T.name:
-            return y, not trans_a, y, trans_b
-        if y.name == x.T.name:
-            return x, trans_a, x, not trans_b
-    return x, trans_a, y, trans_b
-
-
 def is_gram(ops: dict[str, Operand], options: Mapping[str, Any]) -> bool:
     """Whether the product is ``X^T X`` or ``X X^T`` of one matrix (the same stored array, by
     identity, or the same dask array), with beta == 0 and the default kernel: C is then

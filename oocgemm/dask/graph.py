@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import OptionError, ShapeError
 from ..planning.schedule import serpentine
-from .gram import band_boxes, held_by, is_gram, seen_through, transposed
+from ..storage.identity import seen_through
+from .gram import band_boxes, held_by, is_gram, transposed
 from .operands import Operand
 from .partition import (
     bounds_of_sizes,

@@ -191,10 +191,17 @@ def one_matrix(a, source_a: MatrixSource, b, source_b: MatrixSource, *,
 
 
 def seen_through(a, trans_a: bool, b, trans_b: bool) -> tuple[Any, bool, Any, bool]:
-    """``multiply(x.T, x)`` as ``multiply(x, x, trans_a=True)`` where one side is a numpy
-    array (or memmap, or an xarray DataArray of one) viewing the other's bytes transposed: the
-    same matrix read transposed,
-    so that the product is found to be ``X^T X`` (X read once, C exactly symmetric)."""
+    """``multiply(x.T, x)`` as ``multiply(x, x, trans_a=True)`` where one side is the other
+    transposed: a numpy array (or memmap, or an xarray DataArray of one) viewing the other's
+    bytes transposed, or a dask array whose graph is the other's transpose (by name). The
+    same matrix read transposed, so that the product is found to be ``X^T X`` (X read once,
+    C exactly symmetric): the one entry point of ``multiply`` and ``oocgemm.dask``."""
+    if library_of(a) == "dask" and library_of(b) == "dask" and a.ndim == b.ndim == 2:
+        if a.name == b.T.name:
+            return b, not trans_a, b, trans_b
+        if b.name == a.T.name:
+            return a, trans_a, a, not trans_b
+        return a, trans_a, b, trans_b
     x, y = (v.data if library_of(v) == "xarray" and hasattr(v, "variable") else v
             for v in (a, b))
     if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)) or x.ndim != 2 \
