@@ -53,6 +53,22 @@ def test_each_pass_says_what_it_chose_in_the_printed_plan(rng, workdir):
     assert "decided" in str(searched)
 
 
+def test_finishing_a_plan_for_its_tile_says_what_it_chose(rng, workdir):
+    """The stripes (staged plans), the chunks kept decoded and the ring decodes, after the
+    tile, once each however often the plan was finished again."""
+    x = zarr.create_array("x.zarr", shape=(600, 400), dtype="f8", chunks=(100, 100))
+    x[:] = rand(rng, (600, 400))
+    gram = oocgemm.plan("x.zarr", "x.zarr", trans_a=True, device="cpu", memory_limit="400KB")
+    steps = [d.partition(":")[0] for d in gram.decisions]
+    assert steps[:2] == ["tile", "kept chunks"] and steps.count("kept chunks") == 1
+    assert "A and B kept in host memory" in gram.decisions[1]
+    problem = _problem("x.zarr", rand(rng, (400, 300)))
+    staged = make_plan(problem, _cuda_facts(problem, memory_limit=2 << 20))
+    assert [d.partition(":")[0] for d in staged.decisions][:2] == ["tile", "stripes"]
+    again = replan(staged, tile=(200, 100, 100), why="a smaller tile")
+    assert [d.partition(":")[0] for d in again.decisions].count("stripes") == 1
+
+
 def test_the_page_cache_is_a_fact_of_the_prediction_not_of_the_blocks(rng, workdir):
     a, b = rand(rng, (400, 300)), rand(rng, (300, 200))
     np.save("a.npy", a)

@@ -33,8 +33,30 @@ def finished(plan: Plan) -> Plan:
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
     # (inputs decoded on the device are asked for of a finished plan, its tile in hand:
     # oocgemm.planning.planner.decoded_on_device; a replan's tile may cut their objects)
-    return with_cache(with_ring_decodes(with_resident_panels(
+    done = with_cache(with_ring_decodes(with_resident_panels(
         dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=())).validate()))
+    return dataclasses.replace(done, decisions=tuple(
+        d for d in done.decisions if not d.startswith(FINISHING)) + _finishing(done))
+
+
+#: The steps :func:`finished` takes for a tile, as its decisions name them.
+FINISHING = ("stripes: ", "ring decodes: ", "kept chunks: ")
+
+
+def _finishing(plan: Plan) -> tuple[str, ...]:
+    """What :func:`finished` chose for ``plan``'s tile, in words (:attr:`Plan.decisions`)."""
+    said = []
+    if plan.staged:
+        said.append(f"stripes: ring buffers of {format_size(plan.stripe * plan.problem.itemsize)}"
+                    f" (stripes of whole rows, no larger than the tile's regions)")
+    if plan.into_ring:
+        said.append(f"ring decodes: {' and '.join(plan.into_ring)} decoded straight into the "
+                    f"pinned ring (every read one whole chunk, read once)")
+    if plan.cache:
+        said.append(f"kept chunks: {' and '.join(plan.cache)} kept in host memory as decoded "
+                    f"({format_size(plan.cache_bytes)} of host_memory_limit), each chunk "
+                    f"decoded once")
+    return tuple(said)
 
 
 def with_tile_advice(plan: Plan, planner: Callable[[], Plan]) -> Plan:

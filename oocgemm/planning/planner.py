@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
 from ..units import format_seconds
-from .finish import STAGING, finished, on_object_edges, with_tile_advice
+from .finish import FINISHING, STAGING, finished, on_object_edges, with_tile_advice
 from .model import DeviceModel
 from .plan import Plan, with_gpu_decode
 from .problem import Problem
@@ -346,8 +346,15 @@ def told_cached(plan: Plan, cached) -> Plan:
 
 
 def _decided(plan: Plan, step: str, why: str) -> Plan:
-    """``plan`` with what ``step`` chose and why recorded (:attr:`Plan.decisions`)."""
-    return dataclasses.replace(plan, decisions=plan.decisions + (f"{step}: {why}",))
+    """``plan`` with what ``step`` chose and why recorded (:attr:`Plan.decisions`); the tile
+    before what finishing the plan for it chose (:data:`~oocgemm.planning.finish.FINISHING`),
+    in the order they were made."""
+    said = f"{step}: {why}"
+    if step != "tile":
+        return dataclasses.replace(plan, decisions=plan.decisions + (said,))
+    before = tuple(d for d in plan.decisions if not d.startswith(FINISHING))
+    after = tuple(d for d in plan.decisions if d.startswith(FINISHING))
+    return dataclasses.replace(plan, decisions=before + (said,) + after)
 
 
 # -- plans of small products, kept ----------------------------------------------------------
