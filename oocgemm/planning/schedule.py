@@ -704,11 +704,20 @@ class _Builder:
         # whole tail (the first block of a run, its panels arriving from cold, waited
         # long for them on each of two H200s: docs/performance.md, "Figures moved from
         # the code's docstrings"). The same GEMMs either way, each stripe's panels in
-        # the same order: the same bits.
+        # the same order: the same bits. Where only the run's last block is split
+        # (Plan.split_blocks, the CPU's), the others run every panel on the whole block:
+        # which block that is does not depend on the run (a device's group, a resume),
+        # so a block's bits do not either.
         tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
+        if plan.split_blocks == "last" and not taper:
+            tail = 0
         head, rest = panels[:nk - tail], panels[nk - tail:]
         yield from self.head_gemms(c_key, head, first=panels[0], w=w, h=h, c_slot=c_slot,
                                    c_region=c_region, upper=diagonal)
+        if not rest:
+            if diagonal:  # every row is final
+                self.mirror(c_key, c_slot, c_region, (0, w), h)
+            return [(0, w)]
         pinned: set[str] = set()
         for q in rest:  # load the tail panels, each into a slot of its own
             # One matrix in both roles: each role's tail panels in its own slots (the pins
