@@ -413,6 +413,10 @@ class _Builder:
         if len(deps) == 1:  # the common case (a stripe's read, a write's one reader)
             d = deps[0]
             return () if d is None or (lane is not None and lanes[d] == lane) else (d,)
+        if len(deps) == 2:  # a GEMM's two panels, each read from storage (pool operations)
+            d, e = deps
+            if d is not None and e is not None and lanes[d] is None and lanes[e] is None:
+                return (d, e) if d < e else (e, d) if e < d else (d,)
         latest: dict[str, int] | None = None  # (made only where another lane is named)
         pool = []
         for d in deps:
@@ -851,6 +855,9 @@ class _Builder:
         region = (c_region[0], c_region[1])  # its rows (0, w): the whole block's
         in_core_a = self.plan.in_core and not prob.trans_a
         c_state, none = state[c_slot], set[str]()
+        ops, lanes, reduce, gemm = self.ops, self.lanes, self.reduce, OpKind.GEMM
+        whole_a = (0, WHOLE)
+        wrote = None  # this loop's last GEMM, once it wrote the block (C's only writer then)
         for q in qs:
             held = None if shared else holding.get(("A", (i, q)))
             a_slot = held.name if held is not None else self.ensure("A", (i, q), pinned=none)
@@ -862,35 +869,48 @@ class _Builder:
             r = ks[q + 1] - ks[q]
             a_span = (0, w * r) if in_core_a else None
             a_state, b_state = state[a_slot], state[b_slot]
-            deps = a_state.producers(*(a_span or ()))
+            deps = a_state.producers(*(a_span or whole_a))
             if b_slot != a_slot:
                 deps = deps + b_state.producers()
             if beta != 0:
                 src: tuple[str, ...] = (a_slot, b_slot, c_slot)
-                deps = deps + c_state.producers(0, hi)
+                if wrote is None:  # (else C's producer is the GEMM before, of this lane)
+                    deps = deps + c_state.producers(0, hi)
             else:
                 src = (a_slot, b_slot)
                 deps = deps + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
-            index = self.base + len(self.ops)
-            self.ops.append(new_op(index, OpKind.GEMM, "C", c_key, src, c_slot,
-                                   self.reduce(deps, "compute"), region, q, 0, alpha, beta, 0,
-                                   gemm_flops(prob.dtype, w, h, r, upper, w) if upper
-                                   else factor * hi * r, upper, a_span))
-            self.lanes.append("compute")
+            index = self.base + len(ops)
+            ops.append(new_op(index, gemm, "C", c_key, src, c_slot, reduce(deps, "compute"),
+                              region, q, 0, alpha, beta, 0,
+                              gemm_flops(prob.dtype, w, h, r, upper, w) if upper
+                              else factor * hi * r, upper, a_span))
+            lanes.append("compute")
             # What append() records (as gemm() does), its outcome written out: only GEMMs read
             # a panel slot, so a read of the whole panel leaves itself its only reader (it
             # covers every earlier one, of its own lane); and the block's rows written whole
             # cover all that this content of the C slot had (its read with them).
-            self.clock = clock = self.clock + 1
-            if a_span is None:
-                a_state.readers = [(index, 0, WHOLE, "compute")]
-            else:
+            # (A list of one entry takes the new one in its place: no new list a GEMM.)
+            entry = (index, 0, WHOLE, "compute")
+            if a_span is not None:
                 a_state.record(index, *a_span, "compute", writing=False)
-            b_state.readers = [(index, 0, WHOLE, "compute")]
-            a_state.last_use = b_state.last_use = c_state.last_use = clock
-            c_state.writers, c_state.readers, c_state._memo = [(index, 0, hi, "compute")], [], None
-            if len(self.ops) >= BATCH:
+            elif len(a_state.readers) == 1:
+                a_state.readers[0] = entry
+            else:
+                a_state.readers = [entry]
+            if len(b_state.readers) == 1:
+                b_state.readers[0] = entry
+            else:
+                b_state.readers = [entry]
+            self.clock = a_state.last_use = b_state.last_use = self.clock + 1
+            if wrote is None:  # (the C slot's record, from the loop's last GEMM, after it)
+                c_state.writers, c_state.readers, c_state._memo = [], [], None
+            wrote = index
+            if len(ops) >= BATCH:
                 yield
+                ops = self.ops  # (handed out: a new list)
+        if wrote is not None:
+            c_state.writers = [(wrote, 0, hi, "compute")]
+            c_state.last_use = self.clock
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""
