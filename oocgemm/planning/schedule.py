@@ -859,28 +859,39 @@ class _Builder:
         whole_a = (0, WHOLE)
         wrote = None  # this loop's last GEMM, once it wrote the block (C's only writer then)
         for q in qs:
-            held = None if shared else holding.get(("A", (i, q)))
-            a_slot = held.name if held is not None else self.ensure("A", (i, q), pinned=none)
-            held = None if shared else holding.get(("B", (q, j)))
-            # (one matrix in both roles: A's panel may sit in a B slot, which B must not take)
-            b_slot = (held.name if held is not None
-                      else self.ensure("B", (q, j), pinned={a_slot}))
+            # (a panel already held: its slot's state, without ensure()'s call)
+            a_state = None if shared else holding.get(("A", (i, q)))
+            if a_state is None:
+                a_state = state[self.ensure("A", (i, q), pinned=none)]
+            b_state = None if shared else holding.get(("B", (q, j)))
+            if b_state is None:
+                # (one matrix in both roles: A's panel may sit in a B slot, which B must not
+                # take)
+                b_state = state[self.ensure("B", (q, j), pinned={a_state.name})]
+            a_slot, b_slot = a_state.name, b_state.name
             beta = first_beta if q == first else 1.0
             r = ks[q + 1] - ks[q]
             a_span = (0, w * r) if in_core_a else None
-            a_state, b_state = state[a_slot], state[b_slot]
-            deps = a_state.producers(*(a_span or whole_a))
-            if b_slot != a_slot:
-                deps = deps + b_state.producers()
-            if beta != 0:
-                src: tuple[str, ...] = (a_slot, b_slot, c_slot)
-                if wrote is None:  # (else C's producer is the GEMM before, of this lane)
-                    deps = deps + c_state.producers(0, hi)
+            src: tuple[str, ...] = (a_slot, b_slot, c_slot) if beta != 0 else (a_slot, b_slot)
+            aw, bw = a_state.writers, b_state.writers
+            if (wrote is not None and a_span is None and len(aw) == 1 and len(bw) == 1
+                    and aw[0][3] is None and bw[0][3] is None and a_slot != b_slot):
+                # The common case, reduce()'s outcome worked out: each panel written whole
+                # by one pool operation (its READ), and C by the GEMM before (this lane).
+                x, y = aw[0][0], bw[0][0]
+                deps = (x, y) if x < y else (y, x) if y < x else (x,)
             else:
-                src = (a_slot, b_slot)
-                deps = deps + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
+                found = a_state.producers(*(a_span or whole_a))
+                if b_slot != a_slot:
+                    found = found + b_state.producers()
+                if beta != 0:
+                    if wrote is None:  # (else C's producer is the GEMM before, of this lane)
+                        found = found + c_state.producers(0, hi)
+                else:
+                    found = found + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
+                deps = reduce(found, "compute")
             index = self.base + len(ops)
-            ops.append(new_op(index, gemm, "C", c_key, src, c_slot, reduce(deps, "compute"),
+            ops.append(new_op(index, gemm, "C", c_key, src, c_slot, deps,
                               region, q, 0, alpha, beta, 0,
                               gemm_flops(prob.dtype, w, h, r, upper, w) if upper
                               else factor * hi * r, upper, a_span))
