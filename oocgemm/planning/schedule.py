@@ -375,6 +375,7 @@ class _Builder:
         self.stage_turn = {"sR": 0, "sO": 0, "T": 0, "ZA": 0, "ZB": 0}
         self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
+        self._orders: tuple[list[int], list[int]] | None = None  # panel_order's two orders
 
     # -- bookkeeping ---------------------------------------------------------------------
     def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
@@ -673,16 +674,18 @@ class _Builder:
             self.c_hazards = self.state[c_slot].refill()
 
     def panel_order(self, t: int) -> list[int]:
-        """The K panels of the ``t``-th block in the order it takes them."""
-        nk = self.plan.grid[2]
-        panels = list(range(nk))
-        if t % 2:  # backwards, starting on the panel the previous block ended on...
+        """The K panels of the ``t``-th block in the order it takes them (the same two lists
+        for every block, made once: not to be changed)."""
+        orders = self._orders
+        if orders is None:
+            nk = self.plan.grid[2]
             ramp = self.plan.ramp_pieces
-            # ...with the small ramp pieces right after it, so that every block ends
-            # on full panels (the tail below is what hides the drain).
-            panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
-            panels = list(dict.fromkeys(panels))
-        return panels
+            # Backwards, starting on the panel the previous block ended on, with the small
+            # ramp pieces right after it, so that every block ends on full panels (the tail
+            # below is what hides the drain).
+            backwards = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
+            orders = self._orders = (list(range(nk)), list(dict.fromkeys(backwards)))
+        return orders[t % 2]
 
     def compute_block(self, t: int, c_key, c_slot, c_region, *, taper: bool, final: bool
                       ) -> Generator[None, None, list[tuple[int, int]]]:
@@ -690,7 +693,7 @@ class _Builder:
         the run's last block in the whole order; ``final``: the last this walk computes),
         pausing every :data:`BATCH` operations; returns the row stripes of the tail."""
         plan = self.plan
-        nk = plan.grid[2]
+        nk = len(self.ks) - 1  # (plan.grid[2])
         i, j = c_key
         w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
         # A symmetric product computes the blocks on and above the diagonal: a diagonal
