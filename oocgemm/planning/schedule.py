@@ -320,6 +320,16 @@ class _SlotState:
         self.writers, self.readers, self._memo = [], [], None
         return hazards
 
+    def read_whole(self, entry: tuple) -> None:
+        """``entry`` read the whole content, on a lane whose every earlier reader it covers
+        (the compute lane's GEMMs, a panel's only readers): its only reader now (a list of one
+        entry takes it in its place: no new list a GEMM)."""
+        readers = self.readers
+        if len(readers) == 1:
+            readers[0] = entry
+        else:
+            self.readers = [entry]
+
     def record(self, index: int, lo: int, hi: int, lane: str | None, writing: bool) -> None:
         # (Most lists hold one entry, which the new one covers: replaced without a scan.)
         entry = (index, lo, hi, lane)
@@ -858,8 +868,7 @@ class _Builder:
         region = (c_region[0], c_region[1])  # its rows (0, w): the whole block's
         in_core_a = self.plan.in_core and not prob.trans_a
         c_state, none = state[c_slot], set[str]()
-        ops, lanes, reduce, gemm = self.ops, self.lanes, self.reduce, OpKind.GEMM
-        whole_a = (0, WHOLE)
+        ops, lanes, gemm = self.ops, self.lanes, OpKind.GEMM
         wrote = None  # this loop's last GEMM, once it wrote the block (C's only writer then)
         for q in qs:
             # (a panel already held: its slot's state, without ensure()'s call)
@@ -877,22 +886,16 @@ class _Builder:
             a_span = (0, w * r) if in_core_a else None
             src: tuple[str, ...] = (a_slot, b_slot, c_slot) if beta != 0 else (a_slot, b_slot)
             aw, bw = a_state.writers, b_state.writers
+            deps: tuple[int, ...]
             if (wrote is not None and a_span is None and len(aw) == 1 and len(bw) == 1
                     and aw[0][3] is None and bw[0][3] is None and a_slot != b_slot):
                 # The common case, reduce()'s outcome worked out: each panel written whole
                 # by one pool operation (its READ), and C by the GEMM before (this lane).
                 x, y = aw[0][0], bw[0][0]
-                deps = (x, y) if x < y else (y, x) if y < x else (x,)
+                deps = (x, y) if x < y else (y, x)
             else:
-                found = a_state.producers(*(a_span or whole_a))
-                if b_slot != a_slot:
-                    found = found + b_state.producers()
-                if beta != 0:
-                    if wrote is None:  # (else C's producer is the GEMM before, of this lane)
-                        found = found + c_state.producers(0, hi)
-                else:
-                    found = found + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
-                deps = reduce(found, "compute")
+                deps = self.head_deps(a_state, b_state, a_span, c_slot, hi,
+                                      reads_c=beta != 0, c_written=wrote is not None)
             index = self.base + len(ops)
             ops.append(new_op(index, gemm, "C", c_key, src, c_slot, deps,
                               region, q, 0, alpha, beta, 0,
@@ -903,18 +906,12 @@ class _Builder:
             # a panel slot, so a read of the whole panel leaves itself its only reader (it
             # covers every earlier one, of its own lane); and the block's rows written whole
             # cover all that this content of the C slot had (its read with them).
-            # (A list of one entry takes the new one in its place: no new list a GEMM.)
             entry = (index, 0, WHOLE, "compute")
             if a_span is not None:
                 a_state.record(index, *a_span, "compute", writing=False)
-            elif len(a_state.readers) == 1:
-                a_state.readers[0] = entry
             else:
-                a_state.readers = [entry]
-            if len(b_state.readers) == 1:
-                b_state.readers[0] = entry
-            else:
-                b_state.readers = [entry]
+                a_state.read_whole(entry)
+            b_state.read_whole(entry)
             self.clock = a_state.last_use = b_state.last_use = self.clock + 1
             if wrote is None:  # (the C slot's record, from the loop's last GEMM, after it)
                 c_state.writers, c_state.readers, c_state._memo = [], [], None
@@ -925,6 +922,21 @@ class _Builder:
         if wrote is not None:
             c_state.writers = [(wrote, 0, hi, "compute")]
             c_state.last_use = self.clock
+
+    def head_deps(self, a_state, b_state, a_span, c_slot: str, hi: int, *, reads_c: bool,
+                  c_written: bool) -> tuple[int, ...]:
+        """What a head GEMM waits for (:meth:`head_gemms`), worked out in full: the producers
+        of its panels (of A's ``a_span``), and of C's first ``hi`` elements where it reads
+        them (none once the block's GEMMs wrote them: ``c_written``, of this lane) or the
+        hazards of C's slot where it starts it."""
+        found = a_state.producers(*(a_span or (0, WHOLE)))
+        if b_state is not a_state:
+            found = found + b_state.producers()
+        if not reads_c:
+            found = found + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
+        elif not c_written:
+            found = found + self.state[c_slot].producers(0, hi)
+        return self.reduce(found, "compute")
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""
