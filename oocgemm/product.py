@@ -174,7 +174,7 @@ class Product:
         # a resumed run's schedule skips the blocks kept: its flops are its GEMMs' only
         flops = run.plan.counts.flops if run.plan.done else run.plan.flops
         return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=flops,
-                      bytes={**io.storage_bytes(), **log.traffic()}, events=log.events(),
+                      bytes={**io.storage_bytes(), **log.traffic()}, log=log,
                       started_at=log.started_at, chunks=chunk_counts(run.readers),
                       verified=report, resumed=len(run.plan.done), replanned=run.replanned,
                       devices=run.shares, emulation=dict(log.notes),

@@ -38,8 +38,6 @@ class Result:
     remote store does not say), ``decoded`` (bytes of the chunks decoded), ``read`` (what the
     READ operations copied into slots and stripes, out of decoded chunks, files or memory),
     ``storage_write``, ``h2d``, ``d2h``."""
-    events: list = field(default_factory=list)
-    """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start order."""
     chunks: dict = field(default_factory=dict)
     """Per chunked on-disk operand ('A', 'B', 'C'): its ``chunks`` count, the ``decodes``
     the run made, ``decoded_bytes``, the most decoded bytes held at once (``peak_bytes``),
@@ -75,6 +73,18 @@ class Result:
     out_encoder: str | None = None
     """What compressed the output's chunks where the host's encoders did not ('nvCOMP 6.0.0
     zstd on the GPU'); None otherwise."""
+
+    log: Any = field(default=None, repr=False, compare=False)
+    """The run's :class:`~oocgemm.diagnostics.EventLog` (a :class:`MergedLog
+    <oocgemm.runtime.multi_device.MergedLog>` on several devices), whose events
+    :attr:`events` makes."""
+
+    @functools.cached_property
+    def events(self) -> list:
+        """One :class:`~oocgemm.diagnostics.Event` per executed block operation, in start
+        order; made when first read (:meth:`EventLog.extend
+        <oocgemm.diagnostics.EventLog.extend>`: most runs' events are never read)."""
+        return self.log.events() if self.log is not None else []
 
     @functools.cached_property
     def timeline(self) -> Timeline:

@@ -137,6 +137,62 @@ def test_inputs_in_place_keep_every_panel_with_the_same_bits(rng):
     assert_gemm(outs[0], a, b)
 
 
+def _stripes(plan) -> set:
+    """The blocks of ``plan``'s schedule that run some GEMM on part of their rows."""
+    rows = plan.row_splits
+    return {op.key for op in plan.schedule.ops if op.kind is OpKind.GEMM
+            and op.region[0] != (rows[op.key[0]], rows[op.key[0] + 1])}
+
+
+def test_only_the_runs_last_block_runs_its_last_panel_in_row_stripes(rng):
+    """The CPU splits the run's last block in the whole order (it leaves as its rows become
+    final), whatever part of the run a plan computes (a device's group, a resume); every
+    other block runs each panel in one GEMM."""
+    a, b = rand(rng, (100, 60)), rand(rng, (60, 90))
+    plan = _quiet(oocgemm.plan, a, b, tile=(16, 20, 25), device="cpu")
+    p, q, nk = plan.grid
+    assert plan.split_blocks == "last" and plan.split_last > 1
+    last = (p - 1, 0 if p % 2 == 0 else q - 1)  # where the serpentine ends
+    assert _stripes(plan) == {last}
+    gemms = [op for op in plan.schedule.ops if op.kind is OpKind.GEMM]
+    assert len(gemms) > p * q * nk  # its stripes
+    assert len([op for op in gemms if op.key != last]) == (p * q - 1) * nk
+    assert plan.counts == plan.schedule.counts()
+    group = dataclasses.replace(plan, blocks=((0, 0), (0, 1), (1, 1)))
+    assert _stripes(group) == set()
+    with_last = dataclasses.replace(plan, blocks=((1, 1), last))
+    assert _stripes(with_last) == {last}
+    every = dataclasses.replace(plan, split_blocks="every")  # the CUDA executor's way
+    assert len(_stripes(every)) == p * q
+
+
+@pytest.mark.parametrize("gram", [False, True])
+def test_a_blocks_bits_do_not_depend_on_where_c_goes(rng, workdir, gram):
+    """C computed in place (memory, an array given, a .npy file) or written (Zarr) has the
+    same bits, one-row stripes in the run's last block included (a ragged block of 3 rows,
+    its last stripe tapered: the GEMMs of a row are numpy's GEMV)."""
+    if gram:
+        x = rand(rng, (70, 99))
+        a, b, kw = x, x, {"trans_a": True}  # a symmetric plan: 99 x 99 in 24 x 24 blocks
+        m = n = 99
+    else:
+        (m, k, n) = (99, 70, 83)
+        a, b, kw = rand(rng, (m, k)), rand(rng, (k, n)), {}
+    tile = (24, 24, 20)
+    outs = {}
+    for out in (None, "array", "c.npy", "c.zarr"):
+        target = poisoned((m, n)) if out == "array" else out
+        r = _quiet(oocgemm.multiply, a, b, target, device="cpu", tile=tile, **kw)
+        got = {None: r.out, "array": target}.get(out)
+        if got is None:
+            got = np.load(out) if out.endswith(".npy") else zarr.open_array(out, mode="r")[...]
+        outs[out] = np.asarray(got)
+        assert r.plan.symmetric == gram and _stripes(r.plan)
+    assert_gemm(outs[None], a, b, **kw)
+    for out in ("array", "c.npy", "c.zarr"):
+        np.testing.assert_array_equal(outs[out], outs[None], err_msg=out)
+
+
 def test_a_failing_read_on_a_reader_lane_stops_the_run(rng, workdir, monkeypatch):
     a, b = rand(rng, (60, 50)), rand(rng, (50, 40))
     np.save("a.npy", a)

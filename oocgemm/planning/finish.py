@@ -20,8 +20,8 @@ SLOWER_THAN_PLANNER = 3.0
 ADVICE_FLOOR = 0.1
 
 #: The plan's staging settings that choose_tile takes (the buffers it must fit).
-STAGING = ("readers", "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b",
-           "min_stripes")
+STAGING = ("readers", "n_stage", "n_out", "split_last", "split_blocks", "ramp", "tail_panels",
+           "n_a", "n_b", "min_stripes")
 
 
 def finished(plan: Plan) -> Plan:

@@ -69,6 +69,13 @@ class Plan:
     split_last: int = 1
     """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
     way back while the rest of the block computes (1: not cut)."""
+    split_blocks: str = "every"
+    """The blocks whose tail panels run in row stripes: ``'every'`` block (the CUDA
+    executor's: each block's C starts down while its last panels compute, stripe by stripe),
+    or the ``'last'`` block of the whole run only (its place in the whole order, the same in
+    a device's group of blocks and in a resumed run; the CPU's, whose other blocks' stripes
+    sped nothing up: each computes its last panel in one GEMM). Either way a block's bits do
+    not depend on the run it is in, nor on where C goes."""
     tail_panels: int = 1
     """The last K panels of each block, run in row stripes (``split_last`` stripes): in a
     run's last block stripe by stripe, so that C's rows become final over several panels,
@@ -379,7 +386,8 @@ class Plan:
     @property
     def prediction(self) -> Prediction:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
-                       split_last=self.split_last, ramp=self.ramp, kernel=self.kernel,
+                       split_last=self.split_last, split_blocks=self.split_blocks,
+                       ramp=self.ramp, kernel=self.kernel,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
@@ -398,6 +406,8 @@ class Plan:
                              or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
                               f"block and one K panel, one slot each")
+        if self.split_blocks not in ("every", "last"):
+            raise OptionError(f"split_blocks={self.split_blocks!r}: expected 'every' or 'last'")
         depth = self.strategy.max_depth(self.staged)
         if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "

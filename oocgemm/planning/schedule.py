@@ -320,6 +320,16 @@ class _SlotState:
         self.writers, self.readers, self._memo = [], [], None
         return hazards
 
+    def read_whole(self, entry: tuple) -> None:
+        """``entry`` read the whole content, on a lane whose every earlier reader it covers
+        (the compute lane's GEMMs, a panel's only readers): its only reader now (a list of one
+        entry takes it in its place: no new list a GEMM)."""
+        readers = self.readers
+        if len(readers) == 1:
+            readers[0] = entry
+        else:
+            self.readers = [entry]
+
     def record(self, index: int, lo: int, hi: int, lane: str | None, writing: bool) -> None:
         # (Most lists hold one entry, which the new one covers: replaced without a scan.)
         entry = (index, lo, hi, lane)
@@ -375,6 +385,7 @@ class _Builder:
         self.stage_turn = {"sR": 0, "sO": 0, "T": 0, "ZA": 0, "ZB": 0}
         self.c_hazards: list[int] = []  # what the first writes of the current C block wait for
         self.rows, self.cols, self.ks = plan.row_splits, plan.col_splits, plan.k_splits
+        self._orders: tuple[list[int], list[int]] | None = None  # panel_order's two orders
 
     # -- bookkeeping ---------------------------------------------------------------------
     def emit(self, kind, operand, key, src, dst, deps, region, **kw) -> int:
@@ -413,6 +424,10 @@ class _Builder:
         if len(deps) == 1:  # the common case (a stripe's read, a write's one reader)
             d = deps[0]
             return () if d is None or (lane is not None and lanes[d] == lane) else (d,)
+        if len(deps) == 2:  # a GEMM's two panels, each read from storage (pool operations)
+            d, e = deps
+            if d is not None and e is not None and lanes[d] is None and lanes[e] is None:
+                return (d, e) if d < e else (e, d) if e < d else (d,)
         latest: dict[str, int] | None = None  # (made only where another lane is named)
         pool = []
         for d in deps:
@@ -669,16 +684,18 @@ class _Builder:
             self.c_hazards = self.state[c_slot].refill()
 
     def panel_order(self, t: int) -> list[int]:
-        """The K panels of the ``t``-th block in the order it takes them."""
-        nk = self.plan.grid[2]
-        panels = list(range(nk))
-        if t % 2:  # backwards, starting on the panel the previous block ended on...
+        """The K panels of the ``t``-th block in the order it takes them (the same two lists
+        for every block, made once: not to be changed)."""
+        orders = self._orders
+        if orders is None:
+            nk = self.plan.grid[2]
             ramp = self.plan.ramp_pieces
-            # ...with the small ramp pieces right after it, so that every block ends
-            # on full panels (the tail below is what hides the drain).
-            panels = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
-            panels = list(dict.fromkeys(panels))
-        return panels
+            # Backwards, starting on the panel the previous block ended on, with the small
+            # ramp pieces right after it, so that every block ends on full panels (the tail
+            # below is what hides the drain).
+            backwards = [nk - 1] + list(range(ramp)) + list(range(nk - 2, ramp - 1, -1))
+            orders = self._orders = (list(range(nk)), list(dict.fromkeys(backwards)))
+        return orders[t % 2]
 
     def compute_block(self, t: int, c_key, c_slot, c_region, *, taper: bool, final: bool
                       ) -> Generator[None, None, list[tuple[int, int]]]:
@@ -686,7 +703,7 @@ class _Builder:
         the run's last block in the whole order; ``final``: the last this walk computes),
         pausing every :data:`BATCH` operations; returns the row stripes of the tail."""
         plan = self.plan
-        nk = plan.grid[2]
+        nk = len(self.ks) - 1  # (plan.grid[2])
         i, j = c_key
         w, h = c_region[0][1] - c_region[0][0], c_region[1][1] - c_region[1][0]
         # A symmetric product computes the blocks on and above the diagonal: a diagonal
@@ -704,11 +721,20 @@ class _Builder:
         # whole tail (the first block of a run, its panels arriving from cold, waited
         # long for them on each of two H200s: docs/performance.md, "Figures moved from
         # the code's docstrings"). The same GEMMs either way, each stripe's panels in
-        # the same order: the same bits.
+        # the same order: the same bits. Where only the run's last block is split
+        # (Plan.split_blocks, the CPU's), the others run every panel on the whole block:
+        # which block that is does not depend on the run (a device's group, a resume),
+        # so a block's bits do not either.
         tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
+        if plan.split_blocks == "last" and not taper:
+            tail = 0
         head, rest = panels[:nk - tail], panels[nk - tail:]
         yield from self.head_gemms(c_key, head, first=panels[0], w=w, h=h, c_slot=c_slot,
                                    c_region=c_region, upper=diagonal)
+        if not rest:
+            if diagonal:  # every row is final
+                self.mirror(c_key, c_slot, c_region, (0, w), h)
+            return [(0, w)]
         pinned: set[str] = set()
         for q in rest:  # load the tail panels, each into a slot of its own
             # One matrix in both roles: each role's tail panels in its own slots (the pins
@@ -842,46 +868,75 @@ class _Builder:
         region = (c_region[0], c_region[1])  # its rows (0, w): the whole block's
         in_core_a = self.plan.in_core and not prob.trans_a
         c_state, none = state[c_slot], set[str]()
+        ops, lanes, gemm = self.ops, self.lanes, OpKind.GEMM
+        wrote = None  # this loop's last GEMM, once it wrote the block (C's only writer then)
         for q in qs:
-            held = None if shared else holding.get(("A", (i, q)))
-            a_slot = held.name if held is not None else self.ensure("A", (i, q), pinned=none)
-            held = None if shared else holding.get(("B", (q, j)))
-            # (one matrix in both roles: A's panel may sit in a B slot, which B must not take)
-            b_slot = (held.name if held is not None
-                      else self.ensure("B", (q, j), pinned={a_slot}))
+            # (a panel already held: its slot's state, without ensure()'s call)
+            a_state = None if shared else holding.get(("A", (i, q)))
+            if a_state is None:
+                a_state = state[self.ensure("A", (i, q), pinned=none)]
+            b_state = None if shared else holding.get(("B", (q, j)))
+            if b_state is None:
+                # (one matrix in both roles: A's panel may sit in a B slot, which B must not
+                # take)
+                b_state = state[self.ensure("B", (q, j), pinned={a_state.name})]
+            a_slot, b_slot = a_state.name, b_state.name
             beta = first_beta if q == first else 1.0
             r = ks[q + 1] - ks[q]
             a_span = (0, w * r) if in_core_a else None
-            a_state, b_state = state[a_slot], state[b_slot]
-            deps = a_state.producers(*(a_span or ()))
-            if b_slot != a_slot:
-                deps = deps + b_state.producers()
-            if beta != 0:
-                src: tuple[str, ...] = (a_slot, b_slot, c_slot)
-                deps = deps + c_state.producers(0, hi)
+            src: tuple[str, ...] = (a_slot, b_slot, c_slot) if beta != 0 else (a_slot, b_slot)
+            aw, bw = a_state.writers, b_state.writers
+            deps: tuple[int, ...]
+            if (wrote is not None and a_span is None and len(aw) == 1 and len(bw) == 1
+                    and aw[0][3] is None and bw[0][3] is None and a_slot != b_slot):
+                # The common case, reduce()'s outcome worked out: each panel written whole
+                # by one pool operation (its READ), and C by the GEMM before (this lane).
+                x, y = aw[0][0], bw[0][0]
+                deps = (x, y) if x < y else (y, x)
             else:
-                src = (a_slot, b_slot)
-                deps = deps + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
-            index = self.base + len(self.ops)
-            self.ops.append(new_op(index, OpKind.GEMM, "C", c_key, src, c_slot,
-                                   self.reduce(deps, "compute"), region, q, 0, alpha, beta, 0,
-                                   gemm_flops(prob.dtype, w, h, r, upper, w) if upper
-                                   else factor * hi * r, upper, a_span))
-            self.lanes.append("compute")
+                deps = self.head_deps(a_state, b_state, a_span, c_slot, hi,
+                                      reads_c=beta != 0, c_written=wrote is not None)
+            index = self.base + len(ops)
+            ops.append(new_op(index, gemm, "C", c_key, src, c_slot, deps,
+                              region, q, 0, alpha, beta, 0,
+                              gemm_flops(prob.dtype, w, h, r, upper, w) if upper
+                              else factor * hi * r, upper, a_span))
+            lanes.append("compute")
             # What append() records (as gemm() does), its outcome written out: only GEMMs read
             # a panel slot, so a read of the whole panel leaves itself its only reader (it
             # covers every earlier one, of its own lane); and the block's rows written whole
             # cover all that this content of the C slot had (its read with them).
-            self.clock = clock = self.clock + 1
-            if a_span is None:
-                a_state.readers = [(index, 0, WHOLE, "compute")]
-            else:
+            entry = (index, 0, WHOLE, "compute")
+            if a_span is not None:
                 a_state.record(index, *a_span, "compute", writing=False)
-            b_state.readers = [(index, 0, WHOLE, "compute")]
-            a_state.last_use = b_state.last_use = c_state.last_use = clock
-            c_state.writers, c_state.readers, c_state._memo = [(index, 0, hi, "compute")], [], None
-            if len(self.ops) >= BATCH:
+            else:
+                a_state.read_whole(entry)
+            b_state.read_whole(entry)
+            self.clock = a_state.last_use = b_state.last_use = self.clock + 1
+            if wrote is None:  # (the C slot's record, from the loop's last GEMM, after it)
+                c_state.writers, c_state.readers, c_state._memo = [], [], None
+            wrote = index
+            if len(ops) >= BATCH:
                 yield
+                ops = self.ops  # (handed out: a new list)
+        if wrote is not None:
+            c_state.writers = [(wrote, 0, hi, "compute")]
+            c_state.last_use = self.clock
+
+    def head_deps(self, a_state, b_state, a_span, c_slot: str, hi: int, *, reads_c: bool,
+                  c_written: bool) -> tuple[int, ...]:
+        """What a head GEMM waits for (:meth:`head_gemms`), worked out in full: the producers
+        of its panels (of A's ``a_span``), and of C's first ``hi`` elements where it reads
+        them (none once the block's GEMMs wrote them: ``c_written``, of this lane) or the
+        hazards of C's slot where it starts it."""
+        found = a_state.producers(*(a_span or (0, WHOLE)))
+        if b_state is not a_state:
+            found = found + b_state.producers()
+        if not reads_c:
+            found = found + self.write_deps(c_slot, *self.c_hazards, lo=0, hi=hi)
+        elif not c_written:
+            found = found + self.state[c_slot].producers(0, hi)
+        return self.reduce(found, "compute")
 
     def mirror(self, key, c_slot, c_region, rows, h) -> None:
         """Rows ``rows`` of a diagonal block: below the diagonal := above it, transposed."""

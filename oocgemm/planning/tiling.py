@@ -196,20 +196,23 @@ def _amplification(size: int, chunk: int | None, on_disk: bool) -> float:
 
 
 def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, staged: bool,
-            split_last: int = 1, ramp: int = 0, tail: int = 1, cache: tuple[str, ...] = (),
+            split_last: int = 1, split_blocks: str = "every", ramp: int = 0, tail: int = 1,
+            cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
             kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False,
             gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
-    first panel). ``decodes``: the plan's :class:`~oocgemm.planning.chunks.ChunkReport` per
-    operand, when known (else the chunk decodes are estimated from the tile). ``stripe`` and
-    ``min_stripes``: a staged plan's ring buffer (elements) and the fewest stripes a region is
-    cut into, which set how many operations each load takes. ``kernel``: its strategy's
-    compute time where it differs from the dtype's GEMM (``kernel='ozaki[:N]'`` on a GPU:
-    :meth:`oocgemm.strategies.Ozaki.seconds`). ``symmetric``: a Gram product computed as
-    one (the blocks on and above the diagonal, half of each diagonal block). ``in_core``:
-    the in-core shape, whose first GEMM waits for all of B and A's first stripe.
+    first panel); ``split_blocks``: whether every block's tail runs in ``split_last`` GEMMs
+    (``'every'``) or the run's last block's only (``'last'``). ``decodes``: the plan's
+    :class:`~oocgemm.planning.chunks.ChunkReport` per operand, when known (else the chunk
+    decodes are estimated from the tile). ``stripe`` and ``min_stripes``: a staged plan's ring
+    buffer (elements) and the fewest stripes a region is cut into, which set how many operations
+    each load takes. ``kernel``: its strategy's compute time where it differs from the dtype's
+    GEMM (``kernel='ozaki[:N]'`` on a GPU: :meth:`oocgemm.strategies.Ozaki.seconds`).
+    ``symmetric``: a Gram product computed as one (the blocks on and above the diagonal, half of
+    each diagonal block). ``in_core``: the in-core shape, whose first GEMM waits for all of B
+    and A's first stripe.
     ``gpu_decode``: the operands whose panels the device decodes, each load all of its
     frames (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`). ``resident``:
     the operands whose every panel is loaded once (:attr:`Plan.resident
@@ -234,10 +237,12 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     block_out = 0 if out_in_place else w * h * s * per_byte
     tail_compute = min(tail, nk) * model.gemm_seconds(w, h, r, s, complex_) if nk else 0.0
     drain = max(block_out / max(1, min(split_last, w)), block_out - tail_compute)
+    stripes = min(tail, nk) * (max(1, min(split_last, w)) - 1)  # GEMMs a split block adds
+    every = split_blocks == "every"
     n_ops = _operations((p, q), nk, (w, h, r), staged=staged, stripe=stripe,
                         min_stripes=min_stripes, reads_c=prob.reads_c,
-                        gemms=nk + min(tail, nk) * (max(1, min(split_last, w)) - 1),
-                        resident=resident)
+                        gemms=nk + (stripes if every else 0), resident=resident)
+    n_ops += 0 if every else stripes
     return Prediction(**busy, fill=fill, drain=drain, overhead=n_ops * model.op_overhead,
                       operations=n_ops)
 
@@ -599,8 +604,9 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
-                split_last: int = 1, ramp: int = 0, tail_panels: int = 1, min_stripes: int = 1,
-                kernel: str = DEFAULT, symmetric: bool = False) -> tuple[int, int, int]:
+                split_last: int = 1, split_blocks: str = "every", ramp: int = 0,
+                tail_panels: int = 1, min_stripes: int = 1, kernel: str = DEFAULT,
+                symmetric: bool = False) -> tuple[int, int, int]:
     """The (w, h, r) with the lowest predicted time that fits both budgets (with ``kernel``:
     its memory and its time, where a GPU emulates).
 
@@ -633,8 +639,8 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         return dev <= memory_limit and host <= host_memory_limit, dev, host
 
     def seconds(tile, full=False):
-        pred = predict(prob, tile, model, staged=staged, split_last=split_last, ramp=ramp,
-                       symmetric=symmetric,
+        pred = predict(prob, tile, model, staged=staged, split_last=split_last,
+                       split_blocks=split_blocks, ramp=ramp, symmetric=symmetric,
                        tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes,
                        kernel=kernel)
         return pred if full else pred.total

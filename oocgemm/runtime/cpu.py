@@ -470,15 +470,18 @@ class CpuExecutor(Executor):
         return product
 
     # -- replay ------------------------------------------------------------------------------
-    def _runner(self, records: list, lane: str, polite: bool = False) -> Callable[[Op], None]:
+    def _runner(self, records: list, lane: str, polite: bool = False,
+                own: tuple[_Lane, ...] = ()) -> Callable[[Op], None]:
         """What runs one operation on ``lane`` and logs it into ``records`` (or, for a
         progress callback, hands its event over at once): wait for its dependencies, run its
-        handler, set its flag."""
+        handler, set its flag; ``polite``: hand the GIL over after a block in place where
+        another thread may want it (any but this one and the idle threads of the lanes
+        ``own``)."""
         board, handlers, log = self._board, self._handlers, self.log
         stopped, done, wait_for, finish = (self._cancel.is_set, board.done, board.sleep,
                                            board.finish)
         wanted, origin, add, kinds = self.on_event is not None, log.origin, records.append, KINDS
-        write = OpKind.WRITE
+        write, threads = OpKind.WRITE, threading.active_count
 
         def run(op: Op) -> None:
             if stopped():
@@ -497,11 +500,14 @@ class CpuExecutor(Executor):
                 add((op.index, kinds[op.kind], op.operand, op.key, op.q, lane, start, end, moved,
                      op.flops, op.nbytes))
             finish(op.index)
-            if op.kind is write and polite:
+            if (op.kind is write and polite
+                    and threads() > 1 + sum(other.idle for other in own)):
                 # A block is out (a WRITE on the compute thread: C computed in place), and
                 # the threads waiting for it (a progress callable's, as oocgemm.dask hands
-                # out chunks; other devices') get the GIL now, not at the interpreter's next
-                # switch: this thread holds it between its BLAS calls.
+                # out chunks; other devices'; readers at work) get the GIL now, not at the
+                # interpreter's next switch: this thread holds it between its BLAS calls.
+                # Where every other thread is a lane's, idle, no one waits (a sleep(0) took
+                # 80 us on the 2-core VM: 0.08 s a run of 1,024 blocks).
                 sleep(0)
 
         return run
@@ -550,7 +556,7 @@ class CpuExecutor(Executor):
                  for kind, name in LANES.items() for operand in ("A", "B", "C")}
         records: list = []
         self._records.append(records)
-        compute = self._runner(records, "compute", polite=True)
+        compute = self._runner(records, "compute", polite=True, own=tuple(lanes.values()))
         board, ahead = self._board, deque[Op]()
         try:
             for batch in stream.batches:

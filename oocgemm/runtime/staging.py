@@ -12,11 +12,14 @@ from ..strategies import strategy_of
 
 
 def cpu_settings(problem, model, kernel: str = DEFAULT) -> dict:
-    """The CPU executor's: 4 reader threads; the last K panel of a block runs in 4 row
-    stripes (the run's last block in tapering ones), so that the run's last block is written
-    stripe by stripe as its rows become final rather than all after its last GEMM; then what
-    the kernel's strategy changes (:meth:`oocgemm.strategies.Native.cpu_staging`)."""
-    return strategy_of(kernel).cpu_staging({"readers": 4, "split_last": 4}, problem)
+    """The CPU executor's: 4 reader threads; the last K panel of the run's last block runs in
+    4 row stripes (tapering ones), so that it is written stripe by stripe as its rows become
+    final rather than all after its last GEMM. Only that block (``split_blocks='last'``):
+    another block's C is written while the next one computes, and its stripes were GEMMs
+    for nothing (3,072 of them in a 4000² product in 128³ blocks). Then what the kernel's
+    strategy changes (:meth:`oocgemm.strategies.Native.cpu_staging`)."""
+    return strategy_of(kernel).cpu_staging({"readers": 4, "split_last": 4,
+                                            "split_blocks": "last"}, problem)
 
 
 def cuda_settings(problem, model, kernel: str = DEFAULT) -> dict:
