@@ -14,7 +14,7 @@ from typing import Any
 from . import machine
 from .errors import BudgetError, DeviceError
 from .planning.model import DeviceModel, cpu_model, cuda_model
-from .planning.planner import Staging
+from .planning.staging import Staging
 from .units import echo_size, format_size, parse_size
 
 

@@ -19,7 +19,7 @@ is :mod:`oocgemm.cuda`'s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .kernel_catalog import DEFAULT, OZAKI, ozaki_moduli
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .ozaki import Footprint
     from .planning.model import DeviceModel
     from .planning.problem import Problem
+    from .planning.staging import StagingSettings
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,18 @@ class Native:
         (:func:`oocgemm.planning.tiling._resource_floor`)."""
         return None
 
-    def cpu_staging(self, settings: dict, prob: Problem) -> dict:
+    def cpu_staging(self, settings: StagingSettings, prob: Problem) -> StagingSettings:
         """The CPU executor's staging ``settings`` for it."""
         return settings
 
-    def cuda_staging(self, settings: dict, prob: Problem) -> dict:
+    def cuda_staging(self, settings: StagingSettings, prob: Problem) -> StagingSettings:
         """The CUDA executor's staging ``settings`` for it."""
         if prob.gram:
             # A symmetric product writes two blocks of C for each it computes, in half the
             # time: 16 output stripes (and writers) rather than 8 made X^T X quicker, since
             # writing fresh host pages goes faster from more threads (docs/performance.md,
             # "Gram products").
-            settings.update(n_out=16)
+            return replace(settings, n_out=16)
         return settings
 
 
@@ -133,18 +134,16 @@ class Ozaki(Native):
         convert = loaded / prob.itemsize * (n * model.convert_digit + model.convert_element)
         return gemms + finish + convert
 
-    def cpu_staging(self, settings: dict, prob: Problem) -> dict:
+    def cpu_staging(self, settings: StagingSettings, prob: Problem) -> StagingSettings:
         """On the CPU each panel runs whole (a stripe would be an emulated product of its
         own)."""
-        settings.update(split_last=1)
-        return settings
+        return replace(settings, split_last=1)
 
-    def cuda_staging(self, settings: dict, prob: Problem) -> dict:
+    def cuda_staging(self, settings: StagingSettings, prob: Problem) -> StagingSettings:
         """On a GPU each slot keeps its converted panel beside it, and every K panel's
         product is finished in an elementwise pass over C: two slots each for A and B, no
         ramp (small first panels would each take that pass), one tail panel."""
-        settings.update(ramp=0, tail_panels=1, n_a=2, n_b=2)
-        return settings
+        return replace(settings, ramp=0, tail_panels=1, n_a=2, n_b=2)
 
 
 

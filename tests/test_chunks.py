@@ -433,7 +433,8 @@ def _gpu_like(plan):
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
     staging = CudaExecutor.staging(plan.problem, plan.model)
-    return with_ring_decodes(dataclasses.replace(plan, staged=True, cache=(), **staging))
+    return with_ring_decodes(dataclasses.replace(plan, staged=True, cache=(),
+                                                 **staging.plan_fields()))
 
 
 @pytest.mark.parametrize("rows", [400, 377])  # whole chunks, and a ragged last one
@@ -501,7 +502,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     from unittest import mock
 
     from oocgemm import machine
-    from oocgemm.planning import STAGING, Operand, Plan, Problem, choose_tile, cuda_model, finished
+    from oocgemm.planning import Operand, Plan, Problem, choose_tile, cuda_model, finished
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
     x = Operand((1_000_000, 2048), (16384, 2048), True, "x.zarr", decodes_into=True)
@@ -511,9 +512,9 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
         staging = CudaExecutor.staging(prob, cuda_model())
     budget = dict(memory_limit=72 << 30, host_memory_limit=32 << 30)
     tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,
-                       **{k: v for k, v in staging.items() if k in STAGING})
+                       **staging.tiling())
     plan = finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
-                          staged=True, symmetric=True, **budget, **staging))
+                          staged=True, symmetric=True, **budget, **staging.plan_fields()))
     assert plan.into_ring == ("A", "B") and plan.cache == ()
     assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)
     assert plan.decode_window == 0

@@ -542,7 +542,7 @@ def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
     model = cuda_model()
     return Plan(problem=prob, device="cuda:0", model=model, tile=tile, memory_limit=limit,
                 host_memory_limit=limit, staged=True, kernel=kernel,
-                **CudaExecutor.staging(prob, model, kernel))
+                **CudaExecutor.staging(prob, model, kernel).plan_fields())
 
 
 def test_an_emulating_gpu_plan_counts_its_converted_panels():

@@ -135,3 +135,16 @@ def test_a_kind_of_device_is_asked_of_its_backend():
     assert cpu.executor_class().__name__ == "CpuExecutor"
     with pytest.raises(oocgemm.DeviceError, match="unknown executor 'tpu'"):
         backend_of("tpu:0")
+
+
+def test_the_staging_settings_are_the_plans_fields_with_its_defaults():
+    """An executor's staging travels typed (issue 52): every setting is a field of the plan
+    with the same default, so a setting an executor leaves alone is the plan's."""
+    from oocgemm.planning import Plan
+    from oocgemm.planning.staging import StagingSettings
+
+    defaults = StagingSettings().plan_fields()
+    assert defaults == {name: Plan.__dataclass_fields__[name].default for name in defaults}
+    cpu = backend_of("cpu").staging(None, backend_of("cpu").model(), "cublas")
+    assert not cpu.staged and cpu.settings.split_blocks == "last"
+    assert "ramp_granule" not in cpu.settings.tiling()

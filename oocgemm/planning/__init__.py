@@ -1,7 +1,7 @@
 """Pure planning: tiling, memory model, the schedule as data. No I/O, no GPU."""
 
 from .check import ScheduleError, check_schedule
-from .finish import STAGING, finished, on_object_edges, with_tile_advice
+from .finish import finished, on_object_edges, with_tile_advice
 from .model import DeviceModel, cpu_model, cuda_model
 from .plan import Plan, with_gpu_decode, with_ring_decodes
 from .problem import Operand, Problem
@@ -18,7 +18,7 @@ from .schedule import (
 )
 from .tiling import Prediction, choose_tile, in_core_shape, in_place, predict
 
-__all__ = ["ORDERED_LANES", "STAGING", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
+__all__ = ["ORDERED_LANES", "Counts", "DeviceModel", "Op", "OpKind", "Operand", "Plan",
            "Prediction", "Problem", "Schedule", "ScheduleError", "build_schedule",
            "check_schedule", "choose_tile", "count_schedule", "cpu_model", "cuda_model", "finished",
            "in_core_shape", "in_place", "on_object_edges",

@@ -19,11 +19,6 @@ from .plan import Plan, with_ring_decodes
 SLOWER_THAN_PLANNER = 3.0
 ADVICE_FLOOR = 0.1
 
-#: The plan's staging settings that choose_tile takes (the buffers it must fit).
-STAGING = ("readers", "n_stage", "n_out", "split_last", "split_blocks", "ramp", "tail_panels",
-           "n_a", "n_b", "min_stripes")
-
-
 def finished(plan: Plan) -> Plan:
     """``plan`` with its tile chosen, ready to run (a plan finished again, for another tile,
     decides its ring decodes and kept operands anew, and decodes on the host)."""

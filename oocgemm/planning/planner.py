@@ -25,28 +25,17 @@ import dataclasses
 import numbers
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
 from ..units import format_seconds
-from .finish import FINISHING, STAGING, finished, on_object_edges, with_tile_advice
+from .finish import FINISHING, finished, on_object_edges, with_tile_advice
 from .model import DeviceModel
 from .plan import Plan, with_gpu_decode
 from .problem import Problem
+from .staging import Staging, StagingSettings
 from .tiling import choose_tile, in_core_shape, in_place
-
-
-@dataclass(frozen=True)
-class Staging:
-    """An executor's staging of one product (its backend's policy, as data)."""
-
-    staged: bool
-    """True: the data moves through pinned staging buffers between storage and the device
-    (the CUDA executor); False: the executor works in place (the CPU's)."""
-    settings: dict = field(default_factory=dict)
-    """The plan's staging settings (fields of :class:`~oocgemm.planning.Plan`, and
-    ``min_stripes`` and ``ramp_granule`` for the planner), by name."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +75,7 @@ class Facts:
         """What :func:`plan_product` reads of the facts (the cache's key)."""
         return (self.device, self.kernel, self.model, self.memory_limit,
                 self.host_memory_limit, self.staging.staged,
-                tuple(sorted(self.staging.settings.items())), self.tile, self.gpu_encode)
+                self.staging.settings, self.tile, self.gpu_encode)
 
 
 def make_plan(problem: Problem, facts: Facts) -> Plan:
@@ -105,7 +94,7 @@ def make_plan(problem: Problem, facts: Facts) -> Plan:
 
 def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
            memory_limit: int | None = None, host_memory_limit: int | None = None,
-           staging: dict | None = None, blocks: tuple | None = None,
+           staging: StagingSettings | None = None, blocks: tuple | None = None,
            done: tuple | None = None, problem: Problem | None = None,
            device: str | None = None, chosen_by: str | None = None) -> Plan:
     """``plan`` made again for a run under way, ``why`` said in its decisions: with another
@@ -119,7 +108,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
     its ``blocks``)."""
     changes: dict = {}
     if staging is not None:
-        changes.update(in_core=False, **staging)
+        changes.update(in_core=False, **staging.plan_fields())
     if problem is not None:
         changes["problem"] = problem
     if device is not None:
@@ -131,7 +120,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
         try:
             tile = choose_tile(trial.problem, trial.model, mem, host, staged=trial.staged,
                                kernel=trial.kernel, symmetric=trial.symmetric,
-                               **{k: getattr(trial, k) for k in STAGING})
+                               **StagingSettings.of(trial).tiling())
         except BudgetError as budget:
             raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
         changes.update(memory_limit=mem, host_memory_limit=host, done=(),
@@ -173,15 +162,16 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     settings = dict(problem=problem, device=facts.device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, gpu_encode=facts.gpu_encode, **staging.settings)
+                    symmetric=symmetric, gpu_encode=facts.gpu_encode,
+                    **staging.settings.plan_fields())
     if tile is not None:  # said in the plan where the planner's own choice is far faster
         given = finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
         return _decided(with_tile_advice(
             given, lambda: plan_product(problem, dataclasses.replace(facts, tile=None),
                                         in_core)), "tile", "the user's (tile=)")
     shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
-                          symmetric=symmetric, split_last=staging.settings.get("split_last", 1),
-                          min_stripes=staging.settings.get("min_stripes", 1)) if in_core else None
+                          symmetric=symmetric, split_last=staging.settings.split_last,
+                          min_stripes=staging.settings.min_stripes) if in_core else None
     if shape is not None:  # A, B and C on the device at once: no tile to search for
         try:
             return _decided(finished(Plan(**{**settings, **shape})), "tile",
@@ -190,8 +180,7 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
             pass
     try:
         tile = choose_tile(problem, model, mem, host, staged=staging.staged, kernel=kernel,
-                           symmetric=symmetric, **{k: v for k, v in staging.settings.items()
-                                                   if k in STAGING})
+                           symmetric=symmetric, **staging.settings.tiling())
     except BudgetError as exc:
         memory, host_memory = facts.given_limits
         raise BudgetError(str(exc) + _unit_hint(memory_limit=memory,
