@@ -103,7 +103,6 @@ class Product:
                                    trans_b=trans_b, out_options=self.options.out_options,
                                    storage_options=self.options.storage_options)
         self._scalars = (alpha, beta, trans_a, trans_b)
-        self._notes: tuple[str, ...] = ()  # what the plan notes of a GPU's coding asked for
         self._plan: Plan | None = None
         #: The budgets the plan was made within (memory_limit, host_memory_limit), bytes.
         self._limits: tuple[int, int] | None = None
@@ -215,8 +214,6 @@ class Product:
         plan = make_plan(problem, self._facts(problem))
         for advice in plan.warnings:
             _warn(advice)
-        if self._notes:  # a GPU's coding asked for on the CPU
-            plan = dataclasses.replace(plan, notes=plan.notes + self._notes)
         return plan
 
     def _facts(self, problem: Problem) -> Facts:
@@ -228,7 +225,7 @@ class Product:
                               f"{self.device}; leave kernel unset on the CPU")
         model, mem, host = backend.budgets(self.device.index, options)
         self._limits = (mem, host)
-        coding, self._notes = gpu_coding(options, backend.decodes)
+        coding, asked = gpu_coding(options, backend.decodes)
         mode, encode = coding.gpu_decode, coding.gpu_encode
         assert mode is not None and encode is not None  # (decided: the option or the setting)
         return Facts(device=str(self.device), kernel=kernel, model=model, memory_limit=mem,
@@ -236,7 +233,8 @@ class Product:
                      tile=options.tile, gpu_decode=mode, gpu_encode=encode,
                      decoder_found=mode == "auto" and backend.decoder_found(),
                      cached=frozenset(self._cached(problem)),
-                     given_limits=(options.memory_limit, options.host_memory_limit))
+                     given_limits=(options.memory_limit, options.host_memory_limit),
+                     notes=asked)
 
     def _cached(self, problem: Problem) -> set[str]:
         """The stored inputs ('A', 'B') the OS page cache holds: each source on disk asked

@@ -70,6 +70,9 @@ class Facts:
     given_limits: tuple = (None, None)
     """memory_limit and host_memory_limit as the user spelled them (for the hints of a
     BudgetError), or None."""
+    notes: tuple[str, ...] = ()
+    """What the plan notes of how the facts came to be (a GPU's decoding or encoding asked
+    for on the CPU)."""
 
     def key(self) -> tuple:
         """What :func:`plan_product` reads of the facts (the cache's key)."""
@@ -88,8 +91,8 @@ def make_plan(problem: Problem, facts: Facts) -> Plan:
         plan = plan_product(problem, facts)
         if key is not None and _one_block(plan):
             SMALL_PLANS.put(key, plan)
-    plan = gpu_decode_pass(problem, facts, plan)
-    return told_cached(plan, facts.cached)
+    plan = told_cached(gpu_decode_pass(problem, facts, plan), facts.cached)
+    return dataclasses.replace(plan, notes=plan.notes + facts.notes) if facts.notes else plan
 
 
 def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
