@@ -119,6 +119,27 @@ def interrupt_write(monkeypatch, sink_class, at: int):
     return real
 
 
+def fail_on_call(monkeypatch, cls, name: str, at: int, exc: BaseException, *,
+                 delay: float = 0.0) -> None:
+    """Make method ``name`` of ``cls`` raise ``exc`` at its call number ``at`` (the calls
+    before and after run as they do, each ``delay`` seconds later)."""
+    import time
+
+    real, calls, lock = getattr(cls, name), {"n": 0}, threading.Lock()
+
+    def failing(self, *args, **kwargs):
+        with lock:
+            calls["n"] += 1
+            now = calls["n"] == at
+        if now:
+            raise exc
+        if delay:
+            time.sleep(delay)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, failing)
+
+
 def leftovers(directory) -> list[str]:
     """Temporary files of interrupted runs in ``directory`` (once the replaced outputs being
     removed behind their runs are gone)."""

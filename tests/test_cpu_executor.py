@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, poisoned, rand, zarr_stores
+from _helpers import assert_gemm, fail_on_call, poisoned, rand, zarr_stores
 
 import oocgemm
 from oocgemm.planning import OpKind
@@ -197,15 +197,7 @@ def test_a_failing_read_on_a_reader_lane_stops_the_run(rng, workdir, monkeypatch
     a, b = rand(rng, (60, 50)), rand(rng, (50, 40))
     np.save("a.npy", a)
     np.save("b.npy", b)
-    read, calls = CpuExecutor._read, {"n": 0}
-
-    def failing(self, op):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise OSError("disk on fire")
-        return read(self, op)
-
-    monkeypatch.setattr(CpuExecutor, "_read", failing)
+    fail_on_call(monkeypatch, CpuExecutor, "_read", 4, OSError("disk on fire"))
     with pytest.raises(oocgemm.ExecutionError, match="disk on fire"):
         _quiet(oocgemm.multiply, "a.npy", "b.npy", tile=(10, 10, 10), device="cpu",
                progress=False)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, leftovers, poisoned, rand
+from _helpers import assert_gemm, fail_on_call, leftovers, poisoned, rand
 
 import oocgemm
 from oocgemm.runtime.cpu import CpuExecutor
@@ -99,15 +99,7 @@ def test_device_lists_are_checked(rng):
 
 def test_a_failure_on_one_device_stops_them_all(rng, workdir, monkeypatch):
     a, b = rand(rng, (200, 100)), rand(rng, (100, 120))
-    gemm, calls = CpuExecutor._gemm, {"n": 0}
-
-    def failing(self, op):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise OSError("device on fire")
-        return gemm(self, op)
-
-    monkeypatch.setattr(CpuExecutor, "_gemm", failing)
+    fail_on_call(monkeypatch, CpuExecutor, "_gemm", 5, OSError("device on fire"))
     with pytest.raises(oocgemm.ExecutionError, match="device on fire"):
         oocgemm.multiply(a, b, "c.zarr", device=THREE, tile=(20, 30, 25))
     assert leftovers(".") == [] and not __import__("os").path.exists("c.zarr")
@@ -253,21 +245,13 @@ def test_cancel_stops_a_run_from_another_thread(rng):
 
 def test_a_failure_cancels_the_other_devices_through_cancel(rng, workdir, monkeypatch):
     a, b = rand(rng, (400, 100)), rand(rng, (100, 120))
-    gemm, calls, cancelled = CpuExecutor._gemm, {"n": 0}, []
-    cancel = CpuExecutor.cancel
-
-    def failing(self, op):
-        calls["n"] += 1
-        if calls["n"] == 8:
-            raise OSError("device on fire")
-        time.sleep(0.002)
-        return gemm(self, op)
+    cancelled, cancel = [], CpuExecutor.cancel
 
     def recorded(self):
         cancelled.append(self)
         cancel(self)
 
-    monkeypatch.setattr(CpuExecutor, "_gemm", failing)
+    fail_on_call(monkeypatch, CpuExecutor, "_gemm", 8, OSError("device on fire"), delay=0.002)
     monkeypatch.setattr(CpuExecutor, "cancel", recorded)
     with pytest.raises(oocgemm.ExecutionError, match="device on fire"):
         oocgemm.multiply(a, b, device=THREE, tile=(20, 30, 25))
