@@ -12,7 +12,8 @@
                                                     # gpu_decode_product, zarr_inputs,
                                                     # ozaki_gpu, gram, s3, scaling,
                                                     # dask_scaling, scaling_model, fresh,
-                                                    # gpu_small_blocks, small_blocks
+                                                    # gpu_small_blocks, small_blocks,
+                                                    # npy_product
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -410,6 +411,8 @@ _OWN_MAINS = {
                                              "same into memory."),
     "small-blocks": ("small_blocks", "multiply with a small tile on the CPU beside numpy and "
                                      "the plain blocked loop, from numpy, Zarr and .npy."),
+    "npy-product": ("npy_product", ".npy inputs into a .npy C beside its compute and the "
+                                   "disk's rate of storing C."),
 }
 
 
