@@ -29,8 +29,10 @@ t1 = time.time()
 r = oocgemm.multiply(*sys.argv[1:4], progress=False, events=True,
                      **json.loads(sys.argv[4]))
 t2 = time.time()
+startup = sys.modules.get("oocgemm.cuda.startup")
 print(json.dumps({"started": t0, "imported": t1, "called": t1, "returned": t2,
-                  "run_zero": r.started_at, "run_seconds": r.seconds}), flush=True)
+                  "run_zero": r.started_at, "run_seconds": r.seconds,
+                  "startup": startup.times(0) if startup else None}), flush=True)
 """
 
 
@@ -47,7 +49,8 @@ def child(a: str, b: str, c: str, options: dict) -> dict:
             "before_run": inside["run_zero"] - inside["called"],
             "run": inside["run_seconds"],
             "after_run": inside["returned"] - run_end,
-            "exit": ended - inside["returned"]}
+            "exit": ended - inside["returned"],
+            "startup_steps": inside["startup"]}
 
 
 def command(argv: list[str]) -> float:
