@@ -103,7 +103,8 @@ def product(a: str, b: str, c: str, options: dict) -> dict:
     for e in r.events:
         busy[e.kind] = busy.get(e.kind, 0.0) + (e.end - e.start)
     return {"wall": wall, "seconds": r.seconds, "tile": list(r.plan.tile),
-            "predicted": r.plan.prediction.total, "busy": busy}
+            "predicted": r.plan.prediction.total, "predicted_parts": r.plan.prediction.parts(),
+            "decisions": list(r.plan.decisions), "busy": busy}
 
 
 def main(argv=None) -> int:

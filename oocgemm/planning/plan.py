@@ -497,6 +497,7 @@ class Plan:
             "gpu_encode": self.gpu_encode,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
+            "predicted_parts": pred.parts(),
             "notes": list(self.notes),
             "warnings": list(self.warnings),
             "decisions": list(self.decisions),

@@ -102,6 +102,12 @@ class Prediction:
     def total(self) -> float:
         return max(self._resources().values()) + self.fill + self.drain + self.overhead
 
+    def parts(self) -> dict[str, float]:
+        """Seconds of each resource, and the fill, drain and dispatch the total adds to the
+        largest of them."""
+        return {**self._resources(), "fill": self.fill, "drain": self.drain,
+                "overhead": self.overhead}
+
     def describe(self) -> str:
         return ", ".join(f"{name.replace('_', ' ')} {format_seconds(v)}"
                          for name, v in self._resources().items() if v)
