@@ -44,7 +44,6 @@ def make_npy(path: str, n: int, seed: int, threads: int) -> None:
 
     run_parallel(fill, range(0, n, band), threads)
     out.flush()
-    del out
 
 
 def write_ways(path: str, c: np.ndarray, threads: int) -> dict:

@@ -78,3 +78,34 @@ def resolve_device(device) -> Device:
                               f"(cuda:0..cuda:{count - 1})")
         return Device("cuda", index)
     raise DeviceError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+#: The commands whose runs may start a GPU (``oocgemm plan`` asks one for its free memory).
+GPU_COMMANDS = frozenset({"multiply", "gram", "plan"})
+
+
+def command_gpus(argv: list[str]) -> list[int] | None | bool:
+    """The GPUs an ``oocgemm`` command line will use, read from its words before anything
+    is parsed (to start them beside the imports): a list of indices, None for all of them
+    ('cuda:all'), False where it will use none or cannot tell (another command, help, the
+    CPU, a name the parser will refuse)."""
+    if not argv or argv[0] not in GPU_COMMANDS or "-h" in argv or "--help" in argv:
+        return False
+    name = "auto"
+    for i, word in enumerate(argv):
+        if word == "--device" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif word.startswith("--device="):
+            name = word.partition("=")[2]
+    indices = []
+    for part in name.strip().lower().split(","):
+        kind, _, index = part.strip().partition(":")
+        if kind == "auto" and not index:
+            indices.append(0)
+        elif kind == "cuda" and index == "all":
+            return None
+        elif kind == "cuda" and (index or "0").isdigit():
+            indices.append(int(index or "0"))
+        else:
+            return False
+    return indices

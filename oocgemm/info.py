@@ -143,7 +143,9 @@ def describe_startup(gpus: dict) -> str:
         return "none (no GPU)" if not gpus.get("devices") else "not measured"
     seconds = dict(found["seconds"])
     total = seconds.pop("total")
-    names = {"driver": "CuPy and driver", "context": "context", "cublas": "cuBLAS",
+    names = {"driver_early": "driver (beside the imports)",
+             "context_early": "context (beside the imports)",
+             "driver": "CuPy and driver", "context": "context", "cublas": "cuBLAS",
              "pinned": f"pinned {format_size(found.get('pinned_bytes', 0))}"}
     parts = ", ".join(f"{names.get(k, k)} {format_seconds(v)}" for k, v in seconds.items())
     return f"{found['device']} {format_seconds(total)} ({parts})"

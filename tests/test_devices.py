@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 
@@ -283,3 +284,29 @@ def test_the_product_hands_the_runtime_data_not_closures(rng, monkeypatch):
             assert not (inspect.isfunction(value) or inspect.ismethod(value)), value
     source = inspect.getsource(oocgemm.product)
     assert "runtime.multi_device" not in source and "executor_class" not in source
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["multiply", "a.zarr", "b.zarr", "-o", "c.zarr"], [0]),  # auto: the first GPU, if any
+    (["gram", "x.zarr", "-o", "g.npy", "--device=cuda:1"], [1]),
+    (["plan", "a.npy", "b.npy", "--device", "cuda:all"], None),
+    (["multiply", "a", "b", "--device", "cuda:0,cuda:1"], [0, 1]),
+    (["multiply", "a", "b", "--device", "cpu"], False),
+    (["multiply", "a", "b", "--device", "cuda:x"], False),  # the parser says what is wrong
+    (["multiply", "--help"], False),
+    (["random", "x.zarr", "--shape", "8x8"], False),
+    ([], False),
+])
+def test_the_gpus_a_command_line_will_start(argv, want):
+    """The command starts these GPUs' driver and contexts beside its imports."""
+    from oocgemm.devices import command_gpus
+
+    assert command_gpus(argv) == want
+
+
+def test_the_command_starts_no_gpu_where_the_machine_has_no_driver():
+    from oocgemm.cuda import startup
+
+    if os.path.exists("/proc/driver/nvidia/gpus"):
+        pytest.skip("this machine has an NVIDIA driver")
+    assert startup.early([0]) is None

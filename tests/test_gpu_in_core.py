@@ -72,6 +72,35 @@ def test_start_up_is_measured_once_and_shown(rng):
     assert describe_startup(info).startswith("cuda:0 ")
 
 
+def test_buffers_pinned_behind_the_caller_in_the_order_asked():
+    """A run's ring is handed out at once and pinned behind it, first used first: each use
+    waits for its buffer; one given back before it was pinned is never pinned nor kept."""
+    import cupy
+
+    from oocgemm.cuda.context import PinnedPool
+
+    pool, pinned = PinnedPool(), []
+    sizes = [(24 << 20) + 4096 * i for i in range(4)]  # sizes no other test asks for
+    held = [pool.acquire(n, later=True, then=lambda n=n: pinned.append(n)) for n in sizes]
+    pool.ready(held[-1][0])
+    assert pinned == sizes  # one after another, in the order asked
+    for ptr, raw in held:
+        pool.ready(ptr)
+        attributes = cupy.cuda.runtime.pointerGetAttributes(ptr)
+        assert attributes.type == cupy.cuda.runtime.memoryTypeHost
+        raw[:: 1 << 20] = 7  # the host writes into it, the device copies from it
+        copied = cupy.empty(raw.nbytes, dtype=cupy.uint8)
+        cupy.cuda.runtime.memcpy(copied.data.ptr, ptr, raw.nbytes, 1)  # host to device
+        assert int(copied[1 << 20]) == 7
+    for ptr, _ in held:
+        pool.give_back(ptr)
+    assert pool.cached() == sum(sizes) and pool.in_use() == 0
+    first = pool.acquire(sizes[0])  # an idle one: pinned already, no wait
+    assert first[0] == held[0][0]
+    pool.give_back(first[0])
+    pool.release()
+
+
 def test_threads_and_buffers_are_kept_and_given_back(rng):
     from oocgemm.cuda.context import PROCESS, memory_in_use
 

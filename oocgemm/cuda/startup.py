@@ -67,6 +67,41 @@ def cublas(index: int, resources=None) -> None:
         record(index, "cublas", time.perf_counter() - start)
 
 
+def early(indices) -> threading.Thread | None:
+    """Initialise the CUDA driver and retain the primary contexts of GPUs ``indices`` (all
+    it sees where None) in a thread of its own, through the driver's C API called with
+    ctypes, which lets go of the interpreter's lock for each call: a fresh process's imports
+    (numpy, zarr, CuPy: most of a second) go on beside it, and CuPy's first calls then find
+    the driver up and the contexts made (CUDA's runtime uses a GPU's primary context). The
+    retained contexts live as long as the process. None where no NVIDIA driver is found;
+    what fails here is left for CuPy to say where the run needs the GPU."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")  # the driver's library: where none is, no GPU
+    except OSError:
+        return None
+
+    def start() -> None:
+        begin = time.perf_counter()
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return
+        record(-1, "driver_early", time.perf_counter() - begin)
+        for index in range(count.value) if indices is None else indices:
+            if not 0 <= index < count.value:
+                continue
+            begin = time.perf_counter()
+            dev, ctx = ctypes.c_int(0), ctypes.c_void_p(0)
+            if lib.cuDeviceGet(ctypes.byref(dev), index) == 0 and \
+                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0:
+                record(index, "context_early", time.perf_counter() - begin)
+
+    thread = threading.Thread(target=start, name="oocgemm-cuda-early", daemon=True)
+    thread.start()
+    return thread
+
+
 def ahead(indices) -> threading.Thread | None:
     """Start the contexts and cuBLAS of GPUs ``indices`` in a thread of their own, while the
     caller opens its inputs and plans (a fresh process's first product: the planner's first
@@ -75,8 +110,11 @@ def ahead(indices) -> threading.Thread | None:
     indices = [i for i in indices if not measured(i, "cublas")]
     if not indices:
         return None
+    first = early(indices) if not measured(-1, "driver") else None
 
     def start() -> None:
+        if first is not None:  # the driver's calls first, beside the caller's work
+            first.join()
         try:
             for index in indices:
                 cublas(index)
@@ -111,5 +149,6 @@ def times(index: int, *, start: bool = False) -> dict[str, float]:
     with _LOCK:
         steps = dict(_TIMES.get(-1, {}))
         steps.update(_TIMES.get(index, {}))
-    steps["total"] = sum(v for k, v in steps.items() if k != "pinned_bytes")
+    steps["total"] = sum(v for k, v in steps.items() if k != "pinned_bytes")  # (the early
+    # steps ran beside the imports: the later ones took what was left)
     return steps

@@ -148,6 +148,18 @@ def gpu_framing(plan, sink) -> GpuFrames | None:
     return GpuFrames(framing, indices, writes, stripes, ring, host=mode is not True)
 
 
+def _first_used(schedule, prefix: str) -> list[str]:
+    """The schedule's slots named ``prefix``..., in the order its operations first use them
+    (those it never uses last)."""
+    order: dict[str, None] = {}
+    for op in schedule.ops:
+        for name in (op.dst, *op.src):
+            if name is not None and name.startswith(prefix):
+                order.setdefault(name, None)
+    order.update(dict.fromkeys(n for n in schedule.slots if n.startswith(prefix)))
+    return list(order)
+
+
 def few_copies(plan) -> bool:
     """Whether a run of ``plan`` copies its operands in row bands (:class:`Bands`) and
     runs in the calling thread (:meth:`CudaExecutor._run_inline`): an in-core product with
@@ -608,19 +620,24 @@ class CudaExecutor(Executor):
         from ..cuda import startup
 
         itemsize = self.plan.problem.itemsize
-        pinned_bytes, begin = 0, time.perf_counter()
-        for name, elements in self.schedule.slots.items():
-            if name.startswith("s"):
-                if name.startswith("sO") and self._framed is not None:  # frames and sizes
-                    elements = max(elements, -(-self._framed.ring // itemsize))
-                gpu.pinned_buffer(name, elements)
-                pinned_bytes += elements * itemsize
-        seconds = time.perf_counter() - begin
+        begin = time.perf_counter()
+        ring = _first_used(self.schedule, "s")
+        sizes = {}
+        for name in ring:
+            sizes[name] = self.schedule.slots[name]
+            if name.startswith("sO") and self._framed is not None:  # frames and sizes
+                sizes[name] = max(sizes[name], -(-self._framed.ring // itemsize))
+        pinned_bytes = sum(sizes.values()) * itemsize
+
+        def timed() -> None:  # the first run's ring, all of it pinned
+            startup.pinned(self.index, time.perf_counter() - begin, pinned_bytes)
+
+        for name in ring:  # pinned behind the run, in the order it first uses them
+            last = name == ring[-1] and not startup.measured(self.index, "pinned")
+            gpu.pinned_buffer(name, sizes[name], later=True, then=timed if last else None)
         for name, elements in self.schedule.slots.items():
             if not name.startswith("s"):
                 gpu.device_buffer(name, elements)
-        if not startup.measured(self.index, "pinned"):
-            startup.pinned(self.index, seconds, pinned_bytes)
         gpu.start_launch(self.plan, timing=self.log.record)
         if self.plan.gpu_decode:
             from ..cuda.decode import PanelDecoder
