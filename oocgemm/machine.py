@@ -33,3 +33,28 @@ def cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def write_back_room() -> int:
+    """Bytes that writes may add to the OS page cache now before the OS holds the writers
+    to the disk's rate (Linux: from the midpoint of its background and dirty thresholds,
+    ``vm.dirty_*`` of the memory available, less what is dirty already); 0 where unknown."""
+    def number(name: str) -> int:
+        with open(f"/proc/sys/vm/{name}") as fh:
+            return int(fh.read().split()[0])
+
+    try:
+        meminfo = {}
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                meminfo[key] = int(value.split()[0]) * 1024
+        dirtyable = meminfo["MemAvailable"]
+        limits = []
+        for absolute, ratio in (("dirty_background_bytes", "dirty_background_ratio"),
+                                ("dirty_bytes", "dirty_ratio")):
+            limits.append(number(absolute) or dirtyable * number(ratio) // 100)
+        dirty = meminfo.get("Dirty", 0) + meminfo.get("Writeback", 0)
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+    return max(0, (limits[0] + limits[1]) // 2 - dirty)

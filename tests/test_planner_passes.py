@@ -148,3 +148,30 @@ def test_the_staging_settings_are_the_plans_fields_with_its_defaults():
     cpu = backend_of("cpu").staging(None, backend_of("cpu").model(), "cublas")
     assert not cpu.staged and cpu.settings.split_blocks == "last"
     assert "ramp_granule" not in cpu.settings.tiling()
+
+
+def test_a_page_cache_that_takes_all_of_c_is_told_to_the_prediction_only(rng, workdir):
+    """Where the OS page cache takes all of C's writes before it holds writers to the disk's
+    rate, C is stored at the host's rate in the prediction; the blocks stay those planned
+    for the disk (the same bits either way)."""
+    np.save("a.npy", rand(rng, (600, 300)))
+    np.save("b.npy", rand(rng, (300, 500)))
+    with open_run("a.npy", "b.npy", "c.npy") as io:
+        m, n, k = io.shape
+        op_a, op_b, op_c, out = io.operands()
+        problem = Problem(m=m, n=n, k=k, itemsize=8, dtype="float64", a=op_a, b=op_b,
+                          c=op_c, out=out, alpha=1.0, beta=0.0, shared=io.shared)
+    c_bytes = m * n * 8
+    to_disk = make_plan(problem, _cuda_facts(problem, write_back=c_bytes - 1))
+    taken = make_plan(problem, _cuda_facts(problem, write_back=c_bytes))
+    assert taken.tile == to_disk.tile and taken.schedule.ops == to_disk.schedule.ops
+    assert taken.prediction.storage_write < to_disk.prediction.storage_write
+    assert any("C's" in d and "taken by it" in d for d in taken.decisions)
+    assert not any("C's" in d for d in to_disk.decisions)
+
+
+def test_npy_inputs_the_page_cache_holds_are_told_to_the_prediction(rng, workdir):
+    np.save("a.npy", rand(rng, (400, 300)))  # just written: its pages are in the cache
+    np.save("b.npy", rand(rng, (300, 200)))
+    plan = oocgemm.plan("a.npy", "b.npy", device="cpu")
+    assert any(d.startswith("page cache: A and B held") for d in plan.decisions)

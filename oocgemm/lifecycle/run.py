@@ -87,6 +87,14 @@ class RunIO:
                 return False
         return True
 
+    def write_back(self) -> int:
+        """Bytes of the output's writes the OS page cache takes before it holds the writers
+        to the disk's rate (:func:`oocgemm.machine.write_back_room`) where the output is a
+        local path; 0 otherwise."""
+        if not is_path(self.out) or urls.is_url(self.out):
+            return 0
+        return machine.write_back_room()
+
     def _operand(self, src: MatrixSource) -> Operand:
         rows, cols = src.shape
         zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None

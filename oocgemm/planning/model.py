@@ -33,6 +33,11 @@ class DeviceModel:
     """Storage write bandwidth, bytes/s."""
     memory_copy: float = 10e9
     """Host memory copy bandwidth for in-memory operands, bytes/s."""
+    cache_write: float = 1.5e9
+    """Bytes/s at which C's writes go into the OS page cache (new pages allocated and
+    filled, the writers together) where it takes all of them (:attr:`Operand.cached
+    <oocgemm.planning.problem.Operand.cached>` of the output): the OS writes them back
+    after the call."""
     first_touch: float = 0.0
     """Bytes/s at which fresh host buffers are first written (page faults); 0 where buffers
     are device memory. Charged to the fill (first panels) and the drain (last C block)."""
@@ -109,7 +114,10 @@ def cuda_model() -> DeviceModel:
     # than large chunks of the same bytes. device_decode, device_decode_frame: nvCOMP decodes
     # a frame on one thread block, so a batch takes its largest frame at one block's rate
     # plus all of it at the batch's rate (docs/performance.md, "Who decodes the inputs").
+    # cache_write: C's chunk files and .npy pages written by the writer threads together
+    # while the page cache takes them (n = 32768 and 49152 on the H200 machine).
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
+                       cache_write=3.5e9,
                        half_size=128, granule=256, decode=8e9, decode_frame=1e-4,
                        device_decode=20e9,
                        device_decode_frame=1.0e9, int8_ops=1.04e15,

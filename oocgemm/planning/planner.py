@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
-from ..units import format_seconds
+from ..units import format_seconds, format_size
 from .finish import FINISHING, finished, on_object_edges, with_tile_advice
 from .model import DeviceModel
 from .plan import Plan, with_gpu_decode
@@ -67,6 +67,9 @@ class Facts:
     """The device's zstd decoder (nvCOMP) is found."""
     cached: frozenset[str] = frozenset()
     """The stored inputs ('A', 'B') the OS page cache holds."""
+    write_back: int = 0
+    """Bytes of writes the OS page cache takes now before it holds the writers to the
+    disk's rate (0: unknown, or an output not in local files)."""
     given_limits: tuple = (None, None)
     """memory_limit and host_memory_limit as the user spelled them (for the hints of a
     BudgetError), or None."""
@@ -91,7 +94,7 @@ def make_plan(problem: Problem, facts: Facts) -> Plan:
         plan = plan_product(problem, facts)
         if key is not None and _one_block(plan):
             SMALL_PLANS.put(key, plan)
-    plan = told_cached(gpu_decode_pass(problem, facts, plan), facts.cached)
+    plan = told_cached(gpu_decode_pass(problem, facts, plan), facts.cached, facts.write_back)
     return dataclasses.replace(plan, notes=plan.notes + facts.notes) if facts.notes else plan
 
 
@@ -319,22 +322,34 @@ def decoded_on_device(plan: Plan, choose: bool = False, cached: bool = False,
 
 
 # -- pass 3: the page cache -----------------------------------------------------------------
-def told_cached(plan: Plan, cached) -> Plan:
+def told_cached(plan: Plan, cached, write_back: int = 0) -> Plan:
     """``plan``, its prediction told which stored inputs the OS page cache holds (``cached``:
-    'A', 'B'; read at the host's memory rate); its blocks chosen as for storage, so that a
-    product plans the same bits warm and cold (:attr:`Operand.cached
-    <oocgemm.planning.problem.Operand.cached>`)."""
+    'A', 'B'; read at the host's memory rate), and whether it takes all of C's writes
+    (``write_back``: the bytes it takes before it holds the writers to the disk's rate; C
+    written at the model's ``cache_write`` rate, the OS writing it back behind the call);
+    its blocks chosen as for storage, so that a product plans the same bits warm and cold
+    (:attr:`Operand.cached <oocgemm.planning.problem.Operand.cached>`)."""
     prob = plan.problem
     held = {role: dataclasses.replace(getattr(prob, role), cached=True)
             for role, name in (("a", "A"), ("b", "B"))
             if getattr(prob, role).on_disk and name in cached}
+    c_bytes = prob.m * prob.n * prob.itemsize
+    out = prob.out
+    taken = out is not None and out.on_disk and 0 < c_bytes <= write_back
+    if out is not None and taken:
+        held["out"] = dataclasses.replace(out, cached=True)
     if not held:
         return plan
     told = dataclasses.replace(plan, problem=dataclasses.replace(prob, **held))
     names = " and ".join(sorted(name for name in cached
                                 if getattr(prob, name.lower()).on_disk))
-    return _decided(told, "page cache", f"{names} held: read at the host's memory rate in "
-                                        f"the prediction (the blocks as for storage)")
+    said = [f"{names} held: read at the host's memory rate in the prediction (the blocks "
+            f"as for storage)"] if names else []
+    if taken:
+        said.append(f"C's {format_size(c_bytes)} taken by it before the OS holds writers "
+                    f"to the disk's rate ({format_size(write_back)}): written at the host's "
+                    f"rate in the prediction, the OS writing it back behind the call")
+    return _decided(told, "page cache", "; ".join(said))
 
 
 def _decided(plan: Plan, step: str, why: str) -> Plan:

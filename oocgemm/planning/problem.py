@@ -30,7 +30,8 @@ class Operand:
     codec): a staged plan may decode it into a pinned ring buffer (``Plan.into_ring``)."""
     cached: bool = False
     """On disk, and held by the OS page cache (a fact of the run's I/O): its storage reads
-    run at the host's memory rate. Only the prediction hears it: the plan's choices are made
+    run at the host's memory rate; of an output, the page cache takes all its writes (at the
+    model's ``cache_write`` rate). Only the prediction hears it: the plan's choices are made
     as for storage, so that a product plans the same blocks (the same bits) warm and cold."""
     zstd_frames: tuple[int, int] | None = None
     """The decoded shape of one zstd frame (a chunk, or an inner chunk of a shard) where every

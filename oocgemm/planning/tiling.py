@@ -237,7 +237,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     # stripe, its rows become final over those panels' time, and only what the copies cannot
     # keep up with (at least one stripe) is left at the end.
     out_disk, out_in_place = _output_kind(prob, staged)
-    per_byte = 1 / (model.storage_write if out_disk else model.memory_copy)
+    per_byte = 1 / (_write_rate(prob, model) if out_disk else model.memory_copy)
     per_byte += 1 / model.d2h if model.d2h else 0.0
     per_byte += 1 / model.first_touch if model.first_touch else 0.0
     block_out = 0 if out_in_place else w * h * s * per_byte
@@ -424,10 +424,16 @@ def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, fl
         elif not (operand.zero_copy and not staged):  # else used in place
             host_copy += nbytes / model.memory_copy
     if out_disk:
-        storage_write = c_bytes / model.storage_write
+        storage_write = c_bytes / _write_rate(prob, model)
     elif not out_in_place:
         host_copy += c_bytes / model.memory_copy
     return storage_read, storage_write, host_copy
+
+
+def _write_rate(prob: Problem, model: DeviceModel) -> float:
+    """Bytes/s C is stored at: the page cache's where it takes all of C, else the disk's."""
+    taken = prob.out is not None and prob.out.cached
+    return model.cache_write if taken else model.storage_write
 
 
 def _fill_seconds(prob: Problem, tile: tuple[int, int, int], nk: int, model: DeviceModel, *,

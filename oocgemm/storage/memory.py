@@ -31,6 +31,15 @@ class NumpySource(MatrixSource):
     def view(self, rows, cols, dtype):
         return None if self.on_disk else blas_view(self._array, rows, cols, dtype)
 
+    def cached_fraction(self, most: int = 64) -> float | None:
+        """A memmapped file's share held by the OS page cache (None for memory, or a
+        mapping of no known file)."""
+        if not (self.on_disk and self.path):
+            return None
+        from .files import cached_fraction
+
+        return cached_fraction([self.path])
+
     def array(self):
         return self._array
 
