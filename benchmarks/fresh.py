@@ -36,6 +36,30 @@ print(json.dumps({"started": t0, "imported": t1, "called": t1, "returned": t2,
 """
 
 
+#: What any fresh process pays before a GPU product can start, and nothing else: the imports a
+#: run needs, the driver, the context, cuBLAS and a pinned buffer (the driver and context
+#: beside the imports, as the command starts them), then its exit.
+START_ONLY = """
+import sys, time
+t0 = time.time()
+from oocgemm.cuda import startup
+startup.early([0])
+import numpy, zarr, cupy
+import oocgemm.product, oocgemm.runtime.cuda_executor
+startup.times(0, start=True)
+print(time.time() - t0, flush=True)
+"""
+
+
+def start_only() -> dict:
+    """A fresh process that only starts what a GPU product needs (:data:`START_ONLY`),
+    timed from outside (its wall) and inside (to the GPU ready)."""
+    begun = time.time()
+    proc = subprocess.run([sys.executable, "-c", START_ONLY], capture_output=True, text=True,
+                          check=True)
+    return {"wall": time.time() - begun, "ready": float(proc.stdout.strip().splitlines()[-1])}
+
+
 def child(a: str, b: str, c: str, options: dict) -> dict:
     """One fresh Python process's product, timed from outside and from inside."""
     begun = time.time()
@@ -80,6 +104,8 @@ def main(argv=None) -> int:
                                  memory_limit=None)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="leave the inputs for a later run")
+    parser.add_argument("--timelines", default=None,
+                        help="a folder for the command's timelines, warm and cold (JSON)")
     args = parser.parse_args(argv)
 
     work = os.path.abspath(args.zarr)
@@ -97,6 +123,14 @@ def main(argv=None) -> int:
     doc: dict = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "chunk": args.chunk,
                  "options": options}
     doc["help"] = min(command(["--help"]) for _ in range(5))
+    doc["start_only"] = min((start_only() for _ in range(3)), key=lambda r: r["wall"])
+
+    def timeline(name: str) -> list[str]:  # the command's timeline saved, where asked
+        if not args.timelines:
+            return []
+        os.makedirs(args.timelines, exist_ok=True)
+        return ["--timeline", os.path.join(os.path.abspath(args.timelines), f"{name}.json")]
+
     doc["plan_warm"] = predicted(a, b, c, flags)
     doc["predicted"] = doc["plan_warm"]["seconds"]
 
@@ -121,12 +155,18 @@ def main(argv=None) -> int:
     doc["fresh_child"] = min(fresh, key=lambda r: r["wall"])
     doc["cli_warm"] = min(cli)
     doc["cli_warm_of_warm_process"] = doc["cli_warm"] / doc["warm_process"]["later"]
+    later = doc["warm_process"]["later"]
+    doc["start_only_of_warm_process"] = (doc["start_only"]["wall"] + later) / later
+    if args.timelines:
+        ready()
+        command(["multiply", a, b, "-o", c, "-q", *flags, *timeline("warm")])
     read_files(files, threads)  # c is there, just written: replaced
     doc["cli_overwrite"] = command(["multiply", a, b, "-o", c, "--overwrite", "-q", *flags])
 
     c_bytes = args.n * args.n * 8
     floor = product_floor([a, b], c_bytes, work, threads)
     doc["floor"] = floor["seconds"]
+    doc["floor_parts"] = floor
     cold = []
     for _ in range(args.repeat):
         shutil.rmtree(c, ignore_errors=True)
@@ -134,6 +174,10 @@ def main(argv=None) -> int:
         doc["plan_cold"] = predicted(a, b, c, flags)  # reads no data: the inputs stay cold
         cold.append(command(["multiply", a, b, "-o", c, "-q", *flags]))
     doc["cli_cold"] = min(cold)
+    if args.timelines:
+        shutil.rmtree(c, ignore_errors=True)
+        drop_caches(files)
+        command(["multiply", a, b, "-o", c, "-q", *flags, *timeline("cold")])
     doc["cli_cold_of_floor"] = doc["cli_cold"] / floor["seconds"]
     doc["predicted_of_warm"] = doc["predicted"] / doc["warm_process"]["later"]
     doc["predicted_of_cold"] = doc["plan_cold"]["seconds"] / doc["cli_cold"]

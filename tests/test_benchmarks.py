@@ -102,8 +102,26 @@ def test_python_dash_m_benchmarks_lists_its_subcommands():
     for command in ("cpu", "gpu", "kernels", "power", "bandwidth", "zarr-io", "zarr-product",
                     "dask-matmul", "gpu-decode", "gram", "gpu-decode-product", "zarr-inputs",
                     "s3", "scaling", "dask-scaling", "scaling-model", "fresh",
-                    "gpu-small-blocks", "small-blocks"):
+                    "gpu-small-blocks", "small-blocks", "npy-product"):
         assert command in proc.stdout
+
+
+def test_npy_product_measures_the_product_beside_its_floors(tmp_path):
+    """``.npy`` -> ``.npy`` beside its compute and the disk's rate of storing C (on the CPU
+    here): a correct C, each floor timed, and the inputs gone unless kept."""
+    report = tmp_path / "npy.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "npy-product", "--workdir",
+                           str(tmp_path / "w"), "--n", "384", "--device", "cpu", "--repeat",
+                           "1", "--json", str(report)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(report.read_text())
+    assert doc["max_relative_error"] < 1e-12
+    assert doc["compute"] > 0 and doc["store_floor"]["seconds"] > 0
+    assert set(doc["write_ways"]) == {"memmap", "pwrite"}
+    assert doc["of_bound"] == pytest.approx(doc["npy_product"]["wall"] / max(
+        doc["compute"], doc["store_floor"]["seconds"]))
+    assert not list((tmp_path / "w").glob("*.npy"))
 
 
 def _imports(path: Path) -> set[str]:
