@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -397,6 +398,53 @@ def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir,
     for index in decoded:  # hinted no later than its decode
         assert calls.index(("decode", index, None)) > min(
             i for i, c in enumerate(calls) if c[0] == "hint" and c[1] == index)
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_cold_source_decodes_a_few_chunks_at_once_in_the_order_needed(rng, workdir,
+                                                                        monkeypatch, cold):
+    """Chunks the page cache does not hold come from the disk itself: a few at once, in the
+    order the reads need them, so that the first ones needed are not shared out with all the
+    others (a warm source decodes on every decoder)."""
+    from oocgemm.storage import chunked
+
+    a, b = rand(rng, (96, 64)), rand(rng, (64, 40))
+    write("a.zarr", a, (8, 8), "v3-zstd")
+    monkeypatch.setattr(chunked, "COLD_WINDOW", 8 * 8 * 8)  # one chunk: the window's floor
+    lock, running, most, begun = threading.Lock(), [0], [0], []
+
+    class Watched(ZarrSource):
+        def read_chunk(self, index, out):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                begun.append(index)
+            time.sleep(0.002)  # long enough for the decoders to overlap where they may
+            super().read_chunk(index, out)
+            with lock:
+                running[0] -= 1
+
+    plan = oocgemm.plan("a.zarr", b, device="cpu", tile=(16, 40, 16))
+    told = dataclasses.replace(plan.problem.a, cached=not cold)
+    plan = dataclasses.replace(plan, problem=dataclasses.replace(plan.problem, a=told))
+    sources = chunk_readers(plan, {"A": Watched(zarr.open_array("a.zarr"), "a"),
+                                   "B": NumpySource(b)})
+    out = poisoned((96, 40))
+    try:
+        CpuExecutor(plan, sources, NumpySink(out)).run()
+    finally:
+        sources["A"].close()
+    assert_gemm(out, a, b)
+    assert sorted(begun) == sorted(set(begun))  # each chunk once
+    window = chunked.cold_window((8, 8), 8, max(plan.readers, 1))
+    assert window < 8  # (the test means something: fewer than the decoders)
+    if cold:
+        assert most[0] <= window
+        need = list(dict.fromkeys(index for load in loads(plan.schedule.ops, ("A",), (8, 8))
+                                  for index in load.chunks))
+        assert begun == need  # begun in the order needed
+    else:
+        assert most[0] > window
 
 
 def test_bytes_say_what_came_from_storage(rng, workdir):

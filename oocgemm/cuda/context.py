@@ -73,15 +73,18 @@ def _area(nbytes: int) -> tuple[int, np.ndarray]:
 
 
 def _register(ptr: int, raw: np.ndarray) -> None:
-    _fault_in(raw)
+    """Pin ``raw`` where it lies (its pages faulted in by the registration itself)."""
     runtime.hostRegister(ptr, max(raw.nbytes, 1), _PORTABLE)
 
 
 def _pin(nbytes: int) -> tuple[int, np.ndarray]:
     """``nbytes`` of page-locked host memory: anonymous pages faulted in by many threads, then
     registered with CUDA: several times quicker than ``cudaHostAlloc``, which faults and
-    locks on one thread, no faster from many (docs/performance.md, "Gram products")."""
+    locks on one thread, no faster from many (docs/performance.md, "Gram products"). (A ring
+    pinned behind its run does without the faulting threads: while the run's readers and
+    decoders keep every core busy, a buffer waited on the slowest of them.)"""
     ptr, raw = _area(nbytes)
+    _fault_in(raw)
     _register(ptr, raw)
     return ptr, raw
 

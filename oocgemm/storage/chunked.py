@@ -22,6 +22,7 @@ wait for the executor.
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import threading
 import time
@@ -54,6 +55,18 @@ class _Entry:
         self.ends = ends
 
 
+#: Bytes of chunks a cold source decodes at once (and hints ahead): enough requests to keep a
+#: disk busy, few enough that the chunks needed first are not shared out with all the others.
+COLD_WINDOW = 512 << 20
+
+
+def cold_window(chunks: tuple[int, int], itemsize: int, decoders: int) -> int:
+    """Decodes at once for a source whose chunks are read from the disk itself: at least
+    two, at most the decoders, :data:`COLD_WINDOW` bytes of chunks where that lies between."""
+    chunk = max(1, chunks[0] * chunks[1] * itemsize)
+    return max(min(2, decoders), min(decoders, COLD_WINDOW // chunk))
+
+
 class ChunkReader(MatrixSource):
     """Wraps a :class:`ChunkedSource`; reads regions by decoding whole chunks, each once per
     load (``kept=False``) or once per run (``kept=True``).
@@ -77,12 +90,18 @@ class ChunkReader(MatrixSource):
         is one decodes it on the reading thread straight into its destination (a pinned
         ring buffer), with no decoded copy held and none copied out of; the storage reads
         of the chunks after it are hinted ahead. Any other read goes the usual way.
+    cold
+        Its stored chunks are not in the OS page cache: the disk is the bottleneck, so at
+        most :func:`cold_window` chunks decode at once (and as many are hinted ahead), in
+        the order they are needed. Read all at once, every chunk would share the disk with
+        every other, and the first ones needed would come in with the last (a product's
+        first GEMM then waited for nearly all of its inputs).
     """
 
     chunks: tuple[int, int]
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4, gap: int = 1, into: bool = False):
+                 decoders: int = 4, gap: int = 1, into: bool = False, cold: bool = False):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -94,7 +113,11 @@ class ChunkReader(MatrixSource):
         self.into = into
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
-        self.prefetch = 2 * max(1, decoders)
+        self._window = cold_window(self.chunks, self.dtype.itemsize, decoders) if cold else None
+        """Most decodes running at once (None: as many as the decoders)."""
+        self._waiting: collections.deque = collections.deque()  # (index, future) not begun
+        self._running = 0
+        self.prefetch = self._window or 2 * max(1, decoders)
         """Chunks ahead of the decodes started whose storage reads are hinted to the OS."""
         self._queued: list[tuple[int, int]] = []  # decodes in the order they were queued
         self._started = 0
@@ -169,8 +192,38 @@ class ChunkReader(MatrixSource):
             entry = self._entries[index] = _Entry([1 << 62])
         if entry.future is None:
             self._queued.append(index)
-            entry.future = self._pool.submit(self._decode, index)
+            if self._window is None:
+                entry.future = self._pool.submit(self._decode, index)
+            else:
+                entry.future = Future()
+                self._waiting.append((index, entry.future))
+                self._pump()
         return entry.future
+
+    def _pump(self) -> None:
+        """Begin the waiting decodes, in the order queued, up to the window (under the
+        lock)."""
+        while self._waiting and self._running < (self._window or 1):
+            index, future = self._waiting.popleft()
+            self._running += 1
+            try:
+                self._pool.submit(self._decode_to, index, future)
+            except RuntimeError:  # closed: nothing more begins
+                self._running -= 1
+                future.cancel()
+
+    def _decode_to(self, index: tuple[int, int], future: Future) -> None:
+        """Decode chunk ``index`` for ``future``, then begin the next waiting one."""
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self._decode(index))
+                except BaseException as exc:  # the reads waiting on it raise it
+                    future.set_exception(exc)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._pump()
 
     def _release(self, index: tuple[int, int]) -> None:
         """One read is done with the chunk; drop it at the end of a load (under the lock)."""
@@ -280,6 +333,9 @@ class ChunkReader(MatrixSource):
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting.clear()
             for entry in self._entries.values():
                 entry.future = None
             self.resident_bytes = 0
