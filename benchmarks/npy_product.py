@@ -43,7 +43,7 @@ def make_npy(path: str, n: int, seed: int, threads: int) -> None:
         out[start:start + band] = rng.random((min(band, n - start), n))
 
     run_parallel(fill, range(0, n, band), threads)
-    out.flush()
+    out.flush()  # the map closes as make_npy returns (fill holds the name: no del here)
 
 
 def write_ways(path: str, c: np.ndarray, threads: int) -> dict:

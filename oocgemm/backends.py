@@ -70,6 +70,13 @@ class Backend:
         """Its zstd decoder is found (a fact for the planner)."""
         return False
 
+    def encoder(self, framing) -> Any:
+        """Its encoder's buffers for C's stripes in ``framing`` (a
+        :class:`~oocgemm.storage.frames.Framing`), where it compresses C on the device and
+        the encoder is found (a fact for the planner's GPU encode pass:
+        :class:`~oocgemm.planning.planner.EncoderSizes`); else None."""
+        return None
+
     def free_memory(self, index: int) -> int | None:
         """Bytes free on device ``index`` now, where the device has memory of its own."""
         return None
@@ -129,6 +136,13 @@ class CudaBackend(Backend):
         from .cuda import nvcomp
 
         return nvcomp.library() is not None
+
+    def encoder(self, framing) -> Any:
+        """nvCOMP's buffers for C's stripes in ``framing`` (:class:`oocgemm.cuda.nvcomp.Sizes`),
+        where nvCOMP is found."""
+        from .cuda import nvcomp
+
+        return nvcomp.Sizes(framing) if nvcomp.library() is not None else None
 
     def free_memory(self, index: int) -> int | None:
         from . import cuda

@@ -79,7 +79,7 @@ class Options:
              "Default: $OOCGEMM_GPU_ENCODE, else on."))
     """Who compresses a zstd output on a GPU run: True (the GPU, a row stripe of C at a
     time, where nvCOMP is found and its buffers fit), False (the host, whole chunks), or the
-    experimental 'last' and 'frames' (:func:`oocgemm.runtime.cuda_executor.gpu_framing`);
+    experimental 'last' and 'frames' (:func:`oocgemm.planning.planner.gpu_encode_pass`);
     'on' and 'off' are True and False. None: the setting (``OOCGEMM_GPU_ENCODE``, else True).
     A CPU run's host encodes, and its plan notes a GPU asked for."""
     out_options: dict | None = None

@@ -213,8 +213,12 @@ def test_a_framed_block_is_journaled(rng, workdir):
 def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
     """Without nvCOMP (as here) the GPU compresses nothing: the plan's gpu_encode=True (the
     default) leaves C to the host's whole-chunk encoders, as False does, 'last' and 'frames'
-    to its encoders a stripe at a time. The executor reads the plan, not the environment."""
+    to its encoders a stripe at a time. The planner's GPU encode pass decides it from the
+    writer's facts, once the output is open; the CUDA executor reads the plan, not the
+    environment."""
     from oocgemm.cuda import nvcomp
+    from oocgemm.lifecycle.run import output_facts
+    from oocgemm.planning.planner import gpu_encode_pass
     from oocgemm.runtime.cuda_executor import gpu_framing
 
     if nvcomp.library() is not None:
@@ -222,11 +226,18 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
     a, b = inputs(rng, 64, 32, 48)
     plan = staged_plan(a, b, (16, 48), tile=(32, 48, 16), stripe=4 * 48)
     assert plan.gpu_encode is False  # a CPU plan's, here made to replay a CUDA run
+    plan = dataclasses.replace(plan, device="cuda:0")  # its facts asked of the CUDA backend
     sink = new_output("c.zarr", (64, 48), (16, 48), "v3")
     writer = chunk_writer(plan, sink)
+    facts = output_facts(plan, writer)
+    assert facts.frame_chunks == (16, 48) and facts.encoder is None
     monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")  # not read here
     for mode, host in ((False, None), (True, None), ("last", True), ("frames", True)):
-        got = gpu_framing(dataclasses.replace(plan, gpu_encode=mode), writer)
-        assert (got and got.host) == host and (got is None or not got.downloads)
-    assert gpu_framing(plan, sink) is None  # a sink that takes no stripes of frames
+        got = gpu_encode_pass(dataclasses.replace(plan, gpu_encode=mode), facts)
+        assert (got.c_frames and got.c_frames.host) == host
+        assert got.c_frames is None or not got.c_frames.downloads
+        assert (gpu_framing(got, writer) is None) == (got.c_frames is None)
+    assert output_facts(plan, sink).frame_chunks is None  # a sink that takes no frames
+    with pytest.raises(ValueError, match="its sink takes none"):  # a plan for another writer
+        gpu_framing(got, sink)
     sink.abort()

@@ -3,6 +3,7 @@ plan; plans made again through replan(); what a device kind means asked of its b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -12,9 +13,9 @@ from _helpers import assert_gemm, rand
 
 import oocgemm
 from oocgemm.backends import BACKENDS, Backend, CudaBackend, backend_of, device_index
-from oocgemm.lifecycle.run import open_run
+from oocgemm.lifecycle.run import open_run, output_facts
 from oocgemm.planning import OpKind, Problem, cuda_model
-from oocgemm.planning.planner import Facts, make_plan, replan
+from oocgemm.planning.planner import Facts, OutputFacts, gpu_encode_pass, make_plan, replan
 
 
 def _problem(a, b) -> Problem:
@@ -148,6 +149,163 @@ def test_the_staging_settings_are_the_plans_fields_with_its_defaults():
     cpu = backend_of("cpu").staging(None, backend_of("cpu").model(), "cublas")
     assert not cpu.staged and cpu.settings.split_blocks == "last"
     assert "ramp_granule" not in cpu.settings.tiling()
+
+
+# -- who compresses C (the GPU encode pass, once the output is open) ------------------------
+@dataclasses.dataclass(frozen=True)
+class _NvcompSizes:
+    """nvCOMP's buffers as the CUDA backend states them (``nvcomp.Sizes``), here given: the
+    library is not loaded on a machine without a GPU, and the pass takes them as facts."""
+
+    host: int = 64 << 10
+    device: int = 1 << 20
+
+    def host_bytes(self, rows, cols) -> int:
+        return self.host
+
+    def device_bytes(self, stripes) -> int:
+        return self.device
+
+
+@contextlib.contextmanager
+def _opened_for_a_gpu(rng, out_options=None, gpu_encode=True, **facts):
+    """A product of 512 x 300 @ 300 x 384 into a new Zarr output planned for a GPU that is
+    not here (tile 256 x 256 x 100; ``gpu_encode`` as a GPU's plan takes it by default), the
+    output opened for its plan and the plan's writer made, as a run does: (io, plan,
+    writer)."""
+    a, b = rand(rng, (512, 300)), rand(rng, (300, 384))
+    options = out_options or {"compressors": "zstd", "chunks": (128, 128)}
+    with open_run(a, b, "c.zarr", out_options=options) as io:
+        m, n, k = io.shape
+        op_a, op_b, op_c, out = io.operands()
+        problem = Problem(m=m, n=n, k=k, itemsize=8, dtype="float64", a=op_a, b=op_b,
+                          c=op_c, out=out, alpha=1.0, beta=0.0, shared=io.shared)
+        plan = make_plan(problem, _cuda_facts(problem, tile=(256, 256, 100),
+                                              gpu_encode=gpu_encode, **facts))
+        plan = io.begin(plan, overwrite=False, resume_=False, attributes={})
+        try:
+            yield io, plan, io.writer(plan)
+        finally:
+            io.sink.abort()
+
+
+def _encoded(plan, writer, **facts):
+    """The GPU encode pass on ``plan`` for ``writer``, the writer's facts changed by
+    ``facts`` (nvCOMP's sizes)."""
+    return gpu_encode_pass(plan, dataclasses.replace(output_facts(plan, writer), **facts))
+
+
+def _said(plan) -> str:
+    """The GPU encode pass's decision, as the plan records and shows it."""
+    said = [d for d in plan.decisions if d.startswith("gpu encode: ")]
+    assert len(said) == 1, plan.decisions
+    assert said[0] in str(plan) and said[0] in plan.summary()["decisions"]
+    return said[0]
+
+
+def test_the_gpu_encodes_every_stripe_of_c_where_nvcomp_is_found(rng, workdir):
+    with _opened_for_a_gpu(rng) as (io, plan, writer):
+        assert output_facts(plan, writer).frame_chunks == (128, 128)  # the output's, opened
+        encoded = _encoded(plan, writer, encoder=_NvcompSizes())
+    ops = encoded.schedule.ops
+    downs = {op.index for op in ops if op.kind is OpKind.DOWNLOAD}
+    frames = encoded.c_frames
+    assert frames is not None and frames.downloads == downs and not frames.host
+    assert frames.writes == {op.index for op in ops
+                             if op.kind is OpKind.WRITE and op.deps[0] in downs}
+    assert frames.stripes == tuple(ops[i].region for i in sorted(downs))
+    assert frames.ring == _NvcompSizes().host
+    assert _said(encoded) == (f"gpu encode: every stripe of C ({len(downs)}) compressed on "
+                              f"the GPU (nvCOMP)")
+    assert plan.c_frames is None and not any(d.startswith("gpu encode") for d in plan.decisions)
+    assert encoded.schedule is plan.schedule  # built once, not again for the decision
+    # a plan made again forgets it: its run decides again, for its own writer
+    again = replan(encoded, blocks=((1, 1),), why="a group")
+    assert again.c_frames is None and not any(d.startswith("gpu encode") for d in again.decisions)
+
+
+def test_the_gpu_encodes_nothing_without_nvcomp(rng, workdir):
+    """Without nvCOMP (True: C's chunks encoded whole; 'last': every stripe by the host's
+    encoders); through the run's I/O, with the backend's facts, where it is not found here."""
+    from oocgemm.cuda import nvcomp
+
+    with _opened_for_a_gpu(rng) as (io, plan, writer):
+        off = _encoded(plan, writer, encoder=None)
+        last = _encoded(dataclasses.replace(plan, gpu_encode="last"), writer, encoder=None)
+        if nvcomp.library() is None:
+            assert io.encoded(plan, writer) == off
+    assert off.c_frames is None
+    assert _said(off) == ("gpu encode: off: nvCOMP not found; the host encodes C's chunks "
+                          "whole")
+    assert last.c_frames is not None and last.c_frames.host and not last.c_frames.downloads
+    assert _said(last) == ("gpu encode: every stripe of C made into frames by the host's "
+                           "encoders: nvCOMP not found (gpu_encode='last')")
+
+
+@pytest.mark.parametrize("budget", ["memory_limit", "host_memory_limit"])
+def test_the_gpu_encodes_nothing_where_nvcomps_buffers_do_not_fit(rng, workdir, budget):
+    with _opened_for_a_gpu(rng) as (io, plan, writer):
+        if budget == "memory_limit":  # nvCOMP's device buffers beside the plan's
+            room = plan.memory_limit - plan.device_bytes
+            fits, over = _NvcompSizes(device=room), _NvcompSizes(device=room + 1)
+        else:  # each output ring buffer grown to hold a stripe's frames
+            ring = plan.buffers.out_ring + (plan.host_memory_limit - plan.host_bytes) // plan.n_out
+            fits, over = _NvcompSizes(host=ring), _NvcompSizes(host=ring + 1)
+        encoded, refused = (_encoded(plan, writer, encoder=sizes) for sizes in (fits, over))
+    assert encoded.c_frames is not None and encoded.c_frames.downloads
+    assert refused.c_frames is None
+    assert _said(refused).startswith(f"gpu encode: off: nvCOMP's buffers would not fit "
+                                     f"{budget}=")
+
+
+def test_c_not_stored_from_frames_is_encoded_whole_on_the_host(rng, workdir):
+    """An output that takes no frames (a checksum), and blocks that cut the output's
+    chunks: C's chunks encoded whole, whatever nvCOMP."""
+    from oocgemm.lifecycle.run import chunk_writer
+
+    checksum = {"compressors": zarr.codecs.ZstdCodec(checksum=True), "chunks": (128, 128)}
+    with _opened_for_a_gpu(rng, out_options=checksum) as (io, plan, writer):
+        assert output_facts(plan, writer) == OutputFacts(frame_chunks=None)
+        unframed = _encoded(plan, writer, encoder=_NvcompSizes())
+    assert unframed.c_frames is None
+    assert _said(unframed).startswith("gpu encode: C not stored from zstd frames: the output "
+                                      "takes none")
+    with _opened_for_a_gpu(rng) as (io, plan, writer):
+        cut = replan(plan, tile=(192, 256, 100), why="blocks that cut the chunks")
+        encoded = _encoded(cut, chunk_writer(plan, io.sink), encoder=_NvcompSizes())
+    assert encoded.c_frames is None
+    assert _said(encoded) == ("gpu encode: C not stored from zstd frames: the C blocks cut "
+                              "the output's chunks of 128x128; the host encodes its chunks "
+                              "whole")
+
+
+@pytest.mark.parametrize("mode, said", [
+    (False, "gpu encode: off (gpu_encode=False): the host encodes C's chunks whole"),
+    ("frames", "gpu encode: every stripe of C made into frames by the host's encoders "
+               "(gpu_encode='frames')"),
+    ("last", "gpu encode: 2 of the last C block's 4 stripes compressed on the GPU (nvCOMP), "
+             "the others made into frames by the host's encoders, a stripe each "
+             "(gpu_encode='last')"),
+])
+def test_who_compresses_c_follows_gpu_encode(rng, workdir, mode, said):
+    with _opened_for_a_gpu(rng, gpu_encode=mode) as (io, plan, writer):
+        assert plan.gpu_encode == mode
+        encoded = _encoded(plan, writer, encoder=_NvcompSizes())
+    assert _said(encoded) == said
+    frames = encoded.c_frames
+    assert (frames is None) == (mode is False)
+    if mode == "last":  # of the last block's four stripes: the second and the fourth
+        downs = [op for op in encoded.schedule.ops if op.kind is OpKind.DOWNLOAD]
+        last = [op.index for op in downs if op.key == downs[-1].key]
+        assert frames.host and frames.downloads == {last[1], last[3]}
+
+
+def test_a_cpu_plan_is_left_to_its_host(rng, workdir):
+    """An unstaged plan (the CPU's) stores C as its host encodes it: nothing to decide, the
+    same plan (a CPU run's result.plan is the plan it was given)."""
+    a, b = rand(rng, (64, 48)), rand(rng, (48, 32))
+    plan = oocgemm.plan(a, b, device="cpu")
+    assert gpu_encode_pass(plan, OutputFacts((32, 32), _NvcompSizes())) is plan
 
 
 def test_a_page_cache_that_takes_all_of_c_is_told_to_the_prediction_only(rng, workdir):

@@ -21,6 +21,7 @@ import functools
 import glob
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -177,6 +178,21 @@ def device_bytes(framing: Framing, stripes) -> int:
     scratch, frames = _largest(framing, stripes)
     return (_up(scratch) + frames * (2 * frame_capacity(framing.frame_bytes) + 40)
             + _up(temp_bytes(frames, framing.frame_bytes)))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """nvCOMP's buffers for C's stripes in ``framing``: what the planner's GPU encode pass
+    weighs against the plan's budgets (:class:`~oocgemm.planning.planner.EncoderSizes`;
+    the CUDA backend's :meth:`~oocgemm.backends.CudaBackend.encoder`)."""
+
+    framing: Framing
+
+    def host_bytes(self, rows, cols) -> int:
+        return host_bytes(self.framing, rows, cols)
+
+    def device_bytes(self, stripes) -> int:
+        return device_bytes(self.framing, stripes)
 
 
 def _largest(framing: Framing, stripes) -> tuple[int, int]:

@@ -24,8 +24,10 @@ import numpy as np
 
 from .. import machine
 from ..arguments import check_dtype, check_matrix
+from ..backends import backend_of
 from ..errors import DTypeError, InputError, OptionError, OutputError, ShapeError
 from ..planning import Operand, Plan
+from ..planning.planner import OutputFacts, gpu_encode_pass
 from ..storage import MatrixSource, exists, is_path, open_sink, open_source, urls
 from ..storage.files import signals_deferred
 from ..storage.identity import check_output, one_matrix, remembered
@@ -200,6 +202,13 @@ class RunIO:
     def writer(self, plan: Plan):
         """The sink written at its grain for ``plan`` (:func:`chunk_writer`)."""
         return chunk_writer(plan, self.sink)
+
+    def encoded(self, plan: Plan, writer) -> Plan:
+        """``plan`` for a run into ``writer`` (:meth:`writer`'s, or a sink of its own), with
+        who compresses C's stripes decided by the planner's GPU encode pass
+        (:func:`~oocgemm.planning.planner.gpu_encode_pass`) from what is known only now the
+        output is open (:func:`output_facts`)."""
+        return gpu_encode_pass(plan, output_facts(plan, writer))
 
     def commit(self):
         """Publish the output (an interrupt waits for the commit to end); what the run
@@ -438,6 +447,19 @@ def chunk_writer(plan: Plan, sink):
     if not budget:
         return sink
     return ChunkWriter(sink, plan.row_splits, plan.col_splits, budget=budget)
+
+
+def output_facts(plan: Plan, writer) -> OutputFacts:
+    """What the planner's GPU encode pass needs to know of a run of ``plan`` into ``writer``:
+    the chunks that ``writer`` stores from zstd frames (a chunk writer of an output that takes
+    them: :meth:`ChunkWriter.framing <oocgemm.storage.chunked.ChunkWriter.framing>`), and
+    nvCOMP's buffers for stripes of that framing, where the device's backend finds it
+    (:meth:`Backend.encoder <oocgemm.backends.Backend.encoder>`)."""
+    framing = writer.framing() if hasattr(writer, "write_frames") else None
+    if framing is None:
+        return OutputFacts(frame_chunks=None)
+    return OutputFacts(frame_chunks=tuple(writer.chunks),
+                       encoder=backend_of(plan.device).encoder(framing))
 
 
 def chunk_counts(readers: dict) -> dict:

@@ -31,6 +31,27 @@ from .tiling import (
 
 
 @dataclass(frozen=True)
+class CFrames:
+    """C stored from zstd frames, a row stripe at a time, and which stripes the GPU
+    compresses: the choice of the GPU encode pass
+    (:func:`~oocgemm.planning.planner.gpu_encode_pass`), which the CUDA executor runs."""
+
+    downloads: frozenset[int] = frozenset()
+    """The DOWNLOADs (schedule indices) that compress their stripe on the GPU on its way down."""
+    writes: frozenset[int] = frozenset()
+    """Their WRITEs (schedule indices), which hand the output the stripe's frames (the other
+    WRITEs hand it the stripe)."""
+    stripes: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = ()
+    """(rows, cols) of C of each of those stripes, in schedule order."""
+    ring: int = 0
+    """Bytes each output ring buffer needs for a stripe's frames, sizes and statuses (0: no
+    stripe is the GPU's)."""
+    host: bool = False
+    """The host's encoders make the other stripes into frames, a stripe each; False: every
+    stripe is the GPU's."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A validated tiling of one product, and the budget it was checked against.
 
@@ -111,7 +132,12 @@ class Plan:
     """Who compresses C where a CUDA run stores it from zstd frames (the ``gpu_encode``
     option, else its setting): True, the GPU every stripe, where nvCOMP is found and its
     buffers fit the budgets; False, the host, whole chunks; 'last' or 'frames', shares that
-    :func:`~oocgemm.runtime.cuda_executor.gpu_framing` spells out. False on the CPU."""
+    :func:`~oocgemm.planning.planner.gpu_encode_pass` spells out. False on the CPU."""
+    c_frames: CFrames | None = None
+    """Which of C's stripes the GPU compresses where a staged run stores C from zstd frames:
+    decided once the output is open, for the writer of a run
+    (:func:`~oocgemm.planning.planner.gpu_encode_pass`); None: C's chunks gathered and
+    encoded whole on the host (or no output was open when the plan was made)."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = DEFAULT
@@ -553,6 +579,17 @@ class Plan:
             *(f"  {'warning':<12}{text}" for text in self.warnings),
         ]
         return "\n".join(lines)
+
+
+def kept_built(plan: Plan, **changes) -> Plan:
+    """``plan`` with ``changes`` to fields that nothing it has built depends on (who
+    compresses C, what was decided), keeping what it built already (its schedule, counts,
+    buffers: a schedule of a hundred thousand operations is not built twice)."""
+    changed = replace(plan, **changes)
+    for name, value in plan.__dict__.items():
+        if isinstance(getattr(Plan, name, None), functools.cached_property):
+            changed.__dict__[name] = value
+    return changed
 
 
 def zstd_bound(nbytes: int) -> int:

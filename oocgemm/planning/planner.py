@@ -10,7 +10,11 @@ passes in order:
    tile (stripes, ring decodes, kept chunks: :func:`~oocgemm.planning.finish.finished`);
 2. ``gpu decode``: which zstd inputs the device decodes (:func:`decoded_on_device`);
 3. ``page cache``: the inputs the page cache holds read at the host's memory rate in the
-   prediction (:func:`told_cached`), the blocks chosen as for storage.
+   prediction (:func:`told_cached`), the blocks chosen as for storage;
+4. ``gpu encode``: which of C's stripes the GPU compresses (:func:`gpu_encode_pass`), made
+   once the output is open, for each plan a run executes, from the facts of its writer
+   (:class:`OutputFacts`): whether C can be stored from frames, and in which chunks, is
+   known only then.
 
 Each pass records what it chose and why in :attr:`Plan.decisions
 <oocgemm.planning.plan.Plan.decisions>` (``print(plan)`` and ``plan.summary()`` show them).
@@ -26,14 +30,17 @@ import numbers
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
+from .chunks import on_chunk_edges
 from .finish import FINISHING, finished, on_object_edges, with_tile_advice
 from .model import DeviceModel
-from .plan import Plan, with_gpu_decode
+from .plan import CFrames, Plan, kept_built, with_gpu_decode
 from .problem import Problem
+from .schedule import Op, OpKind
 from .staging import Staging, StagingSettings
 from .tiling import choose_tile, in_core_shape, in_place
 
@@ -86,8 +93,9 @@ class Facts:
 
 def make_plan(problem: Problem, facts: Facts) -> Plan:
     """The plan of ``problem`` under ``facts``: the passes of this module in order, each
-    decision recorded in the plan. A plan of one block and one panel made before from the
-    same problem and facts is taken from :data:`SMALL_PLANS`."""
+    decision recorded in the plan, but the last (:func:`gpu_encode_pass`, which takes facts
+    of the open output). A plan of one block and one panel made before from the same
+    problem and facts is taken from :data:`SMALL_PLANS`."""
     key = _plan_key(problem, facts)
     plan = SMALL_PLANS.get(key)
     if plan is None:
@@ -139,6 +147,10 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
         changes["blocks"] = tuple(blocks)
     if done is not None:
         changes["done"] = tuple(done)
+    # who compresses C was decided for the run of another plan (and another writer): the
+    # run of this one decides it again (gpu_encode_pass)
+    changes.update(c_frames=None, decisions=tuple(
+        d for d in plan.decisions if not d.startswith(ENCODING)))
     again = dataclasses.replace(plan, **changes)
     if tile is not None:
         again = finished(again)
@@ -350,6 +362,164 @@ def told_cached(plan: Plan, cached, write_back: int = 0) -> Plan:
                     f"to the disk's rate ({format_size(write_back)}): written at the host's "
                     f"rate in the prediction, the OS writing it back behind the call")
     return _decided(told, "page cache", "; ".join(said))
+
+
+# -- pass 4: who compresses C, once the output is open ---------------------------------------
+class EncoderSizes(Protocol):
+    """nvCOMP's buffers for stripes of C in the output's framing: what the device's encoder
+    of C's stripes holds (the device's backend's: :meth:`Backend.encoder
+    <oocgemm.backends.Backend.encoder>`)."""
+
+    def host_bytes(self, rows: tuple[int, int], cols: tuple[int, int]) -> int:
+        """Pinned bytes the frames of the stripe ``rows`` x ``cols`` of C take in an output
+        ring buffer (frames, their sizes and statuses)."""
+        ...
+
+    def device_bytes(self, stripes: tuple) -> int:
+        """Device bytes an encoder of ``stripes`` ((rows, cols) of C each) holds."""
+        ...
+
+
+@dataclass(frozen=True)
+class OutputFacts:
+    """What :func:`gpu_encode_pass` needs to know beside the plan: facts of the open output
+    and of the writer a run of the plan writes it through (:func:`output_facts
+    <oocgemm.lifecycle.run.output_facts>` gathers them)."""
+
+    frame_chunks: tuple[int, int] | None
+    """The output's chunks (rows, columns), where the run's writer stores them from zstd
+    frames; None where it stores C as arrays only."""
+    encoder: EncoderSizes | None = None
+    """nvCOMP's buffers for stripes of C in the output's framing; None where nvCOMP is not
+    found."""
+
+
+#: The share of the run's last C block's stripes that ``gpu_encode='last'`` has the
+#: GPU compress, the rest the host's: in proportion to their rates, nvCOMP's the higher
+#: (docs/performance.md, "Figures moved from the code's docstrings").
+GPU_SHARE = 0.6
+
+#: How the GPU encode pass's decisions start (:attr:`Plan.decisions`): one per plan.
+ENCODING = "gpu encode: "
+
+
+def gpu_encode_pass(plan: Plan, facts: OutputFacts) -> Plan:
+    """``plan`` with who compresses C's stripes decided (:attr:`Plan.c_frames
+    <oocgemm.planning.plan.Plan.c_frames>`) and recorded, as :attr:`Plan.gpu_encode
+    <oocgemm.planning.plan.Plan.gpu_encode>` asks: True (the default), the GPU every stripe
+    (nvCOMP); 'last', :data:`GPU_SHARE` of the last C block's stripes on the GPU and the
+    others on the host's encoders, a stripe each; 'frames', every stripe on the host's
+    encoders; False, none (C's chunks gathered and encoded whole on the host, as where C is
+    not stored from frames: :func:`unframed`). Without nvCOMP, or where its buffers would
+    not fit the plan's budgets, the GPU compresses nothing (with True: C's chunks whole).
+    An unstaged plan (the CPU's) is returned as it is: its host encodes C.
+
+    The one pass that :func:`make_plan` does not run: whether C can be stored from frames,
+    and in which chunks, is a fact of the open output (a new output's chunks follow the
+    plan's tile: :func:`~oocgemm.lifecycle.outputs.output_layout`; whether it takes frames,
+    of its codec and where it is created) and of the writer made for the run. So the run's
+    I/O asks it once the output is open, for each plan that an executor runs
+    (:meth:`RunIO.encoded <oocgemm.lifecycle.run.RunIO.encoded>`: the product's, a group's
+    on one of several devices, a plan made again after memory ran short); a plan made
+    again (:func:`replan`) forgets it."""
+    if not plan.staged:
+        return plan
+    mode = plan.gpu_encode
+    if mode not in (True, "last", "frames"):
+        return _encoding(plan, None, "off (gpu_encode=False): the host encodes C's chunks "
+                                     "whole")
+    why = unframed(plan, facts.frame_chunks)
+    if why is not None:
+        return _encoding(plan, None, f"C not stored from zstd frames: {why}; the host "
+                                     f"encodes its chunks whole")
+    downs = [op for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
+    mine = _gpu_stripes(mode, downs)
+    stripes = tuple(op.region for op in mine)
+    ring, off = 0, None
+    if mine and facts.encoder is None:
+        off = "nvCOMP not found"
+    elif mine:
+        assert facts.encoder is not None
+        ring = max(facts.encoder.host_bytes(*s) for s in stripes)
+        off = _over_budgets(plan, facts.encoder.device_bytes(stripes), ring)
+    if off is not None:
+        mine, stripes, ring = [], (), 0
+    if not mine and mode is True:
+        return _encoding(plan, None, f"off: {off or 'no stripe of C goes down'}; the host "
+                                     f"encodes C's chunks whole")
+    indices = frozenset(op.index for op in mine)
+    writes = frozenset(op.index for op in plan.schedule.ops
+                       if op.kind is OpKind.WRITE and op.deps and op.deps[0] in indices)
+    frames = CFrames(indices, writes, stripes, ring, host=mode is not True)
+    return _encoding(plan, frames, _shared_out(mode, frames, downs, off))
+
+
+def unframed(plan: Plan, chunks: tuple[int, int] | None) -> str | None:
+    """Why a run of ``plan`` cannot store C from zstd frames into an output whose writer
+    stores its ``chunks`` from frames (None: the output takes none); None where it can: a
+    staged plan (C leaves through the output ring, stripe by stripe) whose WRITEs store the
+    stripes as they come (no C added on the host), its C blocks starting on the chunks' edges
+    (a group planned again on one of several devices writes blocks inside the writer's,
+    which may cut its chunks)."""
+    if chunks is None:
+        return ("the output takes none (only a Zarr array this run creates on a local disk, "
+                "its chunks zstd without a checksum, takes them)")
+    if not plan.staged:
+        return "the plan is not staged: C does not go down stripe by stripe"
+    if any(op.beta != 0 for op in plan.schedule.ops if op.kind is OpKind.WRITE):
+        return "C is added on the host as it is written"
+    prob = plan.problem
+    if not on_chunk_edges((plan.row_splits, plan.col_splits), chunks, (prob.m, prob.n)):
+        return f"the C blocks cut the output's chunks of {chunks[0]}x{chunks[1]}"
+    return None
+
+
+def _gpu_stripes(mode, downs: list[Op]) -> list[Op]:
+    """The DOWNLOADs whose stripes ``mode`` (:attr:`Plan.gpu_encode
+    <oocgemm.planning.plan.Plan.gpu_encode>`) asks the GPU to compress."""
+    if mode is True:
+        return downs
+    if mode == "last" and downs:
+        last = [op for op in downs if op.key == downs[-1].key]
+        return [op for k, op in enumerate(last)
+                if int((k + 1) * GPU_SHARE) > int(k * GPU_SHARE)]
+    return []
+
+
+def _over_budgets(plan: Plan, device: int, ring: int) -> str | None:
+    """Which budget nvCOMP's buffers would not fit beside ``plan``'s (``device`` bytes on
+    the device, and output ring buffers of ``ring`` bytes), in words; None where both fit."""
+    if plan.device_bytes + device > plan.memory_limit:
+        return (f"nvCOMP's buffers would not fit memory_limit={format_size(plan.memory_limit)}"
+                f" ({format_size(device)} beside the plan's {format_size(plan.device_bytes)})")
+    more = plan.n_out * max(0, ring - plan.buffers.out_ring)
+    if plan.host_bytes + more > plan.host_memory_limit:
+        return (f"nvCOMP's buffers would not fit host_memory_limit="
+                f"{format_size(plan.host_memory_limit)} ({plan.n_out} output ring buffers of "
+                f"{format_size(ring)} beside the plan's {format_size(plan.host_bytes)})")
+    return None
+
+
+def _shared_out(mode, frames: CFrames, downs: list[Op], off: str | None) -> str:
+    """What :func:`gpu_encode_pass` chose where C is stored from frames, in words."""
+    asked = f" (gpu_encode={mode!r})"
+    if not frames.host:
+        return f"every stripe of C ({len(frames.downloads)}) compressed on the GPU (nvCOMP)"
+    if frames.downloads:
+        last = sum(op.key == downs[-1].key for op in downs)
+        return (f"{len(frames.downloads)} of the last C block's {last} stripes compressed on "
+                f"the GPU (nvCOMP), the others made into frames by the host's encoders, a "
+                f"stripe each" + asked)
+    return ("every stripe of C made into frames by the host's encoders"
+            + (f": {off}" if off else "") + asked)
+
+
+def _encoding(plan: Plan, frames: CFrames | None, why: str) -> Plan:
+    """``plan`` with ``frames`` (:attr:`Plan.c_frames
+    <oocgemm.planning.plan.Plan.c_frames>`) and why recorded, in place of an earlier
+    decision of the pass; its schedule, built already, kept."""
+    decisions = tuple(d for d in plan.decisions if not d.startswith(ENCODING))
+    return kept_built(plan, c_frames=frames, decisions=decisions + (ENCODING + why,))
 
 
 def _decided(plan: Plan, step: str, why: str) -> Plan:

@@ -9,8 +9,7 @@ import numpy as np
 
 from ..diagnostics.events import EventLog
 from ..errors import ExecutionError, MemoryPressureError, OOCGemmError
-from ..planning.chunks import on_chunk_edges
-from ..planning.schedule import OpKind
+from ..planning.planner import unframed
 
 
 def block_shape(plan, key) -> tuple[int, int]:
@@ -83,19 +82,15 @@ def with_c(op, block: np.ndarray, sources: dict) -> np.ndarray:
 
 def framed_writes(plan, sink):
     """The :class:`~oocgemm.storage.frames.Framing` in which a run of ``plan`` may hand
-    ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a staged plan
-    (C leaves through the output ring, stripe by stripe) whose WRITEs store the stripes as
-    they come (no C to add on the host), and a sink that takes frames, the plan's C blocks
-    starting on its chunks' edges (a group planned again on one of several devices writes
-    blocks inside the writer's, which may cut its chunks)."""
-    if not plan.staged or not hasattr(sink, "write_frames") or any(
-            op.beta != 0 for op in plan.schedule.ops if op.kind is OpKind.WRITE):
+    ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a sink that
+    takes frames, and a plan that can store C from them there
+    (:func:`~oocgemm.planning.planner.unframed`). The CPU executor's replay of a framed run
+    asks it; the CUDA executor runs the plan's choice (:attr:`Plan.c_frames
+    <oocgemm.planning.plan.Plan.c_frames>`)."""
+    framing = sink.framing() if hasattr(sink, "write_frames") else None
+    if framing is None or unframed(plan, getattr(sink, "chunks", None)) is not None:
         return None
-    chunks, prob = getattr(sink, "chunks", None), plan.problem
-    if chunks and not on_chunk_edges((plan.row_splits, plan.col_splits), chunks,
-                                     (prob.m, prob.n)):
-        return None
-    return sink.framing()
+    return framing
 
 
 #: The least bytes of a row band that :class:`Bands` gives a thread of its own.

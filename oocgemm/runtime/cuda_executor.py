@@ -19,12 +19,13 @@ their pools in schedule order; they wait for the CUDA events of the device opera
 depend on. The calling thread waits for the lanes. No device-wide synchronisation happens
 inside the run.
 
-Where C's chunks are zstd and stored as files (:func:`~oocgemm.runtime.base.framed_writes`)
-a run may store them from zstd frames, a row stripe of C at a time, as the plan's
-``gpu_encode`` says (:func:`gpu_framing`): a DOWNLOAD of the GPU's share compresses its
-stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`, on stream ``c``, which
-runs ahead of the GEMMs) and its WRITE hands the sink the frames; the other stripes go to
-the host's encoders.
+Where C's chunks are zstd and stored as files a run may store them from zstd frames, a row
+stripe of C at a time, as the plan says (:attr:`Plan.c_frames
+<oocgemm.planning.plan.Plan.c_frames>`, which the planner's GPU encode pass chose once the
+output was open: :func:`~oocgemm.planning.planner.gpu_encode_pass`): a DOWNLOAD of the
+GPU's share compresses its stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`,
+on stream ``c``, which runs ahead of the GEMMs) and its WRITE hands the sink the frames
+(:func:`gpu_framing`); the other stripes go to the host's encoders.
 By default the GPU compresses every stripe where nvCOMP is found (about the time of an
 uncompressed output, where the host's encoders take longer: docs/performance.md, "C
 compressed on the GPU by default"); elsewhere, or with ``gpu_encode=False``, C's chunks
@@ -45,7 +46,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
 
 from ..backends import device_index
 from ..diagnostics.events import EventLog
@@ -57,7 +57,6 @@ from .base import (
     Executor,
     block_shape,
     failure,
-    framed_writes,
     panel_shapes,
     thread_lane,
     with_c,
@@ -85,67 +84,20 @@ def _settle(future: Future, task) -> None:
         future.set_exception(exc)
 
 
-#: The share of the run's last C block's stripes that ``gpu_encode='last'`` has the
-#: GPU compress, the rest the host's: in proportion to their rates, nvCOMP's the higher
-#: (docs/performance.md, "Figures moved from the code's docstrings").
-GPU_SHARE = 0.6
-
-
-@dataclass(frozen=True)
-class GpuFrames:
-    """How a run's C stripes become frames (:func:`gpu_framing`)."""
-
-    framing: Framing
-    downloads: frozenset[int]
-    """The DOWNLOADs that compress their stripe on the GPU."""
-    writes: frozenset[int]
-    """Their WRITEs (which hand the sink frames; the others hand it their stripe)."""
-    stripes: tuple
-    """(rows, cols) of each of those stripes."""
-    ring: int
-    """Bytes each output ring buffer needs (a stripe's frames, sizes and statuses)."""
-    host: bool
-    """The host's encoders make frames of the other stripes (``encode_frames``)."""
-
-
-def gpu_framing(plan, sink) -> GpuFrames | None:
-    """How a run of ``plan`` makes C's stripes into frames, as :attr:`Plan.gpu_encode
-    <oocgemm.planning.plan.Plan.gpu_encode>` says (the ``gpu_encode`` option, else
-    ``OOCGEMM_GPU_ENCODE``): True (the default), every stripe compressed on the GPU; 'last',
-    :data:`GPU_SHARE` of the last C block's stripes on the GPU and the others on the host's
-    encoders, a stripe each; 'frames', every stripe on the host's encoders. None (C's chunks
-    gathered and encoded whole) with False, or where C is not stored from frames
-    (:func:`~oocgemm.runtime.base.framed_writes`); without nvCOMP, or where its buffers
-    would not fit the plan's budgets, the GPU compresses nothing."""
-    mode = plan.gpu_encode
-    framing = framed_writes(plan, sink) if mode in (True, "last", "frames") else None
+def gpu_framing(plan, sink) -> Framing | None:
+    """The :class:`~oocgemm.storage.frames.Framing` in which a run of ``plan`` hands ``sink``
+    C's stripes as frames, where the plan stores C from frames (:attr:`Plan.c_frames
+    <oocgemm.planning.plan.Plan.c_frames>`: which stripes the GPU compresses, as the
+    planner's GPU encode pass chose for this sink's writer,
+    :func:`~oocgemm.planning.planner.gpu_encode_pass`); None where it does not (C's chunks
+    gathered and encoded whole)."""
+    if plan.c_frames is None:
+        return None
+    framing = sink.framing() if hasattr(sink, "write_frames") else None
     if framing is None:
-        return None
-    downs = [op for op in plan.schedule.ops if op.kind is OpKind.DOWNLOAD]
-    if mode is True:
-        mine = downs
-    elif mode == "last" and downs:
-        last = [op for op in downs if op.key == downs[-1].key]
-        mine = [op for k, op in enumerate(last)
-                if int((k + 1) * GPU_SHARE) > int(k * GPU_SHARE)]
-    else:
-        mine = []
-    from ..cuda import nvcomp
-
-    if nvcomp.library() is None:
-        mine = []
-    stripes = tuple(op.region for op in mine)
-    ring = max((nvcomp.host_bytes(framing, *s) for s in stripes), default=0)
-    if mine and (plan.device_bytes + nvcomp.device_bytes(framing, stripes) > plan.memory_limit
-                 or plan.host_bytes + plan.n_out * max(0, ring - plan.buffers.out_ring)
-                 > plan.host_memory_limit):
-        mine, stripes, ring = [], (), 0
-    if not mine and mode is True:
-        return None
-    indices = frozenset(op.index for op in mine)
-    writes = frozenset(op.index for op in plan.schedule.ops
-                       if op.kind is OpKind.WRITE and op.deps and op.deps[0] in indices)
-    return GpuFrames(framing, indices, writes, stripes, ring, host=mode is not True)
+        raise ValueError("the plan stores C from zstd frames (plan.c_frames), but its sink "
+                         "takes none: the GPU encode pass decided it for another writer")
+    return framing
 
 
 def _first_used(schedule, prefix: str) -> list[str]:
@@ -250,11 +202,12 @@ class CudaExecutor(Executor):
             self.readers = max(self.readers, 2 * BAND_THREADS)
             self.writers = max(self.writers, BAND_THREADS)
         self.index = index
-        self._framed = gpu_framing(plan, sink)
+        # C stored from frames: the stripes the GPU compresses, as the plan says
+        self._frames, self._framing = plan.c_frames, gpu_framing(plan, sink)
         self._split: dict | None = None  # a run's pools, where its copies go in bands
-        if self._framed is not None and self._framed.host:
+        if self._frames is not None and self._frames.host:
             sink.encode_frames()
-        self._encoder = None  # the run's StripeEncoder (self._framed)
+        self._encoder = None  # the run's StripeEncoder (self._frames.downloads)
         # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, the stored
         # objects a ring buffer or a Z slot's cell holds, (chunk, size, frames), and the bytes
         # each UPLOAD of one moves (by the UPLOAD's index, until its event is logged)
@@ -327,10 +280,11 @@ class CudaExecutor(Executor):
                 else:
                     self.sources[op.operand].read((r0, r1), (c0, c1),
                                                   gpu.host_view(op.dst, op.shape))
-            elif self._framed is not None and op.index in self._framed.writes:
+            elif self._frames is not None and op.index in self._frames.writes:
                 from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
 
-                pieces = read_stripe(self._framed.framing, gpu.pinned_bytes(op.src[0]),
+                assert self._framing is not None
+                pieces = read_stripe(self._framing, gpu.pinned_bytes(op.src[0]),
                                      (r0, r1), (c0, c1))
                 self.sink.write_frames((r0, r1), (c0, c1), pieces)
             elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
@@ -416,8 +370,8 @@ class CudaExecutor(Executor):
 
     def _download(self, gpu, op, stream, waits, batch) -> None:
         """A stripe of C down into the output ring: compressed on the way where the plan's
-        framing says its stripe is the GPU's to encode."""
-        if self._encoder is not None and op.index in self._framed.downloads:
+        plan says its stripe is the GPU's to encode."""
+        if self._encoder is not None and op.index in self._frames.downloads:
             self._encoder.encode(gpu.device_ptr(op.src[0]) + op.offset * gpu.dtype.itemsize,
                                  op.shape[1], *op.region, gpu.pinned_ptr(op.dst),
                                  gpu.streams[stream].ptr)
@@ -454,7 +408,7 @@ class CudaExecutor(Executor):
 
         self._nvtx = Ranges()
         self._handlers = self.handlers()
-        if self._framed is None and not self._launch.waits_across_streams \
+        if self._frames is None and not self._launch.waits_across_streams \
                 and self._few:
             return self._run_inline()
         ops = self.schedule.ops
@@ -625,8 +579,8 @@ class CudaExecutor(Executor):
         sizes = {}
         for name in ring:
             sizes[name] = self.schedule.slots[name]
-            if name.startswith("sO") and self._framed is not None:  # frames and sizes
-                sizes[name] = max(sizes[name], -(-self._framed.ring // itemsize))
+            if name.startswith("sO") and self._frames is not None:  # frames and sizes
+                sizes[name] = max(sizes[name], -(-self._frames.ring // itemsize))
         pinned_bytes = sum(sizes.values()) * itemsize
 
         def timed() -> None:  # the first run's ring, all of it pinned
@@ -645,16 +599,16 @@ class CudaExecutor(Executor):
             self._decoder = PanelDecoder(
                 self.plan, {x: self.sources[x].name for x in self.plan.gpu_decode},
                 {x: self.sources[x].fill_value for x in self.plan.gpu_decode})
-        if self._framed is not None and self._framed.downloads:
+        if self._frames is not None and self._frames.downloads:
             from ..cuda import nvcomp
 
-            framed = self._framed
-            self._encoder = nvcomp.StripeEncoder(framed.framing, framed.stripes, itemsize)
+            frames = self._frames
+            self._encoder = nvcomp.StripeEncoder(self._framing, frames.stripes, itemsize)
             total = sum(1 for op in self.schedule.ops if op.kind is OpKind.DOWNLOAD)
             self.log.encoder = (f"nvCOMP {nvcomp.version()} zstd on the GPU"
-                                + (f" for {len(framed.downloads)} of {total} stripes, the "
+                                + (f" for {len(frames.downloads)} of {total} stripes, the "
                                    f"host's encoders for the others"
-                                   if len(framed.downloads) < total else ""))
+                                   if len(frames.downloads) < total else ""))
 
     def _clock(self, timed, reference, origin, gpu) -> None:
         """Put each device operation on the log's clock as the GPU finishes it (and report it,

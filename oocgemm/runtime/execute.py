@@ -52,8 +52,9 @@ def execute(plan, io, devices: list[str] | None = None, *, progress=None, record
     plan
         The validated :class:`~oocgemm.planning.Plan`.
     io
-        The run's I/O: ``sources``, ``sink``, ``readers(plan, sources)``, ``writer(plan)`` and
-        ``replanned(plan)`` (the output follows a plan made again).
+        The run's I/O: ``sources``, ``sink``, ``readers(plan, sources)``, ``writer(plan)``,
+        ``encoded(plan, writer)`` (the plan with who compresses C decided for that writer)
+        and ``replanned(plan)`` (the output follows a plan made again).
     devices
         Several devices' names, or None for one (``plan.device``).
     progress
@@ -82,6 +83,7 @@ def execute(plan, io, devices: list[str] | None = None, *, progress=None, record
         try:
             readers = io.readers(plan)
             writer = io.writer(plan)
+            plan = io.encoded(plan, writer)  # who compresses C: the planner's, for this writer
             try:
                 log = make(plan, readers, writer, on_event=on_event, record=record,
                            resources=resources).run()

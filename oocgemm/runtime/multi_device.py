@@ -185,6 +185,7 @@ def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool 
     make = backend_of(plan.device).executor_class()
 
     def run(device_plan, sources: dict, sink) -> object:
+        device_plan = io.encoded(device_plan, sink)  # who compresses C, for this sink
         opened = io.readers(device_plan, sources)
         executor = make(device_plan, opened, sink, on_event=on_event, record=record,
                         resources=resources)
