@@ -409,11 +409,12 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     once per run for the operands the plan keeps."""
     from ..planning.chunks import loads
     from ..storage.base import ChunkedSource
-    from ..storage.chunked import ChunkReader
+    from ..storage.chunked import ChunkReader, DiskQueue
 
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
     decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
     wrapped = dict(sources)
+    disk = DiskQueue()  # the cold sources' decodes, in the order the schedule needs them
     prob = plan.problem
     planned = {"A": prob.a, "B": prob.b, "C": prob.c}
     for name, src in sources.items():
@@ -429,7 +430,7 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
                                         kept=name in plan.cache, decoders=decoders,
                                         gap=len(roles), into=name in plan.into_ring,
-                                        cold=cold)
+                                        disk=disk if cold else None)
     return wrapped
 
 

@@ -38,6 +38,8 @@ class Load:
     reads: int
     chunks: tuple[tuple[int, int], ...]
     uses: tuple[int, ...]
+    first: int = -1
+    """The schedule's index of its first READ (where the run needs it first)."""
 
 
 def reads_of(op: Op, operands) -> bool:
@@ -56,15 +58,15 @@ def loads(ops: Iterable[Op], operand: str | tuple[str, ...], chunks: tuple[int, 
     operands = (operand,) if isinstance(operand, str) else operand
     out: list[Load] = []
     current: tuple[tuple, Region] | None = None  # the open load: role and key, region so far
-    reads = 0
+    reads = first = 0
     uses: dict[tuple[int, int], int] = {}
     for op in ops:
         if not reads_of(op, operands):
             continue
         if current is None or (op.operand, op.key) != current[0]:
             if current is not None:
-                out.append(Load(current[1], reads, tuple(uses), tuple(uses.values())))
-            current, reads, uses = ((op.operand, op.key), op.region), 0, {}
+                out.append(Load(current[1], reads, tuple(uses), tuple(uses.values()), first))
+            current, reads, uses, first = ((op.operand, op.key), op.region), 0, {}, op.index
         key, ((r0, r1), (c0, c1)) = current
         (s0, s1), (d0, d1) = op.region
         current = (key, ((min(r0, s0), max(r1, s1)), (min(c0, d0), max(c1, d1))))
@@ -72,7 +74,7 @@ def loads(ops: Iterable[Op], operand: str | tuple[str, ...], chunks: tuple[int, 
         for index in chunks_of(op.region, chunks):
             uses[index] = uses.get(index, 0) + 1
     if current is not None:
-        out.append(Load(current[1], reads, tuple(uses), tuple(uses.values())))
+        out.append(Load(current[1], reads, tuple(uses), tuple(uses.values()), first))
     return out
 
 

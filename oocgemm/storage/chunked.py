@@ -22,10 +22,11 @@ wait for the executor.
 from __future__ import annotations
 
 import bisect
-import collections
 import functools
+import heapq
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -55,16 +56,51 @@ class _Entry:
         self.ends = ends
 
 
-#: Bytes of chunks a cold source decodes at once (and hints ahead): enough requests to keep a
-#: disk busy, few enough that the chunks needed first are not shared out with all the others.
-COLD_WINDOW = 512 << 20
+#: Bytes of chunks the cold sources of a run decode at once: enough requests to keep a disk
+#: busy, few enough that the chunks needed first are not shared out with all the others.
+COLD_WINDOW = 1 << 30
 
 
-def cold_window(chunks: tuple[int, int], itemsize: int, decoders: int) -> int:
-    """Decodes at once for a source whose chunks are read from the disk itself: at least
-    two, at most the decoders, :data:`COLD_WINDOW` bytes of chunks where that lies between."""
-    chunk = max(1, chunks[0] * chunks[1] * itemsize)
-    return max(min(2, decoders), min(decoders, COLD_WINDOW // chunk))
+class DiskQueue:
+    """The decodes of a run's cold sources (chunks the page cache does not hold: read from
+    the disk itself), begun in the order the schedule first needs their chunks, across the
+    sources, with at most :data:`COLD_WINDOW` bytes of them under way (one at least).
+
+    Begun all at once, every chunk shared the disk with every other, and the first ones
+    needed came in with the last: a product's first GEMM waited for nearly all of its
+    inputs, and each source's own order let A's later chunks share the disk with the B
+    chunks the first C block needed.
+    """
+
+    def __init__(self, window: int | None = None):
+        self.window = COLD_WINDOW if window is None else window
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, int, int, Callable[[], None]]] = []  # a heap
+        self._count = 0  # ties in rank begin in the order queued
+        self._running = 0  # bytes under way
+
+    def put(self, rank: int, nbytes: int, begin: Callable[[], None]) -> None:
+        """Queue a decode of ``nbytes`` first needed at schedule index ``rank``; ``begin()``
+        starts it, and it calls :meth:`done` when it ends."""
+        with self._lock:
+            heapq.heappush(self._pending, (rank, self._count, nbytes, begin))
+            self._count += 1
+        self._pump()
+
+    def done(self, nbytes: int) -> None:
+        with self._lock:
+            self._running -= nbytes
+        self._pump()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or (self._running and self._running
+                                         + self._pending[0][2] > self.window):
+                    return
+                _, _, nbytes, begin = heapq.heappop(self._pending)
+                self._running += nbytes
+            begin()
 
 
 class ChunkReader(MatrixSource):
@@ -90,18 +126,18 @@ class ChunkReader(MatrixSource):
         is one decodes it on the reading thread straight into its destination (a pinned
         ring buffer), with no decoded copy held and none copied out of; the storage reads
         of the chunks after it are hinted ahead. Any other read goes the usual way.
-    cold
-        Its stored chunks are not in the OS page cache: the disk is the bottleneck, so at
-        most :func:`cold_window` chunks decode at once (and as many are hinted ahead), in
-        the order they are needed. Read all at once, every chunk would share the disk with
-        every other, and the first ones needed would come in with the last (a product's
-        first GEMM then waited for nearly all of its inputs).
+    disk
+        Its stored chunks are not in the OS page cache: its decodes begin through the run's
+        :class:`DiskQueue`, in the order the schedule first needs them across the run's
+        cold sources (as many chunks hinted ahead as it lets begin at once); a kept one
+        queues all its chunks there as it is made, before the run's first read.
     """
 
     chunks: tuple[int, int]
 
     def __init__(self, inner: ChunkedSource, load_list: list[Load], *, kept: bool,
-                 decoders: int = 4, gap: int = 1, into: bool = False, cold: bool = False):
+                 decoders: int = 4, gap: int = 1, into: bool = False,
+                 disk: DiskQueue | None = None):
         self.inner = inner
         self.shape = inner.shape
         self.dtype = inner.dtype
@@ -113,11 +149,12 @@ class ChunkReader(MatrixSource):
         self.into = into
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
-        self._window = cold_window(self.chunks, self.dtype.itemsize, decoders) if cold else None
-        """Most decodes running at once (None: as many as the decoders)."""
-        self._waiting: collections.deque = collections.deque()  # (index, future) not begun
-        self._running = 0
-        self.prefetch = self._window or 2 * max(1, decoders)
+        self._disk = disk
+        self._chunk_bytes = max(1, self.chunks[0] * self.chunks[1] * self.dtype.itemsize)
+        self._waiting: set[Future] = set()  # queued on the disk, not begun
+        self._queued_on_disk: list[tuple[int, tuple[int, int], Future]] = []
+        self.prefetch = (max(1, disk.window // self._chunk_bytes) if disk is not None
+                         else 2 * max(1, decoders))
         """Chunks ahead of the decodes started whose storage reads are hinted to the OS."""
         self._queued: list[tuple[int, int]] = []  # decodes in the order they were queued
         self._started = 0
@@ -132,6 +169,10 @@ class ChunkReader(MatrixSource):
         # where each chunk comes in the order of need, for the hints of reads decoded in place
         self._order = list(dict.fromkeys(index for load in self._loads for index in load.chunks))
         self._place = {index: at for at, index in enumerate(self._order)}
+        self._rank: dict[tuple[int, int], int] = {}  # schedule index of each chunk's first need
+        for load in self._loads:
+            for index in load.chunks:
+                self._rank.setdefault(index, load.first)
         self.decodes = 0
         """Chunks decoded so far."""
         self.decoded_at: list[tuple[int, int]] = []
@@ -146,6 +187,12 @@ class ChunkReader(MatrixSource):
         self.copy_seconds = 0.0
         """Time the readers spent copying parts of decoded chunks into their destinations
         (the pinned ring, on a GPU), summed over reader threads."""
+        if disk is not None and kept and not into:  # all of it, from now, in order of need
+            with self._lock:
+                for index in self._order:
+                    self._start(index)
+                self._next_load = len(self._loads)
+            self._to_disk()
 
     @property
     def n_chunks(self) -> int:
@@ -192,28 +239,36 @@ class ChunkReader(MatrixSource):
             entry = self._entries[index] = _Entry([1 << 62])
         if entry.future is None:
             self._queued.append(index)
-            if self._window is None:
+            if self._disk is None:
                 entry.future = self._pool.submit(self._decode, index)
-            else:
-                entry.future = Future()
-                self._waiting.append((index, entry.future))
-                self._pump()
+            else:  # (queued now, begun by the disk's queue: never under this lock)
+                future: Future = Future()
+                entry.future = future
+                self._waiting.add(future)
+                self._queued_on_disk.append((self._rank.get(index, 1 << 62), index, future))
         return entry.future
 
-    def _pump(self) -> None:
-        """Begin the waiting decodes, in the order queued, up to the window (under the
-        lock)."""
-        while self._waiting and self._running < (self._window or 1):
-            index, future = self._waiting.popleft()
-            self._running += 1
-            try:
-                self._pool.submit(self._decode_to, index, future)
-            except RuntimeError:  # closed: nothing more begins
-                self._running -= 1
-                future.cancel()
+    def _to_disk(self) -> None:
+        """Hand the decodes queued under the lock to the run's :class:`DiskQueue`."""
+        disk = self._disk
+        assert disk is not None  # (a cold source's)
+        with self._lock:
+            queued, self._queued_on_disk = self._queued_on_disk, []
+        for rank, index, future in queued:
+            disk.put(rank, self._chunk_bytes, functools.partial(self._begin, index, future))
+
+    def _begin(self, index: tuple[int, int], future: Future) -> None:
+        """The disk's queue begins the decode of chunk ``index`` for ``future``."""
+        with self._lock:
+            self._waiting.discard(future)
+        try:
+            self._pool.submit(self._decode_to, index, future)
+        except RuntimeError:  # closed: nothing more begins
+            future.cancel()
+            self._ended()
 
     def _decode_to(self, index: tuple[int, int], future: Future) -> None:
-        """Decode chunk ``index`` for ``future``, then begin the next waiting one."""
+        """Decode chunk ``index`` for ``future``, then let the disk's queue begin the next."""
         try:
             if future.set_running_or_notify_cancel():
                 try:
@@ -221,9 +276,12 @@ class ChunkReader(MatrixSource):
                 except BaseException as exc:  # the reads waiting on it raise it
                     future.set_exception(exc)
         finally:
-            with self._lock:
-                self._running -= 1
-                self._pump()
+            self._ended()
+
+    def _ended(self) -> None:
+        """One of its decodes through the disk's queue is over: the queue begins the next."""
+        if self._disk is not None:
+            self._disk.done(self._chunk_bytes)
 
     def _release(self, index: tuple[int, int]) -> None:
         """One read is done with the chunk; drop it at the end of a load (under the lock)."""
@@ -292,6 +350,8 @@ class ChunkReader(MatrixSource):
         with self._lock:
             self._announce(rows, cols)
             futures = [self._start(index) for index in indices]
+        if self._disk is not None:
+            self._to_disk()
         copying = 0.0
         try:
             for index, future in zip(indices, futures):
@@ -321,6 +381,8 @@ class ChunkReader(MatrixSource):
         with self._lock:
             self._announce(rows, cols)
             future = self._start(index)
+        if self._disk is not None:
+            self._to_disk()
         try:
             return future.result()
         finally:
@@ -333,7 +395,7 @@ class ChunkReader(MatrixSource):
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            for _, future in self._waiting:
+            for future in self._waiting:
                 future.cancel()
             self._waiting.clear()
             for entry in self._entries.values():
