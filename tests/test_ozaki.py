@@ -574,7 +574,7 @@ def test_an_emulating_gpu_plan_keeps_its_k_panels_exact_in_int32():
     staging = {key: getattr(plan, key) for key in ("n_stage", "n_out", "split_last", "ramp",
                                                    "tail_panels", "n_a", "n_b", "min_stripes")}
     tile = choose_tile(plan.problem, plan.model, 64 << 30, 64 << 30, staged=True,
-                       kernel="ozaki:16", **staging)
+                       strategy=plan.strategy, **staging)
     assert tile[2] <= ozaki.MAX_DEPTH
     with pytest.raises(oocgemm.OptionError, match="at most 131071"):
         _gpu_plan("ozaki:16", (64, 64, deep), k=deep).validate()

@@ -349,16 +349,18 @@ def test_the_search_floors_never_change_the_tile(rng, workdir, monkeypatch, devi
     assert len(refusals - {None}) >= 1
     # and the floor is one: no depth of a block is predicted below it
     from oocgemm.planning import cpu_model, cuda_model, tiling
+    from oocgemm.strategies import strategy_of
 
     model = cuda_model() if device == "cuda:0" else cpu_model()
     for problem in problems:
         m, n, k = problem.m, problem.n, problem.k
         for w, h in ((m, n), (max(1, m // 3), n), (m, max(1, n // 5)), (64, 96)):
+            strategy = strategy_of(kernel)
             floor = tiling._resource_floor(problem, (w, h), model, staged=device != "cpu",
-                                           kernel=kernel, symmetric=False)
+                                           strategy=strategy, symmetric=False)
             for r in (1, 64, max(1, k // 2), k):
                 total = tiling.predict(problem, (w, h, r), model, staged=device != "cpu",
-                                       kernel=kernel).total
+                                       strategy=strategy).total
                 assert 0 < floor <= total, (problem, (w, h, r))
 
 

@@ -247,7 +247,7 @@ class Plan:
         """The buffers' sizes (made once: a kept plan of a small product is asked for them
         at each run)."""
         return tile_buffers(self.problem, self.tile, self.model, self.stripe if self.staged else 0,
-                        self.kernel)
+                            self.strategy)
 
     @property
     def device_bytes(self) -> int:
@@ -413,7 +413,7 @@ class Plan:
     def prediction(self) -> Prediction:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, split_blocks=self.split_blocks,
-                       ramp=self.ramp, kernel=self.kernel,
+                       ramp=self.ramp, strategy=self.strategy,
                        tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},

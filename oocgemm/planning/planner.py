@@ -133,7 +133,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
         trial = dataclasses.replace(plan, **changes)
         try:
             tile = choose_tile(trial.problem, trial.model, mem, host, staged=trial.staged,
-                               kernel=trial.kernel, symmetric=trial.symmetric,
+                               strategy=trial.strategy, symmetric=trial.symmetric,
                                **StagingSettings.of(trial).tiling())
         except BudgetError as budget:
             raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
@@ -176,7 +176,8 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
     mem, host, tile = facts.memory_limit, facts.host_memory_limit, facts.tile
     # X^T X computes the blocks on and above the diagonal, with square blocks (a tile of
     # the user's that is not square computes the product in full, as they asked).
-    symmetric = problem.gram and strategy_of(kernel).halves_gram and (
+    strategy = strategy_of(kernel)  # (the kernel's name looked up here, once)
+    symmetric = problem.gram and strategy.halves_gram and (
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     settings = dict(problem=problem, device=facts.device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
@@ -187,7 +188,7 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         return _decided(with_tile_advice(
             given, lambda: plan_product(problem, dataclasses.replace(facts, tile=None),
                                         in_core)), "tile", "the user's (tile=)")
-    shape = in_core_shape(problem, model, mem, staged=staging.staged, kernel=kernel,
+    shape = in_core_shape(problem, model, mem, staged=staging.staged, strategy=strategy,
                           symmetric=symmetric, split_last=staging.settings.split_last,
                           min_stripes=staging.settings.min_stripes) if in_core else None
     if shape is not None:  # A, B and C on the device at once: no tile to search for
@@ -197,8 +198,8 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         except BudgetError:  # its staging does not fit the host budget
             pass
     try:
-        tile = choose_tile(problem, model, mem, host, staged=staging.staged, kernel=kernel,
-                           symmetric=symmetric, **staging.settings.tiling())
+        tile = choose_tile(problem, model, mem, host, staged=staging.staged,
+                           strategy=strategy, symmetric=symmetric, **staging.settings.tiling())
     except BudgetError as exc:
         memory, host_memory = facts.given_limits
         raise BudgetError(str(exc) + _unit_hint(memory_limit=memory,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import BudgetError, operand_name
 from ..kernel_catalog import DEFAULT
-from ..strategies import strategy_of
+from ..strategies import Native, strategy_of
 from ..units import format_seconds, format_size
 from .chunks import assembly_bytes, most_touched, window_bytes
 from .model import DeviceModel
@@ -62,6 +62,11 @@ class Buffers:
     """Beside each B buffer, its converted panel."""
     emulation: int = 0
     """The emulation's int32 products of a chunk of C's rows, device side."""
+
+
+def _default(strategy: Native | None) -> Native:
+    """``strategy``, or the default kernel's (cuBLAS on a GPU, numpy's BLAS on the CPU)."""
+    return strategy if strategy is not None else strategy_of(DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class Prediction:
 
 
 def tile_buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, stripe: int,
-                 kernel: str = DEFAULT) -> Buffers:
+                 strategy: Native | None = None) -> Buffers:
     """Buffer sizes in bytes; ``stripe`` is the ring buffer's elements (0: not staged). A GPU
     that emulates (``kernel='ozaki'``, staged) keeps each panel's conversion beside it."""
     w, h, r = tile
@@ -126,7 +131,7 @@ def tile_buffers(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, 
     acc = c if (model.accumulate_pass and product and (prob.k > r or prob.reads_c)) else 0
     ring = max(stripe, w, h, r) * s if stripe else 0
     out_ring = max(min(stripe, DEFAULT_STRIPE), w, h) * s if stripe else 0
-    conv = strategy_of(kernel).converted(*prob.clipped(tile)) if stripe and product else None
+    conv = _default(strategy).converted(*prob.clipped(tile)) if stripe and product else None
     if conv is None:
         return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring)
     return Buffers(c=c, a=a, b=b, accumulator=acc, ring=ring, out_ring=out_ring,
@@ -205,7 +210,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
             split_last: int = 1, split_blocks: str = "every", ramp: int = 0, tail: int = 1,
             cache: tuple[str, ...] = (),
             decodes: dict | None = None, stripe: int = 4 << 20, min_stripes: int = 1,
-            kernel: str = DEFAULT, symmetric: bool = False, in_core: bool = False,
+            strategy: Native | None = None, symmetric: bool = False, in_core: bool = False,
             gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> Prediction:
     """Predict each resource's busy time for a tiling (seconds). ``split_last`` and ``ramp``
     shrink the drain (one row stripe of the last block) and the fill (the first piece of the
@@ -214,8 +219,10 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     :class:`~oocgemm.planning.chunks.ChunkReport` per operand, when known (else the chunk
     decodes are estimated from the tile). ``stripe`` and ``min_stripes``: a staged plan's ring
     buffer (elements) and the fewest stripes a region is cut into, which set how many operations
-    each load takes. ``kernel``: its strategy's compute time where it differs from the dtype's
-    GEMM (``kernel='ozaki[:N]'`` on a GPU: :meth:`oocgemm.strategies.Ozaki.seconds`).
+    each load takes. ``strategy``: the kernel's (:attr:`Plan.strategy
+    <oocgemm.planning.plan.Plan.strategy>`; cuBLAS where None), its compute time where it
+    differs from the dtype's GEMM (``kernel='ozaki[:N]'`` on a GPU:
+    :meth:`oocgemm.strategies.Ozaki.seconds`).
     ``symmetric``: a Gram product computed as one (the blocks on and above the diagonal, half of
     each diagonal block). ``in_core``: the in-core shape, whose first GEMM waits for all of B
     and A's first stripe.
@@ -228,7 +235,8 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = math.ceil(k / r) if prob.computes_product else 0
     complex_ = prob.dtype.startswith("complex")
-    busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
+    busy = _busy(prob, (w, h, r), (p, q, nk), model, staged=staged,
+                 strategy=_default(strategy),
                  symmetric=symmetric, decodes=decodes, cache=cache, gpu_decode=gpu_decode,
                  resident=resident)
     fill = _fill_seconds(prob, (w, h, r), nk, model, staged=staged, ramp=ramp,
@@ -261,7 +269,7 @@ def _output_kind(prob: Problem, staged: bool) -> tuple[bool, bool]:
 
 
 def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
-          model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool,
+          model: DeviceModel, *, staged: bool, strategy: Native, symmetric: bool,
           decodes: dict | None = None, cache: tuple[str, ...] = (),
           gpu_decode: tuple[str, ...] = (), resident: tuple[str, ...] = ()) -> dict[str, Any]:
     """Each resource's busy seconds over the run of the tiling ``tile`` (clipped) of
@@ -272,7 +280,7 @@ def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
     w, h, _ = tile
     c_bytes = m * n * s
     a_loads, b_loads, compute = _loads_and_compute(prob, tile, grid, model, staged=staged,
-                                                   kernel=kernel, symmetric=symmetric)
+                                                   strategy=strategy, symmetric=symmetric)
     if "A" in resident:
         a_loads = min(a_loads, prob.m * prob.k * s)
     if "B" in resident:
@@ -303,7 +311,7 @@ def _busy(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
 
 
 def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *,
-                    staged: bool, kernel: str, symmetric: bool) -> float:
+                    staged: bool, strategy: Native, symmetric: bool) -> float:
     """A floor of :func:`predict`'s total (without a plan's ``cache`` or ``decodes``) for the
     C block ``block`` (w, h) at any K depth r: its busiest resource at r = K, where each is
     least busy (A loaded the fewest times, the GEMMs' smallest overhead; a kernel that times
@@ -314,12 +322,13 @@ def _resource_floor(prob: Problem, block: tuple[int, int], model: DeviceModel, *
     w, h, r = prob.clipped((block[0], block[1], k))
     p, q = math.ceil(m / w) if m else 0, math.ceil(n / h) if n else 0
     nk = 1 if prob.computes_product and k else 0
-    return max(_busy(prob, (w, h, r), (p, q, nk), model, staged=staged, kernel=kernel,
+    return max(_busy(prob, (w, h, r), (p, q, nk), model, staged=staged, strategy=strategy,
                      symmetric=symmetric).values())
 
 
 def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[int, int, int],
-                       model: DeviceModel, *, staged: bool, kernel: str, symmetric: bool
+                       model: DeviceModel, *, staged: bool, strategy: Native,
+                       symmetric: bool
                        ) -> tuple[float, float, float]:
     """Bytes of A and B loaded over the run, and the seconds of compute (GEMMs, or C's copy
     when no product is computed)."""
@@ -342,7 +351,7 @@ def _loads_and_compute(prob: Problem, tile: tuple[int, int, int], grid: tuple[in
     complex_ = prob.dtype.startswith("complex")
     compute = flops / (model.flops * (2.0 if s == 4 and not complex_ else 1.0)) * (
         1 + model.half_size / w + model.half_size / h + model.half_size / r)
-    emulated = (strategy_of(kernel).seconds(prob, (w, h, r), model, a_loads + b_loads)
+    emulated = (strategy.seconds(prob, (w, h, r), model, a_loads + b_loads)
                 if staged else None)
     if emulated is not None:
         compute = emulated
@@ -563,7 +572,8 @@ IN_CORE_STRIPE_BYTES = 8 << 20
 
 
 def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, staged: bool,
-                  kernel: str = DEFAULT, symmetric: bool = False, split_last: int = 1,
+                  strategy: Native | None = None, symmetric: bool = False,
+                  split_last: int = 1,
                   min_stripes: int = 1) -> dict | None:
     """The plan settings of the in-core shape (:attr:`Plan.in_core`) for ``prob``, or None
     where it does not apply.
@@ -586,7 +596,7 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
     larger than the default stripe.
     """
     if not (staged and prob.computes_product and not symmetric and not prob.shared
-            and strategy_of(kernel).in_core):
+            and _default(strategy).in_core):
         return None
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
     if (m * k + k * n + m * n) * s > memory_limit:
@@ -617,9 +627,9 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
                 *, staged: bool, n_c: int = 2, n_a: int = 2, n_b: int = 2, n_stage: int = 16,
                 n_out: int = 4, stripe: int = 4 << 20, readers: int = 4,
                 split_last: int = 1, split_blocks: str = "every", ramp: int = 0,
-                tail_panels: int = 1, min_stripes: int = 1, kernel: str = DEFAULT,
+                tail_panels: int = 1, min_stripes: int = 1, strategy: Native | None = None,
                 symmetric: bool = False) -> tuple[int, int, int]:
-    """The (w, h, r) with the lowest predicted time that fits both budgets (with ``kernel``:
+    """The (w, h, r) with the lowest predicted time that fits both budgets (with ``strategy``:
     its memory and its time, where a GPU emulates).
 
     Raises
@@ -638,12 +648,13 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
     ws = _candidates(m, align_m, floor)
     hs = _candidates(n, align_n, floor)
     rs = _candidates(k, align_k, floor) if prob.computes_product else [1]
-    depth = strategy_of(kernel).max_depth(staged)
+    strategy = _default(strategy)
+    depth = strategy.max_depth(staged)
     if depth is not None:
         rs = [r for r in rs if r <= depth] or [depth]
 
     def fits(tile):
-        plan_bufs = tile_buffers(prob, tile, model, stripe if staged else 0, kernel)
+        plan_bufs = tile_buffers(prob, tile, model, stripe if staged else 0, strategy)
         transposed = 1 if symmetric and tile[0] < prob.m else 0  # a T slot (Plan.n_t)
         dev = device_bytes(plan_bufs, n_c + transposed, n_a, n_b)
         host = (n_stage * plan_bufs.ring + n_out * plan_bufs.out_ring + decode_window(prob, tile)
@@ -654,7 +665,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         pred = predict(prob, tile, model, staged=staged, split_last=split_last,
                        split_blocks=split_blocks, ramp=ramp, symmetric=symmetric,
                        tail=min(tail_panels, n_a, n_b), stripe=stripe, min_stripes=min_stripes,
-                       kernel=kernel)
+                       strategy=strategy)
         return pred if full else pred.total
 
     def blocks(ws, hs):  # a symmetric product's C blocks are square
@@ -678,7 +689,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         # found is passed over. The time to beat comes first from the blocks of the lowest
         # floors; then every block is taken in order, so that among equal times the first
         # still wins, as without the floors.
-        floors = {pair: _resource_floor(prob, pair, model, staged=staged, kernel=kernel,
+        floors = {pair: _resource_floor(prob, pair, model, staged=staged, strategy=strategy,
                                         symmetric=symmetric)
                   * (1 - 1e-9 * (pair[0] + pair[1] + k)) for pair in blocks(ws, hs)}
         known = {}
@@ -710,7 +721,7 @@ def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memor
         device memory first, or least host memory among those that fit the device's)."""
         best = None
         for w, h in blocks(ws, hs):
-            if _resource_floor(prob, (w, h), model, staged=staged, kernel=kernel,
+            if _resource_floor(prob, (w, h), model, staged=staged, strategy=strategy,
                                symmetric=symmetric) > slow():
                 continue  # too slow at every depth
             for r in rs:
