@@ -102,6 +102,20 @@ def counted(path):
     return store, zarr.open_array(store, mode="r")
 
 
+def replayed(plan, sources: dict, shape) -> np.ndarray:
+    """``plan`` replayed by the CPU executor from ``sources`` read at their grain
+    (``chunk_readers``, as a run does) into a poisoned array of ``shape``, the readers
+    closed after."""
+    readers = chunk_readers(plan, sources)
+    out = poisoned(shape)
+    try:
+        CpuExecutor(plan, readers, NumpySink(out)).run()
+    finally:
+        for src in readers.values():
+            src.close()
+    return out
+
+
 def n_chunks(shape, chunks):
     return len(chunks_of(((0, shape[0]), (0, shape[1])), chunks))
 
@@ -139,13 +153,7 @@ def test_staged_replay_decodes_each_chunk_once(rng, workdir, layout):
     plan = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
     stripes = [op for op in plan.schedule.ops if op.kind.value == "read" and op.operand == "B"]
     assert len(stripes) > 2 * n_chunks(b.shape, (8, 12))  # stripes cut chunks, B is reloaded
-    sources = chunk_readers(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")})
-    out = poisoned((48, 36))
-    try:
-        CpuExecutor(plan, sources, NumpySink(out)).run()
-    finally:
-        for src in sources.values():
-            src.close()
+    out = replayed(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")}, (48, 36))
     assert_gemm(out, a, b)
     for store, x, chunks in ((store_a, a, (16, 8)), (store_b, b, (8, 12))):
         assert set(store.fetches.values()) == {1}
@@ -430,14 +438,8 @@ def test_cold_sources_decode_in_the_order_the_schedule_needs_their_chunks(rng, w
     prob = plan.problem
     told = {name: dataclasses.replace(getattr(prob, name), cached=not cold) for name in "ab"}
     plan = dataclasses.replace(plan, problem=dataclasses.replace(prob, **told))
-    sources = chunk_readers(plan, {"A": Watched(zarr.open_array("a.zarr"), "a"),
-                                   "B": Watched(zarr.open_array("b.zarr"), "b")})
-    out = poisoned((96, 48))
-    try:
-        CpuExecutor(plan, sources, NumpySink(out)).run()
-    finally:
-        for src in sources.values():
-            src.close()
+    out = replayed(plan, {"A": Watched(zarr.open_array("a.zarr"), "a"),
+                          "B": Watched(zarr.open_array("b.zarr"), "b")}, (96, 48))
     assert_gemm(out, a, b)
     assert sorted(begun) == sorted(set(begun))  # each chunk once
     first = {}  # where the schedule first needs each chunk
