@@ -170,3 +170,22 @@ def cli(main):
         return result.stderr
 
     return run, fails
+
+
+def evicted(*paths) -> bool:
+    """Every file under ``paths`` written to disk and dropped from the OS page cache
+    (``POSIX_FADV_DONTNEED``: this process's hint for those files alone, not the machine's
+    caches); whether the page cache then holds none of them (False on a file system that
+    keeps them, such as tmpfs)."""
+    from oocgemm.storage.files import cached_fraction
+
+    files = [os.path.join(d, f) for p in paths for d, _, fs in os.walk(p) for f in fs]
+    files += [p for p in paths if os.path.isfile(p)]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return cached_fraction(files) == 0.0

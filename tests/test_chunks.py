@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import zarr
-from _helpers import assert_gemm, poisoned, rand
+from _helpers import assert_gemm, evicted, leftovers, poisoned, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
@@ -585,3 +585,39 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     again = finished(dataclasses.replace(plan, tile=(1024, 1024, 98304)))
     assert again.into_ring == () and (again.cache or again.decode_window > 0)
     assert again.buffers.ring == 32 << 20
+
+
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded"])
+def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir, layout):
+    """Inputs the page cache does not hold (dropped from it here) are planned as cold and
+    read through the disk's queue, in the order needed: the same C, bit for bit, as from
+    the page cache."""
+    a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
+    write("a.zarr", a, (64, 40), layout)
+    write("b.zarr", b, (40, 64), layout)
+    warm = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(128, 130, 80))
+    assert any("A and B held" in d for d in warm.plan.decisions)
+    if not evicted("a.zarr", "b.zarr"):
+        pytest.skip("this file system keeps the files in memory")
+    cold = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(128, 130, 80))
+    assert not any("held" in d for d in cold.plan.decisions)
+    assert not cold.plan.problem.a.cached and not cold.plan.problem.b.cached
+    assert np.array_equal(cold.out, warm.out)
+    assert_gemm(cold.out, a, b)
+
+
+def test_a_corrupt_chunk_read_cold_fails_the_run_cleanly(rng, workdir):
+    """A chunk that does not decode, read through the disk's queue: the run fails with the
+    chunk named (no read left waiting), and no output is left."""
+    x = rand(rng, (96, 80))
+    write("a.zarr", x, (16, 16), "v3-zstd")
+    chunk = os.path.join("a.zarr", "c", "2", "3")
+    data = open(chunk, "rb").read()
+    with open(chunk, "wb") as fh:
+        fh.write(bytes(reversed(data)))
+    if not evicted("a.zarr"):
+        pytest.skip("this file system keeps the files in memory")
+    with pytest.raises(oocgemm.OOCGemmError, match="corrupt or truncated chunk"):
+        oocgemm.multiply("a.zarr", rand(rng, (80, 64)), "c.npy", device="cpu",
+                         tile=(32, 32, 16))
+    assert not os.path.exists("c.npy") and leftovers(workdir) == []
