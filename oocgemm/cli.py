@@ -312,9 +312,9 @@ def run() -> None:
     tenths of a second), and a replaced output still being removed to a process of its own
     (:func:`~oocgemm.storage.files.hand_over`)."""
     code = main(prog_name="oocgemm", standalone_mode=False)
-    from .storage import files
-
-    files.hand_over()
+    files = sys.modules.get("oocgemm.storage.files")  # (never imported: nothing handed over)
+    if files is not None:
+        files.hand_over()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
             stream.flush()

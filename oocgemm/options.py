@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import settings
-from .arguments import flag, parse_compressor
 from .errors import OptionError
 from .units import parse_size
 
@@ -116,6 +115,8 @@ class Options:
         """The options ``given`` (by name), checked; OptionError for an unknown name (one not
         in ``names``: default, every option) or a value that cannot be one, naming ``where``
         they were given."""
+        from .arguments import flag, parse_compressor  # (numpy: not for `oocgemm --help`)
+
         names = ALL if names is None else names
         unknown = sorted(set(given) - set(names))
         if unknown:

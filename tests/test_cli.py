@@ -445,3 +445,16 @@ def test_the_commands_process_ends_at_once_with_its_output_said_and_committed(wo
             break
         time.sleep(0.05)
     assert sorted(os.listdir(".")) == ["a.npy", "b.npy", "c.zarr"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["multiply", "--help"]])
+def test_help_imports_neither_numpy_nor_zarr_nor_cupy(argv):
+    """``oocgemm --help`` answers in a few tenths of a second: it loads the command's words,
+    not the libraries a product needs (numpy alone took 0.13-0.35 s of it)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "oocgemm", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "click" in loaded and "oocgemm.cli" in loaded  # (what it measures is there)
+    assert not {"numpy", "zarr", "cupy"} & loaded
