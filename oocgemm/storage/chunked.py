@@ -129,8 +129,10 @@ class ChunkReader(MatrixSource):
     disk
         Its stored chunks are not in the OS page cache: its decodes begin through the run's
         :class:`DiskQueue`, in the order the schedule first needs them across the run's
-        cold sources (as many chunks hinted ahead as it lets begin at once); a kept one
-        queues all its chunks there as it is made, before the run's first read.
+        cold sources (as many chunks hinted ahead as it lets begin at once).
+
+    A kept source begins decoding all its chunks, in the order the run needs them, as it is
+    made: while the executor starts (a GPU's buffers, its pinned ring, its threads).
     """
 
     chunks: tuple[int, int]
@@ -187,12 +189,13 @@ class ChunkReader(MatrixSource):
         self.copy_seconds = 0.0
         """Time the readers spent copying parts of decoded chunks into their destinations
         (the pinned ring, on a GPU), summed over reader threads."""
-        if disk is not None and kept and not into:  # all of it, from now, in order of need
+        if kept and not into:  # all of it, from now (while the run starts), in order of need
             with self._lock:
                 for index in self._order:
                     self._start(index)
                 self._next_load = len(self._loads)
-            self._to_disk()
+            if disk is not None:
+                self._to_disk()
 
     @property
     def n_chunks(self) -> int:
