@@ -125,6 +125,24 @@ def test_replan_makes_a_plan_again_and_says_why(rng, workdir):
     assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == {(1, 0), (2, 1)}
 
 
+def test_a_plan_is_made_of_typed_parts(rng, workdir):
+    """A plan's I/O choices and its work are parts of their own (issue 52): a group made
+    again sets the work's blocks and keeps the I/O as it was; a resume sets the work's done
+    blocks and keeps the group."""
+    from oocgemm.planning import IOChoices, Work
+
+    np.save("a.npy", rand(rng, (300, 200)))
+    np.save("b.npy", rand(rng, (200, 100)))
+    plan = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(100, 50, 100))
+    assert type(plan.io) is IOChoices and type(plan.work) is Work and plan.work == Work()
+    assert not hasattr(plan, "gpu_decode") and not hasattr(plan, "blocks")
+    group = replan(plan, blocks=[(1, 0), (2, 1)], why="a group")
+    assert group.work == Work(blocks=((1, 0), (2, 1))) and group.io == plan.io
+    resumed = replan(group, done=[(1, 0)], why="a resume")
+    assert resumed.work == Work(done=((1, 0),), blocks=((1, 0), (2, 1)))
+    assert resumed.io == plan.io and "(1 blocks done before, resumed)" in str(resumed)
+
+
 def test_a_kind_of_device_is_asked_of_its_backend():
     assert BACKENDS["cpu"].kind == "cpu" and BACKENDS["cuda"].kind == "cuda"
     assert type(backend_of("cuda:1")) is CudaBackend and type(backend_of("cpu#2")) is Backend
