@@ -107,7 +107,7 @@ def main(argv=None) -> int:
                               progress=False)
     doc["multiply"] = time.perf_counter() - start
     print(f"  its run: {result.seconds:.2f} s, tile {result.plan.tile}, kept "
-          f"{result.plan.cache}, decodes {_decodes(result.chunks)}; {result.timeline}",
+          f"{result.plan.io.cache}, decodes {_decodes(result.chunks)}; {result.timeline}",
           flush=True)
     print(f"oocgemm.multiply: {doc['multiply']:.2f} s, rel. error {check(c1, a, b):.1e}",
           flush=True)

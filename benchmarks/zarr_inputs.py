@@ -44,7 +44,7 @@ def run(layout: str, n: int, chunk: int, workdir: str, repeat: int, memory_limit
                                   tile=tile, progress=False)
         runs.append((time.perf_counter() - wall, time.process_time() - cpu))
     return {"layout": layout, "runs": runs, "tile": result.plan.tile,
-            "decoded_on_device": result.plan.gpu_decode, "error": _check(out, *paths)}
+            "decoded_on_device": result.plan.io.gpu_decode, "error": _check(out, *paths)}
 
 
 def main(argv=None) -> int:

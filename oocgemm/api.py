@@ -118,7 +118,7 @@ def multiply(a: MatrixLike, b: MatrixLike, out: MatrixLike | None = None, *,
         allows, nvCOMP is found and the cost model predicts it faster), True (the GPU wherever
         the plan allows) or False (the host); 'on' and 'off' are True and False. None (the
         default): the setting :mod:`oocgemm.settings` holds (``OOCGEMM_GPU_DECODE``, else
-        'auto'). The plan says which inputs the GPU decodes (``plan.gpu_decode``).
+        'auto'). The plan says which inputs the GPU decodes (``plan.io.gpu_decode``).
     gpu_encode
         Who compresses a zstd output on a GPU run: True (the GPU, a row stripe of C at a
         time, where nvCOMP is found and its buffers fit), False (the host, whole chunks), or

@@ -30,8 +30,8 @@ class Backend:
     executor: str = "oocgemm.runtime.cpu:CpuExecutor"
     """The executor class, ``module:name``, imported when a run needs it."""
     decodes: bool = False
-    """Its executor can decode zstd frames on the device (:attr:`Plan.gpu_decode
-    <oocgemm.planning.plan.Plan.gpu_decode>`)."""
+    """Its executor can decode zstd frames on the device (:attr:`Plan.io.gpu_decode
+    <oocgemm.planning.plan.IOChoices.gpu_decode>`)."""
     working_memory_is_host: bool = True
     """Its working buffers (``memory_limit``) are host memory: host memory running short
     halves them too."""

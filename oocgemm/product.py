@@ -171,11 +171,11 @@ class Product:
             result_out = labelled(result_out, io.given["a"], io.given["b"], *self._scalars[2:])
         log = run.log
         # a resumed run's schedule skips the blocks kept: its flops are its GEMMs' only
-        flops = run.plan.counts.flops if run.plan.done else run.plan.flops
+        flops = run.plan.counts.flops if run.plan.work.done else run.plan.flops
         return Result(out=result_out, plan=run.plan, seconds=run.seconds, flops=flops,
                       bytes={**io.storage_bytes(), **log.traffic()}, log=log,
                       started_at=log.started_at, chunks=chunk_counts(run.readers),
-                      verified=report, resumed=len(run.plan.done), replanned=run.replanned,
+                      verified=report, resumed=len(run.plan.work.done), replanned=run.replanned,
                       devices=run.shares, emulation=dict(log.notes),
                       emulation_seconds=dict(log.timed), out_name=io.name,
                       out_encoder=log.encoder)

@@ -12,7 +12,7 @@ import pytest
 from test_schedule import make_plan, with_op, without
 
 import oocgemm
-from oocgemm.planning import OpKind, ScheduleError, check_schedule
+from oocgemm.planning import OpKind, ScheduleError, Work, check_schedule
 
 
 def staged_plan():
@@ -141,7 +141,7 @@ def test_each_rule_is_enforced(case):
 def test_products_of_blocks_the_plan_leaves_out_are_caught():
     """A schedule that computes a block the plan leaves out, and does not write it."""
     plan = unstaged_plan()
-    picked = replace(plan, blocks=((0, 0),))
+    picked = replace(plan, work=Work(blocks=((0, 0),)))
     schedule = all_but_writes_of(plan.schedule, (1, 0))
     with pytest.raises(ScheduleError, match=r"4 \(i, j, q\) products, expected 2"):
         check_schedule(schedule, picked)

@@ -18,6 +18,7 @@ from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
 from oocgemm.lifecycle.run import chunk_readers
+from oocgemm.planning import IOChoices
 from oocgemm.planning.chunks import (
     chunk_range,
     chunks_of,
@@ -130,7 +131,7 @@ def test_each_chunk_decoded_once_when_kept(rng, workdir, layout, tile):
     out = poisoned((50, 37))
     r = oocgemm.multiply(za, zb, out=out, device="cpu", tile=tile)
     assert_gemm(out, a, b)
-    assert set(r.plan.cache) == {"A", "B"}  # the schedule reloads panels: keep them
+    assert set(r.plan.io.cache) == {"A", "B"}  # the schedule reloads panels: keep them
     for name, store, x, chunks in (("A", store_a, a, (16, 8)), ("B", store_b, b, (8, 12))):
         chunks = unit(chunks, layout)
         assert objects(store) == n_chunks(x.shape, chunks)  # every chunk (shard)...
@@ -173,8 +174,8 @@ def test_streamed_operands_decode_once_per_load(rng, workdir):
     roomy = oocgemm.plan("a.zarr", "b.zarr", **kw)
     budget = roomy.host_bytes - 1  # one operand fewer fits
     plan = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit=budget, **kw)
-    assert len(plan.cache) == 1
-    streamed = ({"A", "B"} - set(plan.cache)).pop()
+    assert len(plan.io.cache) == 1
+    streamed = ({"A", "B"} - set(plan.io.cache)).pop()
     (store, zs) = counted(f"{streamed.lower()}.zarr")
     x = {"A": a, "B": b}[streamed]
     args = (zs, "b.zarr") if streamed == "A" else ("a.zarr", zs)
@@ -203,7 +204,7 @@ def test_staged_streamed_operand_stays_within_its_window(rng, workdir):
     (store_b, zb) = counted("b.zarr")
     plan = oocgemm.plan("a.zarr", zb, device="cpu", tile=(32, 32, 32))
     plan = dataclasses.replace(plan, staged=True, stripe=4 * 32, n_stage=3, n_out=2,
-                               cache=(), n_a=2, n_b=2)  # (not a slot per panel: reloaded)
+                               io=IOChoices(), n_a=2, n_b=2)  # (not a slot per panel: reloaded)
     ops = plan.schedule.ops
     b_loads = loads(ops, "B", (16, 16))
     assert all(x.reads == 8 and set(x.uses) == {4} for x in b_loads)  # 4 stripes a chunk
@@ -232,7 +233,8 @@ def test_chunks_wider_than_panels_decode_once_per_stretch(rng, workdir, layout, 
     write("a.zarr", a, (20, 32), layout)  # 4 or more K panels per chunk
     write("b.zarr", b, (32, 18), layout)
     (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
-    plan = dataclasses.replace(oocgemm.plan(za, zb, device="cpu", tile=tile), cache=())
+    plan = oocgemm.plan(za, zb, device="cpu", tile=tile)
+    plan = dataclasses.replace(plan, io=dataclasses.replace(plan.io, cache=()))
     sources = chunk_readers(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")})
     out = poisoned((40, 36))
     try:
@@ -269,7 +271,7 @@ def test_gram_under_a_budget_of_a_few_chunks(rng, workdir, tile):
     (store, zx) = counted("x.zarr")
     r = oocgemm.gram(zx, device="cpu", host_memory_limit=4 * chunk, tile=tile)
     np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-12)
-    assert r.plan.cache == ()  # X does not fit: streamed
+    assert r.plan.io.cache == ()  # X does not fit: streamed
     report = r.plan.chunk_reports()[0]
     if r.plan.grid[0] == 1:  # one C block: one pass over K
         assert r.chunks["A"]["decodes"] == 6 == objects(store) == report.decodes
@@ -338,21 +340,21 @@ def test_plan_keeps_within_host_memory_limit(rng, workdir):
     for name, x in (("a.zarr", a), ("b.zarr", b)):
         zarr.create_array(name, shape=x.shape, dtype=x.dtype, chunks=(16, 16))[:] = x
     roomy = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16))
-    assert set(roomy.cache) == {"A", "B"}
+    assert set(roomy.io.cache) == {"A", "B"}
     assert roomy.host_bytes >= 2 * a.nbytes and "kept in host memory" in str(roomy)
     none = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
                         host_memory_limit=roomy.decode_window + 4 * 16 * 16 * 8)
-    assert none.cache == ()
+    assert none.io.cache == ()
     in_memory = oocgemm.plan(a, b, device="cpu", tile=(16, 16, 16))
-    assert in_memory.cache == ()  # nothing to save: the data is in memory already
+    assert in_memory.io.cache == ()  # nothing to save: the data is in memory already
     np.save("a.npy", a)
     np.save("b.npy", b)
     memmaps = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 16, 16))
-    assert memmaps.cache == ()  # the OS page cache is already their cache
+    assert memmaps.io.cache == ()  # the OS page cache is already their cache
     for plan_ in (roomy, none):
         r = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(16, 16, 16),
                              host_memory_limit=plan_.host_memory_limit)
-        assert r.plan.cache == plan_.cache
+        assert r.plan.io.cache == plan_.io.cache
         assert_gemm(r.out, a, b)
 
 
@@ -363,7 +365,7 @@ def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
     kw = dict(device="cpu", tile=(1000, 1000, 1000), memory_limit="100MB")
     kept = oocgemm.plan("a.zarr", "b.zarr", **kw)
     streamed = oocgemm.plan("a.zarr", "b.zarr", host_memory_limit="64MB", **kw)
-    assert kept.cache and not streamed.cache
+    assert kept.io.cache and not streamed.io.cache
     assert kept.prediction.storage_read < streamed.prediction.storage_read / 2
     assert kept.prediction.decode < streamed.prediction.decode / 2
     summary = streamed.summary()["chunks"]
@@ -481,7 +483,7 @@ def test_bytes_say_what_came_from_storage(rng, workdir):
     assert r.bytes["storage_read"] == r.bytes["read"] > 0 and r.bytes["decoded"] == 0
 
 
-# -- chunks decoded straight into the pinned ring (Plan.into_ring) -----------------------------
+# -- chunks decoded straight into the pinned ring (Plan.io.into_ring) -----------------------------
 
 def _gpu_like(plan):
     """``plan`` as the CUDA executor stages it (no GPU needed: the planner is pure), with its
@@ -490,8 +492,8 @@ def _gpu_like(plan):
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
     staging = CudaExecutor.staging(plan.problem, plan.model)
-    return with_ring_decodes(dataclasses.replace(plan, staged=True, cache=(),
-                                                 **staging.plan_fields()))
+    return with_ring_decodes(dataclasses.replace(
+        plan, staged=True, io=dataclasses.replace(plan.io, cache=()), **staging.plan_fields()))
 
 
 @pytest.mark.parametrize("rows", [400, 377])  # whole chunks, and a ragged last one
@@ -509,7 +511,7 @@ def test_tall_skinny_gram_decodes_each_chunk_into_the_ring(rng, workdir, rows, t
     # X X^T: a K panel of a wide X is whole chunks only where it is one chunk wide
     plan = _gpu_like(oocgemm.plan(zx, zx, trans_a=trans_a, trans_b=not trans_a, device="cpu",
                                   tile=(24, 24, 100 if trans_a else 50)))
-    assert plan.into_ring == ("A", "B") and plan.symmetric
+    assert plan.io.into_ring == ("A", "B") and plan.symmetric
     assert plan.buffers.ring == 50 * 24 * 8
     assert "straight into the pinned ring" in str(plan)
     reads = [op.region for op in plan.schedule.ops if op.kind.value == "read"]
@@ -543,13 +545,14 @@ def test_ring_of_chunks_only_where_every_read_is_a_whole_chunk(rng, workdir):
     for path, tile in (("narrow.zarr", (24, 24, 100)), ("x.zarr", (8, 8, 100)),
                        ("raw.zarr", (24, 24, 100))):
         plan = _gpu_like(oocgemm.plan(path, path, trans_a=True, device="cpu", tile=tile))
-        assert plan.into_ring == (), path
+        assert plan.io.into_ring == (), path
     roomy = _gpu_like(oocgemm.plan("x.zarr", "x.zarr", trans_a=True, device="cpu",
                                    tile=(24, 24, 100)))
-    assert roomy.into_ring
-    tight = dataclasses.replace(roomy, into_ring=(), stripe=50 * 8,
+    assert roomy.io.into_ring
+    tight = dataclasses.replace(roomy, io=dataclasses.replace(roomy.io, into_ring=()),
+                                stripe=50 * 8,
                                 host_memory_limit=roomy.host_bytes - 1)
-    assert _gpu_like(tight).into_ring == ()
+    assert _gpu_like(tight).io.into_ring == ()
 
 
 def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
@@ -572,7 +575,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
                        **staging.tiling())
     plan = finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
                           staged=True, symmetric=True, **budget, **staging.plan_fields()))
-    assert plan.into_ring == ("A", "B") and plan.cache == ()
+    assert plan.io.into_ring == ("A", "B") and plan.io.cache == ()
     assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)
     assert plan.decode_window == 0
     assert plan.host_bytes == plan.n_stage * (256 << 20) + plan.n_out * (32 << 20)
@@ -583,7 +586,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     # finished again for blocks that reload panels (a replan, a resume): decided anew, so
     # the chunks are kept or windowed again, never counted as decoded into a ring
     again = finished(dataclasses.replace(plan, tile=(1024, 1024, 98304)))
-    assert again.into_ring == () and (again.cache or again.decode_window > 0)
+    assert again.io.into_ring == () and (again.io.cache or again.decode_window > 0)
     assert again.buffers.ring == 32 << 20
 
 

@@ -14,7 +14,7 @@ import zarr
 from _helpers import assert_gemm, fail_on_call, poisoned, rand, zarr_stores
 
 import oocgemm
-from oocgemm.planning import OpKind
+from oocgemm.planning import OpKind, Work
 from oocgemm.planning.schedule import build_schedule, stream_schedule
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage.memory import NumpySink, NumpySource
@@ -158,9 +158,9 @@ def test_only_the_runs_last_block_runs_its_last_panel_in_row_stripes(rng):
     assert len(gemms) > p * q * nk  # its stripes
     assert len([op for op in gemms if op.key != last]) == (p * q - 1) * nk
     assert plan.counts == plan.schedule.counts()
-    group = dataclasses.replace(plan, blocks=((0, 0), (0, 1), (1, 1)))
+    group = dataclasses.replace(plan, work=Work(blocks=((0, 0), (0, 1), (1, 1))))
     assert _stripes(group) == set()
-    with_last = dataclasses.replace(plan, blocks=((1, 1), last))
+    with_last = dataclasses.replace(plan, work=Work(blocks=((1, 1), last)))
     assert _stripes(with_last) == {last}
     every = dataclasses.replace(plan, split_blocks="every")  # the CUDA executor's way
     assert len(_stripes(every)) == p * q

@@ -43,7 +43,7 @@ def test_each_dask_chunk_is_computed_once_per_run(rng, tile):
     x, y = counted(a, (16, 11), ca), counted(b, (11, 25), cb)
     r = oocgemm.multiply(x, y, device="cpu", tile=tile)
     assert_gemm(r.out, a, b)
-    assert set(r.plan.cache) == {"A", "B"}
+    assert set(r.plan.io.cache) == {"A", "B"}
     assert set(ca.calls.values()) == {1} and len(ca.calls) == 4 * 4
     assert set(cb.calls.values()) == {1} and len(cb.calls) == 4 * 2
     assert r.chunks["A"]["decodes"] == 16 and r.chunks["B"]["decodes"] == 8

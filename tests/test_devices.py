@@ -115,12 +115,13 @@ def test_groups_share_panels(grid, devices, shape):
     plan's order, the blocks already done left out."""
     import types
 
+    from oocgemm.planning import Work
     from oocgemm.planning.schedule import serpentine
     from oocgemm.runtime.multi_device import groups
 
     p, q = grid
     done = ((0, 0),) if p * q > 1 else ()
-    plan = types.SimpleNamespace(grid=(p, q, 4), done=done, symmetric=False)
+    plan = types.SimpleNamespace(grid=(p, q, 4), work=Work(done=done), symmetric=False)
     got = groups(plan, devices)
     order = [x for x in serpentine(p, q) if x not in done]
     assert sorted(x for g in got for x in g) == sorted(order)

@@ -225,7 +225,7 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
         pytest.skip("nvCOMP is installed here")
     a, b = inputs(rng, 64, 32, 48)
     plan = staged_plan(a, b, (16, 48), tile=(32, 48, 16), stripe=4 * 48)
-    assert plan.gpu_encode is False  # a CPU plan's, here made to replay a CUDA run
+    assert plan.io.gpu_encode is False  # a CPU plan's, here made to replay a CUDA run
     plan = dataclasses.replace(plan, device="cuda:0")  # its facts asked of the CUDA backend
     sink = new_output("c.zarr", (64, 48), (16, 48), "v3")
     writer = chunk_writer(plan, sink)
@@ -233,10 +233,11 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
     assert facts.frame_chunks == (16, 48) and facts.encoder is None
     monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "yes")  # not read here
     for mode, host in ((False, None), (True, None), ("last", True), ("frames", True)):
-        got = gpu_encode_pass(dataclasses.replace(plan, gpu_encode=mode), facts)
-        assert (got.c_frames and got.c_frames.host) == host
-        assert got.c_frames is None or not got.c_frames.downloads
-        assert (gpu_framing(got, writer) is None) == (got.c_frames is None)
+        got = gpu_encode_pass(dataclasses.replace(
+            plan, io=dataclasses.replace(plan.io, gpu_encode=mode)), facts)
+        assert (got.io.c_frames and got.io.c_frames.host) == host
+        assert got.io.c_frames is None or not got.io.c_frames.downloads
+        assert (gpu_framing(got, writer) is None) == (got.io.c_frames is None)
     assert output_facts(plan, sink).frame_chunks is None  # a sink that takes no frames
     with pytest.raises(ValueError, match="its sink takes none"):  # a plan for another writer
         gpu_framing(got, sink)

@@ -1,4 +1,4 @@
-"""Panels decoded on the device (``Plan.gpu_decode``), replayed by the CPU executor: each stored
+"""Panels decoded on the device (``Plan.io.gpu_decode``), replayed by the CPU executor: each stored
 object a load covers (a chunk file of one zstd frame, or a shard of many) is read as stored
 into a ring buffer, uploaded into its cell of a Z slot, and one DECODE per panel puts every
 frame in place (a K step's A and B DECODEs as one batch on the GPU). The schedule passes its
@@ -196,11 +196,11 @@ def test_decoded_on_device_where_the_tile_allows(rng, workdir, monkeypatch):
     a, b = rand(rng, (64, 96)), rand(rng, (96, 48))
     za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3-sharded")
     both = decoded_on_device(cuda_plan(za, zb, (32, 24, 48)))
-    assert both.gpu_decode == ("A", "B") and both.buffers.ring >= both.object_cell("A")
+    assert both.io.gpu_decode == ("A", "B") and both.buffers.ring >= both.object_cell("A")
     check_schedule(both.schedule, both)
     # K panels of 24 cut B's 16-row objects, not A's 12-wide ones: A alone
-    assert decoded_on_device(cuda_plan(za, zb, (32, 24, 24))).gpu_decode == ("A",)
-    assert decoded_on_device(cuda_plan(za, zb, (20, 20, 20))).gpu_decode == ()
+    assert decoded_on_device(cuda_plan(za, zb, (32, 24, 24))).io.gpu_decode == ("A",)
+    assert decoded_on_device(cuda_plan(za, zb, (20, 20, 20))).io.gpu_decode == ()
     monkeypatch.setenv("OOCGEMM_GPU_DECODE", "yes")
     with pytest.raises(OptionError, match="OOCGEMM_GPU_DECODE='yes'"):
         settings.get("gpu_decode")
@@ -239,11 +239,11 @@ def test_the_cost_model_chooses_who_decodes(workdir, layout, n_k, memory, cached
     b = zarr.create_array("b.zarr", shape=(n_k, n), dtype="f8", **layout)
     planned = cuda_plan(a, b, None, memory=memory << 30, host=96 << 30)
     device = decoded_on_device(planned)
-    assert device.gpu_decode == ("A", "B")
+    assert device.io.gpu_decode == ("A", "B")
     pred, host = device.prediction, planned.prediction
     assert pred.device_decode > 0 and pred.decode == 0 and host.device_decode == 0
     auto = decoded_on_device(planned, choose=True, cached=cached)
-    assert auto.gpu_decode == chosen
+    assert auto.io.gpu_decode == chosen
 
     def seconds(plan):
         p = plan.prediction
@@ -287,7 +287,7 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
     assert in_core.in_core and not panelled.in_core and _in_core_decodable(in_core)
     for cached in (True, False):
         chosen = decoded_on_device(panelled, choose=True, cached=cached, host=in_core)
-        assert chosen.gpu_decode == ("A", "B") and chosen.tile[:2] == (32768, 32768)
+        assert chosen.io.gpu_decode == ("A", "B") and chosen.tile[:2] == (32768, 32768)
     small, _ = plans(4096)
     assert small.in_core and small.prediction.decode < IN_CORE_DECODE_FLOOR
     assert not _in_core_decodable(small)
@@ -335,12 +335,12 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     zb = zarr.create_array("b.zarr", shape=(n, n), chunks=(side, 2 * side), dtype="f8",
                            shards=(2 * side, 2 * side))
     planned = cuda_plan(za, zb, None, memory=16 << 30)
-    assert planned.tile[2] % side and planned.gpu_decode == ()
+    assert planned.tile[2] % side and planned.io.gpu_decode == ()
     decoded = decoded_on_device(planned)
     assert "A and B go up as stored and are decoded on the device" in str(decoded)
     assert decoded.summary()["gpu_decode"] == ["A", "B"] and planned.summary()["gpu_decode"] == []
     w, h, r = decoded.tile
-    assert decoded.gpu_decode == ("A", "B") and r == 2 * side
+    assert decoded.io.gpu_decode == ("A", "B") and r == 2 * side
     assert w % side == 0 and h % (2 * side) == 0 and decoded.device_bytes <= 16 << 30
     check_schedule(decoded.schedule, decoded)
     tiles = on_object_edges(planned, ("A", "B"))
@@ -354,17 +354,17 @@ def test_the_planners_tile_gives_way_to_one_on_the_objects_edges(workdir):
     ramped = cuda_plan(small["a"], small["b"], None, memory=16 << 30)
     assert ramped.ramp_pieces and not ramped.tile[2] % 1024
     on_device = decoded_on_device(ramped)
-    assert on_device.gpu_decode == ("A", "B") and on_device.ramp_pieces
+    assert on_device.io.gpu_decode == ("A", "B") and on_device.ramp_pieces
     check_schedule(on_device.schedule, on_device)
     # memory running short: the smaller plan decodes on the host (its tile may cut objects)
     from oocgemm.planning.planner import replan
 
     again = replan(decoded, memory_limit=8 << 30, host_memory_limit=16 << 30,
                    why="out of memory")
-    assert again.gpu_decode == () and again.device_bytes <= 8 << 30
+    assert again.io.gpu_decode == () and again.device_bytes <= 8 << 30
     given = cuda_plan(za, zb, planned.tile, memory=16 << 30)
     assert decoded_on_device(given).tile == planned.tile
-    assert decoded_on_device(given).gpu_decode == ()
+    assert decoded_on_device(given).io.gpu_decode == ()
     # A stored transposed: its columns are op(A)'s rows
     zt = zarr.create_array("t.zarr", shape=(n, n), chunks=(2 * side, side), dtype="f8")
     transposed = cuda_plan(zt, zb, None, memory=16 << 30, trans_a=True)
@@ -389,7 +389,7 @@ def test_blocks_decoded_on_the_device_start_on_the_outputs_chunks(workdir):
     assert planned.problem.out.chunks == (4096, 4096)
     assert {t[:2] for t in on_object_edges(planned, ("A", "B"))} == {(n, n)}
     device = decoded_on_device(planned)  # both do not fit with C whole; A alone does
-    assert device.gpu_decode == ("A",) and device.tile[0] == n
+    assert device.io.gpu_decode == ("A",) and device.tile[0] == n
     for plan in (planned, device):
         assert on_chunk_edges((plan.row_splits, plan.col_splits), (4096, 4096), (n, n))
     za, zb = (zarr.create_array(f"{x}4.zarr", shape=(n, n), chunks=(4096, 4096), dtype="f8")
@@ -398,7 +398,7 @@ def test_blocks_decoded_on_the_device_start_on_the_outputs_chunks(workdir):
                         out_options={"chunks": (8192, 8192)})
     tiles = on_object_edges(planned, ("A", "B"))
     assert tiles and all(t[0] % 8192 == 0 and t[1] % 8192 == 0 for t in tiles)
-    assert decoded_on_device(planned).gpu_decode == ("A", "B")
+    assert decoded_on_device(planned).io.gpu_decode == ("A", "B")
 
 
 # -- on a GPU ---------------------------------------------------------------------------------
@@ -457,7 +457,7 @@ def test_multiply_decodes_on_the_gpu_when_asked(rng, workdir, monkeypatch):
     store("b.zarr", b, "v3")
     monkeypatch.setenv("OOCGEMM_GPU_DECODE", "1")
     result = oocgemm.multiply("a.zarr", "b.zarr", device="cuda", tile=(32, 24, 48))
-    assert result.plan.gpu_decode == ("A", "B")
+    assert result.plan.io.gpu_decode == ("A", "B")
     assert_gemm(result.out, a, b)
     assert result.chunks["A"]["on_device"] and result.chunks["A"]["decodes"] >= 4 * 2
 

@@ -72,7 +72,7 @@ def test_the_gpu_encodes_by_default_and_the_host_when_asked(rng, workdir, monkey
         r = oocgemm.multiply(a, b, "c.zarr", device="cuda", overwrite=True, gpu_encode=option,
                              out_options={"compressors": "zstd", "chunks": (64, 64)})
         assert r.out_encoder == encoder
-        assert r.plan.gpu_encode is (option if option is not None else env != "0")
+        assert r.plan.io.gpu_encode is (option if option is not None else env != "0")
         assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
 
 

@@ -65,7 +65,7 @@ def test_tall_skinny_gram_decodes_chunks_into_the_pinned_ring(rng, workdir, rows
                       compressors=zarr.codecs.ZstdCodec(level=1))[:] = x
     out = poisoned((256, 256))
     result = oocgemm.multiply("x.zarr", "x.zarr", out, device="cuda", trans_a=True)
-    assert result.plan.into_ring == ("A", "B"), str(result.plan)
+    assert result.plan.io.into_ring == ("A", "B"), str(result.plan)
     report = result.chunks["A"]
     assert report["into_ring"] and report["decodes"] == report["chunks"] == -(-rows // 4096)
     assert report["peak_bytes"] == 0 and report["copy_seconds"] == 0

@@ -24,7 +24,7 @@ def test_zarr_to_zarr_decodes_each_chunk_once(rng, workdir, layout):
     r = oocgemm.multiply(za, zb, "c.zarr", device="cuda", tile=(256, 192, 160),
                          out_options={"compressors": "zstd:1"})
     assert_gemm(zarr.open_array("c.zarr", mode="r")[:], a, b)
-    assert r.plan.staged and set(r.plan.cache) == {"A", "B"}
+    assert r.plan.staged and set(r.plan.io.cache) == {"A", "B"}
     for name, store, x, chunks in (("A", store_a, a, (128, 96)), ("B", store_b, b, (96, 128))):
         chunks = unit(chunks, layout)
         assert objects(store) == n_chunks(x.shape, chunks)
@@ -45,9 +45,9 @@ def test_streamed_operand_on_the_gpu(rng, workdir, monkeypatch):
     roomy = oocgemm.plan("a.zarr", "b.zarr", **kw)
     budget = roomy.host_bytes - 1
     r = oocgemm.multiply("a.zarr", "b.zarr", host_memory_limit=budget, **kw)
-    assert len(r.plan.cache) == 1
+    assert len(r.plan.io.cache) == 1
     assert_gemm(r.out, a, b)
-    streamed = ({"A", "B"} - set(r.plan.cache)).pop()
+    streamed = ({"A", "B"} - set(r.plan.io.cache)).pop()
     assert r.chunks[streamed]["decodes"] > n_chunks((384, 512), (128, 128))
     assert r.chunks[streamed]["peak_bytes"] <= r.plan.decode_window
 

@@ -79,6 +79,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
     cover exactly the group's region (a symmetric plan: square, on and above the
     diagonal)."""
     from oocgemm.errors import MemoryPressureError
+    from oocgemm.planning.planner import replan
     from oocgemm.runtime.multi_device import Work, again, groups
 
     x, y = rand(rng, (200, 300)), rand(rng, (300, 250))
@@ -87,7 +88,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
                             memory_limit="600KB")
         assert plan.symmetric == gram and plan.grid[0] >= 2
         group = tuple(groups(plan, 2)[-1])
-        work = Work(__import__("dataclasses").replace(plan, blocks=group), len(group))
+        work = Work(replan(plan, blocks=group, why="a group"), len(group))
         small, note = again(work, "cpu#1", MemoryPressureError("host memory ran out", "host"))
         w, h, _ = plan.tile
         w2, h2, _ = small.plan.tile
@@ -103,7 +104,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
                     out |= {(x, y) for x in range(rows[r0], rows[r0 + 1])
                             for y in range(cols[c0], cols[c0 + 1])}
             return out
-        assert cells(small.plan, small.plan.blocks) == cells(plan, group)
+        assert cells(small.plan, small.plan.work.blocks) == cells(plan, group)
 
 
 def test_a_part_of_k_that_runs_out_is_planned_again(rng, monkeypatch):

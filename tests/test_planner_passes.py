@@ -96,7 +96,7 @@ def test_who_decodes_the_inputs_follows_the_facts(rng, workdir, mode, found, dec
                        _zstd("b.zarr", rng, (256, 384), (128, 128)))
     plan = make_plan(problem, _cuda_facts(problem, gpu_decode=mode, decoder_found=found,
                                           memory_limit=2 << 20))
-    assert bool(plan.gpu_decode) == decodes
+    assert bool(plan.io.gpu_decode) == decodes
     if said is None:
         assert not any(d.startswith("gpu decode") for d in plan.decisions)
     else:
@@ -113,16 +113,34 @@ def test_replan_makes_a_plan_again_and_says_why(rng, workdir):
     assert resumed.tile == (60, 50, 40) and resumed.chosen_by == "resume"
     assert resumed.decisions[-1] == "replan: the run's tile"
     done = replan(resumed, done=((0, 0),), why="1 block kept")
-    assert done.done == ((0, 0),) and done.tile == resumed.tile
+    assert done.work.done == ((0, 0),) and done.tile == resumed.tile
     assert done.counts.total < resumed.counts.total
     smaller = replan(plan, memory_limit=plan.device_bytes // 4,
                      host_memory_limit=plan.host_memory_limit, why="out of memory")
-    assert smaller.device_bytes <= plan.device_bytes // 4 and smaller.done == ()
+    assert smaller.device_bytes <= plan.device_bytes // 4 and smaller.work.done == ()
     assert smaller.chosen_by.startswith("planner, again")
     with pytest.raises(oocgemm.BudgetError, match="out of memory; and no smaller plan fits"):
         replan(plan, memory_limit=8, why="out of memory")
     group = replan(plan, blocks=((1, 0), (2, 1)), why="a group")
     assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == {(1, 0), (2, 1)}
+
+
+def test_a_plan_is_made_of_typed_parts(rng, workdir):
+    """A plan's I/O choices and its work are parts of their own (issue 52): a group made
+    again sets the work's blocks and keeps the I/O as it was; a resume sets the work's done
+    blocks and keeps the group."""
+    from oocgemm.planning import IOChoices, Work
+
+    np.save("a.npy", rand(rng, (300, 200)))
+    np.save("b.npy", rand(rng, (200, 100)))
+    plan = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(100, 50, 100))
+    assert type(plan.io) is IOChoices and type(plan.work) is Work and plan.work == Work()
+    assert not hasattr(plan, "gpu_decode") and not hasattr(plan, "blocks")
+    group = replan(plan, blocks=[(1, 0), (2, 1)], why="a group")
+    assert group.work == Work(blocks=((1, 0), (2, 1))) and group.io == plan.io
+    resumed = replan(group, done=[(1, 0)], why="a resume")
+    assert resumed.work == Work(done=((1, 0),), blocks=((1, 0), (2, 1)))
+    assert resumed.io == plan.io and "(1 blocks done before, resumed)" in str(resumed)
 
 
 def test_a_kind_of_device_is_asked_of_its_backend():
@@ -209,7 +227,7 @@ def test_the_gpu_encodes_every_stripe_of_c_where_nvcomp_is_found(rng, workdir):
         encoded = _encoded(plan, writer, encoder=_NvcompSizes())
     ops = encoded.schedule.ops
     downs = {op.index for op in ops if op.kind is OpKind.DOWNLOAD}
-    frames = encoded.c_frames
+    frames = encoded.io.c_frames
     assert frames is not None and frames.downloads == downs and not frames.host
     assert frames.writes == {op.index for op in ops
                              if op.kind is OpKind.WRITE and op.deps[0] in downs}
@@ -217,11 +235,12 @@ def test_the_gpu_encodes_every_stripe_of_c_where_nvcomp_is_found(rng, workdir):
     assert frames.ring == _NvcompSizes().host
     assert _said(encoded) == (f"gpu encode: every stripe of C ({len(downs)}) compressed on "
                               f"the GPU (nvCOMP)")
-    assert plan.c_frames is None and not any(d.startswith("gpu encode") for d in plan.decisions)
+    assert plan.io.c_frames is None and not any(d.startswith("gpu encode") for d in plan.decisions)
     assert encoded.schedule is plan.schedule  # built once, not again for the decision
     # a plan made again forgets it: its run decides again, for its own writer
     again = replan(encoded, blocks=((1, 1),), why="a group")
-    assert again.c_frames is None and not any(d.startswith("gpu encode") for d in again.decisions)
+    assert again.io.c_frames is None
+    assert not any(d.startswith("gpu encode") for d in again.decisions)
 
 
 def test_the_gpu_encodes_nothing_without_nvcomp(rng, workdir):
@@ -231,13 +250,14 @@ def test_the_gpu_encodes_nothing_without_nvcomp(rng, workdir):
 
     with _opened_for_a_gpu(rng) as (io, plan, writer):
         off = _encoded(plan, writer, encoder=None)
-        last = _encoded(dataclasses.replace(plan, gpu_encode="last"), writer, encoder=None)
+        asked = dataclasses.replace(plan.io, gpu_encode="last")
+        last = _encoded(dataclasses.replace(plan, io=asked), writer, encoder=None)
         if nvcomp.library() is None:
             assert io.encoded(plan, writer) == off
-    assert off.c_frames is None
+    assert off.io.c_frames is None
     assert _said(off) == ("gpu encode: off: nvCOMP not found; the host encodes C's chunks "
                           "whole")
-    assert last.c_frames is not None and last.c_frames.host and not last.c_frames.downloads
+    assert last.io.c_frames is not None and last.io.c_frames.host and not last.io.c_frames.downloads
     assert _said(last) == ("gpu encode: every stripe of C made into frames by the host's "
                            "encoders: nvCOMP not found (gpu_encode='last')")
 
@@ -252,8 +272,8 @@ def test_the_gpu_encodes_nothing_where_nvcomps_buffers_do_not_fit(rng, workdir, 
             ring = plan.buffers.out_ring + (plan.host_memory_limit - plan.host_bytes) // plan.n_out
             fits, over = _NvcompSizes(host=ring), _NvcompSizes(host=ring + 1)
         encoded, refused = (_encoded(plan, writer, encoder=sizes) for sizes in (fits, over))
-    assert encoded.c_frames is not None and encoded.c_frames.downloads
-    assert refused.c_frames is None
+    assert encoded.io.c_frames is not None and encoded.io.c_frames.downloads
+    assert refused.io.c_frames is None
     assert _said(refused).startswith(f"gpu encode: off: nvCOMP's buffers would not fit "
                                      f"{budget}=")
 
@@ -267,13 +287,13 @@ def test_c_not_stored_from_frames_is_encoded_whole_on_the_host(rng, workdir):
     with _opened_for_a_gpu(rng, out_options=checksum) as (io, plan, writer):
         assert output_facts(plan, writer) == OutputFacts(frame_chunks=None)
         unframed = _encoded(plan, writer, encoder=_NvcompSizes())
-    assert unframed.c_frames is None
+    assert unframed.io.c_frames is None
     assert _said(unframed).startswith("gpu encode: C not stored from zstd frames: the output "
                                       "takes none")
     with _opened_for_a_gpu(rng) as (io, plan, writer):
         cut = replan(plan, tile=(192, 256, 100), why="blocks that cut the chunks")
         encoded = _encoded(cut, chunk_writer(plan, io.sink), encoder=_NvcompSizes())
-    assert encoded.c_frames is None
+    assert encoded.io.c_frames is None
     assert _said(encoded) == ("gpu encode: C not stored from zstd frames: the C blocks cut "
                               "the output's chunks of 128x128; the host encodes its chunks "
                               "whole")
@@ -289,10 +309,10 @@ def test_c_not_stored_from_frames_is_encoded_whole_on_the_host(rng, workdir):
 ])
 def test_who_compresses_c_follows_gpu_encode(rng, workdir, mode, said):
     with _opened_for_a_gpu(rng, gpu_encode=mode) as (io, plan, writer):
-        assert plan.gpu_encode == mode
+        assert plan.io.gpu_encode == mode
         encoded = _encoded(plan, writer, encoder=_NvcompSizes())
     assert _said(encoded) == said
-    frames = encoded.c_frames
+    frames = encoded.io.c_frames
     assert (frames is None) == (mode is False)
     if mode == "last":  # of the last block's four stripes: the second and the fourth
         downs = [op for op in encoded.schedule.ops if op.kind is OpKind.DOWNLOAD]

@@ -112,7 +112,7 @@ def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_result(rng, workd
     done_before = _journal_lines()
 
     r = oocgemm.multiply(a, b, out, tile=TILE, alpha=0.5, device=device, resume=True)
-    assert r.resumed >= 4 and r.resumed == len(r.plan.done)
+    assert r.resumed >= 4 and r.resumed == len(r.plan.work.done)
     assert _gemm_blocks(r) == 25 - r.resumed  # finished blocks were not computed again
     assert r.resumed <= done_before
     np.testing.assert_array_equal(_load(out), _load("whole." + kind))
@@ -233,7 +233,7 @@ def test_a_damaged_block_is_computed_again(rng, workdir):
     c.flush()
     del c
     r = oocgemm.multiply(a, b, "c.npy", tile=TILE, device="cpu", resume=True)
-    assert r.resumed == 7 and (0, 0) not in r.plan.done
+    assert r.resumed == 7 and (0, 0) not in r.plan.work.done
     np.testing.assert_allclose(np.load("c.npy"), np.load(a) @ np.load(b), rtol=1e-12,
                                atol=1e-12)
 

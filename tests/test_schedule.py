@@ -18,6 +18,7 @@ from oocgemm.planning import (
     Plan,
     Problem,
     ScheduleError,
+    Work,
     check_schedule,
     cpu_model,
     cuda_model,
@@ -640,7 +641,7 @@ def test_the_checker_needs_a_fixed_number_of_chains(staged):
 
 @pytest.mark.parametrize("staged", [False, True])
 def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
-    """One device's group (Plan.blocks): only those blocks, built without walking the others,
+    """One device's group (Plan.work.blocks): only those blocks, built without walking the others,
     each with the K order and row parts it has in the whole schedule."""
     from oocgemm.planning.schedule import serpentine, serpentine_index
 
@@ -659,7 +660,7 @@ def test_a_plan_of_picked_blocks_computes_each_as_the_whole_plan_does(staged):
 
     for picked in (((3, 1), (0, 4), (4, 4)),  # the last block of the order among them
                    ((3, 1), (1, 2), (0, 4))):  # the group ends before the whole does
-        group = replace(whole, blocks=picked)
+        group = replace(whole, work=Work(blocks=picked))
         assert {op.key for op in group.schedule.ops if op.kind is OpKind.GEMM} == set(picked)
         for block in picked:
             assert gemms(group, block) == gemms(whole, block)
@@ -684,7 +685,7 @@ def test_one_matrix_in_both_roles_keeps_each_roles_tail_in_its_own_slots(rng):
     assert whole.grid == (2, 5, 4)
     out = poisoned((281, 281))
     for group in groups(whole, 3):
-        plan = replace(whole, blocks=tuple(group))
+        plan = replace(whole, work=Work(blocks=tuple(group)))
         check_schedule(plan.schedule, plan)
         part = run_plan(plan, x, x, None)
         for i, j in group:
@@ -702,7 +703,7 @@ def test_only_a_runs_last_block_takes_its_tail_stripe_by_stripe(n_c):
     plan = make_plan(40, 36, 60, (10, 12, 6), staged=True, split_last=4, tail_panels=3,
                      n_a=4, n_b=4, stripe=40, n_stage=3, n_out=2, n_c=n_c)
     p, q, nk = plan.grid
-    for run in (plan, replace(plan, blocks=((1, 1), (2, 2)))):
+    for run in (plan, replace(plan, work=Work(blocks=((1, 1), (2, 2))))):
         gemms = [op for op in run.schedule.ops if op.kind is OpKind.GEMM]
         last = gemms[-1].key
         for block in dict.fromkeys(op.key for op in gemms):
@@ -725,7 +726,7 @@ def test_only_a_runs_last_block_takes_its_tail_stripe_by_stripe(n_c):
 
 def test_a_resumed_plan_checks_out():
     plan = make_plan(50, 60, 45, (10, 12, 9))
-    resumed = replace(plan, done=((0, 0), (2, 3)))
+    resumed = replace(plan, work=Work(done=((0, 0), (2, 3))))
     check_schedule(resumed.schedule, resumed)
     with pytest.raises(ScheduleError, match="leaves out"):
         check_schedule(plan.schedule, resumed)  # blocks computed again that were done

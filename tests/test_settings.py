@@ -168,7 +168,7 @@ def test_a_cuda_plan_carries_who_encodes_and_plans_apart(rng, workdir, monkeypat
     monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "0")
     (unset, _), (gpu, key_gpu), (host, key_host) = (
         planned(), planned(gpu_encode=True), planned(gpu_encode=False))
-    assert (unset.gpu_encode, gpu.gpu_encode, host.gpu_encode) == (False, True, False)
+    assert (unset.io.gpu_encode, gpu.io.gpu_encode, host.io.gpu_encode) == (False, True, False)
     assert gpu.summary()["gpu_encode"] is True and key_gpu != key_host
     json.dumps(gpu.summary())
 
@@ -180,7 +180,7 @@ def test_on_the_cpu_the_host_decodes_and_encodes_and_the_plan_notes_a_gpu_asked_
     environment's default asks for nothing: no note."""
     a, b = rand(rng, (30, 20)), rand(rng, (20, 10))
     plan = oocgemm.plan(a, b, device="cpu", gpu_decode=True, gpu_encode="on")
-    assert plan.gpu_encode is False and plan.gpu_decode == ()
+    assert plan.io.gpu_encode is False and plan.io.gpu_decode == ()
     assert plan.notes[-1] == ("gpu_decode=True and gpu_encode=True ask for a GPU; on the CPU "
                               "the host decodes the inputs and encodes C")
     assert "ask for a GPU" in str(plan)
@@ -194,7 +194,7 @@ def test_on_the_cpu_the_host_decodes_and_encodes_and_the_plan_notes_a_gpu_asked_
     monkeypatch.setenv("OOCGEMM_GPU_ENCODE", "1")
     for quiet in (oocgemm.plan(a, b, device="cpu"),
                   oocgemm.plan(a, b, device="cpu", gpu_decode="auto", gpu_encode=False)):
-        assert not any("GPU" in note for note in quiet.notes) and quiet.gpu_encode is False
+        assert not any("GPU" in note for note in quiet.notes) and quiet.io.gpu_encode is False
 
 
 def test_the_flags_reach_the_plan(rng, workdir):
@@ -225,7 +225,7 @@ def test_who_decodes_and_encodes_does_not_hold_a_resume_back(rng):
 
     a, b = rand(rng, (30, 20)), rand(rng, (20, 10))
     plan = oocgemm.plan(a, b, device="cpu", tile=(16, 8, 8))
-    other = dataclasses.replace(plan, gpu_encode="last")
+    other = dataclasses.replace(plan, io=dataclasses.replace(plan.io, gpu_encode="last"))
     assert not differences(schedule_key(plan), schedule_key(other))
     assert not differences(fingerprint(plan, {}, "c.zarr", False, {}),
                            fingerprint(other, {}, "c.zarr", False, {}))

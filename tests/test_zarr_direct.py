@@ -183,7 +183,7 @@ def test_a_compressed_chunk_is_decoded_whole_once_for_its_panels(rng, workdir):
     r = oocgemm.gram("x.zarr", device="cpu", host_memory_limit=int(2.5 * chunk),
                      tile=(40, 40, 16))
     np.testing.assert_allclose(r.out, x.T @ x, rtol=1e-12, atol=1e-10)
-    assert r.plan.cache == () and r.chunks["A"]["decodes"] == 5
+    assert r.plan.io.cache == () and r.chunks["A"]["decodes"] == 5
     assert r.chunks["A"]["peak_bytes"] <= 2 * chunk
 
 

@@ -1,5 +1,5 @@
 """Panels decoded on the GPU: the DECODE of a plan whose operands go up compressed
-(:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`).
+(:attr:`Plan.io.gpu_decode <oocgemm.planning.plan.IOChoices.gpu_decode>`).
 
 A DECODE finds the stored objects of its panel in their cells of a Z slot (uploaded as read,
 each with its frames: :meth:`ZarrSource.read_object
@@ -139,9 +139,9 @@ class PanelDecoder:
         self.plan, self.names, self.fills = plan, names, fills
         self.itemsize = plan.problem.itemsize
         # a batch: a panel of each operand at most
-        frames = max(1, sum(plan.panel_frames(name) for name in plan.gpu_decode))
+        frames = max(1, sum(plan.panel_frames(name) for name in plan.io.gpu_decode))
         self.frames = frames
-        self.frame_bytes = max(plan.frame_bytes(name) for name in plan.gpu_decode)
+        self.frame_bytes = max(plan.frame_bytes(name) for name in plan.io.gpu_decode)
         self.scratch = cupy.empty(max(plan.decode_scratch, 1), dtype=np.uint8)
         self.temp = cupy.empty(max(self._temp_bytes(frames), 1), dtype=np.uint8)
         self.tables = [_Table(frames) for _ in range(TABLES)]

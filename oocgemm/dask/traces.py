@@ -16,7 +16,7 @@ def leave_events(trace_dir: str, result) -> None:
     worker = f"{socket.gethostname()}:{os.getpid()}"
     doc = {"worker": worker, "device": result.plan.device, "started_at": result.started_at,
            "flops": result.flops, "seconds": result.seconds,
-           "tile": list(result.plan.tile), "cache": list(result.plan.cache),
+           "tile": list(result.plan.tile), "cache": list(result.plan.io.cache),
            "chunks": result.chunks,
            "bytes": {key: result.bytes.get(key, 0) for key in ("storage_read", "decoded")},
            "events": [[e.index, e.kind, e.operand, list(e.key), e.q, e.lane, e.start, e.end,

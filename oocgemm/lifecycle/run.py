@@ -423,13 +423,13 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
         if name == "B" and prob.shared:
             wrapped["B"] = wrapped["A"]  # one reader: each chunk decoded once for both roles
         elif (src.on_disk and src.chunks is not None and whole
-              and isinstance(src, ChunkedSource) and name not in plan.gpu_decode):
+              and isinstance(src, ChunkedSource) and name not in plan.io.gpu_decode):
             roles = ("A", "B") if name == "A" and plan.problem.shared else (name,)
             # (cold: its reads come from the disk itself, as far as the plan was told)
             cold = operand is not None and not operand.cached
             wrapped[name] = ChunkReader(src, loads(plan.schedule.ops, roles, src.chunks),
-                                        kept=name in plan.cache, decoders=decoders,
-                                        gap=len(roles), into=name in plan.into_ring,
+                                        kept=name in plan.io.cache, decoders=decoders,
+                                        gap=len(roles), into=name in plan.io.into_ring,
                                         disk=disk if cold else None)
     return wrapped
 

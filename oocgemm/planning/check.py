@@ -301,7 +301,7 @@ class _Dataflow:
                                 f"{op.operand}{op.key} {((r0, r1), (c0, c1))}")
 
     def read(self, op: Op) -> None:
-        if op.operand in self.plan.gpu_decode:  # a stored object, as stored
+        if op.operand in self.plan.io.gpu_decode:  # a stored object, as stored
             self.expect_object(op)
             self.content[_dst(op)] = (op.operand, op.key, "object", op.region)
             return
@@ -319,7 +319,7 @@ class _Dataflow:
             self.cstate[dst][1].set(lo, hi, "input")
 
     def upload(self, op: Op) -> None:
-        if op.operand in self.plan.gpu_decode:
+        if op.operand in self.plan.io.gpu_decode:
             self.upload_object(op)
             return
         tag = self.content.get(op.src[0])
@@ -367,7 +367,7 @@ class _Dataflow:
 
     def decode(self, op: Op) -> None:
         """A panel from every stored object it covers, each in its cell of the Z slot."""
-        if op.operand not in self.plan.gpu_decode:
+        if op.operand not in self.plan.io.gpu_decode:
             raise ScheduleError(f"{op}: decodes {op.operand}, which the plan does not decode "
                                 f"on the device")
         x = self.plan.problem_operand(op.operand)
@@ -514,9 +514,9 @@ class _Dataflow:
         """Every block of the plan: its picked blocks (one device's group), or all but those
         an interrupted run wrote (resume)."""
         p, q_blocks, _ = self.plan.grid
-        return set(self.plan.blocks) or (
+        return set(self.plan.work.blocks) or (
             {(i, j) for i in range(p) for j in range(q_blocks) if i <= j or not self.symmetric}
-            - set(self.plan.done))
+            - set(self.plan.work.done))
 
     def check_every_block_written(self) -> None:
         """Each expected block of C written exactly once, whole (and no other)."""

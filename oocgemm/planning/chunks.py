@@ -3,7 +3,7 @@ many times each chunk is decoded.
 
 A chunked source (Zarr) is read at its grain: every chunk a read touches is decoded whole,
 once, and the read copies its part out of the decoded chunk. What happens between two loads
-of the same panel is a budget decision of the plan (``Plan.cache``):
+of the same panel is a budget decision of the plan (``Plan.io.cache``):
 
 - *kept*: the decoded chunks of the operand stay in host memory for the whole run, so every
   chunk is decoded exactly once;
@@ -133,7 +133,7 @@ class ChunkReport:
     """How ``print(plan)`` names it: the operand, or 'A and B' for one matrix in both."""
     into_ring: bool = False
     """Each chunk decoded once, by a reader, straight into a pinned ring buffer
-    (:attr:`~oocgemm.planning.plan.Plan.into_ring`)."""
+    (:attr:`~oocgemm.planning.plan.IOChoices.into_ring`)."""
 
     @property
     def n_chunks(self) -> int:
@@ -179,7 +179,7 @@ def estimate(plan, operand: str) -> ChunkReport | None:
     grid = (math.ceil(op.shape[0] / chunks[0]), math.ceil(op.shape[1] / chunks[1]))
     touched = [[len(chunk_range(a, b, chunk)) for a, b in zip(split, split[1:])]
                for split, chunk in ((split_r, chunks[0]), (split_c, chunks[1]))]
-    kept = operand in plan.cache
+    kept = operand in plan.io.cache
     panels = len(touched[0]) * len(touched[1])
     passes = [grid[axis] if axis == along else sum(touched[axis]) for axis in (0, 1)]
     decodes = grid[0] * grid[1] if kept else per_panel * passes[0] * passes[1]
@@ -202,7 +202,7 @@ def gram_estimate(plan) -> ChunkReport | None:
     grid = (math.ceil(x.shape[0] / x.chunks[0]), math.ceil(x.shape[1] / x.chunks[1]))
     p, _, nk = plan.grid
     blocks = p * (p + 1) // 2
-    kept = "A" in plan.cache
+    kept = "A" in plan.io.cache
     width = most_touched(plan.tile[0], x.chunks[other], x.shape[other])
     per_pass = p * min(width, grid[other]) + (blocks - p) * min(2 * width, grid[other])
     touched = sum(len(chunk_range(a, b, x.chunks[other]))

@@ -28,8 +28,9 @@ def finished(plan: Plan) -> Plan:
         plan = dataclasses.replace(plan, stripe=min(default, max(w * r, r * h, w * h)))
     # (inputs decoded on the device are asked for of a finished plan, its tile in hand:
     # oocgemm.planning.planner.decoded_on_device; a replan's tile may cut their objects)
+    host_io = dataclasses.replace(plan.io, cache=(), into_ring=(), gpu_decode=())
     done = with_cache(with_ring_decodes(with_resident_panels(
-        dataclasses.replace(plan, cache=(), into_ring=(), gpu_decode=())).validate()))
+        dataclasses.replace(plan, io=host_io)).validate()))
     return dataclasses.replace(done, decisions=tuple(
         d for d in done.decisions if not d.startswith(FINISHING)) + _finishing(done))
 
@@ -44,11 +45,11 @@ def _finishing(plan: Plan) -> tuple[str, ...]:
     if plan.staged:
         said.append(f"stripes: ring buffers of {format_size(plan.stripe * plan.problem.itemsize)}"
                     f" (stripes of whole rows, no larger than the tile's regions)")
-    if plan.into_ring:
-        said.append(f"ring decodes: {' and '.join(plan.into_ring)} decoded straight into the "
+    if plan.io.into_ring:
+        said.append(f"ring decodes: {' and '.join(plan.io.into_ring)} decoded straight into the "
                     f"pinned ring (every read one whole chunk, read once)")
-    if plan.cache:
-        said.append(f"kept chunks: {' and '.join(plan.cache)} kept in host memory as decoded "
+    if plan.io.cache:
+        said.append(f"kept chunks: {' and '.join(plan.io.cache)} kept in host memory as decoded "
                     f"({format_size(plan.cache_bytes)} of host_memory_limit), each chunk "
                     f"decoded once")
     return tuple(said)
@@ -127,21 +128,22 @@ def with_cache(plan: Plan) -> Plan:
             repeated = (report.decodes - report.n_chunks) * report.chunks[0] * report.chunks[1]
             priority[report.operand] = (repeated, plan.problem.operand_bytes(report.operand))
     chosen: tuple[str, ...] = ()
-    ringed = set(plan.into_ring)  # decoded into the ring: nothing to keep
+    ringed = set(plan.io.into_ring)  # decoded into the ring: nothing to keep
     for name in sorted((x for x in priority if x not in ringed), key=lambda x: priority[x],
                        reverse=True):
         kept = ("A", "B") if plan.problem.shared else (name,)  # one matrix: kept for both
-        trial = dataclasses.replace(plan, cache=tuple(sorted(set(chosen + kept))))
+        trial = dataclasses.replace(plan, io=dataclasses.replace(
+            plan.io, cache=tuple(sorted(set(chosen + kept)))))
         if trial.host_bytes <= plan.host_memory_limit:
-            chosen = trial.cache
+            chosen = trial.io.cache
     if not chosen:
         return plan
-    return dataclasses.replace(plan, cache=chosen).validate()
+    return dataclasses.replace(plan, io=dataclasses.replace(plan.io, cache=chosen)).validate()
 
 
 def on_object_edges(plan: Plan, operands: tuple[str, ...]) -> list[tuple[int, int, int]]:
     """Tiles near ``plan.tile`` whose blocks and K panels start on the stored objects' edges
-    of ``operands`` (what decoding them on the device needs, :attr:`Plan.gpu_decode`),
+    of ``operands`` (what decoding them on the device needs, :attr:`Plan.io.gpu_decode`),
     largest blocks first: the K panel rounded up to a common multiple of their objects' K
     sides; the block's rows (of A's objects) and columns (of B's) rounded up, then halved on
     the objects' edges down to one object. The blocks start on the output's chunk edges

@@ -52,6 +52,55 @@ class CFrames:
 
 
 @dataclass(frozen=True)
+class IOChoices:
+    """How a plan's run does its I/O: which operands' decoded chunks are kept, decoded
+    straight into the ring or on the device, how many compressed slots, who compresses C
+    and which of its stripes (:attr:`Plan.io`)."""
+
+    cache: tuple[str, ...] = ()
+    """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
+    whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
+    are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
+    into_ring: tuple[str, ...] = ()
+    """Compressed chunked operands ('A', 'B') whose every read in the schedule is one whole
+    chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
+    decodes each chunk straight into its pinned ring buffer (no decoded chunk held, no copy
+    out of one; :func:`with_ring_decodes`)."""
+    gpu_decode: tuple[str, ...] = ()
+    """Operands ('A', 'B') of zstd frames (:attr:`Operand.zstd_frames
+    <oocgemm.planning.problem.Operand.zstd_frames>`) decoded on the device: a load reads each
+    stored object it covers (a chunk file or a shard) whole, as stored, into a ring buffer,
+    uploads it into its cell of a compressed slot (``ZA0``.., ``ZB0``..: :attr:`n_z` of them),
+    and one DECODE puts every frame of them in place in the panel slot. Its panels and blocks
+    start on the objects' edges; staged plans only, not the in-core shape."""
+    n_z: int = 2
+    """Compressed slots of each operand decoded on the device (:attr:`gpu_decode`)."""
+    gpu_encode: bool | str = True
+    """Who compresses C where a CUDA run stores it from zstd frames (the ``gpu_encode``
+    option, else its setting): True, the GPU every stripe, where nvCOMP is found and its
+    buffers fit the budgets; False, the host, whole chunks; 'last' or 'frames', shares that
+    :func:`~oocgemm.planning.planner.gpu_encode_pass` spells out. False on the CPU."""
+    c_frames: CFrames | None = None
+    """Which of C's stripes the GPU compresses where a staged run stores C from zstd frames:
+    decided once the output is open, for the writer of a run
+    (:func:`~oocgemm.planning.planner.gpu_encode_pass`); None: C's chunks gathered and
+    encoded whole on the host (or no output was open when the plan was made)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """What of the product a plan computes (:attr:`Plan.work`): every block, but those an
+    interrupted run already wrote, or only a device's group."""
+
+    done: tuple[tuple[int, int], ...] = ()
+    """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
+    them, and computes every other block as the whole run would."""
+    blocks: tuple[tuple[int, int], ...] = ()
+    """When set, the only C blocks (i, j) the schedule computes, in this order, each as the
+    whole run would (a group of blocks for one of several devices)."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A validated tiling of one product, and the budget it was checked against.
 
@@ -110,49 +159,21 @@ class Plan:
     """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
     readers: int = 4
     """Reader threads the executor may run (and as many chunk decoders)."""
-    cache: tuple[str, ...] = ()
-    """Chunked on-disk operands ('A', 'B') whose decoded chunks stay in host memory for the
-    whole run, so that every chunk is decoded once; counted in ``host_bytes``. The others
-    are streamed: a load's chunks are dropped after its last read (``decode_window``)."""
-    into_ring: tuple[str, ...] = ()
-    """Compressed chunked operands ('A', 'B') whose every read in the schedule is one whole
-    chunk, read once: a staged plan whose ring buffers are a chunk each, so that a reader
-    decodes each chunk straight into its pinned ring buffer (no decoded chunk held, no copy
-    out of one; :func:`with_ring_decodes`)."""
-    gpu_decode: tuple[str, ...] = ()
-    """Operands ('A', 'B') of zstd frames (:attr:`Operand.zstd_frames
-    <oocgemm.planning.problem.Operand.zstd_frames>`) decoded on the device: a load reads each
-    stored object it covers (a chunk file or a shard) whole, as stored, into a ring buffer,
-    uploads it into its cell of a compressed slot (``ZA0``.., ``ZB0``..: :attr:`n_z` of them),
-    and one DECODE puts every frame of them in place in the panel slot. Its panels and blocks
-    start on the objects' edges; staged plans only, not the in-core shape."""
-    n_z: int = 2
-    """Compressed slots of each operand decoded on the device (:attr:`gpu_decode`)."""
-    gpu_encode: bool | str = True
-    """Who compresses C where a CUDA run stores it from zstd frames (the ``gpu_encode``
-    option, else its setting): True, the GPU every stripe, where nvCOMP is found and its
-    buffers fit the budgets; False, the host, whole chunks; 'last' or 'frames', shares that
-    :func:`~oocgemm.planning.planner.gpu_encode_pass` spells out. False on the CPU."""
-    c_frames: CFrames | None = None
-    """Which of C's stripes the GPU compresses where a staged run stores C from zstd frames:
-    decided once the output is open, for the writer of a run
-    (:func:`~oocgemm.planning.planner.gpu_encode_pass`); None: C's chunks gathered and
-    encoded whole on the host (or no output was open when the plan was made)."""
+    io: IOChoices = IOChoices()
+    """How the run's I/O is done: which operands' decoded chunks are kept, decoded into the
+    ring or on the device, who compresses C and which of its stripes."""
     chosen_by: str = "planner"
     """'planner' or 'tile' (the user's override)."""
     kernel: str = DEFAULT
     """The per-block GEMM on a GPU: 'cublas' or a kernel of ``kernels/`` (``kernel=``)."""
-    done: tuple[tuple[int, int], ...] = ()
-    """C blocks (i, j) an interrupted run already wrote (``resume=True``): the schedule skips
-    them, and computes every other block as the whole run would."""
-    blocks: tuple[tuple[int, int], ...] = ()
-    """When set, the only C blocks (i, j) the schedule computes, in this order, each as the
-    whole run would (a group of blocks for one of several devices)."""
+    work: Work = Work()
+    """What of the product the plan computes: the blocks an interrupted run already wrote,
+    or the only blocks it computes (a device's group)."""
     symmetric: bool = False
     """A Gram product (:attr:`Problem.gram`) computed as one: square C blocks (w == h), only
     those on and above the diagonal computed (a diagonal block's upper triangle, then
-    mirrored), each block above the diagonal also written transposed across it. ``done``
-    and ``blocks`` then name blocks on and above the diagonal."""
+    mirrored), each block above the diagonal also written transposed across it. ``work``'s
+    ``done`` and ``blocks`` then name blocks on and above the diagonal."""
     in_core: bool = False
     """The in-core shape (:func:`in_core_shape`): A, B and C on the device at once, one slot
     each, one C block and one K panel; B goes up first, A in row stripes, and C is computed,
@@ -254,7 +275,7 @@ class Plan:
         # (a slot of an operand used in place is a view of it: no memory of its own)
         n_a, n_b = (0 if x in self.in_place else n for x, n in (("A", self.n_a), ("B", self.n_b)))
         return (device_bytes(self.buffers, self.n_c + self.n_t, n_a, n_b)
-                + sum(self.n_z * self.z_slot(x) for x in self.gpu_decode)
+                + sum(self.io.n_z * self.z_slot(x) for x in self.io.gpu_decode)
                 + self.decode_scratch)
 
     # ---- operands decoded on the device ---------------------------------------------------
@@ -263,7 +284,7 @@ class Plan:
         return self.problem.a if operand == "A" else self.problem.b
 
     def object_cell(self, operand: str) -> int:
-        """Bytes of one stored object's cell in a Z slot (:attr:`gpu_decode`): what its zstd
+        """Bytes of one stored object's cell in a Z slot (``io.gpu_decode``): what its zstd
         frames take at most (zstd's bound), and a shard's index, rounded to 256 bytes and to
         whole elements."""
         cell = self.object_frames(operand) * (zstd_bound(self.frame_bytes(operand)) + 16) + 4
@@ -309,7 +330,7 @@ class Plan:
         an edge's too, of the largest panel of each operand decoded on the device: a K step's
         A and B panels decode as one batch, :func:`~oocgemm.planning.schedule.decode_batches`;
         one, used by the batches in turn)."""
-        return sum(self.panel_frames(x) * self.frame_bytes(x) for x in self.gpu_decode)
+        return sum(self.panel_frames(x) * self.frame_bytes(x) for x in self.io.gpu_decode)
 
     @property
     def host_bytes(self) -> int:
@@ -321,7 +342,7 @@ class Plan:
     def decode_window(self) -> int:
         """Host memory the decoded chunks of streamed operands take at most."""
         return decode_window(self.problem, self.tile,
-                             kept=self.cache + self.into_ring + self.gpu_decode)
+                             kept=self.io.cache + self.io.into_ring + self.io.gpu_decode)
 
     @property
     def assembly_window(self) -> int:
@@ -334,7 +355,7 @@ class Plan:
     @property
     def cache_bytes(self) -> int:
         """Host memory the cached operands take once read (compute dtype)."""
-        kept = set(self.cache)
+        kept = set(self.io.cache)
         if self.problem.shared and kept >= {"A", "B"}:
             kept.discard("B")  # one matrix, kept once for both roles
         return sum(self.problem.operand_bytes(name) for name in kept)
@@ -355,7 +376,7 @@ class Plan:
             reports[:2] = [gram_estimate(self)]
         elif self.problem.shared and reports[0] is not None and reports[1] is not None:
             reports[:2] = [one_matrix(reports[0], reports[1])]
-        return [replace(r, into_ring=True, decodes=r.n_chunks) if r.operand in self.into_ring
+        return [replace(r, into_ring=True, decodes=r.n_chunks) if r.operand in self.io.into_ring
                 else r for r in reports if r is not None]
 
     # ---- schedule and prediction ----------------------------------------------------------
@@ -414,11 +435,11 @@ class Plan:
         return predict(self.problem, self.tile, self.model, staged=self.staged,
                        split_last=self.split_last, split_blocks=self.split_blocks,
                        ramp=self.ramp, strategy=self.strategy,
-                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.cache,
+                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.io.cache,
                        symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
                        stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core,
-                       gpu_decode=self.gpu_decode, resident=self.resident)
+                       gpu_decode=self.io.gpu_decode, resident=self.resident)
 
     def validate(self) -> Plan:
         """Check the plan against its budgets; raise :class:`BudgetError` when it does not fit."""
@@ -455,7 +476,7 @@ class Plan:
         every load starting on the objects' edges (whole objects, clipped at the array's
         end only)."""
         prob = self.problem
-        for name in self.gpu_decode:
+        for name in self.io.gpu_decode:
             x = self.problem_operand(name)
             why = ("it is not stored as zstd frames in local files" if x.zstd_frames is None
                    else "the plan is not staged" if not self.staged
@@ -483,9 +504,9 @@ class Plan:
         for x, n, size in (("A", self.n_a, buf.a), ("B", self.n_b, buf.b)):
             parts.append(f"{x} {n} views in place" if x in self.in_place
                          else f"{x} {n}x{format_size(size)}")
-        for x in self.gpu_decode:
-            parts.append(f"compressed {x} {self.n_z}x{format_size(self.z_slot(x))}")
-        if self.gpu_decode:
+        for x in self.io.gpu_decode:
+            parts.append(f"compressed {x} {self.io.n_z}x{format_size(self.z_slot(x))}")
+        if self.io.gpu_decode:
             parts.append(f"decoding {format_size(self.decode_scratch)}")
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
@@ -519,8 +540,8 @@ class Plan:
             "symmetric": self.symmetric,
             "shared": self.problem.shared,
             "in_core": self.in_core,
-            "gpu_decode": list(self.gpu_decode),
-            "gpu_encode": self.gpu_encode,
+            "gpu_decode": list(self.io.gpu_decode),
+            "gpu_encode": self.io.gpu_encode,
             "predicted_seconds": pred.total,
             "predicted_bound": pred.bound,
             "predicted_parts": pred.parts(),
@@ -549,24 +570,24 @@ class Plan:
                f"and decoded once for both, a panel both need staged once"]
               if prob.shared else []),
             f"  blocks      {p}x{q} C blocks, {nk} K panels each, {self.counts.total} operations"
-            + (f" ({len(self.done)} blocks done before, resumed)" if self.done else ""),
+            + (f" ({len(self.work.done)} blocks done before, resumed)" if self.work.done else ""),
             *([f"  in core     A, B and C on the device at once: B up, then A in row stripes; "
                f"{self.counts.ops[OpKind.GEMM]} GEMMs, each C stripe down as its GEMM ends"]
               if self.in_core else []),
             f"  memory      {format_size(self.device_bytes)} of {format_size(self.memory_limit)}"
             f" ({self._device_breakdown()})",
             f"  host        {format_size(self.host_bytes)} of {format_size(self.host_memory_limit)}"
-            + (f" (staging, decoded chunks, and {' and '.join(self.cache)} kept in memory as "
-               f"read: {format_size(self.cache_bytes)})" if self.cache else
+            + (f" (staging, decoded chunks, and {' and '.join(self.io.cache)} kept in memory as "
+               f"read: {format_size(self.cache_bytes)})" if self.io.cache else
                " (staging and decoded chunks)"),
             "  traffic     " + ", ".join(
                 f"{TRAFFIC_NAMES.get(k, k.replace('_', ' '))} {format_size(v)}"
                 for k, v in {**traffic, "decoded": self.decoded_bytes}.items() if v),
             *(f"  {'chunks' if n == 0 else '':<12}{report.describe()}"
               for n, report in enumerate(self.chunk_reports())),
-            *([f"  on device   {' and '.join(self.gpu_decode)} go up as stored and are "
+            *([f"  on device   {' and '.join(self.io.gpu_decode)} go up as stored and are "
                f"decoded on the device, a panel's zstd frames at once"]
-              if self.gpu_decode else []),
+              if self.io.gpu_decode else []),
             f"  work        {self.flops / 1e9:.4g} GFLOP"
             + (f" (symmetric: the {self.n_blocks} blocks on and above the diagonal of "
                f"{p}x{q}, each above it also written across; {prob.flops / 1e9:.4g} GFLOP in "
@@ -609,13 +630,13 @@ TRAFFIC_NAMES = {"read": "read into slots", "decoded": "chunks decoded (at most)
 
 
 def with_gpu_decode(plan: Plan, operands: tuple[str, ...]) -> Plan:
-    """``plan`` with ``operands`` decoded on the device (:attr:`Plan.gpu_decode`), its ring
+    """``plan`` with ``operands`` decoded on the device (:attr:`Plan.io.gpu_decode`), its ring
     buffers large enough for one stored object's cell each, validated (OptionError where a
     panel cuts an object, BudgetError where it no longer fits). Each load reads its objects
     from storage (the page cache, warm)."""
-    trial = replace(plan, gpu_decode=tuple(operands), into_ring=tuple(
-        x for x in plan.into_ring if x not in operands), cache=tuple(
-        x for x in plan.cache if x not in operands))
+    trial = replace(plan, io=replace(plan.io, gpu_decode=tuple(operands), into_ring=tuple(
+        x for x in plan.io.into_ring if x not in operands), cache=tuple(
+        x for x in plan.io.cache if x not in operands)))
     cell = max((trial.object_cell(x) for x in operands
                 if trial.problem_operand(x).zstd_frames is not None), default=0)
     stripe = max(plan.stripe, -(-cell // plan.problem.itemsize))
@@ -624,7 +645,7 @@ def with_gpu_decode(plan: Plan, operands: tuple[str, ...]) -> Plan:
 
 def with_ring_decodes(plan: Plan) -> Plan:
     """``plan`` with ring buffers of one chunk each where that lets the readers decode the
-    chunks of a compressed operand straight into the pinned ring (:attr:`Plan.into_ring`):
+    chunks of a compressed operand straight into the pinned ring (:attr:`Plan.io.into_ring`):
     where every read of the operand in the staged schedule is then one whole chunk, each
     chunk read once (a plan of one C block, the tall-skinny product), and the budget still
     holds. Else ``plan`` unchanged.
@@ -644,7 +665,8 @@ def with_ring_decodes(plan: Plan) -> Plan:
     for roles in candidates:
         x = prob.a if roles[0] == "A" else prob.b
         assert x.chunks is not None
-        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1], into_ring=roles, cache=())
+        trial = replace(plan, stripe=x.chunks[0] * x.chunks[1],
+                        io=replace(plan.io, into_ring=roles, cache=()))
         if trial.host_bytes > plan.host_memory_limit or trial.device_bytes > plan.memory_limit:
             continue
         seen: set[tuple[int, int]] = set()

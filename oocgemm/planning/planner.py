@@ -38,7 +38,7 @@ from ..units import format_seconds, format_size
 from .chunks import on_chunk_edges
 from .finish import FINISHING, finished, on_object_edges, with_tile_advice
 from .model import DeviceModel
-from .plan import CFrames, Plan, kept_built, with_gpu_decode
+from .plan import CFrames, IOChoices, Plan, kept_built, with_gpu_decode
 from .problem import Problem
 from .schedule import Op, OpKind
 from .staging import Staging, StagingSettings
@@ -68,8 +68,8 @@ class Facts:
     """True decodes the inputs' zstd frames on the device wherever the plan allows, False on
     the host (where the device cannot decode), 'auto' where the model predicts it faster."""
     gpu_encode: bool | str = False
-    """Who compresses C where a run stores it from zstd frames (:attr:`Plan.gpu_encode
-    <oocgemm.planning.plan.Plan.gpu_encode>`): False where the device cannot encode."""
+    """Who compresses C where a run stores it from zstd frames (:attr:`Plan.io.gpu_encode
+    <oocgemm.planning.plan.IOChoices.gpu_encode>`): False where the device cannot encode."""
     decoder_found: bool = False
     """The device's zstd decoder (nvCOMP) is found."""
     cached: frozenset[str] = frozenset()
@@ -121,6 +121,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
     anew, decoded on the host: the tile given may be the plan's own, to finish it again for
     its ``blocks``)."""
     changes: dict = {}
+    work = plan.work
     if staging is not None:
         changes.update(in_core=False, **staging.plan_fields())
     if problem is not None:
@@ -137,19 +138,20 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
                                **StagingSettings.of(trial).tiling())
         except BudgetError as budget:
             raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
-        changes.update(memory_limit=mem, host_memory_limit=host, done=(),
+        changes.update(memory_limit=mem, host_memory_limit=host,
                        chosen_by="planner, again after running out of memory")
+        work = dataclasses.replace(work, done=())
     if tile is not None:
         changes["tile"] = tile
     if chosen_by is not None:
         changes["chosen_by"] = chosen_by
     if blocks is not None:
-        changes["blocks"] = tuple(blocks)
+        work = dataclasses.replace(work, blocks=tuple(blocks))
     if done is not None:
-        changes["done"] = tuple(done)
+        work = dataclasses.replace(work, done=tuple(done))
     # who compresses C was decided for the run of another plan (and another writer): the
     # run of this one decides it again (gpu_encode_pass)
-    changes.update(c_frames=None, decisions=tuple(
+    changes.update(work=work, io=dataclasses.replace(plan.io, c_frames=None), decisions=tuple(
         d for d in plan.decisions if not d.startswith(ENCODING)))
     again = dataclasses.replace(plan, **changes)
     if tile is not None:
@@ -181,7 +183,7 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
     settings = dict(problem=problem, device=facts.device, model=model, memory_limit=mem,
                     host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, gpu_encode=facts.gpu_encode,
+                    symmetric=symmetric, io=IOChoices(gpu_encode=facts.gpu_encode),
                     **staging.settings.plan_fields())
     if tile is not None:  # said in the plan where the planner's own choice is far faster
         given = finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
@@ -248,12 +250,12 @@ def gpu_decode_pass(problem: Problem, facts: Facts, plan: Plan) -> Plan:
         return plan
     chosen = decoded_on_device(base, choose=mode == "auto",
                                cached=mode == "auto" and facts.cached == {"A", "B"}, host=plan)
-    if chosen.gpu_decode:
+    if chosen.io.gpu_decode:
         why = ("asked (gpu_decode=True)" if mode is True else
                f"predicted {format_seconds(chosen.prediction.total)} against "
                f"{format_seconds(plan.prediction.total)} decoding on the host")
         return _decided(chosen, "gpu decode",
-                        f"{' and '.join(chosen.gpu_decode)} on the device: {why}")
+                        f"{' and '.join(chosen.io.gpu_decode)} on the device: {why}")
     return _decided(chosen, "gpu decode", "on the host: " + (
         "predicted faster" if mode == "auto" else "no tile on the stored objects' edges fits"))
 
@@ -405,9 +407,9 @@ ENCODING = "gpu encode: "
 
 
 def gpu_encode_pass(plan: Plan, facts: OutputFacts) -> Plan:
-    """``plan`` with who compresses C's stripes decided (:attr:`Plan.c_frames
-    <oocgemm.planning.plan.Plan.c_frames>`) and recorded, as :attr:`Plan.gpu_encode
-    <oocgemm.planning.plan.Plan.gpu_encode>` asks: True (the default), the GPU every stripe
+    """``plan`` with who compresses C's stripes decided (:attr:`Plan.io.c_frames
+    <oocgemm.planning.plan.IOChoices.c_frames>`) and recorded, as :attr:`Plan.io.gpu_encode
+    <oocgemm.planning.plan.IOChoices.gpu_encode>` asks: True (the default), the GPU every stripe
     (nvCOMP); 'last', :data:`GPU_SHARE` of the last C block's stripes on the GPU and the
     others on the host's encoders, a stripe each; 'frames', every stripe on the host's
     encoders; False, none (C's chunks gathered and encoded whole on the host, as where C is
@@ -425,7 +427,7 @@ def gpu_encode_pass(plan: Plan, facts: OutputFacts) -> Plan:
     again (:func:`replan`) forgets it."""
     if not plan.staged:
         return plan
-    mode = plan.gpu_encode
+    mode = plan.io.gpu_encode
     if mode not in (True, "last", "frames"):
         return _encoding(plan, None, "off (gpu_encode=False): the host encodes C's chunks "
                                      "whole")
@@ -476,8 +478,8 @@ def unframed(plan: Plan, chunks: tuple[int, int] | None) -> str | None:
 
 
 def _gpu_stripes(mode, downs: list[Op]) -> list[Op]:
-    """The DOWNLOADs whose stripes ``mode`` (:attr:`Plan.gpu_encode
-    <oocgemm.planning.plan.Plan.gpu_encode>`) asks the GPU to compress."""
+    """The DOWNLOADs whose stripes ``mode`` (:attr:`Plan.io.gpu_encode
+    <oocgemm.planning.plan.IOChoices.gpu_encode>`) asks the GPU to compress."""
     if mode is True:
         return downs
     if mode == "last" and downs:
@@ -516,11 +518,12 @@ def _shared_out(mode, frames: CFrames, downs: list[Op], off: str | None) -> str:
 
 
 def _encoding(plan: Plan, frames: CFrames | None, why: str) -> Plan:
-    """``plan`` with ``frames`` (:attr:`Plan.c_frames
-    <oocgemm.planning.plan.Plan.c_frames>`) and why recorded, in place of an earlier
+    """``plan`` with ``frames`` (:attr:`Plan.io.c_frames
+    <oocgemm.planning.plan.IOChoices.c_frames>`) and why recorded, in place of an earlier
     decision of the pass; its schedule, built already, kept."""
     decisions = tuple(d for d in plan.decisions if not d.startswith(ENCODING))
-    return kept_built(plan, c_frames=frames, decisions=decisions + (ENCODING + why,))
+    return kept_built(plan, io=dataclasses.replace(plan.io, c_frames=frames),
+                      decisions=decisions + (ENCODING + why,))
 
 
 def _decided(plan: Plan, step: str, why: str) -> Plan:

@@ -27,7 +27,7 @@ class Operand:
 
     decodes_into: bool = False
     """A whole chunk decodes straight into a caller's buffer (a plain chunk file and its
-    codec): a staged plan may decode it into a pinned ring buffer (``Plan.into_ring``)."""
+    codec): a staged plan may decode it into a pinned ring buffer (``Plan.io.into_ring``)."""
     cached: bool = False
     """On disk, and held by the OS page cache (a fact of the run's I/O): its storage reads
     run at the host's memory rate; of an output, the page cache takes all its writes (at the
@@ -36,7 +36,7 @@ class Operand:
     zstd_frames: tuple[int, int] | None = None
     """The decoded shape of one zstd frame (a chunk, or an inner chunk of a shard) where every
     stored object is a local file of zstd frames of plain bytes, which a device may decode
-    (``Plan.gpu_decode``); None otherwise."""
+    (``Plan.io.gpu_decode``); None otherwise."""
 
     @property
     def decoded(self) -> bool:

@@ -372,7 +372,7 @@ class _Builder:
                  + [f"C{i}" for i in range(plan.n_c)] + [f"T{i}" for i in range(plan.n_t)])
         if plan.staged:
             names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
-        names += [f"Z{x}{i}" for x in plan.gpu_decode for i in range(plan.n_z)]
+        names += [f"Z{x}{i}" for x in plan.io.gpu_decode for i in range(plan.io.n_z)]
         self.state = {name: _SlotState(name) for name in names}
         self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
                             "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
@@ -453,7 +453,7 @@ class _Builder:
 
     def next_stage(self, ring: str) -> str:
         count = {"sR": self.plan.n_stage, "sO": self.plan.n_out, "T": self.plan.n_t,
-                 "ZA": self.plan.n_z, "ZB": self.plan.n_z}[ring]
+                 "ZA": self.plan.io.n_z, "ZB": self.plan.io.n_z}[ring]
         turn = self.stage_turn[ring]
         self.stage_turn[ring] = (turn + 1) % count
         return f"{ring}{turn}"
@@ -463,9 +463,9 @@ class _Builder:
         down (``down``: C through the output ring), in ``least`` stripes at least (default:
         the plan's)."""
         (r0, r1), (c0, c1) = region
-        if least is None:  # a ring of whole chunks (Plan.into_ring) moves a chunk in one stripe
+        if least is None:  # a ring of whole chunks (Plan.io.into_ring) moves a chunk in one stripe
             least = (self.plan.out_stripes if down
-                     else 1 if self.plan.into_ring else self.plan.min_stripes)
+                     else 1 if self.plan.io.into_ring else self.plan.min_stripes)
         return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring, least)
 
     def stripes(self, region, down: bool = False, least: int | None = None):
@@ -514,7 +514,7 @@ class _Builder:
         :meth:`load_stripes`)."""
         region = self.region(operand, key)
         hazards = self.state[dst].refill()  # every stripe waits for the old content's readers
-        if operand in self.plan.gpu_decode:
+        if operand in self.plan.io.gpu_decode:
             self.load_objects(operand, key, region, dst, hazards)
             return
         if not self.plan.staged:  # op_span: the first elements of dst, those of the region
@@ -551,7 +551,7 @@ class _Builder:
             target.last_use = self.clock
 
     def load_objects(self, operand: str, key, region, dst: str, hazards: list[int]) -> None:
-        """A panel decoded on the device (:attr:`Plan.gpu_decode`): each stored object it
+        """A panel decoded on the device (:attr:`Plan.io.gpu_decode`): each stored object it
         covers (a chunk file or a shard, row by row) read whole into a ring buffer and
         uploaded into its cell of the next Z slot, then one DECODE of them all into ``dst``
         (after the old content's readers, ``hazards``)."""
@@ -667,10 +667,10 @@ class _Builder:
         which set their K order, for a bitwise-equal result."""
         plan = self.plan
         p, q_blocks, _ = plan.grid
-        if plan.blocks:
+        if plan.work.blocks:
             place = triangle_index if plan.symmetric else serpentine_index
-            return [(place(i, j, q_blocks), (i, j)) for i, j in plan.blocks]
-        done = set(plan.done)
+            return [(place(i, j, q_blocks), (i, j)) for i, j in plan.work.blocks]
+        done = set(plan.work.done)
         walk = triangle(p) if plan.symmetric else serpentine(p, q_blocks)
         return [(t, block) for t, block in enumerate(walk) if block not in done]
 
@@ -988,7 +988,7 @@ class _Builder:
         sizes = {"A": w * r if computes else 0, "B": r * h if computes else 0, "C": w * h,
                  "T": w * h}
         sizes |= {"sR": self.ring, "sO": self.out_ring}
-        sizes |= {f"Z{x}": self.plan.z_slot(x) // self.s for x in self.plan.gpu_decode}
+        sizes |= {f"Z{x}": self.plan.z_slot(x) // self.s for x in self.plan.io.gpu_decode}
         return {name: sizes[name[:2] if name[0] in "sZ" else name[0]] for name in self.state}
 
 
@@ -1019,7 +1019,7 @@ class _Counter(_Builder):
         region = self.region(operand, key)
         nbytes = self.nbytes(region)
         stripes = 1
-        if operand in self.plan.gpu_decode:  # an object a stripe, and its DECODE
+        if operand in self.plan.io.gpu_decode:  # an object a stripe, and its DECODE
             x = self.plan.problem_operand(operand)
             assert x.chunks is not None
             stripes = len(chunks_of(region, x.chunks))
@@ -1096,7 +1096,7 @@ def _row_parts(rows: int, parts: int, taper: bool = False) -> list[tuple[int, in
 
 def object_cells(plan, operand: str, region) -> list[tuple[tuple[int, int], tuple, int]]:
     """The stored objects that a panel ``region`` of ``operand`` decoded on the device
-    (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`) covers, row by row:
+    (:attr:`Plan.io.gpu_decode <oocgemm.planning.plan.IOChoices.gpu_decode>`) covers, row by row:
     ``(index in the object grid, its region clipped at the array's edges, the offset of its
     cell in the Z slot in elements)``. Where a load's UPLOADs put them and its DECODE finds
     them."""

@@ -54,7 +54,7 @@ class Buffers:
     whole rows, at least one row of the widest region."""
     out_ring: int = 0
     """Each pinned ring buffer for C stripes coming down: as ``ring``, but never larger than
-    the default stripe (a ring of whole chunks, :attr:`Plan.into_ring`, is for what goes up)."""
+    the default stripe (a ring of whole chunks, :attr:`Plan.io.into_ring`, is for what goes up)."""
     a_converted: int = 0
     """Beside each A buffer, its panel converted for emulated products (``kernel='ozaki'``
     on a GPU): residues and the rows' exponents."""
@@ -227,7 +227,7 @@ def predict(prob: Problem, tile: tuple[int, int, int], model: DeviceModel, *, st
     each diagonal block). ``in_core``: the in-core shape, whose first GEMM waits for all of B
     and A's first stripe.
     ``gpu_decode``: the operands whose panels the device decodes, each load all of its
-    frames (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`). ``resident``:
+    frames (:attr:`Plan.io.gpu_decode <oocgemm.planning.plan.IOChoices.gpu_decode>`). ``resident``:
     the operands whose every panel is loaded once (:attr:`Plan.resident
     <oocgemm.planning.plan.Plan.resident>`)."""
     m, n, k, s = prob.m, prob.n, prob.k, prob.itemsize
@@ -390,8 +390,8 @@ def _decode_seconds(prob: Problem, model: DeviceModel, loads: tuple[float, float
 
 def _device_decode_seconds(prob: Problem, model: DeviceModel, grid: tuple[int, int, int],
                            loads: tuple[float, float], gpu_decode: tuple[str, ...]) -> float:
-    """Seconds of the device's decoding (:attr:`Plan.gpu_decode
-    <oocgemm.planning.plan.Plan.gpu_decode>`): every load decodes its panel, a K step's
+    """Seconds of the device's decoding (:attr:`Plan.io.gpu_decode
+    <oocgemm.planning.plan.IOChoices.gpu_decode>`): every load decodes its panel, a K step's
     panels in one batch (:func:`~oocgemm.planning.schedule.decode_batches`), which takes its
     largest frame at the rate of one frame (a thread block) and all of it at the device's
     rate."""

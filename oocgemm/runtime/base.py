@@ -85,8 +85,8 @@ def framed_writes(plan, sink):
     ``sink`` C's stripes as encoded frames (``sink.write_frames``), or None: a sink that
     takes frames, and a plan that can store C from them there
     (:func:`~oocgemm.planning.planner.unframed`). The CPU executor's replay of a framed run
-    asks it; the CUDA executor runs the plan's choice (:attr:`Plan.c_frames
-    <oocgemm.planning.plan.Plan.c_frames>`)."""
+    asks it; the CUDA executor runs the plan's choice (:attr:`Plan.io.c_frames
+    <oocgemm.planning.plan.IOChoices.c_frames>`)."""
     framing = sink.framing() if hasattr(sink, "write_frames") else None
     if framing is None or unframed(plan, getattr(sink, "chunks", None)) is not None:
         return None

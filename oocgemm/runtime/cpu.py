@@ -262,7 +262,7 @@ class CpuExecutor(Executor):
             OpKind.GEMM: self._gemm, OpKind.FILL: self._fill, OpKind.DECODE: self._decode}
         decoded = {OpKind.READ: self._read_object, OpKind.UPLOAD: self._upload_object}
         return {(kind, operand): (decoded.get(kind, handler)
-                                  if operand in self.plan.gpu_decode else handler)
+                                  if operand in self.plan.io.gpu_decode else handler)
                 for kind, handler in table.items() for operand in ("A", "B", "C")}
 
     def _read(self, op) -> int | None:
@@ -331,7 +331,7 @@ class CpuExecutor(Executor):
         elif op.beta != 1:
             c *= op.beta
 
-    # -- panels decoded on the device (Plan.gpu_decode), replayed on the host ---------------
+    # -- panels decoded on the device (Plan.io.gpu_decode), replayed on the host ---------------
     def _read_object(self, op) -> int:
         """A stored object into its ring buffer, as stored; its frames kept with it."""
         source, chunks = self.sources[op.operand], self.plan.problem_operand(op.operand).chunks

@@ -20,8 +20,8 @@ depend on. The calling thread waits for the lanes. No device-wide synchronisatio
 inside the run.
 
 Where C's chunks are zstd and stored as files a run may store them from zstd frames, a row
-stripe of C at a time, as the plan says (:attr:`Plan.c_frames
-<oocgemm.planning.plan.Plan.c_frames>`, which the planner's GPU encode pass chose once the
+stripe of C at a time, as the plan says (:attr:`Plan.io.c_frames
+<oocgemm.planning.plan.IOChoices.c_frames>`, which the planner's GPU encode pass chose once the
 output was open: :func:`~oocgemm.planning.planner.gpu_encode_pass`): a DOWNLOAD of the
 GPU's share compresses its stripe on the GPU first (:class:`oocgemm.cuda.nvcomp.StripeEncoder`,
 on stream ``c``, which runs ahead of the GEMMs) and its WRITE hands the sink the frames
@@ -86,16 +86,16 @@ def _settle(future: Future, task) -> None:
 
 def gpu_framing(plan, sink) -> Framing | None:
     """The :class:`~oocgemm.storage.frames.Framing` in which a run of ``plan`` hands ``sink``
-    C's stripes as frames, where the plan stores C from frames (:attr:`Plan.c_frames
-    <oocgemm.planning.plan.Plan.c_frames>`: which stripes the GPU compresses, as the
+    C's stripes as frames, where the plan stores C from frames (:attr:`Plan.io.c_frames
+    <oocgemm.planning.plan.IOChoices.c_frames>`: which stripes the GPU compresses, as the
     planner's GPU encode pass chose for this sink's writer,
     :func:`~oocgemm.planning.planner.gpu_encode_pass`); None where it does not (C's chunks
     gathered and encoded whole)."""
-    if plan.c_frames is None:
+    if plan.io.c_frames is None:
         return None
     framing = sink.framing() if hasattr(sink, "write_frames") else None
     if framing is None:
-        raise ValueError("the plan stores C from zstd frames (plan.c_frames), but its sink "
+        raise ValueError("the plan stores C from zstd frames (plan.io.c_frames), but its sink "
                          "takes none: the GPU encode pass decided it for another writer")
     return framing
 
@@ -192,7 +192,7 @@ class CudaExecutor(Executor):
 
             self.resources = PROCESS
         self.readers = readers or max(2, plan.readers)
-        if plan.into_ring and readers is None:  # the readers decode: one on every core
+        if plan.io.into_ring and readers is None:  # the readers decode: one on every core
             from .. import machine
 
             self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
@@ -203,12 +203,12 @@ class CudaExecutor(Executor):
             self.writers = max(self.writers, BAND_THREADS)
         self.index = index
         # C stored from frames: the stripes the GPU compresses, as the plan says
-        self._frames, self._framing = plan.c_frames, gpu_framing(plan, sink)
+        self._frames, self._framing = plan.io.c_frames, gpu_framing(plan, sink)
         self._split: dict | None = None  # a run's pools, where its copies go in bands
         if self._frames is not None and self._frames.host:
             sink.encode_frames()
         self._encoder = None  # the run's StripeEncoder (self._frames.downloads)
-        # Panels decoded on the GPU (plan.gpu_decode): the run's PanelDecoder, the stored
+        # Panels decoded on the GPU (plan.io.gpu_decode): the run's PanelDecoder, the stored
         # objects a ring buffer or a Z slot's cell holds, (chunk, size, frames), and the bytes
         # each UPLOAD of one moves (by the UPLOAD's index, until its event is logged)
         self._decoder = None
@@ -267,7 +267,7 @@ class CudaExecutor(Executor):
         moved = None  # the bytes it moved, where they are not the region's
         self._nvtx.push(op)
         try:
-            if op.kind is OpKind.READ and op.operand in self.plan.gpu_decode:
+            if op.kind is OpKind.READ and op.operand in self.plan.io.gpu_decode:
                 source = self.sources[op.operand]  # a stored object, as stored
                 index = (r0 // source.chunks[0], c0 // source.chunks[1])
                 self._objects[op.dst] = (index, *source.read_object(
@@ -345,7 +345,7 @@ class CudaExecutor(Executor):
             OpKind.FILL: self._fill}
         decoded = {OpKind.UPLOAD: self._upload_objects}
         return {(kind, operand): (decoded.get(kind, handler)
-                                  if operand in self.plan.gpu_decode else handler)
+                                  if operand in self.plan.io.gpu_decode else handler)
                 for kind, handler in table.items() for operand in ("A", "B", "C")}
 
     def _enqueue(self, gpu, op, waits=(), batch=None) -> None:
@@ -593,12 +593,12 @@ class CudaExecutor(Executor):
             if not name.startswith("s"):
                 gpu.device_buffer(name, elements)
         gpu.start_launch(self.plan, timing=self.log.record)
-        if self.plan.gpu_decode:
+        if self.plan.io.gpu_decode:
             from ..cuda.decode import PanelDecoder
 
             self._decoder = PanelDecoder(
-                self.plan, {x: self.sources[x].name for x in self.plan.gpu_decode},
-                {x: self.sources[x].fill_value for x in self.plan.gpu_decode})
+                self.plan, {x: self.sources[x].name for x in self.plan.io.gpu_decode},
+                {x: self.sources[x].fill_value for x in self.plan.io.gpu_decode})
         if self._frames is not None and self._frames.downloads:
             from ..cuda import nvcomp
 

@@ -4,7 +4,7 @@ The plan is made for one device (its budgets are each device's). Its C blocks ar
 groups: rows of blocks, which share their A panels, or single blocks when there are too few
 rows to go round. Each device takes the next group from a shared queue as soon as it is free
 (dynamic load balancing: a faster device takes more), and runs the plan's own schedule with
-only the group's blocks picked out (``Plan.blocks``), so that each block is computed exactly
+only the group's blocks picked out (``Plan.work.blocks``), so that each block is computed exactly
 as a single-device run computes it. The groups write disjoint regions of the one output.
 
 A product of a single C block (M and N small, K long) has no blocks to share out: its K is
@@ -49,7 +49,7 @@ def groups(plan, devices: int) -> list[list[tuple[int, int]]]:
     (docs/performance.md, "Several GPUs, n = 65536"): every block loaded its panels afresh,
     in a burst at its start, while the other GPU did the same."""
     p, q, _ = plan.grid
-    done = set(plan.done)
+    done = set(plan.work.done)
     walk = triangle(p) if plan.symmetric else serpentine(p, q)
     order = [block for block in walk if block not in done]
     if p >= 2 * devices or q >= 2 * devices:
@@ -70,7 +70,7 @@ def k_parts(plan, devices: int) -> list[tuple[int, int]]:
     as even as that allows; empty where the product has several blocks (they split instead)
     or K is too short to go round."""
     prob = plan.problem
-    if devices < 2 or plan.n_blocks != 1 or plan.done or not prob.computes_product:
+    if devices < 2 or plan.n_blocks != 1 or plan.work.done or not prob.computes_product:
         return []
     grain = plan.tile[2]
     for name, operand in (("A", prob.a), ("B", prob.b)):
@@ -294,15 +294,15 @@ def again(work: Work, name: str, exc: MemoryPressureError) -> tuple[Work, str]:
         what = f"part {work.part[0]}:{work.part[1]} of K on {name}"
     else:
         small = _within(plan, smaller(replan(plan, blocks=(), why="the whole product"), exc))
-        first = plan.blocks[0]
-        what = f"the group of {len(plan.blocks)} C blocks from {first} on {name}"
+        first = plan.work.blocks[0]
+        what = f"the group of {len(plan.work.blocks)} C blocks from {first} on {name}"
     return (dataclasses.replace(work, plan=small, replans=work.replans + 1),
             replan_note(exc, small, what))
 
 
 def _within(plan, small):
     """``small`` (a whole product's plan under a smaller budget) with the largest tile under
-    its own whose w and h divide ``plan``'s, computing the blocks inside ``plan.blocks``."""
+    its own whose w and h divide ``plan``'s, computing the blocks inside ``plan.work.blocks``."""
     w, h, _ = plan.tile
     w2, h2 = _divisor(w, small.tile[0]), _divisor(h, small.tile[1])
     if plan.symmetric:
@@ -311,7 +311,7 @@ def _within(plan, small):
                    why="the group's blocks divided")
     rows, cols = small.row_splits, small.col_splits
     inside = []
-    for i, j in plan.blocks:
+    for i, j in plan.work.blocks:
         r0, r1 = rows.index(plan.row_splits[i]), rows.index(plan.row_splits[i + 1])
         c0, c1 = cols.index(plan.col_splits[j]), cols.index(plan.col_splits[j + 1])
         inside += [(a, b) for a in range(r0, r1) for b in range(c0, c1)

@@ -51,7 +51,7 @@ class MatrixSource(abc.ABC):
     decoded_bytes: int = 0
 
     #: Stored objects (chunk files, shards) read as stored for a device to decode
-    #: (:attr:`Plan.gpu_decode <oocgemm.planning.plan.Plan.gpu_decode>`).
+    #: (:attr:`Plan.io.gpu_decode <oocgemm.planning.plan.IOChoices.gpu_decode>`).
     objects_read: int = 0
 
     def count(self, stored: int, decoded: int = 0, objects: int = 0) -> None:

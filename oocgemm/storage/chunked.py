@@ -9,7 +9,7 @@ neighbouring stripes wait for the same decode instead of each decoding the chunk
 the read copies its part out. A chunk stays in memory until the last read of the stretch of
 loads that need it (streamed operands: consecutive loads, so that a chunk larger than a panel
 is decoded once and its rows handed to each panel in turn), or for the whole run (kept
-operands, ``Plan.cache``); the plan's :func:`~oocgemm.planning.chunks.loads` say how many
+operands, ``Plan.io.cache``); the plan's :func:`~oocgemm.planning.chunks.loads` say how many
 reads each load makes.
 
 When a read starts a load of a streamed operand, the decodes of the whole load are queued at
@@ -122,7 +122,7 @@ class ChunkReader(MatrixSource):
         comes at most ``gap`` loads later (:func:`~oocgemm.planning.chunks.chunk_ends`): 2
         where one matrix is read in two roles, whose loads alternate.
     into
-        The plan's reads are whole chunks, each read once (``Plan.into_ring``): a read that
+        The plan's reads are whole chunks, each read once (``Plan.io.into_ring``): a read that
         is one decodes it on the reading thread straight into its destination (a pinned
         ring buffer), with no decoded copy held and none copied out of; the storage reads
         of the chunks after it are hinted ahead. Any other read goes the usual way.

@@ -561,7 +561,7 @@ class ZarrSource(MatrixSource):
         except OSError:  # never written: the fill value
             return 0
 
-    # -- objects as stored, for a GPU to decode (Plan.gpu_decode) --------------------------
+    # -- objects as stored, for a GPU to decode (Plan.io.gpu_decode) --------------------------
     @property
     def fill_value(self):
         """What chunks never written hold."""
