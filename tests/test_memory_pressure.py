@@ -80,7 +80,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
     diagonal)."""
     from oocgemm.errors import MemoryPressureError
     from oocgemm.planning.planner import replan
-    from oocgemm.runtime.multi_device import Work, again, groups
+    from oocgemm.runtime.multi_device import Share, again, groups
 
     x, y = rand(rng, (200, 300)), rand(rng, (300, 250))
     for gram in (False, True):
@@ -88,7 +88,7 @@ def test_a_group_planned_again_keeps_its_region_of_c(rng):
                             memory_limit="600KB")
         assert plan.symmetric == gram and plan.grid[0] >= 2
         group = tuple(groups(plan, 2)[-1])
-        work = Work(replan(plan, blocks=group, why="a group"), len(group))
+        work = Share(replan(plan, blocks=group, why="a group"), len(group))
         small, note = again(work, "cpu#1", MemoryPressureError("host memory ran out", "host"))
         w, h, _ = plan.tile
         w2, h2, _ = small.plan.tile

@@ -153,7 +153,7 @@ class MergedLog:
 
 
 @dataclasses.dataclass(frozen=True)
-class Work:
+class Share:
     """One device's share of a product: a group of C blocks, or a part of K."""
 
     plan: Any
@@ -178,7 +178,7 @@ def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool 
     split when it has one C block (:func:`k_parts`; C written once), else its C blocks
     handed out in groups (:func:`run_split`) into ``io.writer(plan)``, the sink written at
     its grain (the groups' blocks share no chunk row band cell). Each executor reads the
-    sources through ``io.readers``. Work that runs out of memory is planned again with
+    sources through ``io.readers``. A share that runs out of memory is planned again with
     smaller blocks and run again (:func:`again`), the others going on; ``replanned`` (a
     list) is told of it at once, also when the run fails later."""
     running: set = set()
@@ -225,10 +225,10 @@ def run_split(plan, devices: list[str], run_group, stop, *,
     again (:func:`again`) and goes back to the queue. The first other failure, or an
     interrupt, calls ``stop()`` (which stops the runs under way) and is raised once every
     device stopped."""
-    def run(name: str, work: Work):
+    def run(name: str, work: Share):
         return run_group(work.on(name), name), work.blocks
 
-    work = [Work(replan(plan, blocks=tuple(group), why=f"a group of {len(group)} C blocks"),
+    work = [Share(replan(plan, blocks=tuple(group), why=f"a group of {len(group)} C blocks"),
                  len(group))
             for group in groups(plan, len(devices))]
     return _share(work, devices, run, stop, replanned=replanned)
@@ -249,7 +249,7 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
     prob = plan.problem
     partials = {part: np.empty((prob.m, prob.n), dtype=prob.dtype) for part in parts}
 
-    def run_part(name: str, work: Work):
+    def run_part(name: str, work: Share):
         assert work.part is not None
         lo, hi = work.part
         a = Part(sources["A"], prob.k_axis("A"), lo, hi)
@@ -257,7 +257,7 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
         return run(work.on(name), {"A": a, "B": b},
                    NumpySink(partials[work.part], "a partial C")), 1
 
-    work = [Work(replan(plan, problem=prob.k_part(lo, hi), why=f"K {lo}:{hi}"), 1,
+    work = [Share(replan(plan, problem=prob.k_part(lo, hi), why=f"K {lo}:{hi}"), 1,
                  part=(lo, hi))
             for lo, hi in parts]
     log = _share(work, devices, run_part, stop, one_each=True,  # parts even, one a device
@@ -275,7 +275,7 @@ def run_k_parts(plan, sources: dict, devices: list[str], parts: list[tuple[int, 
     return log
 
 
-def again(work: Work, name: str, exc: MemoryPressureError) -> tuple[Work, str]:
+def again(work: Share, name: str, exc: MemoryPressureError) -> tuple[Share, str]:
     """``work``, which ran out of memory on device ``name`` (``exc``), planned again with
     smaller blocks (:func:`~oocgemm.runtime.replan.smaller`: half the budget that ran
     out), and what :attr:`Result.replanned <oocgemm.result.Result.replanned>` says of it.
