@@ -30,7 +30,7 @@ def gram_plan():
     x = np.ones((60, 48))
     plan = oocgemm.plan(x, x, device="cpu", trans_a=True, tile=(16, 16, 30))
     assert plan.symmetric
-    return replace(plan, split_blocks="every")
+    return replace(plan, staging=replace(plan.staging, split_blocks="every"))
 
 
 def nth(schedule, kind: OpKind, n: int = 0, **where):

@@ -71,7 +71,8 @@ def staged_plan(a, b, chunks, tile, stripe):
     ring in stripes of ``stripe`` elements, which cut the output's chunks."""
     plan = oocgemm.plan(a, b, device="cpu", tile=tile, out="c.zarr",
                         out_options={"chunks": chunks})
-    return dataclasses.replace(plan, staged=True, stripe=stripe, n_stage=3, n_out=2)
+    return dataclasses.replace(plan, staged=True, stripe=stripe,
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
 
 
 def replay(plan, a, b, sink):
@@ -236,7 +237,7 @@ def test_plans_budget_the_assembly(rng, workdir):
     assert plan.assembly_window == 4 * 16 * 48 * 8
     flat = dataclasses.replace(plan, staged=False)  # whole blocks: two cells
     assert flat.assembly_window == 2 * 16 * 48 * 8
-    assert plan.host_bytes - plan.assembly_window == (plan.n_stage + plan.n_out) \
+    assert plan.host_bytes - plan.assembly_window == (plan.staging.n_stage + plan.staging.n_out) \
         * plan.buffers.ring + plan.decode_window + plan.cache_bytes
 
 
@@ -269,5 +270,6 @@ def test_a_journal_records_a_block_only_when_its_chunks_are_stored(rng, workdir)
 def test_an_empty_product_assembles_nothing(rng, workdir):
     a, b = np.empty((0, 32)), rand(rng, (32, 48))
     plan = oocgemm.plan(a, b, device="cpu", out="c.zarr", out_options={"chunks": (16, 48)})
-    staged = dataclasses.replace(plan, staged=True, stripe=4 * 48, n_stage=3, n_out=2)
+    staged = dataclasses.replace(plan, staged=True, stripe=4 * 48,
+                                 staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
     assert staged.assembly_window == 0 and staged.host_bytes >= 0

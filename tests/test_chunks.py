@@ -151,7 +151,8 @@ def test_staged_replay_decodes_each_chunk_once(rng, workdir, layout):
     write("b.zarr", b, (8, 12), layout)
     (store_a, za), (store_b, zb) = counted("a.zarr"), counted("b.zarr")
     plan = oocgemm.plan(za, zb, device="cpu", tile=(16, 12, 8))
-    plan = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
+    plan = dataclasses.replace(plan, staged=True, stripe=24,
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
     stripes = [op for op in plan.schedule.ops if op.kind.value == "read" and op.operand == "B"]
     assert len(stripes) > 2 * n_chunks(b.shape, (8, 12))  # stripes cut chunks, B is reloaded
     out = replayed(plan, {"A": ZarrSource(za, "a"), "B": ZarrSource(zb, "b")}, (48, 36))
@@ -203,8 +204,9 @@ def test_staged_streamed_operand_stays_within_its_window(rng, workdir):
     write("b.zarr", b, (16, 16), "v3-zstd")
     (store_b, zb) = counted("b.zarr")
     plan = oocgemm.plan("a.zarr", zb, device="cpu", tile=(32, 32, 32))
-    plan = dataclasses.replace(plan, staged=True, stripe=4 * 32, n_stage=3, n_out=2,
-                               io=IOChoices(), n_a=2, n_b=2)  # (not a slot per panel: reloaded)
+    plan = dataclasses.replace(plan, staged=True, stripe=4 * 32, io=IOChoices(),
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2,
+                                                           n_a=2, n_b=2))  # (reloaded)
     ops = plan.schedule.ops
     b_loads = loads(ops, "B", (16, 16))
     assert all(x.reads == 8 and set(x.uses) == {4} for x in b_loads)  # 4 stripes a chunk
@@ -329,7 +331,8 @@ def test_loads_group_the_stripes_of_one_region(rng, workdir):
     write("a.zarr", a, (16, 8), "v3")
     write("b.zarr", b, (8, 12), "v3")
     plan = oocgemm.plan("a.zarr", "b.zarr", device="cpu", tile=(16, 12, 8))
-    staged = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
+    staged = dataclasses.replace(plan, staged=True, stripe=24,
+                                 staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
     flat, striped = (loads(p.schedule.ops, "B", (8, 12)) for p in (plan, staged))
     assert [x.region for x in flat] == [x.region for x in striped]
     assert all(x.reads == 1 for x in flat) and any(x.reads > 1 for x in striped)
@@ -493,7 +496,7 @@ def _gpu_like(plan):
 
     staging = CudaExecutor.staging(plan.problem, plan.model)
     return with_ring_decodes(dataclasses.replace(
-        plan, staged=True, io=dataclasses.replace(plan.io, cache=()), **staging.plan_fields()))
+        plan, staged=True, io=dataclasses.replace(plan.io, cache=()), staging=staging))
 
 
 @pytest.mark.parametrize("rows", [400, 377])  # whole chunks, and a ragged last one
@@ -574,11 +577,11 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,
                        **staging.tiling())
     plan = finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
-                          staged=True, symmetric=True, **budget, **staging.plan_fields()))
+                          staged=True, symmetric=True, **budget, staging=staging))
     assert plan.io.into_ring == ("A", "B") and plan.io.cache == ()
     assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)
     assert plan.decode_window == 0
-    assert plan.host_bytes == plan.n_stage * (256 << 20) + plan.n_out * (32 << 20)
+    assert plan.host_bytes == plan.staging.n_stage * (256 << 20) + plan.staging.n_out * (32 << 20)
     (report,) = plan.chunk_reports()
     assert report.into_ring and report.decodes == report.n_chunks == 62
     reads = [op for op in plan.schedule.ops if op.kind.value == "read"]

@@ -119,14 +119,15 @@ def test_inputs_in_place_keep_every_panel_with_the_same_bits(rng):
     plan = _quiet(oocgemm.plan, a, b, tile=tile, device="cpu")
     p, q, nk = plan.grid
     assert plan.in_place == ("A", "B", "C") and plan.resident == ("A", "B")
-    assert (plan.n_a, plan.n_b) == (p * nk, q * nk)
+    assert (plan.staging.n_a, plan.staging.n_b) == (p * nk, q * nk)
     assert plan.notes and "A in place" in str(plan) and "B in place" in str(plan)
     assert plan.device_bytes < 3 * 32 * 32 * 8 + 1  # C's two slots and the accumulator
     reads = [op for op in plan.schedule.ops if op.kind is OpKind.READ]
     assert len(reads) == p * nk + q * nk
     # (the estimate leaves out the run's last block's tapering stripes: a few operations)
     assert plan.counts.total - 10 <= plan.prediction.operations <= plan.counts.total
-    two = dataclasses.replace(plan, n_a=2, n_b=2, notes=())
+    two = dataclasses.replace(plan, staging=dataclasses.replace(plan.staging, n_a=2, n_b=2),
+                              notes=())
     assert len(two.schedule.ops) > len(plan.schedule.ops)
     outs = []
     for each in (plan, two):
@@ -151,7 +152,7 @@ def test_only_the_runs_last_block_runs_its_last_panel_in_row_stripes(rng):
     a, b = rand(rng, (100, 60)), rand(rng, (60, 90))
     plan = _quiet(oocgemm.plan, a, b, tile=(16, 20, 25), device="cpu")
     p, q, nk = plan.grid
-    assert plan.split_blocks == "last" and plan.split_last > 1
+    assert plan.staging.split_blocks == "last" and plan.staging.split_last > 1
     last = (p - 1, 0 if p % 2 == 0 else q - 1)  # where the serpentine ends
     assert _stripes(plan) == {last}
     gemms = [op for op in plan.schedule.ops if op.kind is OpKind.GEMM]
@@ -162,7 +163,8 @@ def test_only_the_runs_last_block_runs_its_last_panel_in_row_stripes(rng):
     assert _stripes(group) == set()
     with_last = dataclasses.replace(plan, work=Work(blocks=((1, 1), last)))
     assert _stripes(with_last) == {last}
-    every = dataclasses.replace(plan, split_blocks="every")  # the CUDA executor's way
+    every = dataclasses.replace(  # the CUDA executor's way
+        plan, staging=dataclasses.replace(plan.staging, split_blocks="every"))
     assert len(_stripes(every)) == p * q
 
 

@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.gpu,
 def _tight_plan(a, b, *, tile, stripe, ring, **kw):
     """A CUDA plan with a tiny ring, so that every ring buffer is reused many times."""
     plan = oocgemm.plan(a, b, device="cuda", tile=tile, **kw)
-    plan = dataclasses.replace(plan, stripe=stripe, n_stage=ring, n_out=ring)
+    plan = dataclasses.replace(plan, stripe=stripe,
+                               staging=dataclasses.replace(plan.staging, n_stage=ring, n_out=ring))
     check_schedule(plan.schedule, plan)
     return plan
 

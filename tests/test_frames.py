@@ -43,7 +43,8 @@ def staged_plan(a, b, chunks, tile, stripe):
     in stripes of ``stripe`` elements."""
     plan = oocgemm.plan(a, b, device="cpu", tile=tile, out="c.zarr",
                         out_options={"chunks": chunks})
-    return dataclasses.replace(plan, staged=True, stripe=stripe, n_stage=3, n_out=2)
+    return dataclasses.replace(plan, staged=True, stripe=stripe,
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
 
 
 def new_output(path, shape, chunks, layout, **extra):

@@ -65,7 +65,8 @@ def run(plan, arrays, out, executor=CpuExecutor):
 
 def gpu_plan(za, zb, tile, operands=("A", "B"), **keywords):
     plan = oocgemm.plan(za, zb, device="cpu", tile=tile, **keywords)
-    plan = dataclasses.replace(plan, staged=True, stripe=64, n_stage=3, n_out=2)
+    plan = dataclasses.replace(plan, staged=True, stripe=64,
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
     return with_gpu_decode(plan, operands)
 
 
@@ -80,7 +81,8 @@ def ragged(rng, layout, trans, device="cpu"):
     plan = oocgemm.plan(za, zb, device=device, tile=(24, 16, 48) if trans else (32, 24, 48),
                         trans_a=trans, trans_b=trans)
     if device == "cpu":  # the CPU executor replays a staged plan too
-        plan = dataclasses.replace(plan, staged=True, stripe=64, n_stage=3, n_out=2)
+        plan = dataclasses.replace(plan, staged=True, stripe=64, staging=dataclasses.replace(
+            plan.staging, n_stage=3, n_out=2))
     return a, b, za, zb, with_gpu_decode(plan, ("A", "B"))
 
 

@@ -272,9 +272,10 @@ def test_triangle_order():
 
 def staged(plan, **kw):
     """The plan with the CUDA executor's kind of staging: stripes, a ramp, a striped tail."""
-    return dataclasses.replace(plan, staged=True, stripe=4 * plan.tile[0], n_stage=3, n_out=2,
-                               split_last=3, split_blocks="every", tail_panels=2, n_a=3,
-                               n_b=3, ramp=1, min_stripes=2, **kw)
+    staging = dataclasses.replace(plan.staging, n_stage=3, n_out=2, split_last=3,
+                                  split_blocks="every", tail_panels=2, n_a=3, n_b=3, ramp=1,
+                                  min_stripes=2)
+    return dataclasses.replace(plan, staged=True, stripe=4 * plan.tile[0], staging=staging, **kw)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.75])

@@ -30,6 +30,7 @@ from oocgemm.planning import (
     tiling,
 )
 from oocgemm.planning.problem import Operand
+from oocgemm.planning.staging import StagingSettings
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
 
@@ -82,13 +83,13 @@ def replay(plan, a, b, c=None):
 def test_chosen_when_a_b_and_c_fit(fake_gpu, n):
     plan = cuda_plan(n, n, n)
     assert plan.in_core and plan.tile == (n, n, n) and plan.grid == (1, 1, 1)
-    assert (plan.n_a, plan.n_b, plan.n_c) == (1, 1, 1)
+    assert (plan.staging.n_a, plan.staging.n_b, plan.n_c) == (1, 1, 1)
     assert plan.device_bytes == 3 * n * n * 8
     assert "in core" in str(plan) and plan.summary()["in_core"] is True
     # C's stripes (a GEMM each) and A's and B's: 8 and the readers' count at most, none
     # under 8 MiB (n = 1024: one of each)
-    assert plan.split_last == {1024: 1, 2048: 4, 4096: 8}[n]
-    assert plan.min_stripes == min(plan.readers, n * n * 8 >> 23)
+    assert plan.staging.split_last == {1024: 1, 2048: 4, 4096: 8}[n]
+    assert plan.staging.min_stripes == min(plan.staging.readers, n * n * 8 >> 23)
     assert plan.stripe & (plan.stripe - 1) == 0  # a power of two: pinned buffers reused
     # the pinned ring is sized to the stripes (not 28 x 32 MiB whatever the product)
     assert plan.host_bytes <= 2 * plan.device_bytes + (64 << 20)
@@ -118,7 +119,7 @@ def test_not_chosen_where_compute_outweighs_the_upload_of_a():
                        b=Operand((n, n)), c=None, out=Operand((n, n)))
 
     model, room = cuda_model(), 79 << 30
-    staging = dict(staged=True, split_last=8, min_stripes=10)
+    staging = dict(staged=True, settings=StagingSettings(split_last=8, min_stripes=10))
     assert in_core_shape(problem(4096), model, room, **staging) is not None
     assert in_core_shape(problem(32768), model, room, **staging) is None
     assert in_core_shape(problem(4096), model, room, **{**staging, "staged": False}) is None
@@ -130,7 +131,8 @@ def test_smaller_plan_after_memory_ran_short_is_panelled(fake_gpu):
 
     plan = cuda_plan(2048, 2048, 2048)
     again = smaller(plan, MemoryPressureError("out of memory", where="device"))
-    assert not again.in_core and again.n_a == 5 and again.device_bytes <= plan.memory_limit // 2
+    assert not again.in_core and again.staging.n_a == 5
+    assert again.device_bytes <= plan.memory_limit // 2
 
 
 # -- the schedule --------------------------------------------------------------------------
@@ -165,7 +167,7 @@ def test_schedule_order_and_dependencies(fake_gpu, small_stripes, trans_a):
                for name in "AB"}
     gemms = [op for op in ops if op.kind is OpKind.GEMM]
     downloads = [op for op in ops if op.kind is OpKind.DOWNLOAD]
-    assert len(gemms) == len(downloads) == plan.split_last == 3  # 1000 rows: 3 of >= 256
+    assert len(gemms) == len(downloads) == plan.staging.split_last == 3  # 3 of >= 256 rows
     assert max(op.index for op in uploads["B"]) < min(op.index for op in uploads["A"])
     before = _happens_before(ops)
     h = 1313
@@ -225,7 +227,7 @@ def test_a_small_product_moves_in_few_stripes(fake_gpu):
     kinds = [op.kind for op in plan.schedule.ops]
     assert [kinds.count(k) for k in (OpKind.UPLOAD, OpKind.GEMM, OpKind.DOWNLOAD)] == [2, 1, 1]
     tall = cuda_plan(8192, 1024, 1024)  # A and C 64 MiB, B 8 MiB
-    assert tall.in_core and tall.split_last == 8 and tall.min_stripes == 1
+    assert tall.in_core and tall.staging.split_last == 8 and tall.staging.min_stripes == 1
     ups = {name: [op for op in tall.schedule.ops
                   if op.kind is OpKind.UPLOAD and op.operand == name] for name in "AB"}
     assert len(ups["B"]) == 1 and len(ups["A"]) == 8  # A's stripes end where C's do

@@ -66,8 +66,8 @@ def test_staged_writes_cover_whole_chunks(inputs):
     """Every WRITE of a staged plan (a row stripe of a C block) covers whole default chunks,
     so no chunk is rewritten by two writes."""
     plan = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(16, 25, 30))
-    plan = dataclasses.replace(plan, staged=True, stripe=4 * 25, n_stage=3, n_out=2,
-                               min_stripes=2)
+    plan = dataclasses.replace(plan, staged=True, stripe=4 * 25, staging=dataclasses.replace(
+        plan.staging, n_stage=3, n_out=2, min_stripes=2))
     from oocgemm.lifecycle.outputs import output_layout
 
     rows, cols = output_layout(plan, {})["chunks"]

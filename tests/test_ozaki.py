@@ -542,7 +542,7 @@ def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
     model = cuda_model()
     return Plan(problem=prob, device="cuda:0", model=model, tile=tile, memory_limit=limit,
                 host_memory_limit=limit, staged=True, kernel=kernel,
-                **CudaExecutor.staging(prob, model, kernel).plan_fields())
+                staging=CudaExecutor.staging(prob, model, kernel))
 
 
 def test_an_emulating_gpu_plan_counts_its_converted_panels():
@@ -552,7 +552,7 @@ def test_an_emulating_gpu_plan_counts_its_converted_panels():
     w, h, r = 1000, 700, 1234
     native, emulated = _gpu_plan("cublas", (w, h, r)), _gpu_plan("ozaki:16", (w, h, r))
     buf = emulated.buffers
-    assert (emulated.n_a, emulated.n_b, emulated.ramp) == (2, 2, 0)
+    assert (emulated.staging.n_a, emulated.staging.n_b, emulated.staging.ramp) == (2, 2, 0)
     assert buf.a_converted == 16 * w * 1248 + 4 * w and buf.b_converted == 16 * h * 1248 + 4 * h
     assert buf.emulation == 2 * 4 * 16 * w * 700  # w < 2048 rows a chunk; h a multiple of 4
     assert emulated.device_bytes == (2 * buf.c + 2 * (buf.a + buf.a_converted)
@@ -571,8 +571,8 @@ def test_an_emulating_gpu_plan_keeps_its_k_panels_exact_in_int32():
 
     deep = ozaki.MAX_DEPTH + 1000
     plan = _gpu_plan("ozaki:16", (64, 64, 64), k=deep)
-    staging = {key: getattr(plan, key) for key in ("n_stage", "n_out", "split_last", "ramp",
-                                                   "tail_panels", "n_a", "n_b", "min_stripes")}
+    staging = {key: getattr(plan.staging, key) for key in (
+        "n_stage", "n_out", "split_last", "ramp", "tail_panels", "n_a", "n_b", "min_stripes")}
     tile = choose_tile(plan.problem, plan.model, 64 << 30, 64 << 30, staged=True,
                        strategy=plan.strategy, **staging)
     assert tile[2] <= ozaki.MAX_DEPTH

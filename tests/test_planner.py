@@ -188,8 +188,8 @@ def test_prediction_charges_every_operation(rng, shape, tile, staged, stripe, mi
     m, k, n = shape
     plan = oocgemm.plan(np.empty((m, k)), np.empty((k, n)), device="cpu", tile=tile)
     if staged:
-        plan = dataclasses.replace(plan, staged=True, stripe=stripe, min_stripes=min_stripes,
-                                   n_stage=4, n_out=2)
+        plan = dataclasses.replace(plan, staged=True, stripe=stripe, staging=dataclasses.replace(
+            plan.staging, min_stripes=min_stripes, n_stage=4, n_out=2))
     estimate = plan.prediction.operations
     assert plan.prediction.overhead == estimate * plan.model.op_overhead
     assert plan.counts.total / 1.5 <= estimate <= plan.counts.total * 1.5
@@ -254,10 +254,11 @@ def test_in_place_products_take_one_tile_without_a_search(rng, monkeypatch, m, k
     plan = oocgemm.plan(a, b, device="cpu")
     assert plan.tile == (m, n, k)
     # nothing to write as it becomes final: the one block's one panel is one GEMM
-    assert plan.split_last == 1
+    assert plan.staging.split_last == 1
     assert [op.kind for op in plan.schedule.ops].count(OpKind.GEMM) == 1
-    settings = dict(staged=False, split_last=plan.split_last, ramp=plan.ramp,
-                    tail=plan.tail_panels, stripe=plan.stripe, min_stripes=plan.min_stripes)
+    s = plan.staging
+    settings = dict(staged=False, split_last=s.split_last, ramp=s.ramp, tail=s.tail_panels,
+                    stripe=plan.stripe, min_stripes=s.min_stripes)
     whole = predict(plan.problem, plan.tile, plan.model, **settings).total
     for tile in ((m, n, max(1, k // 2)), (max(1, m // 2), n, k), (m, max(1, n // 3), k),
                  (max(1, m // 4), max(1, n // 2), max(1, k // 4))):

@@ -156,17 +156,39 @@ def test_a_kind_of_device_is_asked_of_its_backend():
         backend_of("tpu:0")
 
 
-def test_the_staging_settings_are_the_plans_fields_with_its_defaults():
-    """An executor's staging travels typed (issue 52): every setting is a field of the plan
-    with the same default, so a setting an executor leaves alone is the plan's."""
+def test_the_staging_settings_are_one_part_of_the_plan_replaced_whole(rng, workdir):
+    """An executor's staging travels typed (issue 52): the plan holds the backend's settings
+    as one part (no flat copy of them), which the passes that change them for a tile (the
+    in-core shape, a replan with the executor's settings, the CPU's resident panels)
+    replace whole."""
     from oocgemm.planning import Plan
     from oocgemm.planning.staging import StagingSettings
 
-    defaults = StagingSettings().plan_fields()
-    assert defaults == {name: Plan.__dataclass_fields__[name].default for name in defaults}
+    names = {f.name for f in dataclasses.fields(StagingSettings)}
+    assert Plan.__dataclass_fields__["staging"].default == StagingSettings()
+    assert not names & set(Plan.__dataclass_fields__)
     cpu = backend_of("cpu").staging(None, backend_of("cpu").model(), "cublas")
     assert not cpu.staged and cpu.settings.split_blocks == "last"
     assert "ramp_granule" not in cpu.settings.tiling()
+    np.save("a.npy", rand(rng, (600, 400)))
+    np.save("b.npy", rand(rng, (400, 300)))
+    problem = _problem("a.npy", "b.npy")
+    facts = _cuda_facts(problem)
+    settings = facts.staging.settings
+    in_core = make_plan(problem, facts)
+    assert in_core.in_core and isinstance(in_core.staging, StagingSettings)
+    assert (in_core.staging.n_a, in_core.staging.n_b, in_core.staging.ramp) == (1, 1, 0)
+    assert in_core.staging == dataclasses.replace(  # the rest is the executor's
+        settings, n_a=1, n_b=1, tail_panels=1, ramp=0, split_last=in_core.staging.split_last,
+        min_stripes=in_core.staging.min_stripes, n_stage=in_core.staging.n_stage,
+        n_out=in_core.staging.n_out)
+    panelled = replan(in_core, staging=settings, tile=(200, 100, 100), why="panels again")
+    assert not panelled.in_core and panelled.staging == settings  # nothing of in-core's left
+    kept = oocgemm.plan(rand(rng, (300, 200)), rand(rng, (200, 100)), device="cpu",
+                        tile=(100, 50, 50))
+    p, q, nk = kept.grid
+    assert (kept.staging.n_a, kept.staging.n_b) == (p * nk, q * nk)  # a slot per panel
+    assert dataclasses.replace(kept.staging, n_a=2, n_b=2) == cpu.settings
 
 
 # -- who compresses C (the GPU encode pass, once the output is open) ------------------------
@@ -269,7 +291,8 @@ def test_the_gpu_encodes_nothing_where_nvcomps_buffers_do_not_fit(rng, workdir, 
             room = plan.memory_limit - plan.device_bytes
             fits, over = _NvcompSizes(device=room), _NvcompSizes(device=room + 1)
         else:  # each output ring buffer grown to hold a stripe's frames
-            ring = plan.buffers.out_ring + (plan.host_memory_limit - plan.host_bytes) // plan.n_out
+            room = plan.host_memory_limit - plan.host_bytes
+            ring = plan.buffers.out_ring + room // plan.staging.n_out
             fits, over = _NvcompSizes(host=ring), _NvcompSizes(host=ring + 1)
         encoded, refused = (_encoded(plan, writer, encoder=sizes) for sizes in (fits, over))
     assert encoded.io.c_frames is not None and encoded.io.c_frames.downloads

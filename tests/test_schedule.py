@@ -24,25 +24,31 @@ from oocgemm.planning import (
     cuda_model,
 )
 from oocgemm.planning.schedule import op_span, stream_schedule
+from oocgemm.planning.staging import StagingSettings
 from oocgemm.runtime.cpu import CpuExecutor
 from oocgemm.storage import open_sink, open_source
 
 PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)}
+STAGING_FIELDS = {f.name for f in dataclasses.fields(StagingSettings)}
 BIG = 1 << 50
 
 
 def make_plan(m, n, k, tile, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
               staged=False, dtype="float64", model=None, **slots) -> Plan:
-    """A Plan built directly (no API), with generous budgets."""
+    """A Plan built directly (no API), with generous budgets: ``slots`` are its fields, or
+    settings of its :attr:`~oocgemm.planning.Plan.staging` (the rest of which are the
+    defaults)."""
     itemsize = np.dtype(dtype).itemsize
     prob = Problem(
         m=m, n=n, k=k, itemsize=itemsize, dtype=dtype,
         a=Operand((k, m) if trans_a else (m, k)), b=Operand((n, k) if trans_b else (k, n)),
         c=Operand((m, n)) if beta != 0 else None, out=Operand((m, n)),
         alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
+    staging = StagingSettings(**{k: v for k, v in slots.items() if k in STAGING_FIELDS})
     slots = {key: value for key, value in slots.items() if key in PLAN_FIELDS}
     return Plan(problem=prob, device="cpu", model=model or cpu_model(), tile=tile,
-                memory_limit=BIG, host_memory_limit=BIG, staged=staged, **slots).validate()
+                memory_limit=BIG, host_memory_limit=BIG, staged=staged, staging=staging,
+                **slots).validate()
 
 
 @st.composite
@@ -73,8 +79,9 @@ def test_random_plans_pass_the_checker(plan):
     gemms = [op for op in schedule.ops if op.kind is OpKind.GEMM]
     assert len({(op.key, op.q) for op in gemms}) == (p * q * nk if prob.computes_product else 0)
     assert sum(op.flops for op in gemms) == prob.flops
-    tail = min(plan.tail_panels, nk, plan.n_a, plan.n_b)
-    assert len(gemms) <= p * q * (nk - tail + tail * (plan.split_last + 3))  # +3: the taper
+    s = plan.staging
+    tail = min(s.tail_panels, nk, s.n_a, s.n_b)
+    assert len(gemms) <= p * q * (nk - tail + tail * (s.split_last + 3))  # +3: the taper
     assert schedule.count(OpKind.FILL) == (0 if prob.computes_product else p * q)
     written = sum(op.nbytes for op in schedule.ops if op.kind is OpKind.WRITE)
     assert written == prob.m * prob.n * prob.itemsize
@@ -680,8 +687,9 @@ def test_one_matrix_in_both_roles_keeps_each_roles_tail_in_its_own_slots(rng):
                    b=Operand(x.shape), c=None, out=Operand((281, 281)), alpha=1.0, beta=0.0,
                    trans_a=False, trans_b=True, shared=True)
     whole = Plan(problem=prob, device="cpu", model=cpu_model(), tile=(256, 64, 32),
-                 memory_limit=BIG, host_memory_limit=BIG, staged=True, n_a=5, n_b=5,
-                 tail_panels=4, split_last=8, stripe=4096, n_stage=4, n_out=2).validate()
+                 memory_limit=BIG, host_memory_limit=BIG, staged=True, stripe=4096,
+                 staging=StagingSettings(n_a=5, n_b=5, tail_panels=4, split_last=8, n_stage=4,
+                                         n_out=2)).validate()
     assert whole.grid == (2, 5, 4)
     out = poisoned((281, 281))
     for group in groups(whole, 3):

@@ -36,7 +36,7 @@ def test_the_cpu_staging_follows_the_strategy(rng):
     a = rand(rng, (40, 30))
     native = oocgemm.plan(a, a, trans_b=True, device="cpu")
     emulated = oocgemm.plan(a, a, trans_b=True, device="cpu", kernel="ozaki")
-    assert (native.split_last, emulated.split_last) == (4, 1)
+    assert (native.staging.split_last, emulated.staging.split_last) == (4, 1)
     assert native.symmetric and not emulated.symmetric  # X X^T halves on the native GEMM only
     np.testing.assert_allclose(oocgemm.multiply(a, a.T, device="cpu", kernel="ozaki").out,
                                a @ a.T, rtol=1e-13)

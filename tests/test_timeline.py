@@ -248,7 +248,8 @@ def test_staged_cpu_replay_records_copies_and_the_trace_holds(rng):
     thread, every operation in the trace, and recording off moves the same bytes."""
     a, b = rand(rng, (30, 22)), rand(rng, (22, 26))
     plan = oocgemm.plan(a, b, device="cpu", tile=(8, 8, 8))
-    plan = dataclasses.replace(plan, staged=True, stripe=24, n_stage=3, n_out=2)
+    plan = dataclasses.replace(plan, staged=True, stripe=24,
+                               staging=dataclasses.replace(plan.staging, n_stage=3, n_out=2))
     traffic = []
     for record in (True, False):
         out = poisoned((30, 26))

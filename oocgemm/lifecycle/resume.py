@@ -119,13 +119,14 @@ def schedule_key(plan: Plan) -> dict:
     """What fixes the order of every block's sums: the same key, the same bits
     (``split_blocks`` said where it is not every block's, so that the journals of plans
     that split every block, as all did before, still match)."""
+    s = plan.staging
     key = {"device": backend_of(plan.device).kind, "kernel": plan.kernel,
-           "tile": list(plan.tile), "staged": plan.staged, "ramp": plan.ramp,
-           "ramp_granule": plan.ramp_granule, "split_last": plan.split_last,
-           "tail_panels": plan.tail_panels, "n_a": plan.n_a, "n_b": plan.n_b,
+           "tile": list(plan.tile), "staged": plan.staged, "ramp": s.ramp,
+           "ramp_granule": s.ramp_granule, "split_last": s.split_last,
+           "tail_panels": s.tail_panels, "n_a": s.n_a, "n_b": s.n_b,
            "symmetric": plan.symmetric}
-    if plan.split_blocks != "every":
-        key["split_blocks"] = plan.split_blocks
+    if s.split_blocks != "every":
+        key["split_blocks"] = s.split_blocks
     return key
 
 

@@ -412,7 +412,8 @@ def chunk_readers(plan: Plan, sources: dict) -> dict:
     from ..storage.chunked import ChunkReader, DiskQueue
 
     # The CUDA executor's host threads mostly wait on copies: decode on every core there.
-    decoders = max(plan.readers, machine.cores()) if plan.staged else plan.readers
+    readers = plan.staging.readers
+    decoders = max(readers, machine.cores()) if plan.staged else readers
     wrapped = dict(sources)
     disk = DiskQueue()  # the cold sources' decodes, in the order the schedule needs them
     prob = plan.problem

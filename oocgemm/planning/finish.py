@@ -94,10 +94,11 @@ def with_resident_panels(plan: Plan) -> Plan:
     inputs = sorted((("A", "n_a", p * nk), ("B", "n_b", q * nk)),
                     key=lambda x: prob.operand_bytes(x[0]))
     for name, field, panels in inputs:
-        if getattr(plan, field) >= panels or (name == "A" and nk == 1):
+        if getattr(plan.staging, field) >= panels or (name == "A" and nk == 1):
             continue  # (one K panel: each of A's is shared by its row of blocks already)
-        trial = (dataclasses.replace(plan, n_a=panels) if field == "n_a"
-                 else dataclasses.replace(plan, n_b=panels))
+        staging = (dataclasses.replace(plan.staging, n_a=panels) if field == "n_a"
+                   else dataclasses.replace(plan.staging, n_b=panels))
+        trial = dataclasses.replace(plan, staging=staging)
         if name in plan.in_place:
             notes.append(f"{name} in place: a slot (a view, no memory) for each of its {panels} "
                          f"panels, each read once")

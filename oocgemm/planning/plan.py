@@ -18,6 +18,7 @@ from .chunks import chunk_region, on_chunk_edges
 from .model import DeviceModel
 from .problem import Problem
 from .schedule import OpKind, stripe_rows
+from .staging import StagingSettings
 from .tiling import (
     DEFAULT_STRIPE,
     Buffers,
@@ -123,42 +124,12 @@ class Plan:
     readers fill the working slots directly (CPU)."""
     n_c: int = 2
     """C block buffers: two, so that storing block t overlaps computing block t+1."""
-    n_a: int = 2
-    """A panel buffers (ping-pong A0/A1)."""
-    n_b: int = 2
-    """B panel buffers (ping-pong B0/B1)."""
-    n_stage: int = 16
-    """Pinned ring buffers for what goes up (A, B, C stripes) when staged."""
-    n_out: int = 4
-    """Pinned ring buffers for C stripes coming down when staged."""
     stripe: int = DEFAULT_STRIPE
     """Elements per ring buffer (a stripe of whole rows of a panel or C block) when staged."""
-    min_stripes: int = 1
-    """Stripes a staged region is cut into at the least, so that small regions (the ramp's
-    first pieces) are copied by several readers at once."""
-    split_last: int = 1
-    """Row stripes the last K panel's GEMM of each block is cut into, so that C starts its
-    way back while the rest of the block computes (1: not cut)."""
-    split_blocks: str = "every"
-    """The blocks whose tail panels run in row stripes: ``'every'`` block (the CUDA
-    executor's: each block's C starts down while its last panels compute, stripe by stripe),
-    or the ``'last'`` block of the whole run only (its place in the whole order, the same in
-    a device's group of blocks and in a resumed run; the CPU's, whose other blocks' stripes
-    sped nothing up: each computes its last panel in one GEMM). Either way a block's bits do
-    not depend on the run it is in, nor on where C goes."""
-    tail_panels: int = 1
-    """The last K panels of each block, run in row stripes (``split_last`` stripes): in a
-    run's last block stripe by stripe, so that C's rows become final over several panels,
-    elsewhere panel by panel; needs that many A and B slots (one more lets the next block's
-    first panels arrive meanwhile)."""
-    ramp: int = 0
-    """Halvings of the first K panel: with 3 it runs as r/8, r/8, r/4, r/2, so that the first
-    GEMM starts after an eighth of a panel has arrived (pieces stay multiples of
-    ``ramp_granule``)."""
-    ramp_granule: int = 1
-    """Smallest piece of a ramped first panel (a chunk or the device's granule)."""
-    readers: int = 4
-    """Reader threads the executor may run (and as many chunk decoders)."""
+    staging: StagingSettings = StagingSettings()
+    """How the executor moves the data: its readers, rings, panel slots, the row stripes of
+    the last panels and the ramp of the first (the backend's settings, as the planner's
+    passes left them for the tile)."""
     io: IOChoices = IOChoices()
     """How the run's I/O is done: which operands' decoded chunks are kept, decoded into the
     ring or on the device, who compresses C and which of its stripes."""
@@ -213,9 +184,10 @@ class Plan:
         if not self.problem.computes_product:
             return (0,)
         splits = _splits(self.problem.k, self.tile[2])
-        if self.ramp and len(splits) > 2:
-            r, g = splits[1], max(self.ramp_granule, 1)
-            pieces = {(r >> h) // g * g for h in range(self.ramp, 0, -1)}
+        ramp = self.staging.ramp
+        if ramp and len(splits) > 2:
+            r, g = splits[1], max(self.staging.ramp_granule, 1)
+            pieces = {(r >> h) // g * g for h in range(ramp, 0, -1)}
             splits = (0,) + tuple(sorted(x for x in pieces if 0 < x < r)) + splits[1:]
         return splits
 
@@ -253,7 +225,7 @@ class Plan:
     def out_stripes(self) -> int:
         """Stripes a staged C block comes down in at the least: ``min_stripes``, or in the
         in-core shape ``split_last`` (a GEMM and a download per stripe)."""
-        return self.split_last if self.in_core else self.min_stripes
+        return self.staging.split_last if self.in_core else self.staging.min_stripes
 
     def stripe_rows(self, rows: int, cols: int) -> int:
         """Rows of each stripe in which a staged C block of ``rows`` x ``cols`` moves down
@@ -273,7 +245,8 @@ class Plan:
     @property
     def device_bytes(self) -> int:
         # (a slot of an operand used in place is a view of it: no memory of its own)
-        n_a, n_b = (0 if x in self.in_place else n for x, n in (("A", self.n_a), ("B", self.n_b)))
+        n_a, n_b = (0 if x in self.in_place else n
+                    for x, n in (("A", self.staging.n_a), ("B", self.staging.n_b)))
         return (device_bytes(self.buffers, self.n_c + self.n_t, n_a, n_b)
                 + sum(self.io.n_z * self.z_slot(x) for x in self.io.gpu_decode)
                 + self.decode_scratch)
@@ -335,7 +308,7 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         buf = self.buffers
-        staging = self.n_stage * buf.ring + self.n_out * buf.out_ring
+        staging = self.staging.n_stage * buf.ring + self.staging.n_out * buf.out_ring
         return staging + self.decode_window + self.assembly_window + self.cache_bytes
 
     @property
@@ -402,8 +375,8 @@ class Plan:
         """Operands with a slot for each of their panels ('A', 'B'): each panel is loaded
         once and kept (:func:`~oocgemm.planning.finish.with_resident_panels`)."""
         p, q, nk = self.grid
-        return tuple(x for x, slots, panels in (("A", self.n_a, p * nk), ("B", self.n_b, q * nk))
-                     if panels and slots >= panels)
+        slots = (("A", self.staging.n_a, p * nk), ("B", self.staging.n_b, q * nk))
+        return tuple(x for x, n, panels in slots if panels and n >= panels)
 
     @property
     def in_place(self) -> tuple[str, ...]:
@@ -432,13 +405,13 @@ class Plan:
 
     @property
     def prediction(self) -> Prediction:
+        s = self.staging
         return predict(self.problem, self.tile, self.model, staged=self.staged,
-                       split_last=self.split_last, split_blocks=self.split_blocks,
-                       ramp=self.ramp, strategy=self.strategy,
-                       tail=min(self.tail_panels, self.n_a, self.n_b), cache=self.io.cache,
-                       symmetric=self.symmetric,
+                       split_last=s.split_last, split_blocks=s.split_blocks, ramp=s.ramp,
+                       strategy=self.strategy, tail=min(s.tail_panels, s.n_a, s.n_b),
+                       cache=self.io.cache, symmetric=self.symmetric,
                        decodes={r.operand: r for r in self.chunk_reports()},
-                       stripe=self.stripe, min_stripes=self.min_stripes, in_core=self.in_core,
+                       stripe=self.stripe, min_stripes=s.min_stripes, in_core=self.in_core,
                        gpu_decode=self.io.gpu_decode, resident=self.resident)
 
     def validate(self) -> Plan:
@@ -449,12 +422,14 @@ class Plan:
         if self.symmetric and (not self.problem.gram or w != h):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): a symmetric product takes square C "
                               f"blocks (w == h)")
+        slots = (self.staging.n_a, self.staging.n_b, self.n_c)
         if self.in_core and (self.grid[:2] != (1, 1) or self.grid[2] > 1
-                             or (self.n_a, self.n_b, self.n_c) != (1, 1, 1) or not self.staged):
+                             or slots != (1, 1, 1) or not self.staged):
             raise OptionError(f"tile (w={w}, h={h}, r={r}): the in-core shape is one staged C "
                               f"block and one K panel, one slot each")
-        if self.split_blocks not in ("every", "last"):
-            raise OptionError(f"split_blocks={self.split_blocks!r}: expected 'every' or 'last'")
+        if self.staging.split_blocks not in ("every", "last"):
+            raise OptionError(f"split_blocks={self.staging.split_blocks!r}: expected 'every' or "
+                              f"'last'")
         depth = self.strategy.max_depth(self.staged)
         if depth is not None and r > depth:
             raise OptionError(f"tile r={r}: kernel={self.kernel!r} on a GPU takes K panels of "
@@ -501,7 +476,7 @@ class Plan:
     def _device_breakdown(self) -> str:
         buf = self.buffers
         parts = [f"C {self.n_c + self.n_t}x{format_size(buf.c)}"]
-        for x, n, size in (("A", self.n_a, buf.a), ("B", self.n_b, buf.b)):
+        for x, n, size in (("A", self.staging.n_a, buf.a), ("B", self.staging.n_b, buf.b)):
             parts.append(f"{x} {n} views in place" if x in self.in_place
                          else f"{x} {n}x{format_size(size)}")
         for x in self.io.gpu_decode:
@@ -511,8 +486,9 @@ class Plan:
         if buf.accumulator:
             parts.append(f"accumulator {format_size(buf.accumulator)}")
         if buf.emulation:
-            parts.append(f"converted A {self.n_a}x{format_size(buf.a_converted)}, converted B "
-                         f"{self.n_b}x{format_size(buf.b_converted)}, int32 products "
+            parts.append(f"converted A {self.staging.n_a}x{format_size(buf.a_converted)}, "
+                         f"converted B {self.staging.n_b}x{format_size(buf.b_converted)}, "
+                         f"int32 products "
                          f"{format_size(buf.emulation)}")
         return ", ".join(parts)
 

@@ -30,7 +30,7 @@ import numbers
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
@@ -123,7 +123,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
     changes: dict = {}
     work = plan.work
     if staging is not None:
-        changes.update(in_core=False, **staging.plan_fields())
+        changes.update(in_core=False, staging=staging)
     if problem is not None:
         changes["problem"] = problem
     if device is not None:
@@ -135,7 +135,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
         try:
             tile = choose_tile(trial.problem, trial.model, mem, host, staged=trial.staged,
                                strategy=trial.strategy, symmetric=trial.symmetric,
-                               **StagingSettings.of(trial).tiling())
+                               **trial.staging.tiling())
         except BudgetError as budget:
             raise BudgetError(f"{why}; and no smaller plan fits: {budget}") from None
         changes.update(memory_limit=mem, host_memory_limit=host,
@@ -181,18 +181,17 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
     strategy = strategy_of(kernel)  # (the kernel's name looked up here, once)
     symmetric = problem.gram and strategy.halves_gram and (
         tile is None or problem.clipped(tile)[0] == problem.clipped(tile)[1])
-    settings = dict(problem=problem, device=facts.device, model=model, memory_limit=mem,
-                    host_memory_limit=host, staged=staging.staged, kernel=kernel,
-                    symmetric=symmetric, io=IOChoices(gpu_encode=facts.gpu_encode),
-                    **staging.settings.plan_fields())
+    settings: dict[str, Any] = dict(
+        problem=problem, device=facts.device, model=model, memory_limit=mem,
+        host_memory_limit=host, staged=staging.staged, kernel=kernel, symmetric=symmetric,
+        io=IOChoices(gpu_encode=facts.gpu_encode), staging=staging.settings)
     if tile is not None:  # said in the plan where the planner's own choice is far faster
         given = finished(Plan(tile=problem.clipped(tile), chosen_by="tile", **settings))
         return _decided(with_tile_advice(
             given, lambda: plan_product(problem, dataclasses.replace(facts, tile=None),
                                         in_core)), "tile", "the user's (tile=)")
     shape = in_core_shape(problem, model, mem, staged=staging.staged, strategy=strategy,
-                          symmetric=symmetric, split_last=staging.settings.split_last,
-                          min_stripes=staging.settings.min_stripes) if in_core else None
+                          symmetric=symmetric, settings=staging.settings) if in_core else None
     if shape is not None:  # A, B and C on the device at once: no tile to search for
         try:
             return _decided(finished(Plan(**{**settings, **shape})), "tile",
@@ -212,7 +211,7 @@ def plan_product(problem: Problem, facts: Facts, in_core: bool = True) -> Plan:
         # last block be written as it becomes final, and nothing is written here). On the
         # CPU, row stripes' several GEMMs took longer than one (docs/performance.md,
         # "Figures moved from the code's docstrings").
-        settings["split_last"] = 1
+        settings["staging"] = dataclasses.replace(staging.settings, split_last=1)
     plan = finished(Plan(tile=tile, **settings))
     return _decided(plan, "tile", f"the planner's search under the budgets (predicted "
                                   f"{format_seconds(plan.prediction.total)}, "
@@ -495,11 +494,11 @@ def _over_budgets(plan: Plan, device: int, ring: int) -> str | None:
     if plan.device_bytes + device > plan.memory_limit:
         return (f"nvCOMP's buffers would not fit memory_limit={format_size(plan.memory_limit)}"
                 f" ({format_size(device)} beside the plan's {format_size(plan.device_bytes)})")
-    more = plan.n_out * max(0, ring - plan.buffers.out_ring)
+    more = plan.staging.n_out * max(0, ring - plan.buffers.out_ring)
     if plan.host_bytes + more > plan.host_memory_limit:
         return (f"nvCOMP's buffers would not fit host_memory_limit="
-                f"{format_size(plan.host_memory_limit)} ({plan.n_out} output ring buffers of "
-                f"{format_size(ring)} beside the plan's {format_size(plan.host_bytes)})")
+                f"{format_size(plan.host_memory_limit)} ({plan.staging.n_out} output ring "
+                f"buffers of {format_size(ring)} beside the plan's {format_size(plan.host_bytes)})")
     return None
 
 

@@ -368,14 +368,16 @@ class _Builder:
         self.base = 0  # the index of self.ops[0]: the operations handed out before it
         self.lanes: list[str | None] = []  # ordered_lane of each op, by index
         self.clock = 0
-        names = ([f"A{i}" for i in range(plan.n_a)] + [f"B{i}" for i in range(plan.n_b)]
+        n_a, n_b = plan.staging.n_a, plan.staging.n_b
+        names = ([f"A{i}" for i in range(n_a)] + [f"B{i}" for i in range(n_b)]
                  + [f"C{i}" for i in range(plan.n_c)] + [f"T{i}" for i in range(plan.n_t)])
         if plan.staged:
-            names += [f"sR{i}" for i in range(plan.n_stage)] + [f"sO{i}" for i in range(plan.n_out)]
+            names += ([f"sR{i}" for i in range(plan.staging.n_stage)]
+                      + [f"sO{i}" for i in range(plan.staging.n_out)])
         names += [f"Z{x}{i}" for x in plan.io.gpu_decode for i in range(plan.io.n_z)]
         self.state = {name: _SlotState(name) for name in names}
-        self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(plan.n_a)],
-                            "B": [self.state[f"B{i}"] for i in range(plan.n_b)]}
+        self.panel_slots = {"A": [self.state[f"A{i}"] for i in range(n_a)],
+                            "B": [self.state[f"B{i}"] for i in range(n_b)]}
         self.holding: dict[tuple, _SlotState] = {}  # (operand, key) -> the A/B slot holding it
         self.fresh = {"A": 0, "B": 0}  # where fresh_slot() looks first
         self.c_first = self.reads_c_first()
@@ -452,7 +454,8 @@ class _Builder:
         return self.state[slot].producers(lo, hi)
 
     def next_stage(self, ring: str) -> str:
-        count = {"sR": self.plan.n_stage, "sO": self.plan.n_out, "T": self.plan.n_t,
+        count = {"sR": self.plan.staging.n_stage, "sO": self.plan.staging.n_out,
+                 "T": self.plan.n_t,
                  "ZA": self.plan.io.n_z, "ZB": self.plan.io.n_z}[ring]
         turn = self.stage_turn[ring]
         self.stage_turn[ring] = (turn + 1) % count
@@ -465,7 +468,7 @@ class _Builder:
         (r0, r1), (c0, c1) = region
         if least is None:  # a ring of whole chunks (Plan.io.into_ring) moves a chunk in one stripe
             least = (self.plan.out_stripes if down
-                     else 1 if self.plan.io.into_ring else self.plan.min_stripes)
+                     else 1 if self.plan.io.into_ring else self.plan.staging.min_stripes)
         return stripe_rows(r1 - r0, c1 - c0, self.out_ring if down else self.ring, least)
 
     def stripes(self, region, down: bool = False, least: int | None = None):
@@ -486,7 +489,7 @@ class _Builder:
             yield from self.stripes(region)
             return
         (r0, _), (c0, c1) = region
-        least = -(-self.plan.min_stripes // max(len(cuts), 1))
+        least = -(-self.plan.staging.min_stripes // max(len(cuts), 1))
         for x0, x1 in cuts:
             for stripe, offset in self.stripes(((r0 + x0, r0 + x1), (c0, c1)), least=least):
                 yield stripe, offset + x0 * (c1 - c0)
@@ -722,11 +725,12 @@ class _Builder:
         # long for them on each of two H200s: docs/performance.md, "Figures moved from
         # the code's docstrings"). The same GEMMs either way, each stripe's panels in
         # the same order: the same bits. Where only the run's last block is split
-        # (Plan.split_blocks, the CPU's), the others run every panel on the whole block:
+        # (Plan.staging.split_blocks, the CPU's), the others run every panel on the whole block:
         # which block that is does not depend on the run (a device's group, a resume),
         # so a block's bits do not either.
-        tail = max(1, min(plan.tail_panels, nk, plan.n_a, plan.n_b))
-        if plan.split_blocks == "last" and not taper:
+        settings = plan.staging
+        tail = max(1, min(settings.tail_panels, nk, settings.n_a, settings.n_b))
+        if settings.split_blocks == "last" and not taper:
             tail = 0
         head, rest = panels[:nk - tail], panels[nk - tail:]
         yield from self.head_gemms(c_key, head, first=panels[0], w=w, h=h, c_slot=c_slot,
@@ -743,7 +747,7 @@ class _Builder:
             own = not self.prob.shared or self.region("A", (i, q)) != self.region("B", (q, j))
             pinned.add(self.ensure("A", (i, q), pinned=pinned, own=own))
             pinned.add(self.ensure("B", (q, j), pinned=pinned, own=own))
-        parts = _row_parts(w, plan.split_last, taper=taper)
+        parts = _row_parts(w, settings.split_last, taper=taper)
         if final or plan.n_c < 2:
             sweep = [(rows, q) for rows in parts for q in rest]
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import BudgetError, operand_name
@@ -22,6 +22,7 @@ from .chunks import assembly_bytes, most_touched, window_bytes
 from .model import DeviceModel
 from .problem import Problem
 from .schedule import stripe_rows
+from .staging import StagingSettings
 
 #: Per-operation dispatch cost the CUDA model charges (Python, stream and thread hand-offs),
 #: seconds: :attr:`DeviceModel.op_overhead <oocgemm.planning.model.DeviceModel.op_overhead>`'s
@@ -572,11 +573,10 @@ IN_CORE_STRIPE_BYTES = 8 << 20
 
 
 def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, staged: bool,
-                  strategy: Native | None = None, symmetric: bool = False,
-                  split_last: int = 1,
-                  min_stripes: int = 1) -> dict | None:
-    """The plan settings of the in-core shape (:attr:`Plan.in_core`) for ``prob``, or None
-    where it does not apply.
+                  settings: StagingSettings, strategy: Native | None = None,
+                  symmetric: bool = False) -> dict | None:
+    """The plan's fields of the in-core shape (:attr:`Plan.in_core`) for ``prob``, its
+    ``staging`` the executor's ``settings`` made for it, or None where it does not apply.
 
     It applies to a staged plan of a product (not emulated, not a symmetric or one-matrix
     product) when A, B and C fit in ``memory_limit`` at once, and when computing it takes no
@@ -588,12 +588,12 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
 
     Notes
     -----
-    C comes down in ``split_last`` stripes at the least (a GEMM each), and A and B go up in
-    ``min_stripes``; fewer where a stripe would hold fewer than ``IN_CORE_STRIPE_BYTES`` or
-    C fewer than ``IN_CORE_ROWS`` rows. The ring has a buffer for each stripe of A and B and
-    each of C (at most the staging's), each holding the largest stripe, rounded up to a
-    power of two (so that products of nearby shapes reuse the same pinned buffers) and no
-    larger than the default stripe.
+    C comes down in the settings' ``split_last`` stripes at the least (a GEMM each), and A
+    and B go up in ``min_stripes``; fewer where a stripe would hold fewer than
+    ``IN_CORE_STRIPE_BYTES`` or C fewer than ``IN_CORE_ROWS`` rows. The ring has a buffer
+    for each stripe of A and B and each of C (at most the staging's), each holding the
+    largest stripe, rounded up to a power of two (so that products of nearby shapes reuse
+    the same pinned buffers) and no larger than the default stripe.
     """
     if not (staged and prob.computes_product and not symmetric and not prob.shared
             and _default(strategy).in_core):
@@ -610,17 +610,17 @@ def in_core_shape(prob: Problem, model: DeviceModel, memory_limit: int, *, stage
     def at_most(count: int, elements: int) -> int:  # stripes of IN_CORE_STRIPE_BYTES or more
         return max(1, min(count, elements * s // IN_CORE_STRIPE_BYTES))
 
-    parts = at_most(min(split_last, m // IN_CORE_ROWS), m * n)
-    min_stripes = at_most(min_stripes, min(m * k, k * n))  # A and B alike, and A by C's too
+    parts = at_most(min(settings.split_last, m // IN_CORE_ROWS), m * n)
+    min_stripes = at_most(settings.min_stripes, min(m * k, k * n))  # A and B alike, A by C's
     rows = -(-m // parts)
     share = -(-min_stripes // parts)
     needed = max(rows * n,  # a C stripe coming down (or going up)
                  stripe_rows(rows, k, m * k, share) * k,  # a stripe of A's rows
                  stripe_rows(k, n, k * n, min_stripes) * n)  # a stripe of B
     stripe = min(1 << (needed - 1).bit_length(), DEFAULT_STRIPE)
-    return dict(tile=(m, n, k), in_core=True, n_a=1, n_b=1, n_c=1, tail_panels=1, ramp=0,
-                split_last=parts, min_stripes=min_stripes, stripe=stripe,
-                n_stage=2 * min_stripes, n_out=parts)  # a ring buffer for every stripe
+    return dict(tile=(m, n, k), in_core=True, n_c=1, stripe=stripe, staging=replace(
+        settings, n_a=1, n_b=1, tail_panels=1, ramp=0, split_last=parts, min_stripes=min_stripes,
+        n_stage=2 * min_stripes, n_out=parts))  # a ring buffer for every stripe
 
 
 def choose_tile(prob: Problem, model: DeviceModel, memory_limit: int, host_memory_limit: int,

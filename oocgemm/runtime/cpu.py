@@ -184,7 +184,7 @@ class CpuExecutor(Executor):
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)  # keeps nothing between runs
         self.framing = framed_writes(plan, sink) if frames else None
-        self.readers = max(1, plan.readers)
+        self.readers = max(1, plan.staging.readers)
         self.writers = max(1, writers)
         self.dtype = np.dtype(plan.problem.dtype)
         self.strategy = plan.strategy  # the product's GEMM: numpy's, or emulated

@@ -191,12 +191,12 @@ class CudaExecutor(Executor):
             from ..cuda.context import PROCESS
 
             self.resources = PROCESS
-        self.readers = readers or max(2, plan.readers)
+        self.readers = readers or max(2, plan.staging.readers)
         if plan.io.into_ring and readers is None:  # the readers decode: one on every core
             from .. import machine
 
-            self.readers = max(self.readers, min(machine.cores(), plan.n_stage))
-        self.writers = writers or max(2, plan.n_out)
+            self.readers = max(self.readers, min(machine.cores(), plan.staging.n_stage))
+        self.writers = writers or max(2, plan.staging.n_out)
         self._few = few_copies(plan)
         if self._few:  # its copies of memory go in bands, on this many at once
             self.readers = max(self.readers, 2 * BAND_THREADS)
