@@ -627,3 +627,31 @@ def test_a_corrupt_chunk_read_cold_fails_the_run_cleanly(rng, workdir):
         oocgemm.multiply("a.zarr", rand(rng, (80, 64)), "c.npy", device="cpu",
                          tile=(32, 32, 16))
     assert not os.path.exists("c.npy") and leftovers(workdir) == []
+
+
+def test_a_disk_queue_begins_in_rank_order_within_its_window_without_recursion():
+    """Decodes begin in the order of their ranks, no more bytes under way than the window
+    (one at least); thousands that fail as they begin (a closed reader's) are passed over
+    one after another, not by recursion."""
+    from oocgemm.storage.chunked import DiskQueue
+
+    queue, begun = DiskQueue(window=250), []
+
+    def later(rank):
+        def begin():
+            begun.append(rank)
+        return begin
+
+    for rank in (5, 1, 4, 2, 3):
+        queue.put(rank, 100, later(rank))
+    assert begun == [5, 1]  # (5 came first, while the queue was empty) then the window is full
+    for _ in range(5):  # each under way ends in turn
+        queue.done(100)
+    assert begun == [5, 1, 2, 3, 4] and not queue._pending and queue._running == 0
+    failing = DiskQueue(window=100)
+    failing.put(-1, 100, lambda: None)  # under way until its done below
+    for rank in range(5000):
+        failing.put(rank, 100, lambda: failing.done(100))  # fails at once: over at once
+    assert len(failing._pending) == 5000
+    failing.done(100)  # the first ends: the others begin, and fail, in turn
+    assert failing._running == 0 and not failing._pending

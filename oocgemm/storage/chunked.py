@@ -78,6 +78,7 @@ class DiskQueue:
         self._pending: list[tuple[int, int, int, Callable[[], None]]] = []  # a heap
         self._count = 0  # ties in rank begin in the order queued
         self._running = 0  # bytes under way
+        self._pumping = False  # a thread is beginning decodes (a failed begin calls done)
 
     def put(self, rank: int, nbytes: int, begin: Callable[[], None]) -> None:
         """Queue a decode of ``nbytes`` first needed at schedule index ``rank``; ``begin()``
@@ -93,14 +94,27 @@ class DiskQueue:
         self._pump()
 
     def _pump(self) -> None:
+        """Begin what the window lets begin; one thread at a time (the others' calls, and a
+        begin that fails at once and calls :meth:`done`, leave it to the one pumping, which
+        looks again after each begin: no recursion however many fail)."""
+        with self._lock:
+            if self._pumping:
+                return
+            self._pumping = True
         while True:
             with self._lock:
                 if not self._pending or (self._running and self._running
                                          + self._pending[0][2] > self.window):
+                    self._pumping = False
                     return
                 _, _, nbytes, begin = heapq.heappop(self._pending)
                 self._running += nbytes
-            begin()
+            try:
+                begin()
+            except BaseException:
+                with self._lock:
+                    self._pumping = False
+                raise
 
 
 class ChunkReader(MatrixSource):
