@@ -16,6 +16,8 @@ import time
 #: GPU index -> step -> seconds; "driver" under -1 (one per process, not per GPU).
 _TIMES: dict[int, dict[str, float]] = {}
 _LOCK = threading.RLock()
+#: The thread of :func:`early`, once started.
+_EARLY: threading.Thread | None = None
 #: What ``oocgemm info`` pins when no run has pinned a ring yet in the process (bytes).
 PINNED_PROBE = 64 << 20
 
@@ -74,8 +76,14 @@ def early(indices) -> threading.Thread | None:
     (numpy, zarr, CuPy: most of a second) go on beside it, and CuPy's first calls then find
     the driver up and the contexts made (CUDA's runtime uses a GPU's primary context). The
     retained contexts live as long as the process. None where no NVIDIA driver is found;
-    what fails here is left for CuPy to say where the run needs the GPU."""
+    what fails here is left for CuPy to say where the run needs the GPU. Started once per
+    process (a later call gets the thread of the first)."""
     import ctypes
+
+    global _EARLY
+    with _LOCK:
+        if _EARLY is not None:
+            return _EARLY
 
     try:
         lib = ctypes.CDLL("libcuda.so.1")  # the driver's library: where none is, no GPU
@@ -98,8 +106,11 @@ def early(indices) -> threading.Thread | None:
                 record(index, "context_early", time.perf_counter() - begin)
 
     thread = threading.Thread(target=start, name="oocgemm-cuda-early", daemon=True)
-    thread.start()
-    return thread
+    with _LOCK:
+        if _EARLY is None:
+            _EARLY = thread
+            thread.start()
+        return _EARLY
 
 
 def ahead(indices) -> threading.Thread | None:
