@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from oocgemm.backends import backend_of
+from oocgemm.devices import Device
 from oocgemm.kernel_catalog import check_kernel
 from oocgemm.lifecycle.run import open_run
 from oocgemm.planning import Problem, tiling
@@ -39,7 +40,7 @@ def _plan_seconds(problem: Problem, device: str, mem: int, host: int, repeat: in
     backend = backend_of(device)
     model = backend.model()
     kernel = check_kernel(None, np.dtype(problem.dtype))
-    facts = Facts(device=device, kernel=kernel, model=model, memory_limit=mem,
+    facts = Facts(device=Device.named(device), kernel=kernel, model=model, memory_limit=mem,
                   host_memory_limit=host, staging=backend.staging(problem, model, kernel))
     real = tiling._resource_floor
     if not floors:

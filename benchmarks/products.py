@@ -108,7 +108,7 @@ def cpu_benchmark(size: int = 4096, repeat: int = 3, dtype="float64", *, seed: i
                     "gflops": oocgemm_gflops,
                     "execute_seconds": execute_times,
                     "execute_median_seconds": statistics.median(execute_times),
-                    "device": plan.device, "tile": list(plan.tile),
+                    "device": str(plan.device), "tile": list(plan.tile),
                     "grid": list(plan.grid), "operations": len(result.events)},
         "ratio": ratio,
         "target_ratio": CPU_TARGET_RATIO,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import machine
+from .devices import Device
 from .errors import BudgetError, DeviceError
 from .planning.model import DeviceModel, cpu_model, cuda_model
 from .planning.staging import Staging
@@ -162,14 +163,10 @@ BACKENDS: dict[str, Backend] = {"cpu": Backend(), "cuda": CudaBackend()}
 def backend_of(device) -> Backend:
     """The backend of ``device``: a :class:`~oocgemm.devices.Device`, a device's name
     ('cuda:1', 'cpu#2') or a kind's."""
-    kind = getattr(device, "kind", None) or str(device).partition("#")[0].partition(":")[0]
+    kind = device.kind if isinstance(device, Device) else Device.named(str(device)).kind
     try:
         return BACKENDS[kind]
     except KeyError:
         raise DeviceError(f"unknown executor {kind!r}; known: {', '.join(sorted(BACKENDS))}"
                           ) from None
 
-
-def device_index(name: str) -> int:
-    """The index of a device's name ('cuda:1' -> 1; 'cpu', 'cuda', 'cpu#2' -> 0)."""
-    return int(name.partition("#")[0].partition(":")[2] or 0)

@@ -10,12 +10,25 @@ from .errors import DeviceError
 
 @dataclass(frozen=True)
 class Device:
+    """One device, as a plan is made for it; its name (``str``) is 'cpu' or 'cuda:N'."""
+
     kind: str
     """'cpu' or 'cuda'."""
     index: int = 0
+    """The GPU's number (0 on the CPU)."""
 
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @classmethod
+    def named(cls, name: str) -> Device:
+        """The device of an executor's name as :func:`device_names` gives them ('cpu',
+        'cuda:N'; 'cpu#2', a second CPU executor, is the CPU), nothing asked of the machine
+        (:func:`resolve_device` checks a user's name against it)."""
+        kind, _, index = name.partition("#")[0].partition(":")
+        if not (index or "0").isdigit():
+            raise DeviceError(f"device {name!r}: expected 'cpu' or 'cuda:N' with N a GPU number")
+        return cls(kind, int(index or 0))
 
 
 def device_names(device) -> list[str] | None:

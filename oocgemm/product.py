@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .arguments import flag, scalar
-from .backends import backend_of, device_index
+from .backends import backend_of
 from .devices import Device, device_names, planned_for, resolve_device
 from .errors import BudgetError, ExecutionError, OptionError
 from .kernel_catalog import check_kernel
@@ -97,7 +97,7 @@ class Product:
         self.device: Device = resolve_device(planned_for(self.devices, self.options.device))
         self._backend = backend_of(self.device)
         # (a GPU's context and cuBLAS start while the inputs open)
-        self._backend.start([device_index(d) for d in self.devices] if self.devices
+        self._backend.start([Device.named(d).index for d in self.devices] if self.devices
                             else [self.device.index])
         self._io: RunIO = open_run(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a,
                                    trans_b=trans_b, out_options=self.options.out_options,
@@ -228,7 +228,7 @@ class Product:
         coding, asked = gpu_coding(options, backend.decodes)
         mode, encode = coding.gpu_decode, coding.gpu_encode
         assert mode is not None and encode is not None  # (decided: the option or the setting)
-        return Facts(device=str(self.device), kernel=kernel, model=model, memory_limit=mem,
+        return Facts(device=self.device, kernel=kernel, model=model, memory_limit=mem,
                      host_memory_limit=host, staging=backend.staging(problem, model, kernel),
                      tile=options.tile, gpu_decode=mode, gpu_encode=encode,
                      decoder_found=mode == "auto" and backend.decoder_found(),

@@ -48,16 +48,16 @@ def warm(device: Any = "auto", **options: Any) -> dict[str, float]:
     import zarr
 
     from .api import multiply
-    from .devices import device_names, resolve_device
+    from .devices import Device, device_names, resolve_device
 
     names = list(dict.fromkeys(  # several CPU executors ('cpu#1') are one CPU
         name.partition("#")[0] for name in device_names(device) or [str(resolve_device(device))]))
     steps: dict[str, float] = {}
     begin = time.perf_counter()
-    from .backends import backend_of, device_index
+    from .backends import backend_of
 
     for name in names:
-        backend_of(name).start_now(device_index(name))
+        backend_of(name).start_now(Device.named(name).index)
     steps["start"] = time.perf_counter() - begin
     rng = np.random.default_rng()
     x = rng.standard_normal((SIDE, SIDE))

@@ -180,7 +180,7 @@ def run_main(path: str, size: int, tile: int, device: str = "cuda") -> None:
     _write(path, {
         "injected": injected, "loaded_cupti": loaded, "same_cupti": same,
         "backend": ranges.backend, "reason": ranges.reason, "correct": correct,
-        "plan": {"device": result.plan.device, "staged": result.plan.staged,
+        "plan": {"device": str(result.plan.device), "staged": result.plan.staged,
                  "ops": len(result.plan.schedule.ops)},
         "events": [[e.kind, e.operand, list(e.key), e.q, e.lane] for e in result.events],
         "records": records, "counts": dict(counts), "failures": failures,

@@ -17,6 +17,7 @@ from _helpers import assert_gemm, evicted, leftovers, poisoned, rand
 from zarr.storage import LocalStore, WrapperStore
 
 import oocgemm
+from oocgemm.devices import Device
 from oocgemm.lifecycle.run import chunk_readers
 from oocgemm.planning import IOChoices
 from oocgemm.planning.chunks import (
@@ -576,7 +577,7 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     budget = dict(memory_limit=72 << 30, host_memory_limit=32 << 30)
     tile = choose_tile(prob, cuda_model(), *budget.values(), staged=True, symmetric=True,
                        **staging.tiling())
-    plan = finished(Plan(problem=prob, device="cuda:0", model=cuda_model(), tile=tile,
+    plan = finished(Plan(problem=prob, device=Device("cuda", 0), model=cuda_model(), tile=tile,
                           staged=True, symmetric=True, **budget, staging=staging))
     assert plan.io.into_ring == ("A", "B") and plan.io.cache == ()
     assert (plan.buffers.ring, plan.buffers.out_ring) == (256 << 20, 32 << 20)

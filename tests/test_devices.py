@@ -15,6 +15,7 @@ import zarr
 from _helpers import assert_gemm, fail_on_call, leftovers, poisoned, rand
 
 import oocgemm
+from oocgemm.devices import Device
 from oocgemm.runtime.cpu import CpuExecutor
 
 THREE = ["cpu", "cpu", "cpu"]
@@ -153,7 +154,7 @@ def test_k_parts_start_on_panel_and_chunk_edges(k, r, chunk, devices, want):
     x = Operand((k, 24), (chunk, 24), on_disk=True)
     prob = Problem(m=24, n=24, k=k, itemsize=8, dtype="float64", a=x, b=x, trans_a=True,
                    shared=True)
-    plan = Plan(problem=prob, tile=(24, 24, r), device="cpu", model=cpu_model(),
+    plan = Plan(problem=prob, tile=(24, 24, r), device=Device("cpu"), model=cpu_model(),
                 memory_limit=1 << 30, host_memory_limit=1 << 30, symmetric=True)
     assert k_parts(plan, devices) == want
     several = dataclasses.replace(plan, tile=(8, 8, r))  # 6 blocks: they split instead

@@ -15,6 +15,7 @@ import zarr
 from _helpers import assert_gemm, rand
 
 import oocgemm
+from oocgemm.devices import Device
 from oocgemm.lifecycle.journal import Journal, JournaledSink, verified
 from oocgemm.lifecycle.run import chunk_readers, chunk_writer
 from oocgemm.runtime.base import framed_writes
@@ -227,7 +228,8 @@ def test_which_stripes_become_frames_without_nvcomp(rng, workdir, monkeypatch):
     a, b = inputs(rng, 64, 32, 48)
     plan = staged_plan(a, b, (16, 48), tile=(32, 48, 16), stripe=4 * 48)
     assert plan.io.gpu_encode is False  # a CPU plan's, here made to replay a CUDA run
-    plan = dataclasses.replace(plan, device="cuda:0")  # its facts asked of the CUDA backend
+    # its facts asked of the CUDA backend
+    plan = dataclasses.replace(plan, device=Device("cuda", 0))
     sink = new_output("c.zarr", (64, 48), (16, 48), "v3")
     writer = chunk_writer(plan, sink)
     facts = output_facts(plan, writer)

@@ -37,7 +37,7 @@ def test_cuda_matches_cpu(rng, dtype, shape, tile, alpha, beta, trans_a, trans_b
     kw = dict(c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, tile=tile)
     gpu = oocgemm.multiply(a, b, poisoned((m, n), dtype), device="cuda", **kw)
     cpu = oocgemm.multiply(a, b, device="cpu", **kw)
-    assert gpu.plan.staged and gpu.plan.device.startswith("cuda")
+    assert gpu.plan.staged and str(gpu.plan.device).startswith("cuda")
     check = dict(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     assert_gemm(gpu.out, a, b, c, **check)
     assert_gemm(cpu.out, a, b, c, **check)

@@ -21,6 +21,7 @@ from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm.cuda.decode import panel_batch
+from oocgemm.devices import Device
 from oocgemm.errors import InputError, OptionError
 from oocgemm.lifecycle.run import chunk_counts, chunk_readers
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
@@ -186,7 +187,7 @@ def cuda_plan(za, zb, tile, memory=1 << 30, trans_a=False, host=None, out=None,
                                            trans_a=trans_a)
     model = cuda_model()
     return plan_product(problem, Facts(
-        device="cuda:0", kernel="cublas", model=model, memory_limit=memory,
+        device=Device("cuda", 0), kernel="cublas", model=model, memory_limit=memory,
         host_memory_limit=host or memory, tile=tile,
         staging=backend_of("cuda").staging(problem, model, "cublas")))
 
@@ -280,7 +281,7 @@ def test_an_in_core_plan_is_weighed_against_decoding_on_the_device(workdir, layo
         problem = oocgemm.planning.Problem(m=n, n=n, k=n, itemsize=8, dtype="float64", a=a,
                                            b=b, c=c, out=out, alpha=1.0, beta=0.0)
         model = cuda_model()
-        facts = Facts(device="cuda:0", kernel="cublas", model=model, memory_limit=64 << 30,
+        facts = Facts(device=Device("cuda", 0), kernel="cublas", model=model, memory_limit=64 << 30,
                       host_memory_limit=96 << 30,
                       staging=backend_of("cuda").staging(problem, model, "cublas"))
         return plan_product(problem, facts), plan_product(problem, facts, in_core=False)

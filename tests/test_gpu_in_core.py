@@ -43,13 +43,14 @@ def test_in_core_matches_the_cpu_executor_replaying_its_plan(rng):
     """The numpy executor as the oracle: the same staged schedule, replayed on the CPU."""
     import dataclasses
 
+    from oocgemm.devices import Device
     from oocgemm.planning import cpu_model
     from oocgemm.runtime.cpu import CpuExecutor
     from oocgemm.storage import open_sink, open_source
 
     a, b = rand(rng, (1024, 640)), rand(rng, (640, 900))
     gpu = oocgemm.multiply(a, b, device="cuda", progress=False)
-    plan = dataclasses.replace(gpu.plan, device="cpu", model=cpu_model())
+    plan = dataclasses.replace(gpu.plan, device=Device("cpu"), model=cpu_model())
     out = poisoned((1024, 900))
     CpuExecutor(plan, {"A": open_source(a, "a"), "B": open_source(b, "b")},
                 open_sink(out, shape=out.shape, dtype="float64")).run()

@@ -18,6 +18,7 @@ from _helpers import assert_gemm, poisoned, rand
 
 import oocgemm
 from oocgemm import cuda
+from oocgemm.devices import Device
 from oocgemm.planning import (
     ORDERED_LANES,
     OpKind,
@@ -65,7 +66,7 @@ def cuda_plan(m, n, k, *, trans_a=False, trans_b=False, beta=0.0, **kw):
 
 def replay(plan, a, b, c=None):
     """The plan replayed by the CPU executor into a NaN-poisoned output: (out, events)."""
-    plan = dataclasses.replace(plan, device="cpu", model=cpu_model())  # the CPU's buffers
+    plan = dataclasses.replace(plan, device=Device("cpu"), model=cpu_model())  # the CPU's buffers
     check_schedule(plan.schedule, plan)
     sources = {"A": open_source(a, "a"), "B": open_source(b, "b")}
     if plan.problem.reads_c:

@@ -530,6 +530,7 @@ def test_fewer_moduli_by_name(rng):
 # -- the GPU's plans (no GPU needed: the planner is pure) ----------------------------------------
 
 def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
+    from oocgemm.devices import Device
     from oocgemm.planning import Operand, Plan, Problem, cuda_model
     from oocgemm.runtime.cuda_executor import CudaExecutor
 
@@ -540,7 +541,7 @@ def _gpu_plan(kernel, tile, k=40000, limit=64 << 30):
                    b=operand((k, 3000)), c=None, out=operand((5000, 3000)), alpha=1.0, beta=0.0,
                    trans_a=False, trans_b=False)
     model = cuda_model()
-    return Plan(problem=prob, device="cuda:0", model=model, tile=tile, memory_limit=limit,
+    return Plan(problem=prob, device=Device("cuda", 0), model=model, tile=tile, memory_limit=limit,
                 host_memory_limit=limit, staged=True, kernel=kernel,
                 staging=CudaExecutor.staging(prob, model, kernel))
 

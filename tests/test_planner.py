@@ -287,12 +287,13 @@ def _planned_both_ways(monkeypatch, problem, device, kernel, mem, host):
     """plan_product's tile (or its refusal) with the search's floors, and without them (each
     block's every depth predicted, as before the floors)."""
     from oocgemm.backends import backend_of
+    from oocgemm.devices import Device
     from oocgemm.planning import tiling
     from oocgemm.planning.planner import Facts, plan_product
 
     backend = backend_of(device)
     model = backend.model()
-    facts = Facts(device=device, kernel=kernel, model=model, memory_limit=mem,
+    facts = Facts(device=Device.named(device), kernel=kernel, model=model, memory_limit=mem,
                   host_memory_limit=host, staging=backend.staging(problem, model, kernel))
     answers = []
     for floors in (True, False):

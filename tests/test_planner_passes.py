@@ -12,7 +12,8 @@ import zarr
 from _helpers import assert_gemm, rand
 
 import oocgemm
-from oocgemm.backends import BACKENDS, Backend, CudaBackend, backend_of, device_index
+from oocgemm.backends import BACKENDS, Backend, CudaBackend, backend_of
+from oocgemm.devices import Device
 from oocgemm.lifecycle.run import open_run, output_facts
 from oocgemm.planning import OpKind, Problem, cuda_model
 from oocgemm.planning.planner import Facts, OutputFacts, gpu_encode_pass, make_plan, replan
@@ -29,7 +30,7 @@ def _problem(a, b) -> Problem:
 def _cuda_facts(problem: Problem, **changes) -> Facts:
     """Facts of a GPU that is not here (planning needs none)."""
     model = cuda_model()
-    facts = Facts(device="cuda:0", kernel="cublas", model=model, memory_limit=1 << 30,
+    facts = Facts(device=Device("cuda", 0), kernel="cublas", model=model, memory_limit=1 << 30,
                   host_memory_limit=1 << 30,
                   staging=backend_of("cuda").staging(problem, model, "cublas"))
     return dataclasses.replace(facts, **changes)
@@ -146,14 +147,33 @@ def test_a_plan_is_made_of_typed_parts(rng, workdir):
 def test_a_kind_of_device_is_asked_of_its_backend():
     assert BACKENDS["cpu"].kind == "cpu" and BACKENDS["cuda"].kind == "cuda"
     assert type(backend_of("cuda:1")) is CudaBackend and type(backend_of("cpu#2")) is Backend
-    assert backend_of(oocgemm.devices.Device("cuda", 1)) is BACKENDS["cuda"]
-    assert device_index("cuda:3") == 3 and device_index("cpu#2") == device_index("cuda") == 0
+    assert backend_of(Device("cuda", 1)) is BACKENDS["cuda"]
+    assert Device.named("cuda:3") == Device("cuda", 3) and Device.named("cuda") == Device("cuda")
+    assert Device.named("cpu#2") == Device("cpu") and str(Device.named("cpu#2")) == "cpu"
     cpu = backend_of("cpu")
     assert not cpu.staged and not cpu.decodes and cpu.working_memory_is_host
     assert cpu.resources() is None and cpu.free_memory(0) is None and not cpu.decoder_found()
     assert cpu.executor_class().__name__ == "CpuExecutor"
     with pytest.raises(oocgemm.DeviceError, match="unknown executor 'tpu'"):
         backend_of("tpu:0")
+
+
+def test_the_plan_is_made_for_a_device_and_made_again_for_another(rng, workdir):
+    """The plan's device is typed (issue 52): a Device, named as before in what it prints."""
+    from oocgemm.runtime.multi_device import Share
+
+    np.save("a.npy", rand(rng, (300, 200)))
+    np.save("b.npy", rand(rng, (200, 100)))
+    cpu = oocgemm.plan("a.npy", "b.npy", device="cpu", tile=(100, 50, 100))
+    assert type(cpu.device) is Device and cpu.device == Device("cpu")
+    problem = _problem("a.npy", "b.npy")
+    gpu = make_plan(problem, _cuda_facts(problem))
+    assert gpu.device == Device("cuda", 0) and gpu.summary()["device"] == "cuda:0"
+    other = replan(gpu, device=Device("cuda", 1), why="run on cuda:1")
+    assert other.device == Device("cuda", 1) and other.device.index == 1
+    assert other.summary()["device"] == "cuda:1" and "  device      cuda:1" in str(other)
+    second = Share(cpu, cpu.n_blocks).on("cpu#1")  # a second CPU executor: the CPU
+    assert second.device == Device("cpu") and second.summary()["device"] == "cpu"
 
 
 def test_the_staging_settings_are_one_part_of_the_plan_replaced_whole(rng, workdir):

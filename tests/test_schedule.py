@@ -12,6 +12,7 @@ from _helpers import assert_gemm, examples, poisoned, rand
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oocgemm.devices import Device
 from oocgemm.planning import (
     Operand,
     OpKind,
@@ -46,7 +47,7 @@ def make_plan(m, n, k, tile, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fals
         alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
     staging = StagingSettings(**{k: v for k, v in slots.items() if k in STAGING_FIELDS})
     slots = {key: value for key, value in slots.items() if key in PLAN_FIELDS}
-    return Plan(problem=prob, device="cpu", model=model or cpu_model(), tile=tile,
+    return Plan(problem=prob, device=Device("cpu"), model=model or cpu_model(), tile=tile,
                 memory_limit=BIG, host_memory_limit=BIG, staged=staged, staging=staging,
                 **slots).validate()
 
@@ -686,7 +687,7 @@ def test_one_matrix_in_both_roles_keeps_each_roles_tail_in_its_own_slots(rng):
     prob = Problem(m=281, n=281, k=123, itemsize=8, dtype="float64", a=Operand(x.shape),
                    b=Operand(x.shape), c=None, out=Operand((281, 281)), alpha=1.0, beta=0.0,
                    trans_a=False, trans_b=True, shared=True)
-    whole = Plan(problem=prob, device="cpu", model=cpu_model(), tile=(256, 64, 32),
+    whole = Plan(problem=prob, device=Device("cpu"), model=cpu_model(), tile=(256, 64, 32),
                  memory_limit=BIG, host_memory_limit=BIG, staged=True, stripe=4096,
                  staging=StagingSettings(n_a=5, n_b=5, tail_panels=4, split_last=8, n_stage=4,
                                          n_out=2)).validate()

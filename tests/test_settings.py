@@ -145,6 +145,7 @@ def test_a_cuda_plan_carries_who_encodes_and_plans_apart(rng, workdir, monkeypat
     executor reads (not the environment); the kept plans of small products are told apart
     by it."""
     from oocgemm.backends import backend_of
+    from oocgemm.devices import Device
     from oocgemm.lifecycle.run import open_run
     from oocgemm.planning import Problem, cuda_model
     from oocgemm.planning.planner import Facts, _plan_key, plan_product
@@ -161,7 +162,7 @@ def test_a_cuda_plan_carries_who_encodes_and_plans_apart(rng, workdir, monkeypat
 
     def planned(**given):
         coding, _ = gpu_coding(Options.of("here", **given), gpu=True)
-        facts = Facts(device="cuda:0", kernel="cublas", model=model, memory_limit=1 << 30,
+        facts = Facts(device=Device("cuda", 0), kernel="cublas", model=model, memory_limit=1 << 30,
                       host_memory_limit=1 << 30, staging=staging, gpu_encode=coding.gpu_encode)
         return plan_product(problem, facts), _plan_key(problem, facts)
 

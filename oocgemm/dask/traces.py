@@ -14,7 +14,7 @@ def leave_events(trace_dir: str, result) -> None:
     import uuid
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    doc = {"worker": worker, "device": result.plan.device, "started_at": result.started_at,
+    doc = {"worker": worker, "device": str(result.plan.device), "started_at": result.started_at,
            "flops": result.flops, "seconds": result.seconds,
            "tile": list(result.plan.tile), "cache": list(result.plan.io.cache),
            "chunks": result.chunks,

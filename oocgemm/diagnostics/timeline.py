@@ -503,6 +503,6 @@ def plan_figures(plan) -> tuple[dict, dict]:
                  "decode": pred.decode, "device_decode": pred.device_decode,
                  "fill": pred.fill, "drain": pred.drain}
     prob = plan.problem
-    meta = {"shape": [prob.m, prob.n, prob.k], "dtype": prob.dtype, "device": plan.device,
+    meta = {"shape": [prob.m, prob.n, prob.k], "dtype": prob.dtype, "device": str(plan.device),
             "tile": list(plan.tile), "operations": len(plan.schedule.ops)}
     return predicted, meta

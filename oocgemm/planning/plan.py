@@ -10,6 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from ..devices import Device
 from ..errors import BudgetError, OptionError
 from ..kernel_catalog import DEFAULT
 from ..strategies import strategy_of
@@ -109,8 +110,8 @@ class Plan:
     """
 
     problem: Problem
-    device: str
-    """'cpu', 'cuda:0'..."""
+    device: Device
+    """The device it is made for (``str``: 'cpu', 'cuda:0'...)."""
     model: DeviceModel
     """Rates used for the prediction."""
     tile: tuple[int, int, int]
@@ -500,7 +501,7 @@ class Plan:
         return {
             "shape": {"m": self.problem.m, "n": self.problem.n, "k": self.problem.k},
             "dtype": self.problem.dtype,
-            "device": self.device,
+            "device": str(self.device),
             "tile": {"w": self.tile[0], "h": self.tile[1], "r": self.tile[2]},
             "chosen_by": self.chosen_by,
             # the CPU runs numpy's BLAS unless it emulates (kernel='ozaki')

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..devices import Device
 from ..errors import BudgetError, OptionError
 from ..strategies import strategy_of
 from ..units import format_seconds, format_size
@@ -50,8 +51,8 @@ class Facts:
     """What the planner's decisions need to know beside the problem, gathered before it runs
     by the run's I/O and the device's backend."""
 
-    device: str
-    """The device the plan is made for ('cpu', 'cuda:0')."""
+    device: Device
+    """The device the plan is made for."""
     kernel: str
     """The per-block GEMM (checked against the dtype and the device)."""
     model: DeviceModel
@@ -110,7 +111,7 @@ def replan(plan: Plan, *, why: str, tile: tuple[int, int, int] | None = None,
            memory_limit: int | None = None, host_memory_limit: int | None = None,
            staging: StagingSettings | None = None, blocks: tuple | None = None,
            done: tuple | None = None, problem: Problem | None = None,
-           device: str | None = None, chosen_by: str | None = None) -> Plan:
+           device: Device | None = None, chosen_by: str | None = None) -> Plan:
     """``plan`` made again for a run under way, ``why`` said in its decisions: with another
     ``tile`` (a resume's: the interrupted run's; kept as given), or the best tile under other
     budgets (memory ran short: every block computed again), with the executor's ``staging``

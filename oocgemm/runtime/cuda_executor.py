@@ -47,7 +47,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from ..backends import device_index
 from ..diagnostics.events import EventLog
 from ..planning.schedule import OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
@@ -181,7 +180,7 @@ class CudaExecutor(Executor):
             raise ValueError("the CUDA executor replays staged plans only")
         super().__init__(plan, sources, sink, on_event=on_event, record=record,
                          resources=resources)
-        index = device_index(plan.device)
+        index = plan.device.index
         from ..cuda import startup
 
         # The process's first run on the GPU: cuBLAS loads (its bindings with cuda.context)

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..backends import backend_of
+from ..devices import Device
 from ..diagnostics.events import Event
 from ..errors import MemoryPressureError
 from ..planning.planner import replan
@@ -168,7 +169,7 @@ class Share:
 
     def on(self, name: str):
         """Its plan on device ``name`` ('cpu#1': a second CPU executor)."""
-        return replan(self.plan, device=name.partition("#")[0], why=f"run on {name}")
+        return replan(self.plan, device=Device.named(name), why=f"run on {name}")
 
 
 def run_on_devices(plan, io, devices: list[str], *, on_event=None, record: bool = True,

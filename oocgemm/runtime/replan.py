@@ -3,7 +3,7 @@ out (:func:`smaller`), at most :data:`MAX_REPLANS` times, and what the result sa
 
 from __future__ import annotations
 
-from ..backends import backend_of, device_index
+from ..backends import backend_of
 from ..errors import MemoryPressureError
 from ..planning.planner import replan
 from ..units import format_size
@@ -27,7 +27,7 @@ def smaller(plan, exc: MemoryPressureError):
         host //= 2
     if exc.where == "pinned":
         mem //= 2  # a CUDA allocation of unknown kind: both
-    free = backend.free_memory(device_index(plan.device))
+    free = backend.free_memory(plan.device.index)
     if free is not None:
         mem = min(mem, int(free * 0.9))
     return replan(plan, memory_limit=mem, host_memory_limit=host, staging=staging,
