@@ -656,3 +656,40 @@ def test_a_disk_queue_begins_in_rank_order_within_its_window_without_recursion()
     assert len(failing._pending) == 5000
     failing.done(100)  # the first ends: the others begin, and fail, in turn
     assert failing._running == 0 and not failing._pending
+
+
+def test_a_streamed_cold_source_queues_each_decode_where_its_load_needs_it(rng, workdir):
+    """A streamed source read cold decodes a chunk again for each stretch of loads that needs
+    it: each decode goes on the disk's queue at the first read of the load it is for, not at
+    the chunk's first need in the run (which would put a late decode ahead of earlier ones)."""
+    from oocgemm.storage.chunked import ChunkReader, DiskQueue
+
+    b = rand(rng, (48, 64))
+    write("b.zarr", b, (16, 16), "v3-zstd")
+    kw = dict(device="cpu", tile=(16, 16, 16), memory_limit="30KB")
+    roomy = oocgemm.plan(rand(rng, (64, 48)), "b.zarr", **kw)
+    plan = oocgemm.plan(rand(rng, (64, 48)), "b.zarr", host_memory_limit=roomy.host_bytes - 1,
+                        **kw)
+    assert "B" not in plan.io.cache  # streamed: loaded again for each block row
+    queued = []
+
+    class Watched(DiskQueue):
+        def put(self, rank, nbytes, begin):
+            queued.append(rank)
+            super().put(rank, nbytes, begin)
+
+    load_list = loads(plan.schedule.ops, "B", (16, 16))
+    reader = ChunkReader(ZarrSource(zarr.open_array("b.zarr"), "b"), load_list, kept=False,
+                         disk=Watched())
+    try:
+        for load in load_list:  # read as the schedule does, load by load
+            (r0, r1), (c0, c1) = load.region
+            out = np.empty((r1 - r0, c1 - c0))
+            reader.read((r0, r1), (c0, c1), out)
+            np.testing.assert_array_equal(out, b[r0:r1, c0:c1])
+    finally:
+        reader.close()
+    firsts = [load.first for load in load_list]
+    assert len(queued) > len(set(load.chunks[0] for load in load_list))  # decoded again
+    assert queued == sorted(queued) and set(queued) <= set(firsts)
+    assert queued[-1] == firsts[-1]  # the last decodes at the last load's rank

@@ -185,10 +185,6 @@ class ChunkReader(MatrixSource):
         # where each chunk comes in the order of need, for the hints of reads decoded in place
         self._order = list(dict.fromkeys(index for load in self._loads for index in load.chunks))
         self._place = {index: at for at, index in enumerate(self._order)}
-        self._rank: dict[tuple[int, int], int] = {}  # schedule index of each chunk's first need
-        for load in self._loads:
-            for index in load.chunks:
-                self._rank.setdefault(index, load.first)
         self.decodes = 0
         """Chunks decoded so far."""
         self.decoded_at: list[tuple[int, int]] = []
@@ -205,8 +201,9 @@ class ChunkReader(MatrixSource):
         (the pinned ring, on a GPU), summed over reader threads."""
         if kept and not into:  # all of it, from now (while the run starts), in order of need
             with self._lock:
-                for index in self._order:
-                    self._start(index)
+                for load in self._loads:  # (a chunk queued at its first load only)
+                    for index in load.chunks:
+                        self._start(index, load.first)
                 self._next_load = len(self._loads)
             if disk is not None:
                 self._to_disk()
@@ -249,8 +246,10 @@ class ChunkReader(MatrixSource):
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         return out
 
-    def _start(self, index: tuple[int, int]) -> Future:
-        """The chunk's decode, started if it is not in memory nor under way (under the lock)."""
+    def _start(self, index: tuple[int, int], rank: int = -1) -> Future:
+        """The chunk's decode, started if it is not in memory nor under way (under the lock);
+        on a cold source queued on the disk at ``rank``: where the schedule needs it (a
+        load's first read), or -1 for a read that waits on it now."""
         entry = self._entries.get(index)
         if entry is None:  # a region the plan did not announce: decode it for this read only
             entry = self._entries[index] = _Entry([1 << 62])
@@ -262,7 +261,7 @@ class ChunkReader(MatrixSource):
                 future: Future = Future()
                 entry.future = future
                 self._waiting.add(future)
-                self._queued_on_disk.append((self._rank.get(index, 1 << 62), index, future))
+                self._queued_on_disk.append((rank, index, future))
         return entry.future
 
     def _to_disk(self) -> None:
@@ -326,7 +325,7 @@ class ChunkReader(MatrixSource):
             at = len(self._loads) - 1
         for ahead in self._loads[self._next_load:at + 1]:
             for index in ahead.chunks:
-                self._start(index)
+                self._start(index, ahead.first)
         self._next_load = max(self._next_load, at + 1)
         while (self._first_open < len(self._loads)
                and self._begun[self._first_open] >= self._loads[self._first_open].reads):
