@@ -63,8 +63,9 @@ COLD_WINDOW = 1 << 30
 
 class DiskQueue:
     """The decodes of a run's cold sources (chunks the page cache does not hold: read from
-    the disk itself), begun in the order the schedule first needs their chunks, across the
-    sources, with at most :data:`COLD_WINDOW` bytes of them under way (one at least).
+    the disk itself), begun in the order the schedule needs them, across the sources (each
+    at the rank of the load it is for), with at most :data:`COLD_WINDOW` bytes of them under
+    way (one at least).
 
     Begun all at once, every chunk shared the disk with every other, and the first ones
     needed came in with the last: a product's first GEMM waited for nearly all of its
@@ -142,8 +143,8 @@ class ChunkReader(MatrixSource):
         of the chunks after it are hinted ahead. Any other read goes the usual way.
     disk
         Its stored chunks are not in the OS page cache: its decodes begin through the run's
-        :class:`DiskQueue`, in the order the schedule first needs them across the run's
-        cold sources (as many chunks hinted ahead as it lets begin at once).
+        :class:`DiskQueue`, in the order the schedule needs them across the run's cold
+        sources (as many chunks hinted ahead as it lets begin at once).
 
     A kept source begins decoding all its chunks, in the order the run needs them, as it is
     made: while the executor starts (a GPU's buffers, its pinned ring, its threads).
