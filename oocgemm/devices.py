@@ -111,14 +111,14 @@ def command_gpus(argv: list[str]) -> list[int] | None | bool:
         elif word.startswith("--device="):
             name = word.partition("=")[2]
     indices = []
-    for part in name.strip().lower().split(","):
-        kind, _, index = part.strip().partition(":")
-        if kind == "auto" and not index:
-            indices.append(0)
-        elif kind == "cuda" and index == "all":
+    for part in (p.strip() for p in name.strip().lower().split(",")):
+        if part == "cuda:all":
             return None
-        elif kind == "cuda" and (index or "0").isdigit():
-            indices.append(int(index or "0"))
-        else:
+        try:
+            device = Device("cuda", 0) if part == "auto" else Device.named(part)
+        except DeviceError:
             return False
+        if device.kind != "cuda" or "#" in part:
+            return False
+        indices.append(device.index)
     return indices

@@ -14,16 +14,22 @@ def total_memory() -> int:
         return 8 << 30
 
 
-def available_memory() -> int:
-    """Memory available without swapping, in bytes (MemAvailable on Linux)."""
+def _meminfo() -> dict[str, int]:
+    """Linux's /proc/meminfo, in bytes by name ({} where there is none)."""
+    found = {}
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return total_memory() // 2
+                key, _, value = line.partition(":")
+                found[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return found
+
+
+def available_memory() -> int:
+    """Memory available without swapping, in bytes (MemAvailable on Linux)."""
+    return _meminfo().get("MemAvailable") or total_memory() // 2
 
 
 def cores() -> int:
@@ -43,12 +49,8 @@ def write_back_room() -> int:
         with open(f"/proc/sys/vm/{name}") as fh:
             return int(fh.read().split()[0])
 
+    meminfo = _meminfo()
     try:
-        meminfo = {}
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                meminfo[key] = int(value.split()[0]) * 1024
         dirtyable = meminfo["MemAvailable"]
         limits = []
         for absolute, ratio in (("dirty_background_bytes", "dirty_background_ratio"),

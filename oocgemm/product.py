@@ -233,7 +233,7 @@ class Product:
                      tile=options.tile, gpu_decode=mode, gpu_encode=encode,
                      decoder_found=mode == "auto" and backend.decoder_found(),
                      cached=frozenset(self._cached(problem)),
-                     write_back=self._io.write_back() if problem.out is not None else 0,
+                     write_back=self._io.write_back(),
                      given_limits=(options.memory_limit, options.host_memory_limit),
                      notes=asked)
 

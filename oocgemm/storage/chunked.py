@@ -168,7 +168,6 @@ class ChunkReader(MatrixSource):
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self._disk = disk
         self._chunk_bytes = max(1, self.chunks[0] * self.chunks[1] * self.dtype.itemsize)
-        self._waiting: set[Future] = set()  # queued on the disk, not begun
         self._queued_on_disk: list[tuple[int, tuple[int, int], Future]] = []
         self.prefetch = (max(1, disk.window // self._chunk_bytes) if disk is not None
                          else 2 * max(1, decoders))
@@ -202,12 +201,8 @@ class ChunkReader(MatrixSource):
         (the pinned ring, on a GPU), summed over reader threads."""
         if kept and not into:  # all of it, from now (while the run starts), in order of need
             with self._lock:
-                for load in self._loads:  # (a chunk queued at its first load only)
-                    for index in load.chunks:
-                        self._start(index, load.first)
-                self._next_load = len(self._loads)
-            if disk is not None:
-                self._to_disk()
+                self._queue_loads(len(self._loads) - 1)
+            self._to_disk()
 
     @property
     def n_chunks(self) -> int:
@@ -261,14 +256,15 @@ class ChunkReader(MatrixSource):
             else:  # (queued now, begun by the disk's queue: never under this lock)
                 future: Future = Future()
                 entry.future = future
-                self._waiting.add(future)
                 self._queued_on_disk.append((rank, index, future))
         return entry.future
 
     def _to_disk(self) -> None:
-        """Hand the decodes queued under the lock to the run's :class:`DiskQueue`."""
+        """Hand the decodes queued under the lock to the run's :class:`DiskQueue` (a cold
+        source's; nothing to hand on a warm one)."""
         disk = self._disk
-        assert disk is not None  # (a cold source's)
+        if disk is None:
+            return
         with self._lock:
             queued, self._queued_on_disk = self._queued_on_disk, []
         for rank, index, future in queued:
@@ -276,8 +272,6 @@ class ChunkReader(MatrixSource):
 
     def _begin(self, index: tuple[int, int], future: Future) -> None:
         """The disk's queue begins the decode of chunk ``index`` for ``future``."""
-        with self._lock:
-            self._waiting.discard(future)
         try:
             self._pool.submit(self._decode_to, index, future)
         except RuntimeError:  # closed: nothing more begins
@@ -324,13 +318,19 @@ class ChunkReader(MatrixSource):
         self._begun[at] += 1
         if self.kept and self._next_load == 0:  # budgeted whole: decode all, in order of need
             at = len(self._loads) - 1
-        for ahead in self._loads[self._next_load:at + 1]:
-            for index in ahead.chunks:
-                self._start(index, ahead.first)
-        self._next_load = max(self._next_load, at + 1)
+        self._queue_loads(at)
         while (self._first_open < len(self._loads)
                and self._begun[self._first_open] >= self._loads[self._first_open].reads):
             self._first_open += 1
+
+    def _queue_loads(self, upto: int) -> None:
+        """Queue the decodes of the loads not queued yet up to load ``upto``, each at the
+        rank of its load (a chunk already decoded or under way is not queued again; under
+        the lock)."""
+        for ahead in self._loads[self._next_load:upto + 1]:
+            for index in ahead.chunks:
+                self._start(index, ahead.first)
+        self._next_load = max(self._next_load, upto + 1)
 
     def _decode_into(self, rows, cols, out) -> bool:
         """A read that is one whole chunk, decoded straight into ``out`` (``into``): True
@@ -367,8 +367,7 @@ class ChunkReader(MatrixSource):
         with self._lock:
             self._announce(rows, cols)
             futures = [self._start(index) for index in indices]
-        if self._disk is not None:
-            self._to_disk()
+        self._to_disk()
         copying = 0.0
         try:
             for index, future in zip(indices, futures):
@@ -398,8 +397,7 @@ class ChunkReader(MatrixSource):
         with self._lock:
             self._announce(rows, cols)
             future = self._start(index)
-        if self._disk is not None:
-            self._to_disk()
+        self._to_disk()
         try:
             return future.result()
         finally:
@@ -412,10 +410,9 @@ class ChunkReader(MatrixSource):
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            for future in self._waiting:
-                future.cancel()
-            self._waiting.clear()
             for entry in self._entries.values():
+                if entry.future is not None:  # (queued on the disk, not begun: never will)
+                    entry.future.cancel()
                 entry.future = None
             self.resident_bytes = 0
         self.inner.close()
