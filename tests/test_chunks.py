@@ -390,9 +390,9 @@ def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir,
             calls.append(("hint", index, os.path.isfile(self.object_path(index))))
             super().prefetch_chunk(index)
 
-        def read_chunk(self, index, out):
+        def read_chunk(self, index, out, *, files=None):
             calls.append(("decode", index, None))
-            super().read_chunk(index, out)
+            super().read_chunk(index, out, files=files)
 
     plan = oocgemm.plan("a.zarr", b, device="cpu", tile=(16, 12, 8))
     sources = chunk_readers(plan, {"A": Watched(zarr.open_array("a.zarr"), "a"),
@@ -430,13 +430,13 @@ def test_cold_sources_decode_in_the_order_the_schedule_needs_their_chunks(rng, w
     lock, running, most, begun = threading.Lock(), [0], [0], []
 
     class Watched(ZarrSource):
-        def read_chunk(self, index, out):
+        def read_chunk(self, index, out, *, files=None):
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
                 begun.append((self.name, index))
             time.sleep(0.002)  # long enough for the decoders to overlap where they may
-            super().read_chunk(index, out)
+            super().read_chunk(index, out, files=files)
             with lock:
                 running[0] -= 1
 
@@ -594,11 +594,19 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     assert again.buffers.ring == 32 << 20
 
 
-@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded"])
-def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir, layout):
+@pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded", "v3", "v2"])
+def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir, layout,
+                                                                   monkeypatch):
     """Inputs the page cache does not hold (dropped from it here) are planned as cold and
-    read through the disk's queue, in the order needed: the same C, bit for bit, as from
+    read through the disk's queue, in the order needed, each chunk's file read whole in
+    pieces (not decoded from its pages as they fault in): the same C, bit for bit, as from
     the page cache."""
+    from oocgemm.storage.chunked import DiskQueue
+
+    files = []
+    whole = DiskQueue.read
+    monkeypatch.setattr(DiskQueue, "read", staticmethod(
+        lambda path, into=None: files.append(path) or whole(path, into)))
     a, b = rand(rng, (300, 200)), rand(rng, (200, 260))
     write("a.zarr", a, (64, 40), layout)
     write("b.zarr", b, (40, 64), layout)
@@ -606,11 +614,42 @@ def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir
     assert any("A and B held" in d for d in warm.plan.decisions)
     if not evicted("a.zarr", "b.zarr"):
         pytest.skip("this file system keeps the files in memory")
+    assert files == []  # (warm: decoded from the page cache's pages)
     cold = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(128, 130, 80))
     assert not any("held" in d for d in cold.plan.decisions)
     assert not cold.plan.problem.a.cached and not cold.plan.problem.b.cached
+    assert {os.path.dirname(f).split(os.sep)[0] for f in files} == {"a.zarr", "b.zarr"}
     assert np.array_equal(cold.out, warm.out)
     assert_gemm(cold.out, a, b)
+
+
+def test_a_cold_file_is_read_whole_in_pieces_at_once(workdir, monkeypatch):
+    """DiskQueue.read: a file's pieces read on several threads at once (a disk keeps its rate
+    only with many requests under way), its bytes whole, into a new buffer or one given; a
+    buffer too small for the file, or no file, is an error."""
+    from oocgemm.storage import chunked
+
+    data = np.random.default_rng(3).integers(0, 256, 10_500, dtype=np.uint8).tobytes()
+    with open("f.bin", "wb") as fh:
+        fh.write(data)
+    monkeypatch.setattr(chunked, "DISK_PIECE", 1000)
+    threads, preadv = set(), os.preadv
+
+    def watched(fd, buffers, offset):
+        threads.add(threading.current_thread().name)
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(chunked.os, "preadv", watched)
+    got = chunked.DiskQueue.read("f.bin")
+    assert bytes(got) == data and len(threads) > 1
+    assert any(name.startswith("oocgemm-disk") for name in threads)
+    into = bytearray(11_000)
+    got = chunked.DiskQueue.read("f.bin", into)
+    assert got.nbytes == len(data) and bytes(into[:len(data)]) == data
+    with pytest.raises(ValueError, match="more than"):
+        chunked.DiskQueue.read("f.bin", bytearray(10_000))
+    with pytest.raises(FileNotFoundError):
+        chunked.DiskQueue.read("missing.bin")
 
 
 def test_a_corrupt_chunk_read_cold_fails_the_run_cleanly(rng, workdir):

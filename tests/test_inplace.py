@@ -367,9 +367,9 @@ def test_a_given_zarr_array_updated_in_place_is_read_and_rewritten_under_one_loc
         held.append(self.lock is not None and self.lock.locked())
         return read(self, rows, cols, out)
 
-    def checked_direct(self, index, out, rows, cols):
+    def checked_direct(self, index, out, rows, cols, files=None):
         held.append(self.lock is not None and self.lock.locked())
-        return direct(self, index, out, rows, cols)
+        return direct(self, index, out, rows, cols, files)
 
     direct = ZarrSource._read_direct
     monkeypatch.setattr(ZarrSource, "_read", checked)

@@ -16,7 +16,12 @@ from _helpers import assert_gemm, rand
 import oocgemm
 from oocgemm.errors import InputError
 from oocgemm.planning.chunks import chunk_region
+from oocgemm.storage.chunked import DiskQueue
 from oocgemm.storage.zarr_store import ZarrSource
+
+#: How a chunk's file is read: decoded from its pages (warm), or read whole in pieces first
+#: (cold: the run's disk queue).
+FILES = pytest.mark.parametrize("files", [None, DiskQueue.read], ids=["pages", "pieces"])
 
 DIRECT = {
     "v3-zstd": dict(zarr_format=3),
@@ -49,17 +54,18 @@ THROUGH_ZARR = {
 }
 
 
-def every_chunk(src: ZarrSource):
+def every_chunk(src: ZarrSource, files=None):
     grid = [-(-n // c) for n, c in zip(src.shape, src.chunks)]
     for index in itertools.product(*map(range, grid)):
         (r0, r1), (c0, c1) = chunk_region(index, src.chunks, src.shape)
         out = np.full((r1 - r0, c1 - c0), np.nan)
-        src.read_chunk(index, out)
+        src.read_chunk(index, out, files=files)
         yield (slice(r0, r1), slice(c0, c1)), out
 
 
+@FILES
 @pytest.mark.parametrize("layout", sorted(DIRECT) + sorted(THROUGH_ZARR))
-def test_chunks_as_zarr_reads_them(rng, workdir, layout):
+def test_chunks_as_zarr_reads_them(rng, workdir, layout, files):
     """Ragged edges, and a band of chunks never written (read as the fill value, 7)."""
     x = rand(rng, (50, 37))
     options = DIRECT.get(layout) or THROUGH_ZARR[layout]
@@ -70,13 +76,15 @@ def test_chunks_as_zarr_reads_them(rng, workdir, layout):
     assert np.array_equal(want[48:], np.full((2, 37), 7.0))  # chunks never written
     src = ZarrSource(zarr.open_array("x.zarr", mode="r"), "x")
     assert (src._direct is not None) == (layout in DIRECT)
-    for where, got in every_chunk(src):
+    for where, got in every_chunk(src, files):
         assert np.array_equal(got, want[where]), where
 
 
 @pytest.mark.parametrize("layout", ["v3-zstd", "v3-raw", "v2-zstd", "v3-sharded",
                                     "v3-sharded-raw"])
-def test_a_corrupt_or_truncated_chunk_is_named(rng, workdir, layout):
+@FILES
+@pytest.mark.parametrize("length", [100, 1 << 20], ids=["short", "long"])
+def test_a_corrupt_or_truncated_chunk_is_named(rng, workdir, layout, files, length):
     x = rand(rng, (64, 64))
     zarr.create_array("x.zarr", shape=x.shape, dtype=x.dtype,
                       **{"chunks": (16, 16), **DIRECT[layout]})[:] = x
@@ -84,13 +92,14 @@ def test_a_corrupt_or_truncated_chunk_is_named(rng, workdir, layout):
     side = src.chunks[0]
     path = src._direct.path((1, 0))
     with open(path, "r+b") as f:
-        f.truncate(100)
+        f.truncate(length)  # cut short, or made longer than any chunk of it
     with pytest.raises(InputError, match=r"chunk \(1, 0\) \(corrupt or truncated chunk"):
-        src.read_chunk((1, 0), np.empty((side, side)))
+        src.read_chunk((1, 0), np.empty((side, side)), files=files)
 
 
+@FILES
 @pytest.mark.parametrize("where", ["index", "inner chunk"])
-def test_a_damaged_shard_is_named(rng, workdir, where):
+def test_a_damaged_shard_is_named(rng, workdir, where, files):
     """A flipped byte in a shard's index fails its crc32c; one in the header of an inner
     chunk's zstd frame (its first, where the index is at the end) fails its decode: either
     is an InputError naming the shard, not wrong numbers."""
@@ -107,8 +116,8 @@ def test_a_damaged_shard_is_named(rng, workdir, where):
         f.write(data)
     out = np.empty((32, 32))
     with pytest.raises(InputError, match=r"chunk \(0, 1\) \(corrupt or truncated chunk"):
-        src.read_chunk((0, 1), out)
-    src.read_chunk((1, 1), out)  # the shards around it read as before
+        src.read_chunk((0, 1), out, files=files)
+    src.read_chunk((1, 1), out, files=files)  # the shards around it read as before
     np.testing.assert_array_equal(out, x[32:, 32:])
 
 

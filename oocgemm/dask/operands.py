@@ -139,7 +139,8 @@ class Region(MatrixSource):
         self.inner.read((self.rows[0] + rows[0], self.rows[0] + rows[1]),
                         (self.cols[0] + cols[0], self.cols[0] + cols[1]), out)
 
-    def read_chunk(self, index, out):
+    def read_chunk(self, index, out, *, files=None):
+        """Chunk ``index`` of the region, read as a region (``files`` unused)."""
         assert self.chunks is not None  # only regions on the chunk grid are read by chunks
         r0 = index[0] * self.chunks[0]
         c0 = index[1] * self.chunks[1]

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import abc
 import threading
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 _COUNTING = threading.Lock()
+
+#: Reads a whole stored file: ``files(path)`` its bytes, or ``files(path, into)`` into a
+#: buffer of at least its size (the bytes read as a memoryview either way).
+FileReads = Callable[..., memoryview]
 
 
 def library_of(obj) -> str:
@@ -98,9 +103,12 @@ class ChunkedSource(Protocol):
     name: str
     path: str | None
 
-    def read_chunk(self, index: tuple[int, int], out: np.ndarray) -> None:
+    def read_chunk(self, index: tuple[int, int], out: np.ndarray, *,
+                   files: FileReads | None = None) -> None:
         """Decode chunk ``index`` (row, column of the chunk grid) into ``out``: C-contiguous,
-        of the stored dtype, the chunk's shape clipped at the array's edges."""
+        of the stored dtype, the chunk's shape clipped at the array's edges. ``files``: how
+        to read a whole stored file, where the source reads files and its chunks are not in
+        the OS page cache (:meth:`DiskQueue.read <oocgemm.storage.chunked.DiskQueue.read>`)."""
 
     def array(self): ...
 

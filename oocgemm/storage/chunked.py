@@ -24,9 +24,11 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -57,8 +59,17 @@ class _Entry:
 
 
 #: Bytes of chunks the cold sources of a run decode at once: enough requests to keep a disk
-#: busy, few enough that the chunks needed first are not shared out with all the others.
-COLD_WINDOW = 1 << 30
+#: busy, few enough that the chunks needed first are not shared out with all the others
+#: (measured by window on one disk: docs/lab-notes.md, "The disk queue's window").
+COLD_WINDOW = 512 << 20
+
+#: Bytes of one request of a cold file's read (:meth:`DiskQueue.read`): its pieces are read
+#: at once, by :data:`DISK_READERS` threads shared by every run in the process. A disk reads
+#: at its rate only with many requests under way; a file decoded from its pages as they
+#: fault in (mmap) is read a little at a time, about 0.6-0.7 of that rate whatever the
+#: threads (docs/lab-notes.md, "Cold chunks: read in pieces, then decoded").
+DISK_PIECE = 16 << 20
+DISK_READERS = 32
 
 
 class DiskQueue:
@@ -80,6 +91,39 @@ class DiskQueue:
         self._count = 0  # ties in rank begin in the order queued
         self._running = 0  # bytes under way
         self._pumping = False  # a thread is beginning decodes (a failed begin calls done)
+
+    @staticmethod
+    def read(path: str, into=None) -> memoryview:
+        """The bytes of the file at ``path``, read in pieces of :data:`DISK_PIECE` at once
+        (the calling thread reads the first), into ``into`` (a writable buffer of at least
+        the file's size) or a new buffer. FileNotFoundError where there is no file,
+        ValueError where ``into`` is too small or the file ends early."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            buf = (np.empty(size, np.uint8).data if into is None
+                   else memoryview(into).cast("B"))
+            if size > buf.nbytes:
+                raise ValueError(f"{size} bytes, more than the {buf.nbytes} expected")
+
+            def piece(at: int) -> None:
+                end = min(at + DISK_PIECE, size)
+                while at < end:
+                    got = os.preadv(fd, [buf[at:end]], at)
+                    if got <= 0:
+                        raise ValueError(f"the file ends at {at} of its {size} bytes")
+                    at += got
+
+            rest = [_disk_readers().submit(piece, at) for at in range(DISK_PIECE, size, DISK_PIECE)]
+            try:
+                piece(0)
+            finally:  # (every piece over before the file is closed)
+                futures.wait(rest)
+            for future in rest:
+                future.result()
+            return buf[:size]
+        finally:
+            os.close(fd)
 
     def put(self, rank: int, nbytes: int, begin: Callable[[], None]) -> None:
         """Queue a decode of ``nbytes`` first needed at schedule index ``rank``; ``begin()``
@@ -167,6 +211,7 @@ class ChunkReader(MatrixSource):
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self._disk = disk
+        self._files = disk.read if disk is not None else None  # how its cold files are read
         self._chunk_bytes = max(1, self.chunks[0] * self.chunks[1] * self.dtype.itemsize)
         self._queued_on_disk: list[tuple[int, tuple[int, int], Future]] = []
         self.prefetch = (max(1, disk.window // self._chunk_bytes) if disk is not None
@@ -233,7 +278,7 @@ class ChunkReader(MatrixSource):
         else:
             (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
             out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
-            self.inner.read_chunk(index, out)
+            self.inner.read_chunk(index, out, files=self._files)
             fresh = True
         with self._lock:
             if fresh:  # (a chunk another run decoded is held here, not decoded)
@@ -347,7 +392,7 @@ class ChunkReader(MatrixSource):
                 ahead, self._hinted = self._order[self._hinted:upto], max(self._hinted, upto)
             for later in ahead:
                 hint(later)
-        self.inner.read_chunk(index, out)
+        self.inner.read_chunk(index, out, files=self._files)
         with self._lock:
             self._decoded(index, out.nbytes)
         return True
@@ -420,6 +465,19 @@ class ChunkReader(MatrixSource):
 
 _ENCODERS: ThreadPoolExecutor | None = None
 _ENCODERS_LOCK = threading.Lock()
+
+
+_DISK_READERS: ThreadPoolExecutor | None = None
+
+
+def _disk_readers() -> ThreadPoolExecutor:
+    """The process's readers of cold files' pieces (:meth:`DiskQueue.read`), shared by every
+    run in it."""
+    global _DISK_READERS
+    with _ENCODERS_LOCK:
+        if _DISK_READERS is None:
+            _DISK_READERS = ThreadPoolExecutor(DISK_READERS, thread_name_prefix="oocgemm-disk")
+        return _DISK_READERS
 
 
 def _encoders() -> ThreadPoolExecutor:

@@ -34,9 +34,9 @@ class DaskSource(MatrixSource):
         self.chunks = (max(rows[0], 1) if rows else 1, max(cols[0], 1) if cols else 1)
         self.on_disk = True  # not in memory: produced by its graph, read at its grain
 
-    def read_chunk(self, index, out) -> None:
+    def read_chunk(self, index, out, *, files=None) -> None:
         """Compute chunk ``index`` into ``out`` (counted as decoded: what its graph read is
-        its own)."""
+        its own; ``files`` unused: its graph reads)."""
         np.copyto(out, host_array(self._array.blocks[tuple(index)].compute()),
                   casting="same_kind")
         self.count(0, out.nbytes)

@@ -50,8 +50,8 @@ class Part(MatrixSource):
         outer_rows, outer_cols = self._outer(rows, cols)
         return self.inner.view(outer_rows, outer_cols, dtype)
 
-    def read_chunk(self, index, out) -> None:
-        self.inner.read_chunk(self._index(index), out)  # type: ignore[attr-defined]
+    def read_chunk(self, index, out, *, files=None) -> None:
+        self.inner.read_chunk(self._index(index), out, files=files)  # type: ignore[attr-defined]
 
     def stored_chunk(self, index) -> tuple[int, int]:
         """Chunk ``index`` of the part as the inner source's chunk index."""

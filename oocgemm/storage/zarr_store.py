@@ -179,27 +179,48 @@ class _Direct:
         key = self.array.metadata.encode_chunk_key(tuple(index))
         return os.path.join(os.fspath(root), self.array.store_path.path, key)
 
-    def read(self, index, out: np.ndarray) -> None:
-        """Chunk ``index`` into ``out`` (its region, clipped at the array's edges)."""
+    def read(self, index, out: np.ndarray, files=None) -> None:
+        """Chunk ``index`` into ``out`` (its region, clipped at the array's edges); its file
+        read by ``files`` where given (:data:`~oocgemm.storage.base.FileReads`)."""
         whole = out.shape == self.chunks and out.flags.c_contiguous and out.dtype == self.dtype
         target = out if whole else np.empty(self.chunks, dtype=self.dtype)
         try:
-            with open(self.path(index), "rb") as f:
-                if self.codec is None:
-                    got = f.readinto(target.data.cast("B"))
-                    if got != target.nbytes or f.read(1):
-                        raise ValueError(f"{got} bytes or more, expected {target.nbytes}")
-                else:  # decoded from the page cache's pages, not from a copy of them
-                    size = os.fstat(f.fileno()).st_size
-                    if size == 0:
-                        raise ValueError("an empty chunk file")
-                    with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
-                        self.codec.decode(data, out=target)
+            if files is not None:
+                self._read_file(index, target, files)
+            else:
+                self._read_pages(index, target)
         except FileNotFoundError:  # never written: the fill value
             out[...] = self.fill
             return
         if not whole:
             np.copyto(out, target[:out.shape[0], :out.shape[1]], casting="same_kind")
+
+    def _read_file(self, index, target: np.ndarray, files) -> None:
+        """A whole chunk into ``target``, its file read by ``files`` (then decoded)."""
+        if self.codec is None:
+            got = files(self.path(index), target.data.cast("B"))
+            if got.nbytes != target.nbytes:
+                raise ValueError(f"{got.nbytes} bytes, expected {target.nbytes}")
+            return
+        data = files(self.path(index))
+        if data.nbytes == 0:
+            raise ValueError("an empty chunk file")
+        self.codec.decode(data, out=target)
+
+    def _read_pages(self, index, target: np.ndarray) -> None:
+        """A whole chunk into ``target``, decoded from its file's pages."""
+        with open(self.path(index), "rb") as f:
+            if self.codec is None:
+                got = f.readinto(target.data.cast("B"))
+                if got != target.nbytes or f.read(1):
+                    raise ValueError(f"{got} bytes or more, expected {target.nbytes}")
+                return
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise ValueError("an empty chunk file")
+            # decoded from the page cache's pages, not from a copy of them
+            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
+                self.codec.decode(data, out=target)
 
     def write(self, index, data: np.ndarray) -> None:
         """Chunk ``index`` from ``data`` (its region, clipped at the array's edges): padded
@@ -298,9 +319,15 @@ class _DirectSharded(_Direct):
     def frame_shape(self) -> tuple[int, ...]:
         return self.inner
 
-    def read(self, index, out: np.ndarray) -> None:
-        """Shard ``index`` into ``out`` (its region, clipped at the array's edges)."""
+    def read(self, index, out: np.ndarray, files=None) -> None:
+        """Shard ``index`` into ``out`` (its region, clipped at the array's edges); its file
+        read by ``files`` where given (:data:`~oocgemm.storage.base.FileReads`), else decoded
+        from its pages."""
         try:
+            if files is not None:
+                data = files(self.path(index))
+                self.decode_frames(data, self.frames(data, data.nbytes, out.shape), out)
+                return
             with open(self.path(index), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as data:
@@ -538,15 +565,16 @@ class ZarrSource(MatrixSource):
         key = self._array.metadata.encode_chunk_key(coords)
         return os.path.join(os.fspath(root), self._array.store_path.path, key)
 
-    def read_chunk(self, index, out):
+    def read_chunk(self, index, out, *, files=None):
         """Decode one chunk (a whole shard of a sharded array) into ``out``: straight from its
-        file where the layout allows (:func:`direct`), else through zarr."""
+        file where the layout allows (:func:`direct`; the file read by ``files`` where
+        given, else decoded from its pages), else through zarr."""
         (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
         if self._direct is None:
             self.read((r0, r1), (c0, c1), out)
         else:
             with self.lock or contextlib.nullcontext():
-                self._read_direct(index, out, (r0, r1), (c0, c1))
+                self._read_direct(index, out, (r0, r1), (c0, c1), files)
         stored = self.stored_size(index)
         self.count(out.nbytes if stored is None else stored, out.nbytes)
 
@@ -642,11 +670,11 @@ class ZarrSource(MatrixSource):
                              f"chunk {tuple(index)} (corrupt or truncated chunk? "
                              f"{type(exc).__name__}: {exc})") from exc
 
-    def _read_direct(self, index, out, rows, cols) -> None:
+    def _read_direct(self, index, out, rows, cols, files=None) -> None:
         (r0, r1), (c0, c1) = rows, cols
         assert self._direct is not None
         try:
-            self._direct.read(index, out)
+            self._direct.read(index, out, files)
         except Exception as exc:
             raise InputError(f"{self.name}: cannot read rows {r0}:{r1}, columns {c0}:{c1}, "
                              f"chunk {tuple(index)} (corrupt or truncated chunk? "
