@@ -13,7 +13,7 @@
                                                     # ozaki_gpu, gram, s3, scaling,
                                                     # dask_scaling, scaling_model, fresh,
                                                     # gpu_small_blocks, small_blocks,
-                                                    # npy_product
+                                                    # npy_product, cold_reads
 
 Errors that a bad option causes print ``error: <message>`` and exit with status 2; a result
 that differs from its reference beyond the tolerance exits with status 1.
@@ -413,6 +413,8 @@ _OWN_MAINS = {
                                      "the plain blocked loop, from numpy, Zarr and .npy."),
     "npy-product": ("npy_product", ".npy inputs into a .npy C beside its compute and the "
                                    "disk's rate of storing C."),
+    "cold-reads": ("cold_reads", "Chunk files read cold by method, and a cold product by the "
+                                 "disk queue's window."),
 }
 
 

@@ -377,6 +377,33 @@ def test_keeping_cuts_predicted_decode_and_storage_time(workdir):
     assert not summary["A"]["kept"] and kept.summary()["chunks"]["A"]["kept"]
 
 
+@pytest.mark.parametrize("layout", ["v3-zstd", "v2", "v3-sharded"])
+def test_storage_time_is_predicted_from_the_bytes_stored(rng, workdir, layout):
+    """A compressed input's storage reads are predicted from its stored bytes (a sample of its
+    objects' sizes, none read; chunks never written left out), not its decoded bytes: the
+    same product from inputs that compress well and from ones that do not differs in its
+    predicted storage time as their stored bytes do."""
+    shape, chunks = (384, 320), (64, 64)
+    noise = rand(rng, shape)
+    smooth = np.round(noise, 1)  # a few distinct values: compresses well
+    write("noise.zarr", noise, chunks, layout)
+    write("smooth.zarr", smooth, chunks, layout)
+    part = zarr.create_array("part.zarr", shape=shape, dtype="f8", chunks=chunks,
+                             **{k: v for k, v in LAYOUTS[layout].items() if k != "shards"})
+    part[:128] = noise[:128]  # the other chunks never written
+    fractions = {name: ZarrSource(zarr.open_array(name + ".zarr"), name).stored_fraction()
+                 for name in ("noise", "smooth", "part")}
+    assert 0.5 < fractions["noise"] <= 1.05 and fractions["smooth"] < 0.5 * fractions["noise"]
+    assert fractions["part"] == pytest.approx(fractions["noise"], rel=0.1)
+    assert NumpySource(noise).stored_fraction() == 1.0
+    kw = dict(device="cpu", tile=(128, 128, 64))
+    plans = {name: oocgemm.plan(name + ".zarr", rand(rng, shape[::-1]), **kw)
+             for name in ("noise", "smooth")}
+    assert plans["smooth"].problem.a.stored == pytest.approx(fractions["smooth"])
+    ratio = plans["smooth"].prediction.storage_read / plans["noise"].prediction.storage_read
+    assert ratio == pytest.approx(fractions["smooth"] / fractions["noise"], rel=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["v3", "v2", "v3-sharded"])
 def test_chunk_objects_are_hinted_to_the_os_ahead_of_their_decodes(rng, workdir, layout):
     """A cold disk reads ahead of the decoders: each chunk's object (its shard when sharded)

@@ -33,6 +33,10 @@ class Operand:
     run at the host's memory rate; of an output, the page cache takes all its writes (at the
     model's ``cache_write`` rate). Only the prediction hears it: the plan's choices are made
     as for storage, so that a product plans the same blocks (the same bits) warm and cold."""
+    stored: float = 1.0
+    """Bytes stored per byte decoded, on disk (below 1 where compressed: a sample of its
+    objects' sizes, a fact of the run's I/O): its storage reads move this share of the bytes
+    decoded."""
     zstd_frames: tuple[int, int] | None = None
     """The decoded shape of one zstd frame (a chunk, or an inner chunk of a shard) where every
     stored object is a local file of zstd frames of plain bytes, which a device may decode

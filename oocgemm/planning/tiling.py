@@ -425,7 +425,8 @@ def _storage_and_copies(prob: Problem, model: DeviceModel, read: tuple[float, fl
     if prob.reads_c and prob.c is not None:
         reads.append((read[2], prob.c, None))
     for nbytes, operand, once in reads:
-        rate = model.memory_copy if operand.cached else model.storage_read
+        # (stored bytes: the decoded bytes' share that storage moves)
+        rate = (model.memory_copy if operand.cached else model.storage_read) / operand.stored
         if operand.on_disk and once is not None:  # read once, reloads come from host memory
             storage_read += min(once, nbytes) / rate
             host_copy += max(nbytes - once, 0) / model.memory_copy

@@ -80,6 +80,11 @@ class MatrixSource(abc.ABC):
         files at most; nothing read); None where it cannot tell."""
         return None
 
+    def stored_fraction(self, most: int = 64) -> float:
+        """Bytes stored per byte decoded (below 1 where compressed), from ``most`` of its
+        stored objects at most (their sizes; nothing read); 1 where it cannot tell."""
+        return 1.0
+
     def view(self, rows: tuple[int, int], cols: tuple[int, int], dtype) -> np.ndarray | None:
         """The region as a zero-copy array BLAS can use in place, or None where the data must
         be copied (on disk, another dtype, a layout BLAS cannot take)."""

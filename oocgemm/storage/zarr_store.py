@@ -542,14 +542,39 @@ class ZarrSource(MatrixSource):
         """The share of the stored objects' bytes that the OS page cache holds, from ``most``
         objects spread over the array (:func:`~oocgemm.storage.files.cached_fraction`: none
         of them read); None where it cannot tell (not a local folder)."""
+        paths = self._sample(most)
+        return None if paths is None else files.cached_fraction(p for _, p in paths)
+
+    def stored_fraction(self, most: int = 64) -> float:
+        """Bytes stored per byte decoded, from the sizes of ``most`` objects spread over the
+        array (written ones; none read); 1 where it cannot tell (not a local folder, or
+        nothing written)."""
+        paths = self._sample(most)
+        if paths is None or self.chunks is None:
+            return 1.0
+        stored = decoded = 0
+        for index, path in paths:
+            try:
+                size = os.stat(path).st_size
+            except OSError:  # never written (the fill value), or gone: not in the sample
+                continue
+            (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
+            stored += size
+            decoded += (r1 - r0) * (c1 - c0) * self.dtype.itemsize
+        return stored / decoded if stored and decoded else 1.0
+
+    def _sample(self, most: int) -> list[tuple[tuple[int, int], str]] | None:
+        """Up to ``most`` of its objects spread over the array, (chunk index, file); None
+        where they are not local files."""
         if self.chunks is None:
             return None
         rows, cols = (-(-n // c) for n, c in zip(self.shape, self.chunks))
         step = max(1, rows * cols // most)
-        paths = [self.object_path(divmod(i, cols)) for i in range(0, rows * cols, step)]
-        if not paths or any(path is None for path in paths):
+        found = [(divmod(i, cols), self.object_path(divmod(i, cols)))
+                 for i in range(0, rows * cols, step)]
+        if not found or any(path is None for _, path in found):
             return None
-        return files.cached_fraction(paths)
+        return cast(list[tuple[tuple[int, int], str]], found)
 
     def object_path(self, index) -> str | None:
         """The file that holds chunk ``index`` (its shard's, when sharded); None where the
