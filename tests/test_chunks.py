@@ -621,14 +621,20 @@ def test_the_gpu_plan_of_a_tall_skinny_gram_rings_whole_chunks():
     assert again.buffers.ring == 32 << 20
 
 
+@pytest.mark.parametrize("window", [None, 1024], ids=["pieces", "pages"])
 @pytest.mark.parametrize("layout", ["v3-zstd", "v3-sharded", "v3", "v2"])
 def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir, layout,
-                                                                   monkeypatch):
+                                                                   window, monkeypatch):
     """Inputs the page cache does not hold (dropped from it here) are planned as cold and
     read through the disk's queue, in the order needed, each chunk's file read whole in
-    pieces (not decoded from its pages as they fault in): the same C, bit for bit, as from
-    the page cache."""
+    pieces (not decoded from its pages as they fault in), or, where an object is large
+    beside the queue's window, decoded from its pages (no buffer of its size held): the
+    same C, bit for bit, as from the page cache."""
+    from oocgemm.storage import chunked
     from oocgemm.storage.chunked import DiskQueue
+
+    if window is not None:
+        monkeypatch.setattr(chunked, "COLD_WINDOW", window)
 
     files = []
     whole = DiskQueue.read
@@ -645,7 +651,8 @@ def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir
     cold = oocgemm.multiply("a.zarr", "b.zarr", device="cpu", tile=(128, 130, 80))
     assert not any("held" in d for d in cold.plan.decisions)
     assert not cold.plan.problem.a.cached and not cold.plan.problem.b.cached
-    assert {os.path.dirname(f).split(os.sep)[0] for f in files} == {"a.zarr", "b.zarr"}
+    read = {os.path.dirname(f).split(os.sep)[0] for f in files}
+    assert read == ({"a.zarr", "b.zarr"} if window is None else set())
     assert np.array_equal(cold.out, warm.out)
     assert_gemm(cold.out, a, b)
 

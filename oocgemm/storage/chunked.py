@@ -188,7 +188,9 @@ class ChunkReader(MatrixSource):
     disk
         Its stored chunks are not in the OS page cache: its decodes begin through the run's
         :class:`DiskQueue`, in the order the schedule needs them across the run's cold
-        sources (as many chunks hinted ahead as it lets begin at once).
+        sources (as many chunks hinted ahead as it lets begin at once), each object's file
+        read whole in pieces at once (:meth:`DiskQueue.read`) where it is at most half the
+        queue's window, else decoded from its pages.
 
     A kept source begins decoding all its chunks, in the order the run needs them, as it is
     made: while the executor starts (a GPU's buffers, its pinned ring, its threads).
@@ -211,8 +213,11 @@ class ChunkReader(MatrixSource):
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, decoders), thread_name_prefix="oocgemm-decode")
         self._disk = disk
-        self._files = disk.read if disk is not None else None  # how its cold files are read
         self._chunk_bytes = max(1, self.chunks[0] * self.chunks[1] * self.dtype.itemsize)
+        # how its cold files are read: whole into a buffer, where an object's buffer is not
+        # large beside the window (a larger one is decoded from its pages: no copy of it held)
+        self._files = (disk.read if disk is not None and self._chunk_bytes <= disk.window // 2
+                       else None)
         self._queued_on_disk: list[tuple[int, tuple[int, int], Future]] = []
         self.prefetch = (max(1, disk.window // self._chunk_bytes) if disk is not None
                          else 2 * max(1, decoders))
