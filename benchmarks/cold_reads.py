@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     import oocgemm
     import oocgemm.storage.chunked as chunked
     from benchmarks.storage_floor import drop_caches, product_floor, read_files
-    from benchmarks.zarr_stores import make_store, store_files
+    from benchmarks.zarr_stores import product_stores, store_files
     from oocgemm.storage.zarr_store import direct_reader
 
     parser = zarr_product_parser(__doc__, n=32768, chunk=4096, device="auto",
@@ -81,12 +81,9 @@ def main(argv=None) -> int:
                         help="MiB,...: a cold product for each window of the disk queue")
     args = parser.parse_args(argv)
 
-    work = os.path.abspath(args.zarr)
-    os.makedirs(work, exist_ok=True)
-    a, b, c = (os.path.join(work, name) for name in ("a.zarr", "b.zarr", "c.zarr"))
     threads = machine.cores()
-    for seed, path in ((1, a), (2, b)):
-        make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed, threads=threads)
+    a, b, c = product_stores(args.zarr, args.n, args.chunk, threads)
+    work = os.path.dirname(a)
     files = store_files(a, b)
     stored = sum(os.path.getsize(f) for f in files)
     doc: dict = {"date": time.strftime("%Y-%m-%d"), "n": args.n, "chunk": args.chunk,

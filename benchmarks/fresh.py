@@ -106,7 +106,7 @@ def predicted(a: str, b: str, c: str, flags: list[str]) -> dict:
 def main(argv=None) -> int:
     import oocgemm
     from benchmarks.storage_floor import drop_caches, product_floor, read_files
-    from benchmarks.zarr_stores import make_store, store_files
+    from benchmarks.zarr_stores import product_stores, store_files
 
     parser = zarr_product_parser(__doc__, n=32768, chunk=4096, device="auto",
                                  memory_limit=None)
@@ -116,12 +116,9 @@ def main(argv=None) -> int:
                         help="a folder for the command's timelines, warm and cold (JSON)")
     args = parser.parse_args(argv)
 
-    work = os.path.abspath(args.zarr)
-    os.makedirs(work, exist_ok=True)
-    a, b, c = (os.path.join(work, name) for name in ("a.zarr", "b.zarr", "c.zarr"))
     threads = machine.cores()
-    for seed, path in ((1, a), (2, b)):
-        make_store(path, n=args.n, chunk=args.chunk, layout="v3", seed=seed, threads=threads)
+    a, b, c = product_stores(args.zarr, args.n, args.chunk, threads)
+    work = os.path.dirname(a)
     options = {"device": args.device}
     flags = ["--device", args.device]
     if args.memory_limit:

@@ -239,6 +239,18 @@ def expected_checksum(info: StoreInfo, threads: int) -> int:
         return sum(ex.map(one, info.units())) % (1 << 64)
 
 
+def product_stores(folder: str, n: int, chunk: int, threads: int) -> tuple[str, str, str]:
+    """A product's inputs made in ``folder`` (created where missing): ``a.zarr`` and
+    ``b.zarr``, n x n in ``chunk``-sided chunks as zarr's defaults store them (seeds 1 and 2);
+    returns their paths and the output's, ``c.zarr`` (not made)."""
+    work = os.path.abspath(folder)
+    os.makedirs(work, exist_ok=True)
+    a, b, c = (os.path.join(work, name) for name in ("a.zarr", "b.zarr", "c.zarr"))
+    for seed, path in ((1, a), (2, b)):
+        make_store(path, n=n, chunk=chunk, layout="v3", seed=seed, threads=threads)
+    return a, b, c
+
+
 def make_store(path: str, *, n: int, chunk: int, layout: str, seed: int = 0,
                threads: int = 1) -> dict:
     """Write an n x n float64 array of random data the way a zarr-python user with its defaults
