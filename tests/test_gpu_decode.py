@@ -1,12 +1,12 @@
 """Panels decoded on the device (``Plan.io.gpu_decode``), replayed by the CPU executor: each stored
-object a load covers (a chunk file of one zstd frame, or a shard of many) is read as stored
-into a ring buffer, uploaded into its cell of a Z slot, and one DECODE per panel puts every
-frame in place (a K step's A and B DECODEs as one batch on the GPU). The schedule passes its
-checker (which fails on a tampered one), the counts agree with the built list, the product
-equals numpy's over ragged shapes, transposed operands, shards with their index at either end
-and chunks never written; plans whose panels cut the objects, or operands that are not zstd
-frames, are refused; a damaged object or one larger than its cell is an InputError naming
-it."""
+object a load covers (a chunk file of one zstd frame, or a shard of many) is fetched as stored
+into a ring buffer (FETCH), uploaded into its cell of a Z slot (UPLOAD_STORED), and one DECODE
+per panel puts every frame in place (a K step's A and B DECODEs as one batch on the GPU). The
+schedule passes its checker (which fails on a tampered one), the counts agree with the built
+list, the product equals numpy's over ragged shapes, transposed operands, shards with their
+index at either end and chunks never written; plans whose panels cut the objects, or operands
+that are not zstd frames, are refused; a damaged object or one larger than its cell is an
+InputError naming it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from _helpers import assert_gemm, poisoned, rand
 import oocgemm
 from oocgemm.cuda.decode import panel_batch
 from oocgemm.devices import Device
+from oocgemm.diagnostics.timeline import Timeline
 from oocgemm.errors import InputError, OptionError
 from oocgemm.lifecycle.run import chunk_counts, chunk_readers
 from oocgemm.planning import OpKind, ScheduleError, check_schedule, with_gpu_decode
@@ -101,11 +102,58 @@ def test_products_of_panels_decoded_from_objects(rng, workdir, layout, trans):
     out = poisoned((50, 37))
     log, counts = run(plan, {"A": za, "B": zb}, out)
     assert_gemm(out, a, b)
-    # (an object never written is not read: its READ takes the fill value)
+    # (an object never written is not read: its FETCH takes the fill value)
     assert counts["A"]["on_device"] and 0 < counts["A"]["decodes"] <= sum(
-        op.kind is OpKind.READ and op.operand == "A" for op in ops)
-    moved = sum(e.nbytes for e in log.events() if e.kind == "read")
-    assert 0 < moved < sum(op.nbytes for op in ops if op.kind is OpKind.READ) * 1.1
+        op.kind is OpKind.FETCH and op.operand == "A" for op in ops)
+    moved = sum(e.nbytes for e in log.events() if e.kind == "fetch")
+    assert 0 < moved < sum(op.nbytes for op in ops if op.kind is OpKind.FETCH) * 1.1
+
+
+def test_a_panel_decoded_on_the_device_is_fetched_and_uploaded_as_stored(rng, workdir):
+    """Operations of their own: A's objects (A decoded on the device) are FETCHed on the
+    readers and go up as UPLOAD_STOREDs on lane h2d, no READ or UPLOAD of A left, while B
+    (decoded on the host) is READ and UPLOADed as ever. The CPU executor replays the plan into
+    numpy's product, a FETCH's bytes counted as read and an UPLOAD_STORED's as h2d; the
+    checker refuses a READ of A and a FETCH of B."""
+    a, b = rand(rng, (32, 48)), rand(rng, (48, 24))
+    za, zb = store("a.zarr", a, "v3"), store("b.zarr", b, "v3")
+    plan = gpu_plan(za, zb, (16, 24, 48), operands=("A",))
+    check_schedule(plan.schedule, plan)
+    ops = plan.schedule.ops
+    kinds = {x: {op.kind for op in ops if op.operand == x} for x in "AB"}
+    assert kinds["A"] == {OpKind.FETCH, OpKind.UPLOAD_STORED, OpKind.DECODE}
+    assert {OpKind.READ, OpKind.UPLOAD} <= kinds["B"]
+    assert not kinds["B"] & {OpKind.FETCH, OpKind.UPLOAD_STORED, OpKind.DECODE}
+    assert {op.lane for op in ops if op.kind is OpKind.FETCH} == {"read"}
+    assert {op.lane for op in ops if op.kind is OpKind.UPLOAD_STORED} == {"h2d"}
+    assert plan.counts.ops == plan.schedule.counts().ops
+    # two panels of A (16 rows, all 48 of K), each of four objects of 16 x 12
+    assert plan.counts.ops[OpKind.FETCH] == plan.counts.ops[OpKind.UPLOAD_STORED] == 8
+    assert plan.counts.traffic == plan.schedule.traffic()
+
+    out = poisoned((32, 24))
+    log, _ = run(plan, {"A": za, "B": zb}, out)
+    assert_gemm(out, a, b)
+    events = log.events()
+    moved = {kind: sum(e.nbytes for e in events if e.kind == kind)
+             for kind in ("read", "fetch", "upload", "upload_stored")}
+    assert moved["fetch"] == moved["upload_stored"] > 0  # the objects' bytes as stored
+    assert moved["read"] == moved["upload"] == b.nbytes  # B, stripe by stripe
+    assert log.traffic()["read"] == moved["read"] + moved["fetch"]
+    assert log.traffic()["h2d"] == moved["upload"] + moved["upload_stored"]
+    timeline = Timeline.from_events(events)
+    assert timeline.link("read").bytes == log.traffic()["read"]
+    assert timeline.link("h2d").bytes == log.traffic()["h2d"]
+    assert all(e.lane.startswith("read-") for e in events if e.kind == "fetch")
+
+    fetch = next(op for op in ops if op.kind is OpKind.FETCH)
+    read = next(op for op in ops if op.kind is OpKind.READ and op.operand == "B")
+    for tampered, why in ((dataclasses.replace(fetch, kind=OpKind.READ), "which the plan decodes"),
+                          (dataclasses.replace(read, kind=OpKind.FETCH), "does not decode")):
+        bad = list(ops)
+        bad[tampered.index] = tampered
+        with pytest.raises(ScheduleError, match=why):
+            check_schedule(dataclasses.replace(plan.schedule, ops=tuple(bad)), plan)
 
 
 def test_the_checker_refuses_a_tampered_decode(rng, workdir):
@@ -433,7 +481,7 @@ def test_products_decoded_on_the_gpu(rng, workdir, layout, trans):
     assert_gemm(out, a, b)
     events = log.events()
     assert any(e.kind == "decode" and e.lane == "decode" for e in events)
-    for kind in ("read", "upload"):  # what moved: the compressed bytes, not the region's
+    for kind in ("fetch", "upload_stored"):  # what moved: the compressed bytes, not the region's
         moved = sum(e.nbytes for e in events if e.kind == kind)
         planned = sum(op.nbytes for op in plan.schedule.ops if op.kind.value == kind)
         assert 0 < moved < planned * 1.1 and moved != planned
@@ -499,7 +547,7 @@ def replay_batch(plan, ops, cells, slots, fill, itemsize=8) -> dict:
 def replay_decodes(plan, arrays, fill=7.0) -> list[int]:
     """Every DECODE of ``arrays``' operands ('A', 'B': Zarr arrays) as the GPU runs it, in
     the schedule's batches (:func:`replay_batch`, at the batch's last DECODE), its objects
-    read and uploaded as the schedule says, each panel checked against zarr's read of it;
+    fetched and uploaded as the schedule says, each panel checked against zarr's read of it;
     the size of each batch."""
     sources = {name: ZarrSource(z, name.lower()) for name, z in arrays.items()}
     ops = plan.schedule.ops
@@ -519,11 +567,11 @@ def replay_decodes(plan, arrays, fill=7.0) -> list[int]:
         if op.operand not in arrays:
             continue
         source = sources[op.operand]
-        if op.kind is OpKind.READ:
+        if op.kind is OpKind.FETCH:
             into = np.empty(plan.buffers.ring, dtype=np.uint8)
             index = (op.region[0][0] // source.chunks[0], op.region[1][0] // source.chunks[1])
             stages[op.dst] = (index, *source.read_object(index, into), into)
-        elif op.kind is OpKind.UPLOAD:
+        elif op.kind is OpKind.UPLOAD_STORED:
             index, size, frames, into = stages[op.src[0]]
             z = slots.setdefault(op.dst, np.zeros(plan.schedule.slots[op.dst] * 8, np.uint8))
             z[op.offset * 8:op.offset * 8 + size] = into[:size]

@@ -16,9 +16,9 @@ class Event:
     index: int
     """The operation's index in the schedule."""
     kind: str
-    """'read', 'upload', 'decode', 'fill', 'gemm', 'download', 'write' (an operation of the
-    schedule), or 'store': a chunk of C encoded and stored behind the run by the output's
-    writer (index -1)."""
+    """'read', 'upload', 'fetch', 'upload_stored', 'decode', 'fill', 'gemm', 'download',
+    'write' (an operation of the schedule), or 'store': a chunk of C encoded and stored
+    behind the run by the output's writer (index -1)."""
     operand: str
     """'A', 'B' or 'C': whose data the operation moved or produced."""
     key: tuple[int, int]
@@ -49,17 +49,20 @@ _new_event = quick_constructor(Event)
 #: Kinds of operation that compute (on the compute lane: a symmetric product's mirror and
 #: transpose of C blocks too) and that move data.
 COMPUTE_KINDS = ("gemm", "fill", "mirror", "transpose")
-COPY_KINDS = ("read", "upload", "download", "write", "store")
+COPY_KINDS = ("read", "upload", "fetch", "upload_stored", "download", "write", "store")
 
 #: What each kind is called on a timeline: the issue's vocabulary (an UPLOAD is a host->device
 #: copy, H2D; a DOWNLOAD device->host, D2H; a READ fills a staging or working buffer from the
-#: source, a WRITE stores to the output).
-KIND_NAMES = {"read": "read", "upload": "H2D", "fill": "fill", "gemm": "gemm",
-              "download": "D2H", "write": "write", "mirror": "mirror", "transpose": "transpose",
-              "store": "store"}
+#: source, a WRITE stores to the output; a FETCH fills a staging buffer with a stored object
+#: as stored, which its UPLOAD_STORED takes up, H2D, for the device to decode).
+KIND_NAMES = {"read": "read", "upload": "H2D", "fetch": "fetch", "upload_stored": "H2D stored",
+              "fill": "fill", "gemm": "gemm", "download": "D2H", "write": "write",
+              "mirror": "mirror", "transpose": "transpose", "store": "store"}
 
-#: One colour per kind (plots, NVTX ranges), '#rrggbb'.
+#: One colour per kind (plots, NVTX ranges), '#rrggbb': a FETCH and an UPLOAD_STORED in the
+#: colours of the links they use, a READ's and an UPLOAD's.
 KIND_COLORS = {"gemm": "#2ca02c", "fill": "#98df8a", "read": "#ff7f0e", "upload": "#1f77b4",
+               "fetch": "#ff7f0e", "upload_stored": "#1f77b4",
                "download": "#9467bd", "write": "#d62728", "mirror": "#bcbd22",
                "transpose": "#17becf", "store": "#8c564b", "decode": "#e377c2"}
 
@@ -185,6 +188,9 @@ class EventLog:
 
     def traffic(self) -> dict[str, int]:
         """Bytes moved per level (read, storage_write, h2d, d2h), counted whether
-        events were recorded or not."""
+        events were recorded or not (a level's kinds together: READs and FETCHes read)."""
+        total = dict.fromkeys(LEVELS.values(), 0)
         with self._lock:
-            return {level: self._moved.get(kind.value, 0) for kind, level in LEVELS.items()}
+            for kind, level in LEVELS.items():
+                total[level] += self._moved.get(kind.value, 0)
+        return total

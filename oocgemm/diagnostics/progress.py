@@ -50,7 +50,7 @@ class ProgressBar:
         with self._lock:
             if event.kind == "gemm" and self._flops:
                 self.bar.update(event.flops)
-            elif event.kind == "read":
+            elif event.kind in ("read", "fetch"):  # what the storage gave, as stored or not
                 self._read += event.nbytes
             elif event.kind == "write":
                 self._written += event.nbytes

@@ -10,12 +10,13 @@ once on several threads count once):
 - **busy** of a lane: the time it spent inside operations; its **fraction** is busy / wall.
 - **compute**: GEMM and FILL operations. Its idle time splits into the **fill** (before the
   first one starts), the **drain** (after the last one ends) and the **stalls** (gaps between).
-- **copies**: READ (source -> staging or working buffer), UPLOAD (H2D), DOWNLOAD (D2H) and
-  WRITE (-> output). **Exposed copy** time is the time some copy runs while nothing computes;
+- **copies**: READ (source -> staging or working buffer), UPLOAD (H2D), FETCH (a stored object
+  as stored -> staging buffer) and UPLOAD_STORED (its H2D), DOWNLOAD (D2H) and WRITE
+  (-> output). **Exposed copy** time is the time some copy runs while nothing computes;
   **overlap** is the share of copy time that ran under computation.
 - **links**: read (READ: into slots and stripes, out of decoded chunks, a file's pages or
-  memory), h2d (UPLOAD), d2h (DOWNLOAD), storage_write (WRITE), named as ``result.bytes``
-  names them; a link's
+  memory; FETCH: stored objects into the ring), h2d (UPLOAD, UPLOAD_STORED), d2h (DOWNLOAD),
+  storage_write (WRITE), named as ``result.bytes`` names them; a link's
   busy time is the union of its operations on every lane, its rates bytes / busy and
   bytes / wall.
 - **bound**: compute when it is busy at least 95% of the wall, else the resource (compute or a
@@ -35,8 +36,10 @@ from .lanes import lane_family, lane_order
 #: Compute busy at least this share of the wall: the run is compute-bound.
 COMPUTE_BOUND = 0.95
 
-#: Links between the levels, and the operation kind that moves bytes over each.
-LINKS = {"read": "read", "h2d": "upload", "d2h": "download", "storage_write": "write"}
+#: Links between the levels, and the operation kinds that move bytes over each (a FETCH reads
+#: as a READ does, an UPLOAD_STORED goes up as an UPLOAD does).
+LINKS = {"read": ("read", "fetch"), "h2d": ("upload", "upload_stored"), "d2h": ("download",),
+         "storage_write": ("write",)}
 
 # -- the report ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -452,8 +455,8 @@ def _lane_stats(events: tuple[Event, ...], wall: float) -> list[LaneStats]:
 def _link_stats(events: tuple[Event, ...], wall: float) -> list[LinkStats]:
     """Per link that moved anything (:data:`LINKS`), its operations, bytes and rates."""
     links = []
-    for name, kind in LINKS.items():
-        ops = [e for e in events if e.kind == kind]
+    for name, kinds in LINKS.items():
+        ops = [e for e in events if e.kind in kinds]
         if not ops:
             continue
         nbytes = sum(e.nbytes for e in ops)

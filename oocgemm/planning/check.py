@@ -272,6 +272,10 @@ class _Dataflow:
             self.read(op)
         elif op.kind is OpKind.UPLOAD:
             self.upload(op)
+        elif op.kind is OpKind.FETCH:
+            self.fetch(op)
+        elif op.kind is OpKind.UPLOAD_STORED:
+            self.upload_stored(op)
         elif op.kind in (OpKind.GEMM, OpKind.FILL):
             self.compute(op)
         elif op.kind is OpKind.MIRROR:
@@ -300,11 +304,21 @@ class _Dataflow:
             raise ScheduleError(f"{op}: region {op.region} is not a stored object of "
                                 f"{op.operand}{op.key} {((r0, r1), (c0, c1))}")
 
+    def expect_decoded_on_device(self, op: Op, yes: bool) -> None:
+        """``op`` moves an operand that the plan decodes on the device (``yes``: a FETCH, an
+        UPLOAD_STORED, a DECODE), or one it does not (a READ, an UPLOAD)."""
+        if (op.operand in self.plan.io.gpu_decode) != yes:
+            raise ScheduleError(f"{op}: {op.kind.value} of {op.operand}, which the plan "
+                                f"{'does not decode' if yes else 'decodes'} on the device")
+
+    def fetch(self, op: Op) -> None:
+        """A stored object, as stored, into a ring buffer."""
+        self.expect_decoded_on_device(op, True)
+        self.expect_object(op)
+        self.content[_dst(op)] = (op.operand, op.key, "object", op.region)
+
     def read(self, op: Op) -> None:
-        if op.operand in self.plan.io.gpu_decode:  # a stored object, as stored
-            self.expect_object(op)
-            self.content[_dst(op)] = (op.operand, op.key, "object", op.region)
-            return
+        self.expect_decoded_on_device(op, False)
         prob = self.prob
         if op.operand in ("A", "B") and not prob.computes_product:
             raise ScheduleError(f"{op}: reads {op.operand} although no product is computed")
@@ -319,9 +333,7 @@ class _Dataflow:
             self.cstate[dst][1].set(lo, hi, "input")
 
     def upload(self, op: Op) -> None:
-        if op.operand in self.plan.io.gpu_decode:
-            self.upload_object(op)
-            return
+        self.expect_decoded_on_device(op, False)
         tag = self.content.get(op.src[0])
         lo, hi, total = self.expect_stripe(op, op.operand, op.key)
         if tag is None or tag[:2] != (op.operand, op.key) or tag[3] != frozenset({(lo, hi)}):
@@ -341,9 +353,10 @@ class _Dataflow:
                 self.cstate[dst] = (op.key, _Ranges())
             self.cstate[dst][1].set(lo, hi, "input")
 
-    def upload_object(self, op: Op) -> None:
-        """A stored object into its cell of a Z slot: the cell of its place in the panel's
+    def upload_stored(self, op: Op) -> None:
+        """A fetched object into its cell of a Z slot: the cell of its place in the panel's
         objects, row by row."""
+        self.expect_decoded_on_device(op, True)
         self.expect_object(op)
         tag = self.content.get(op.src[0])
         if tag != (op.operand, op.key, "object", op.region):
@@ -367,9 +380,7 @@ class _Dataflow:
 
     def decode(self, op: Op) -> None:
         """A panel from every stored object it covers, each in its cell of the Z slot."""
-        if op.operand not in self.plan.io.gpu_decode:
-            raise ScheduleError(f"{op}: decodes {op.operand}, which the plan does not decode "
-                                f"on the device")
+        self.expect_decoded_on_device(op, True)
         x = self.plan.problem_operand(op.operand)
         assert x.chunks is not None
         region = self.region_of(op.operand, op.key)

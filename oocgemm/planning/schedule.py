@@ -7,7 +7,7 @@ points backwards). Device operations run on *in-order lanes* (:func:`ordered_lan
 executor runs each such lane's operations one after the other in schedule order, so that a
 dependency on one of them stands for all earlier ones of its lane, and an operation needs no
 dependency on its own lane at all. Each operation therefore names at most one dependency per
-other in-order lane, plus the few pool operations (READ, WRITE) it waits for; the checker
+other in-order lane, plus the few pool operations (READ, FETCH, WRITE) it waits for; the checker
 (:mod:`oocgemm.planning.check`) proves the buffer discipline under exactly that rule.
 
 Staged plans (CUDA) move every panel and C block in row stripes through a ring of small host
@@ -45,6 +45,9 @@ class OpKind(str, enum.Enum):
     WRITE = "write"        # slot -> storage
     MIRROR = "mirror"      # C slot rows: below the diagonal := the transpose of above it
     TRANSPOSE = "transpose"  # T slot := C slot transposed (the block across the diagonal)
+    FETCH = "fetch"        # storage -> host staging slot: a stored object as stored (the device
+                           # decodes it)
+    UPLOAD_STORED = "upload_stored"  # host staging slot -> a cell of a Z slot: a fetched object
     DECODE = "decode"      # panel slot := the stored objects in a Z slot, decoded in place
 
     def __str__(self) -> str:
@@ -74,15 +77,17 @@ class Op:
     q: int = -1
     """K panel of a GEMM; -1 otherwise."""
     offset: int = 0
-    """Element offset of this stripe in the device slot (UPLOAD: in ``dst``; DOWNLOAD: in
-    ``src``). Staged plans move panels and C blocks in row stripes through a ring of small
-    pinned buffers; a stripe's rows are contiguous in both buffers."""
+    """Element offset of this stripe in the device slot (UPLOAD: in ``dst``; UPLOAD_STORED: of
+    its object's cell in ``dst``; DOWNLOAD: in ``src``). Staged plans move panels and C
+    blocks in row stripes through a ring of small pinned buffers; a stripe's rows are
+    contiguous in both buffers."""
     alpha: float | complex = 1.0
     """GEMM/FILL scale of the product."""
     beta: float | complex = 0.0
     """GEMM/FILL scale of the C slot's previous content (0: not read)."""
     nbytes: int = 0
-    """Bytes moved (READ/UPLOAD/DOWNLOAD/WRITE)."""
+    """Bytes moved (READ/UPLOAD/DOWNLOAD/WRITE); FETCH and UPLOAD_STORED: the bytes of the
+    object's region, decoded (what it holds as stored is known once it is fetched)."""
     flops: int = 0
     """Floating-point operations (GEMM)."""
     upper: bool = False
@@ -96,8 +101,8 @@ class Op:
     @property
     def lane(self) -> str:
         """The stream or thread pool it runs on: its in-order lane (:func:`ordered_lane`), or
-        'read' / 'write' (pools)."""
-        return _lane(self.kind, self.operand) or self.kind.value
+        'read' / 'write' (pools: a FETCH runs on the readers)."""
+        return _lane(self.kind, self.operand) or POOLS.get(self.kind, self.kind.value)
 
     @property
     def elements(self) -> int:
@@ -143,16 +148,21 @@ new_op = quick_constructor(Op)
 
 
 #: The in-order lanes: each runs its operations one at a time, in schedule order, in every
-#: executor. CUDA: the streams ``h2d`` (A and B uploads), ``compute`` (GEMM, FILL), ``c``
-#: (C uploads and downloads) and ``decode`` (DECODE: panels decoded on the device). CPU: the
-#: compute thread (GEMM, FILL) and one copy thread that runs every UPLOAD, DOWNLOAD and
-#: DECODE in schedule order, which keeps ``h2d``'s order, ``c``'s and ``decode``'s (and
-#: more). READs and WRITEs run on thread pools, in no order: no lane.
+#: executor. CUDA: the streams ``h2d`` (A and B uploads, UPLOAD and UPLOAD_STORED), ``compute``
+#: (GEMM, FILL), ``c`` (C uploads and downloads) and ``decode`` (DECODE: panels decoded on the
+#: device). CPU: the compute thread (GEMM, FILL) and one copy thread that runs every UPLOAD,
+#: UPLOAD_STORED, DOWNLOAD and DECODE in schedule order, which keeps ``h2d``'s order, ``c``'s
+#: and ``decode``'s (and more). READs, FETCHes and WRITEs run on thread pools, in no order: no
+#: lane.
 ORDERED_LANES = ("h2d", "compute", "c", "decode")
 
 
 #: What runs on the compute lane: the products and the elementwise work on C slots.
 COMPUTE_OPS = frozenset({OpKind.GEMM, OpKind.FILL, OpKind.MIRROR, OpKind.TRANSPOSE})
+
+#: The thread pool of each kind of operation that runs on one ('read': the readers, 'write':
+#: the writers); the others run on an in-order lane.
+POOLS = {OpKind.READ: "read", OpKind.FETCH: "read", OpKind.WRITE: "write"}
 
 
 def _lane(kind: OpKind, operand: str) -> str | None:
@@ -162,23 +172,27 @@ def _lane(kind: OpKind, operand: str) -> str | None:
         return "decode"
     if kind is OpKind.UPLOAD:
         return "c" if operand == "C" else "h2d"
+    if kind is OpKind.UPLOAD_STORED:  # A or B, as their uploads
+        return "h2d"
     if kind is OpKind.DOWNLOAD:
         return "c"
     return None
 
 
 def ordered_lane(op: Op) -> str | None:
-    """The in-order lane ``op`` runs on (one of :data:`ORDERED_LANES`), or None for a READ or
-    WRITE (thread pools). An operation that waits for op X of lane L also comes after every
-    earlier op of L; an operation of lane L comes after every earlier op of L."""
+    """The in-order lane ``op`` runs on (one of :data:`ORDERED_LANES`), or None for a READ,
+    FETCH or WRITE (thread pools, :data:`POOLS`). An operation that waits for op X of lane L
+    also comes after every earlier op of L; an operation of lane L comes after every earlier
+    op of L."""
     return _lane(op.kind, op.operand)
 
 
 #: Which traffic level each kind of operation moves its bytes on: ``read`` is what READs put
 #: into slots and stripes (out of decoded chunks, a file's pages or memory; what came from
-#: storage is ``result.bytes['storage_read']``, counted by the sources).
-LEVELS = {OpKind.READ: "read", OpKind.WRITE: "storage_write", OpKind.UPLOAD: "h2d",
-          OpKind.DOWNLOAD: "d2h"}
+#: storage is ``result.bytes['storage_read']``, counted by the sources), and what FETCHes put
+#: into the ring as stored; ``h2d`` what UPLOADs and UPLOAD_STOREDs move up.
+LEVELS = {OpKind.READ: "read", OpKind.FETCH: "read", OpKind.WRITE: "storage_write",
+          OpKind.UPLOAD: "h2d", OpKind.UPLOAD_STORED: "h2d", OpKind.DOWNLOAD: "d2h"}
 
 
 def traffic(items) -> dict[str, int]:
@@ -198,14 +212,15 @@ WHOLE = 1 << 62  # "to the end of the slot"
 def op_span(op: Op, slot: str, writing: bool) -> tuple[int, int]:
     """The element range of ``slot`` that ``op`` reads (``writing=False``) or writes.
 
-    Stripes (UPLOAD into a device slot, DOWNLOAD out of one, an unstaged WRITE of a row
-    stripe of its C slot) and GEMM/FILL on a C slot touch ``[offset, offset + elements)``; a
-    GEMM reads its A and B panels whole, or its A slot's ``a_span`` where it has one (its
-    rows of A, in the in-core shape); a MIRROR writes its row stripe and reads every row up to
-    the stripe's last (the transposes of what it writes); a TRANSPOSE reads its C slot whole;
-    a host buffer or a storage read/write touches the first ``elements``.
+    Stripes (UPLOAD into a device slot, UPLOAD_STORED into its cell of one, DOWNLOAD out of
+    one, an unstaged WRITE of a row stripe of its C slot) and GEMM/FILL on a C slot touch
+    ``[offset, offset + elements)``; a GEMM reads its A and B panels whole, or its A slot's
+    ``a_span`` where it has one (its rows of A, in the in-core shape); a MIRROR writes its row
+    stripe and reads every row up to the stripe's last (the transposes of what it writes); a
+    TRANSPOSE reads its C slot whole; a host buffer or a storage read/write touches the first
+    ``elements``.
     """
-    if (op.kind is OpKind.UPLOAD and writing
+    if (op.kind in (OpKind.UPLOAD, OpKind.UPLOAD_STORED) and writing
             or op.kind in (OpKind.DOWNLOAD, OpKind.WRITE) and not writing):
         return (op.offset, op.offset + op.elements)
     if op.kind is OpKind.MIRROR:
@@ -555,19 +570,19 @@ class _Builder:
 
     def load_objects(self, operand: str, key, region, dst: str, hazards: list[int]) -> None:
         """A panel decoded on the device (:attr:`Plan.io.gpu_decode`): each stored object it
-        covers (a chunk file or a shard, row by row) read whole into a ring buffer and
-        uploaded into its cell of the next Z slot, then one DECODE of them all into ``dst``
-        (after the old content's readers, ``hazards``)."""
+        covers (a chunk file or a shard, row by row) fetched whole into a ring buffer (FETCH)
+        and uploaded into its cell of the next Z slot (UPLOAD_STORED), then one DECODE of them
+        all into ``dst`` (after the old content's readers, ``hazards``)."""
         z = self.next_stage("Z" + operand)
         z_hazards = self.state[z].refill()
         uploads = []
         for _, part, offset in object_cells(self.plan, operand, region):
             nbytes = self.nbytes(part)
             stage = self.next_stage("sR")
-            read = self.emit(OpKind.READ, operand, key, (), stage, self.state[stage].refill(),
-                             part, nbytes=nbytes)
-            uploads.append(self.emit(OpKind.UPLOAD, operand, key, (stage,), z,
-                                     [read] + z_hazards, part, nbytes=nbytes, offset=offset))
+            fetch = self.emit(OpKind.FETCH, operand, key, (), stage,
+                              self.state[stage].refill(), part, nbytes=nbytes)
+            uploads.append(self.emit(OpKind.UPLOAD_STORED, operand, key, (stage,), z,
+                                     [fetch] + z_hazards, part, nbytes=nbytes, offset=offset))
         self.emit(OpKind.DECODE, operand, key, (z,), dst, uploads + hazards, region,
                   nbytes=self.nbytes(region))
 
@@ -1023,19 +1038,21 @@ class _Counter(_Builder):
         region = self.region(operand, key)
         nbytes = self.nbytes(region)
         stripes = 1
+        read, upload = OpKind.READ, OpKind.UPLOAD
         if operand in self.plan.io.gpu_decode:  # an object a stripe, and its DECODE
             x = self.plan.problem_operand(operand)
             assert x.chunks is not None
             stripes = len(chunks_of(region, x.chunks))
             self.counted[OpKind.DECODE] += 1
+            read, upload = OpKind.FETCH, OpKind.UPLOAD_STORED
         elif self.plan.staged and cuts is None:
             stripes = self._stripes(region)
         elif self.plan.staged:  # a few cuts (the in-core shape's C stripes): listed
             stripes = sum(1 for _ in self.load_stripes(region, cuts))
-        self.counted[OpKind.READ] += stripes
+        self.counted[read] += stripes
         self.moved["read"] += nbytes
         if self.plan.staged:
-            self.counted[OpKind.UPLOAD] += stripes
+            self.counted[upload] += stripes
             self.moved["h2d"] += nbytes
         self.clock += 1  # the slot's last use, in the builder's order
         self.state[dst].last_use = self.clock
@@ -1102,8 +1119,8 @@ def object_cells(plan, operand: str, region) -> list[tuple[tuple[int, int], tupl
     """The stored objects that a panel ``region`` of ``operand`` decoded on the device
     (:attr:`Plan.io.gpu_decode <oocgemm.planning.plan.IOChoices.gpu_decode>`) covers, row by row:
     ``(index in the object grid, its region clipped at the array's edges, the offset of its
-    cell in the Z slot in elements)``. Where a load's UPLOADs put them and its DECODE finds
-    them."""
+    cell in the Z slot in elements)``. Where a load's UPLOAD_STOREDs put them and its DECODE
+    finds them."""
     x = plan.problem_operand(operand)
     cell = plan.object_cell(operand) // plan.problem.itemsize
     return [(index, chunk_region(index, x.chunks, x.shape), k * cell)

@@ -1,14 +1,14 @@
 """The CPU executor: replays a schedule with numpy BLAS and threads.
 
 Lanes: the compute thread (the caller's) runs GEMM/FILL/MIRROR/TRANSPOSE in schedule order; a
-pool of reader threads runs READs; one copy thread runs UPLOAD/DOWNLOAD/DECODE of staged
-schedules, in schedule order; a pool of writer threads runs WRITEs. Every operation waits for
-its declared dependencies and nothing else, so the reads of the next panels overlap the current
-multiplication exactly as the schedule allows (the same double buffering the CUDA executor
-does with streams). The schedule names no dependency that the order of its in-order lanes
-implies (:func:`oocgemm.planning.schedule.ordered_lane`): the compute thread and the single copy
-thread keep that order (the copy thread runs the lanes h2d and c as one, which keeps each
-one's order), so neither may become a pool.
+pool of reader threads runs READs and FETCHes; one copy thread runs UPLOAD/UPLOAD_STORED/
+DOWNLOAD/DECODE of staged schedules, in schedule order; a pool of writer threads runs WRITEs.
+Every operation waits for its declared dependencies and nothing else, so the reads of the next
+panels overlap the current multiplication exactly as the schedule allows (the same double
+buffering the CUDA executor does with streams). The schedule names no dependency that the order
+of its in-order lanes implies (:func:`oocgemm.planning.schedule.ordered_lane`): the compute
+thread and the single copy thread keep that order (the copy thread runs the lanes h2d and c as
+one, which keeps each one's order), so neither may become a pool.
 
 Operands already in memory are used in place (:attr:`Plan.in_place
 <oocgemm.planning.Plan.in_place>`): a READ binds the slot to a view of the source instead of
@@ -70,8 +70,8 @@ KINDS = {kind: kind.value for kind in OpKind}
 
 #: The lane that runs each kind of operation (None: the compute thread, in schedule order).
 LANES = {OpKind.GEMM: None, OpKind.FILL: None, OpKind.MIRROR: None, OpKind.TRANSPOSE: None,
-         OpKind.READ: "read", OpKind.WRITE: "write", OpKind.UPLOAD: "copy",
-         OpKind.DOWNLOAD: "copy", OpKind.DECODE: "copy"}
+         OpKind.READ: "read", OpKind.FETCH: "read", OpKind.WRITE: "write", OpKind.UPLOAD: "copy",
+         OpKind.UPLOAD_STORED: "copy", OpKind.DOWNLOAD: "copy", OpKind.DECODE: "copy"}
 
 
 class _Board:
@@ -250,20 +250,16 @@ class CpuExecutor(Executor):
         rows, cols, _ = self._splits
         return rows[i + 1] - rows[i], cols[j + 1] - cols[j]
 
-    # -- operations: one handler per kind (and per operand decoded on the device) ----------
-    def handlers(self) -> dict[tuple[OpKind, str], Callable[[Op], int | None]]:
-        """The handler of each (kind, operand): it runs the operation and returns the bytes it
-        moved (None: the operation's own ``nbytes``; 0 where a slot stands for the data in
-        place). Made when a run starts (a test may have replaced a method since)."""
-        table: dict[OpKind, Callable[[Op], int | None]] = {
-            OpKind.READ: self._read, OpKind.UPLOAD: self._upload,
-            OpKind.DOWNLOAD: self._download, OpKind.WRITE: self._write,
-            OpKind.MIRROR: self._mirror, OpKind.TRANSPOSE: self._transpose,
-            OpKind.GEMM: self._gemm, OpKind.FILL: self._fill, OpKind.DECODE: self._decode}
-        decoded = {OpKind.READ: self._read_object, OpKind.UPLOAD: self._upload_object}
-        return {(kind, operand): (decoded.get(kind, handler)
-                                  if operand in self.plan.io.gpu_decode else handler)
-                for kind, handler in table.items() for operand in ("A", "B", "C")}
+    # -- operations: one handler per kind --------------------------------------------------
+    def handlers(self) -> dict[OpKind, Callable[[Op], int | None]]:
+        """The handler of each kind: it runs the operation and returns the bytes it moved
+        (None: the operation's own ``nbytes``; 0 where a slot stands for the data in place).
+        Made when a run starts (a test may have replaced a method since)."""
+        return {OpKind.READ: self._read, OpKind.UPLOAD: self._upload,
+                OpKind.DOWNLOAD: self._download, OpKind.WRITE: self._write,
+                OpKind.MIRROR: self._mirror, OpKind.TRANSPOSE: self._transpose,
+                OpKind.GEMM: self._gemm, OpKind.FILL: self._fill, OpKind.FETCH: self._fetch,
+                OpKind.UPLOAD_STORED: self._upload_stored, OpKind.DECODE: self._decode}
 
     def _read(self, op) -> int | None:
         (r0, r1), (c0, c1) = op.region
@@ -332,7 +328,7 @@ class CpuExecutor(Executor):
             c *= op.beta
 
     # -- panels decoded on the device (Plan.io.gpu_decode), replayed on the host ---------------
-    def _read_object(self, op) -> int:
+    def _fetch(self, op) -> int:
         """A stored object into its ring buffer, as stored; its frames kept with it."""
         source, chunks = self.sources[op.operand], self.plan.problem_operand(op.operand).chunks
         index = (op.region[0][0] // chunks[0], op.region[1][0] // chunks[1])
@@ -340,8 +336,8 @@ class CpuExecutor(Executor):
         self._objects[op.dst] = (index, size, frames)
         return size
 
-    def _upload_object(self, op) -> int:
-        """An object's bytes into its cell of the Z slot."""
+    def _upload_stored(self, op) -> int:
+        """A fetched object's bytes into its cell of the Z slot."""
         index, size, frames = self._objects[op.src[0]]
         start = op.offset * self.dtype.itemsize
         cells = self._buffer(op.dst).view(np.uint8)
@@ -490,7 +486,7 @@ class CpuExecutor(Executor):
                 if not done[d]:
                     wait_for(d)
             start = perf_counter() - origin
-            moved = handlers[op.kind, op.operand](op)
+            moved = handlers[op.kind](op)
             end = perf_counter() - origin
             if moved is None:
                 moved = op.nbytes

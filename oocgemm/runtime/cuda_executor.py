@@ -2,8 +2,10 @@
 
 Lanes (three streams and two thread pools):
 
-- reader threads fill the pinned ring (sR*) from the sources, many stripes at once;
-- stream ``h2d`` uploads A and B stripes into the device slots A0.., B0..;
+- reader threads fill the pinned ring (sR*) from the sources, many stripes at once (and
+  fetch the stored objects of panels the GPU decodes, as stored);
+- stream ``h2d`` uploads A and B stripes into the device slots A0.., B0.. (and fetched
+  objects into their cells of the compressed slots ZA0.., ZB0..);
 - stream ``compute`` runs the GEMM of each K panel into the resident C slot (cuBLAS, a kernel
   of ``kernels/``, or Ozaki scheme II's int8 GEMMs, as the plan's kernel says), the FILLs,
   and a symmetric product's MIRRORs and TRANSPOSEs;
@@ -14,10 +16,10 @@ Lanes (three streams and two thread pools):
 One dispatcher thread per stream enqueues that stream's operations in schedule order, each
 after its dependencies: a dependency on another stream becomes an event wait on the GPU, a
 dependency on a host operation (a READ) is waited for on the host, so a stream held up on the
-host never holds up another. A feeder thread hands the host operations (READs, WRITEs) to
-their pools in schedule order; they wait for the CUDA events of the device operations they
-depend on. The calling thread waits for the lanes. No device-wide synchronisation happens
-inside the run.
+host never holds up another. A feeder thread hands the host operations (READs, FETCHes,
+WRITEs) to their pools in schedule order; they wait for the CUDA events of the device
+operations they depend on. The calling thread waits for the lanes. No device-wide
+synchronisation happens inside the run.
 
 Where C's chunks are zstd and stored as files a run may store them from zstd frames, a row
 stripe of C at a time, as the plan says (:attr:`Plan.io.c_frames
@@ -48,7 +50,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 
 from ..diagnostics.events import EventLog
-from ..planning.schedule import OpKind, decode_batches, ordered_lane
+from ..planning.schedule import POOLS, OpKind, decode_batches, ordered_lane
 from ..storage.frames import Framing
 from .base import (
     Bands,
@@ -126,7 +128,7 @@ def few_copies(plan) -> bool:
 
 
 def _on_host(op) -> bool:
-    return op.kind in (OpKind.READ, OpKind.WRITE)
+    return op.kind in POOLS
 
 
 class _Futures(dict):
@@ -209,7 +211,7 @@ class CudaExecutor(Executor):
         self._encoder = None  # the run's StripeEncoder (self._frames.downloads)
         # Panels decoded on the GPU (plan.io.gpu_decode): the run's PanelDecoder, the stored
         # objects a ring buffer or a Z slot's cell holds, (chunk, size, frames), and the bytes
-        # each UPLOAD of one moves (by the UPLOAD's index, until its event is logged)
+        # each UPLOAD_STORED moves (by its index, until its event is logged)
         self._decoder = None
         self._objects: dict = {}
         self._moved: dict[int, int] = {}
@@ -235,8 +237,8 @@ class CudaExecutor(Executor):
         for op in ops:
             if self._cancel.is_set():
                 return
-            if op.kind in (OpKind.READ, OpKind.WRITE):
-                pool = pools["read" if op.kind is OpKind.READ else "write"]
+            if _on_host(op):
+                pool = pools[POOLS[op.kind]]
                 target = host_futures[op.index]
                 task = self._host_task(op, gpu, host_futures, device_futures)
                 try:
@@ -258,46 +260,64 @@ class CudaExecutor(Executor):
         return run
 
     def _host_op(self, op, gpu, thread: str | None = None, ahead=None) -> None:
-        """Run the READ or WRITE ``op`` now (what it waits for is done) and log it on the
-        calling pool thread's lane ('read-3'), or on ``thread``'s of its pool ('0');
-        ``ahead``: (start, :class:`Bands`) of a READ whose bands started earlier."""
+        """Run the READ, FETCH or WRITE ``op`` now (what it waits for is done) through its
+        kind's host handler (:meth:`host_handlers`) and log it on the calling pool thread's
+        lane ('read-3'), or on ``thread``'s of its pool ('0'); ``ahead``: (start,
+        :class:`Bands`) of a READ whose bands started earlier."""
         start = self.log.now() if ahead is None else ahead[0]
-        (r0, r1), (c0, c1) = op.region
-        moved = None  # the bytes it moved, where they are not the region's
         self._nvtx.push(op)
         try:
-            if op.kind is OpKind.READ and op.operand in self.plan.io.gpu_decode:
-                source = self.sources[op.operand]  # a stored object, as stored
-                index = (r0 // source.chunks[0], c0 // source.chunks[1])
-                self._objects[op.dst] = (index, *source.read_object(
-                    index, gpu.pinned_bytes(op.dst)))
-                moved = self._objects[op.dst][1]
-            elif op.kind is OpKind.READ:
-                bands = ahead[1] if ahead is not None else self._read_bands(op, gpu)
-                if bands is not None:
-                    bands.join()
-                else:
-                    self.sources[op.operand].read((r0, r1), (c0, c1),
-                                                  gpu.host_view(op.dst, op.shape))
-            elif self._frames is not None and op.index in self._frames.writes:
-                from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
-
-                assert self._framing is not None
-                pieces = read_stripe(self._framing, gpu.pinned_bytes(op.src[0]),
-                                     (r0, r1), (c0, c1))
-                self.sink.write_frames((r0, r1), (c0, c1), pieces)
-            elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
-                self._banded("write", self.sink.write, op.region,
-                             gpu.host_view(op.src[0], op.shape)).join()
-            else:  # WRITE from the output ring
-                self.sink.write((r0, r1), (c0, c1),
-                                with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
+            moved = self._host_handlers[op.kind](op, gpu, ahead)
         finally:
             self._nvtx.pop()
         end = self.log.now()
-        pool = "read" if op.kind is OpKind.READ else "write"
+        pool = POOLS[op.kind]
         lane = thread_lane(pool) if thread is None else f"{pool}-{thread}"
         self._report(op, lane, start, end, wanted=self.on_event is not None, nbytes=moved)
+
+    # -- host operations: one handler per kind -----------------------------------------------
+    def host_handlers(self) -> dict[OpKind, Callable[..., int | None]]:
+        """The handler of each kind that runs on a pool thread: it runs the operation, taking
+        the GPU's context, the operation and ``ahead`` (:meth:`_host_op`), and returns the
+        bytes it moved where they are not the region's (else None). Made when a run
+        starts."""
+        return {OpKind.READ: self._read, OpKind.FETCH: self._fetch, OpKind.WRITE: self._write}
+
+    def _read(self, op, gpu, ahead) -> None:
+        """A stripe of A, B or C from its source into its ring buffer (in bands where the
+        run copies in them: started ``ahead``, or now)."""
+        (r0, r1), (c0, c1) = op.region
+        bands = ahead[1] if ahead is not None else self._read_bands(op, gpu)
+        if bands is not None:
+            bands.join()
+        else:
+            self.sources[op.operand].read((r0, r1), (c0, c1), gpu.host_view(op.dst, op.shape))
+
+    def _fetch(self, op, gpu, ahead) -> int:
+        """A stored object of a panel the GPU decodes into its ring buffer, as stored; its
+        index, size and frames kept for its UPLOAD_STORED. Returns its size."""
+        (r0, _), (c0, _) = op.region
+        source = self.sources[op.operand]
+        index = (r0 // source.chunks[0], c0 // source.chunks[1])
+        self._objects[op.dst] = (index, *source.read_object(index, gpu.pinned_bytes(op.dst)))
+        return self._objects[op.dst][1]
+
+    def _write(self, op, gpu, ahead) -> None:
+        """A stripe of C from the output ring into the sink: as the frames the GPU
+        compressed where the plan says so, in bands where the run copies in them."""
+        (r0, r1), (c0, c1) = op.region
+        if self._frames is not None and op.index in self._frames.writes:
+            from ..cuda.nvcomp import read_stripe  # frames compressed on the GPU
+
+            assert self._framing is not None
+            pieces = read_stripe(self._framing, gpu.pinned_bytes(op.src[0]), (r0, r1), (c0, c1))
+            self.sink.write_frames((r0, r1), (c0, c1), pieces)
+        elif self._split and getattr(self.sink, "split_writes", False) and not op.beta:
+            self._banded("write", self.sink.write, op.region,
+                         gpu.host_view(op.src[0], op.shape)).join()
+        else:  # WRITE from the output ring
+            self.sink.write((r0, r1), (c0, c1),
+                            with_c(op, gpu.host_view(op.src[0], op.shape), self.sources))
 
     def _banded(self, pool: str, move, region, buffer, caller: bool = True) -> Bands:
         """``move(rows, cols, part)`` (a source's read or the sink's write) of ``region``
@@ -331,31 +351,26 @@ class CudaExecutor(Executor):
             ahead[nxt.index] = (start, bands)
 
     # -- device lanes -------------------------------------------------------------------------
-    # -- device operations: one handler per kind (and per operand decoded on the device) ---
-    def handlers(self) -> dict[tuple[OpKind, str], Callable[..., None]]:
-        """The handler of each (kind, operand) that runs on a stream: it enqueues the
-        operation, taking the GPU's context, the operation, its stream, the events it waits
-        for on other streams (an emulated GEMM's panel conversion waits for them too) and the
-        DECODEs decoded with it as one batch (it first). Made when a run starts."""
-        table: dict[OpKind, Callable[..., None]] = {
-            OpKind.UPLOAD: self._upload, OpKind.DECODE: self._decode,
-            OpKind.DOWNLOAD: self._download, OpKind.GEMM: self._gemm,
-            OpKind.MIRROR: self._mirror, OpKind.TRANSPOSE: self._transpose,
-            OpKind.FILL: self._fill}
-        decoded = {OpKind.UPLOAD: self._upload_objects}
-        return {(kind, operand): (decoded.get(kind, handler)
-                                  if operand in self.plan.io.gpu_decode else handler)
-                for kind, handler in table.items() for operand in ("A", "B", "C")}
+    # -- device operations: one handler per kind ---------------------------------------------
+    def handlers(self) -> dict[OpKind, Callable[..., None]]:
+        """The handler of each kind that runs on a stream: it enqueues the operation, taking
+        the GPU's context, the operation, its stream, the events it waits for on other
+        streams (an emulated GEMM's panel conversion waits for them too) and the DECODEs
+        decoded with it as one batch (it first). Made when a run starts."""
+        return {OpKind.UPLOAD: self._upload, OpKind.UPLOAD_STORED: self._upload_stored,
+                OpKind.DECODE: self._decode, OpKind.DOWNLOAD: self._download,
+                OpKind.GEMM: self._gemm, OpKind.MIRROR: self._mirror,
+                OpKind.TRANSPOSE: self._transpose, OpKind.FILL: self._fill}
 
     def _enqueue(self, gpu, op, waits=(), batch=None) -> None:
         """Enqueue ``op`` on its stream (``waits``: the events of what it waits for on other
         streams; ``batch``: the DECODEs decoded with DECODE ``op`` as one, it first)."""
-        self._handlers[op.kind, op.operand](gpu, op, _stream_of(op), waits, batch)
+        self._handlers[op.kind](gpu, op, _stream_of(op), waits, batch)
 
-    def _upload_objects(self, gpu, op, stream, waits, batch) -> None:
-        """The stored objects a READ of an operand decoded on the device found, into their
-        cell of its compressed slot."""
-        found = self._objects[op.src[0]]  # (its READ is done: the lane waited for it)
+    def _upload_stored(self, gpu, op, stream, waits, batch) -> None:
+        """The stored object its FETCH found, into its cell of the operand's compressed
+        slot."""
+        found = self._objects[op.src[0]]  # (its FETCH is done: the lane waited for it)
         self._objects[(op.dst, op.offset)] = found
         self._moved[op.index] = found[1]
         gpu.upload(op.src[0], op.dst, found[1], stream, dst_offset=op.offset)
@@ -407,6 +422,7 @@ class CudaExecutor(Executor):
 
         self._nvtx = Ranges()
         self._handlers = self.handlers()
+        self._host_handlers = self.host_handlers()
         if self._frames is None and not self._launch.waits_across_streams \
                 and self._few:
             return self._run_inline()
