@@ -1,0 +1,188 @@
+"""A product's first reads begun as its command starts (``oocgemm multiply``, ``oocgemm
+gram``): before numpy, zarr and CuPy are imported and a GPU starts (1-2 s of a fresh
+process), the OS is asked to read (``posix_fadvise(WILLNEED)``, on a thread of its own) the
+chunk files of each local Zarr input that the first C block needs, in the order it needs
+them, a bounded amount; the run's reads find them in the page cache. Files the page cache
+holds already cost the OS nothing to hint.
+
+The standard library only: it runs before anything else is imported. A hint, never an
+error: a command line it cannot read, or an input it does not know, is left to the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+#: Stored bytes hinted per input at most (and at most an eighth of the memory available):
+#: about what a disk reads while a fresh process starts.
+HEAD_START = 1 << 30
+
+#: The commands' options that take a value (the next word, unless given as ``--name=value``).
+VALUE_OPTIONS = frozenset({
+    "-o", "--out", "--alpha", "--beta", "-c", "--c", "--device", "--memory-limit",
+    "--host-memory-limit", "--tile", "--kernel", "--gpu-decode", "--gpu-encode",
+    "--out-chunks", "--out-shards", "--out-compressor", "--zarr-format", "--timeline",
+    "--plot"})
+
+
+def begin(argv: list[str]) -> threading.Thread | None:
+    """Hint the first chunk files of the inputs that the command line ``argv`` (without the
+    program's name) multiplies, on a daemon thread (returned; None where there is nothing to
+    hint)."""
+    try:
+        files = first_files(argv)
+    except Exception:  # noqa: BLE001 - a hint: the command reports what is wrong itself
+        return None
+    if not files or not hasattr(os, "posix_fadvise"):
+        return None
+    thread = threading.Thread(target=hint, args=(files,), name="oocgemm-headstart",
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def hint(files: list[str]) -> None:
+    """Ask the OS to read ``files`` into its page cache, in order (each call lets go of the
+    interpreter's lock)."""
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def first_files(argv: list[str]) -> list[str]:
+    """The chunk files that the first C block of the product ``argv`` names needs, in the
+    order its K panels need them (A's and B's of each panel in turn), at most
+    :data:`HEAD_START` stored bytes (and an eighth of the memory available) of each input;
+    [] for another command, help, or inputs that are not local Zarr arrays."""
+    if not argv or argv[0] not in ("multiply", "gram") or "-h" in argv or "--help" in argv:
+        return []
+    words, flags = _positional(argv[1:])
+    if argv[0] == "gram":
+        if not words:
+            return []
+        outer = "--outer" in flags
+        operands = [(words[0], not outer), (words[0], outer)]  # X^T X, or X X^T
+    else:
+        if len(words) < 2:
+            return []
+        operands = [(words[0], "--trans-a" in flags), (words[1], "--trans-b" in flags)]
+    budget = min(HEAD_START, _available() // 8)
+    panels = []
+    for role, (path, transposed) in zip("AB", operands):
+        layout = _layout(path)
+        if layout is None:
+            return []  # (not a local Zarr array: the run reads it as it does)
+        # A's first row panel (a column panel of the stored matrix where it is transposed);
+        # B's first column panel (a row panel where transposed)
+        along_rows = (role == "A") == transposed
+        panels.append(_bounded(layout.panel(along_rows), budget))
+    order: list[str] = []
+    seen: set[str] = set()
+    for pair in _interleaved(panels):
+        for path in pair:
+            if path not in seen:
+                seen.add(path)
+                order.append(path)
+    return order
+
+
+def _positional(words: list[str]) -> tuple[list[str], set[str]]:
+    """(the positional words, the flags) of a command's words after its name."""
+    positional, flags, skip = [], set(), False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in VALUE_OPTIONS:
+            skip = True
+        elif word.startswith("-"):
+            flags.add(word.partition("=")[0])
+        else:
+            positional.append(word)
+    return positional, flags
+
+
+class _Layout:
+    """A local 2-D Zarr array's chunk grid (its stored objects': shards where sharded) and
+    the names of their files."""
+
+    def __init__(self, path: str, shape, grid, key):
+        self.path, self.shape, self.grid, self.key = path, shape, grid, key
+
+    def panel(self, along_rows: bool) -> list[str]:
+        """The files of its first column of objects (``along_rows``: down the rows), or of
+        its first row of them, in order."""
+        count = -(-self.shape[0 if along_rows else 1] // self.grid[0 if along_rows else 1])
+        return [os.path.join(self.path, self.key((q, 0) if along_rows else (0, q)))
+                for q in range(count)]
+
+
+def _layout(path: str) -> _Layout | None:
+    """The layout of the Zarr array at ``path`` (format 2 or 3, 2-D), None where it is not
+    one (or not local)."""
+    if "://" in path or not os.path.isdir(path):
+        return None
+    v3 = os.path.join(path, "zarr.json")
+    if os.path.isfile(v3):
+        with open(v3) as f:
+            meta = json.load(f)
+        if meta.get("node_type") != "array" or len(meta.get("shape", ())) != 2:
+            return None
+        grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        encoding = meta.get("chunk_key_encoding", {"name": "default"})
+        config = encoding.get("configuration", {})
+        if encoding.get("name") == "v2":
+            sep = config.get("separator", ".")
+            return _Layout(path, meta["shape"], grid, lambda ij: f"{ij[0]}{sep}{ij[1]}")
+        sep = config.get("separator", "/")
+        return _Layout(path, meta["shape"], grid, lambda ij: sep.join(("c", *map(str, ij))))
+    v2 = os.path.join(path, ".zarray")
+    if os.path.isfile(v2):
+        with open(v2) as f:
+            meta = json.load(f)
+        if len(meta.get("shape", ())) != 2:
+            return None
+        sep = meta.get("dimension_separator") or "."
+        return _Layout(path, meta["shape"], meta["chunks"], lambda ij: f"{ij[0]}{sep}{ij[1]}")
+    return None
+
+
+def _bounded(files: list[str], budget: int) -> list[str]:
+    """The first of ``files`` (those that exist: a chunk never written is not stored) whose
+    sizes add up to ``budget`` at most (one at least)."""
+    kept, total = [], 0
+    for path in files:
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        if kept and total + size > budget:
+            break
+        kept.append(path)
+        total += size
+    return kept
+
+
+def _interleaved(panels: list[list[str]]):
+    """The panels' files side by side, the longer's rest after."""
+    longest = max((len(p) for p in panels), default=0)
+    for q in range(longest):
+        yield [p[q] for p in panels if q < len(p)]
+
+
+def _available() -> int:
+    """Bytes of memory available now (the OS's count), or a large number where it cannot
+    tell."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
