@@ -657,6 +657,36 @@ def test_inputs_read_cold_from_the_disk_give_the_bits_of_a_warm_run(rng, workdir
     assert_gemm(cold.out, a, b)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_reads_cold_files_with_pools_of_its_own(workdir, monkeypatch):
+    """A child forked after the process's disk readers ran (a worker forked by a pool) reads
+    a file in pieces too: the parent's threads are not its own, and a pool that counted
+    them idle would hand the child's few pieces to threads that are not there."""
+    import multiprocessing
+
+    from oocgemm.storage import chunked
+
+    monkeypatch.setattr(chunked, "DISK_PIECE", 1000)
+    rng = np.random.default_rng(5)
+    big, small = (rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (20_000, 1_500))
+    for name, data in (("big.bin", big), ("small.bin", small)):
+        with open(name, "wb") as fh:
+            fh.write(data)
+    assert bytes(chunked.DiskQueue.read("big.bin")) == big  # the parent's pool, at work
+    time.sleep(0.2)  # its threads idle again (counted idle: what a child would find)
+
+    def child():
+        os._exit(0 if bytes(chunked.DiskQueue.read("small.bin")) == small else 1)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(30)
+    if process.is_alive():
+        process.kill()
+        pytest.fail("the forked child's read never ended")
+    assert process.exitcode == 0
+
+
 def test_a_cold_file_is_read_whole_in_pieces_at_once(workdir, monkeypatch):
     """DiskQueue.read: a file's pieces read on several threads at once (a disk keeps its rate
     only with many requests under way), its bytes whole, into a new buffer or one given; a

@@ -469,17 +469,27 @@ class ChunkReader(MatrixSource):
 
 
 _ENCODERS: ThreadPoolExecutor | None = None
-_ENCODERS_LOCK = threading.Lock()
-
-
 _DISK_READERS: ThreadPoolExecutor | None = None
+_POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """(In a forked child.) The parent's pools: their threads are not the child's, and a pool
+    that counts them idle would never start its own; the child makes new ones."""
+    global _ENCODERS, _DISK_READERS, _POOLS_LOCK
+    _ENCODERS = _DISK_READERS = None
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _disk_readers() -> ThreadPoolExecutor:
     """The process's readers of cold files' pieces (:meth:`DiskQueue.read`), shared by every
     run in it."""
     global _DISK_READERS
-    with _ENCODERS_LOCK:
+    with _POOLS_LOCK:
         if _DISK_READERS is None:
             _DISK_READERS = ThreadPoolExecutor(DISK_READERS, thread_name_prefix="oocgemm-disk")
         return _DISK_READERS
@@ -488,7 +498,7 @@ def _disk_readers() -> ThreadPoolExecutor:
 def _encoders() -> ThreadPoolExecutor:
     """The process's chunk encoder threads, one per core, shared by every run in it."""
     global _ENCODERS
-    with _ENCODERS_LOCK:
+    with _POOLS_LOCK:
         if _ENCODERS is None:
             from .. import machine
 
