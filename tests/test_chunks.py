@@ -400,6 +400,9 @@ def test_storage_time_is_predicted_from_the_bytes_stored(rng, workdir, layout):
     plans = {name: oocgemm.plan(name + ".zarr", rand(rng, shape[::-1]), **kw)
              for name in ("noise", "smooth")}
     assert plans["smooth"].problem.a.stored == pytest.approx(fractions["smooth"])
+    said = plans["smooth"].summary()["chunks"]["A"]["stored"]
+    assert said == pytest.approx(fractions["smooth"], abs=1e-4)
+    assert f"stored in {fractions['smooth']:.0%} of their decoded bytes" in str(plans["smooth"])
     ratio = plans["smooth"].prediction.storage_read / plans["noise"].prediction.storage_read
     assert ratio == pytest.approx(fractions["smooth"] / fractions["noise"], rel=1e-6)
 

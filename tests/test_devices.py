@@ -74,18 +74,23 @@ def test_a_slow_device_takes_fewer_blocks(rng, monkeypatch):
 
 
 def test_the_merged_timeline_shows_every_device(rng, workdir):
+    """Each device that ran blocks has its lanes, its share and its track group in the merged
+    timeline. (Which devices get blocks is the run's own balance: a device that starts late
+    on a loaded machine may find every group taken.)"""
     a, b = rand(rng, (200, 150)), rand(rng, (150, 180))
     r = oocgemm.multiply(a, b, device=THREE, tile=(25, 60, 50))
+    ran = {name for name, share in r.devices.items() if share["blocks"]}
+    assert ran and ran <= {"cpu#0", "cpu#1", "cpu#2"}
     text = str(r.timeline)
-    assert "cpu#0/compute" in text and "cpu#2/compute" in text
-    assert "devices" in text and "balance" in text
+    assert all(f"{name}/compute" in text for name in ran)
+    assert ("devices" in text and "balance" in text) == (len(ran) > 1)
     shares = r.timeline.device_shares()
-    assert set(shares) == {"cpu#0", "cpu#1", "cpu#2"}
+    assert set(shares) == ran
     assert sum(x["flops"] for x in shares.values()) == r.flops
     r.timeline.save("run.json")
     trace = json.load(open("run.json"))
     groups = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert len(groups) == 3 and all("cpu#" in g for g in groups)
+    assert len(groups) == len(ran) and all("cpu#" in g for g in groups)
 
 
 def test_device_lists_are_checked(rng):

@@ -134,6 +134,9 @@ class ChunkReport:
     into_ring: bool = False
     """Each chunk decoded once, by a reader, straight into a pinned ring buffer
     (:attr:`~oocgemm.planning.plan.IOChoices.into_ring`)."""
+    stored: float = 1.0
+    """Bytes stored per byte decoded (:attr:`Operand.stored
+    <oocgemm.planning.problem.Operand.stored>`)."""
 
     @property
     def n_chunks(self) -> int:
@@ -146,8 +149,10 @@ class ChunkReport:
                "each decoded once, straight into the pinned ring" if self.into_ring else
                f"streamed: each decoded up to {per:.3g} times on average"
                + (f", {why}" if per > 1 else ""))
+        stored = (f", stored in {self.stored:.0%} of their decoded bytes"
+                  if self.stored < 0.995 else "")
         return (f"{self.roles or self.operand} {self.grid[0]}x{self.grid[1]} chunks of "
-                f"{self.chunks[0]}x{self.chunks[1]}, "
+                f"{self.chunks[0]}x{self.chunks[1]}{stored}, "
                 + (f"{self.decodes} decodes" if self.kept or self.into_ring else
                    f"up to {self.loads} loads, {self.decodes} decodes") + f" ({how})")
 
@@ -185,7 +190,7 @@ def estimate(plan, operand: str) -> ChunkReport | None:
     decodes = grid[0] * grid[1] if kept else per_panel * passes[0] * passes[1]
     cut = any(sum(touched[axis]) > grid[axis] for axis in (0, 1) if axis != along)
     return ChunkReport(operand=operand, chunks=chunks, grid=grid, kept=kept,
-                       loads=per_panel * panels, decodes=decodes, cut=cut)
+                       loads=per_panel * panels, decodes=decodes, cut=cut, stored=op.stored)
 
 
 def gram_estimate(plan) -> ChunkReport | None:
@@ -210,7 +215,8 @@ def gram_estimate(plan) -> ChunkReport | None:
     return ChunkReport(operand="A", chunks=x.chunks, grid=grid, kept=kept,
                        loads=(2 * blocks - p) * nk,
                        decodes=grid[0] * grid[1] if kept else grid[along] * per_pass,
-                       cut=touched > grid[other], roles="A and B (one matrix)")
+                       cut=touched > grid[other], roles="A and B (one matrix)",
+                       stored=x.stored)
 
 
 def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
@@ -219,7 +225,7 @@ def one_matrix(a: ChunkReport, b: ChunkReport) -> ChunkReport:
     decodes = a.n_chunks if a.kept else a.decodes + b.decodes
     return ChunkReport(operand="A", chunks=a.chunks, grid=a.grid, kept=a.kept,
                        loads=a.loads + b.loads, decodes=decodes, cut=a.cut or b.cut,
-                       roles="A and B (one matrix)")
+                       roles="A and B (one matrix)", stored=a.stored)
 
 
 def most_touched(extent: int, chunk: int, total: int | None = None, step: int | None = None

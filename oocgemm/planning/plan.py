@@ -527,7 +527,7 @@ class Plan:
             "decisions": list(self.decisions),
             "chunks": {r.operand: {"chunks": list(r.chunks), "grid": list(r.grid), "kept": r.kept,
                                    "into_ring": r.into_ring, "loads": r.loads,
-                                   "decodes": r.decodes}
+                                   "decodes": r.decodes, "stored": round(r.stored, 4)}
                        for r in self.chunk_reports()},
         }
 
