@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 
 #: Stored bytes hinted per input at most (and at most an eighth of the memory available):
@@ -47,8 +48,8 @@ def hint(files: list[str]) -> None:
     """Ask the OS to read ``files`` into its page cache, in order (each call lets go of the
     interpreter's lock)."""
     for path in files:
-        try:
-            fd = os.open(path, os.O_RDONLY)
+        try:  # (never waiting on a file that is not a plain one: a FIFO's writer, say)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError:
             continue
         try:
@@ -157,14 +158,17 @@ def _layout(path: str) -> _Layout | None:
 
 
 def _bounded(files: list[str], budget: int) -> list[str]:
-    """The first of ``files`` (those that exist: a chunk never written is not stored) whose
-    sizes add up to ``budget`` at most (one at least)."""
+    """The first of ``files`` (those that exist as plain files: a chunk never written is not
+    stored) whose sizes add up to ``budget`` at most (one at least)."""
     kept, total = [], 0
     for path in files:
         try:
-            size = os.stat(path).st_size
+            found = os.stat(path)
         except OSError:
             continue
+        if not stat.S_ISREG(found.st_mode):
+            continue  # (what the run makes of it is the run's to say)
+        size = found.st_size
         if kept and total + size > budget:
             break
         kept.append(path)

@@ -97,6 +97,13 @@ def test_bounded_and_only_what_it_knows(rng, workdir, monkeypatch):
     monkeypatch.setattr(headstart, "HEAD_START", 1 << 30)
     rows = headstart.first_files(["multiply", "--trans-b", "a.zarr", "p.zarr", "-o", "c"])
     assert ("p.zarr", (0, 9)) not in keys(rows) and ("p.zarr", (0, 4)) in keys(rows)
+    os.remove(os.path.join("a.zarr", "c", "0", "1"))
+    os.mkfifo(os.path.join("a.zarr", "c", "0", "1"))  # not a plain file: never opened
+    files = headstart.first_files(["multiply", "a.zarr", "a.zarr", "-o", "c.zarr"])
+    assert os.path.join("a.zarr", "c", "0", "1") not in files and files
+    thread = headstart.begin(["multiply", "a.zarr", "a.zarr", "-o", "c.zarr"])
+    thread.join(10)
+    assert not thread.is_alive()
     with open("bad.zarr", "w") as fh:  # not a folder
         fh.write("{")
     os.makedirs("broken.zarr")
