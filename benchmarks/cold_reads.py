@@ -129,7 +129,7 @@ def main(argv=None) -> int:
             seconds = time.perf_counter() - begun
             events = r.events
             gemms = [e.start for e in events if e.kind == "gemm"]
-            reads = [e.end for e in events if e.kind == "read"]
+            reads = [e.end for e in events if e.kind in ("read", "fetch")]
             doc["windows"].append({
                 "window_mib": int(mib), "seconds": seconds, "of_floor": seconds / floor["seconds"],
                 "first_gemm": min(gemms), "reads_done": max(reads)})

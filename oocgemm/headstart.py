@@ -11,6 +11,7 @@ error: a command line it cannot read, or an input it does not know, is left to t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -20,6 +21,9 @@ import threading
 #: about what a disk reads while a fresh process starts.
 HEAD_START = 1 << 30
 
+#: The commands that multiply stored inputs.
+COMMANDS = ("multiply", "gram")
+
 #: The commands' options that take a value (the next word, unless given as ``--name=value``).
 VALUE_OPTIONS = frozenset({
     "-o", "--out", "--alpha", "--beta", "-c", "--c", "--device", "--memory-limit",
@@ -28,20 +32,26 @@ VALUE_OPTIONS = frozenset({
     "--plot"})
 
 
+#: Stored objects of a panel looked at at most (each a stat): the first block's panels of an
+#: array of millions of tiny chunks are not walked whole.
+MOST_OBJECTS = 4096
+
+
 def begin(argv: list[str]) -> threading.Thread | None:
     """Hint the first chunk files of the inputs that the command line ``argv`` (without the
-    program's name) multiplies, on a daemon thread (returned; None where there is nothing to
-    hint)."""
-    try:
-        files = first_files(argv)
-    except Exception:  # noqa: BLE001 - a hint: the command reports what is wrong itself
+    program's name) multiplies, all of it (the inputs' metadata read too) on a daemon thread,
+    returned; None for a command that multiplies nothing."""
+    if not argv or argv[0] not in COMMANDS or not hasattr(os, "posix_fadvise"):
         return None
-    if not files or not hasattr(os, "posix_fadvise"):
-        return None
-    thread = threading.Thread(target=hint, args=(files,), name="oocgemm-headstart",
+    thread = threading.Thread(target=_quietly, args=(argv,), name="oocgemm-headstart",
                               daemon=True)
     thread.start()
     return thread
+
+
+def _quietly(argv: list[str]) -> None:
+    with contextlib.suppress(Exception):  # a hint: the command reports what is wrong itself
+        hint(first_files(argv))
 
 
 def hint(files: list[str]) -> None:
@@ -65,7 +75,7 @@ def first_files(argv: list[str]) -> list[str]:
     order its K panels need them (A's and B's of each panel in turn), at most
     :data:`HEAD_START` stored bytes (and an eighth of the memory available) of each input;
     [] for another command, help, or inputs that are not local Zarr arrays."""
-    if not argv or argv[0] not in ("multiply", "gram") or "-h" in argv or "--help" in argv:
+    if not argv or argv[0] not in COMMANDS or "-h" in argv or "--help" in argv:
         return []
     words, flags = _positional(argv[1:])
     if argv[0] == "gram":
@@ -98,17 +108,23 @@ def first_files(argv: list[str]) -> list[str]:
 
 
 def _positional(words: list[str]) -> tuple[list[str], set[str]]:
-    """(the positional words, the flags) of a command's words after its name."""
-    positional, flags, skip = [], set(), False
+    """(the positional words, the flags) of a command's words after its name: an option
+    that takes a value takes the next word (``-qo OUT`` too: short options run together,
+    the last taking it), and every word after ``--`` is positional."""
+    positional, flags, skip, ended = [], set(), False, False
     for word in words:
         if skip:
             skip = False
+        elif ended or not word.startswith("-") or word == "-":
+            positional.append(word)
+        elif word == "--":
+            ended = True
         elif word in VALUE_OPTIONS:
             skip = True
-        elif word.startswith("-"):
-            flags.add(word.partition("=")[0])
+        elif not word.startswith("--") and "=" not in word and len(word) > 2:
+            skip = f"-{word[-1]}" in VALUE_OPTIONS  # short flags run together
         else:
-            positional.append(word)
+            flags.add(word.partition("=")[0])
     return positional, flags
 
 
@@ -124,7 +140,7 @@ class _Layout:
         its first row of them, in order."""
         count = -(-self.shape[0 if along_rows else 1] // self.grid[0 if along_rows else 1])
         return [os.path.join(self.path, self.key((q, 0) if along_rows else (0, q)))
-                for q in range(count)]
+                for q in range(min(count, MOST_OBJECTS))]
 
 
 def _layout(path: str) -> _Layout | None:
@@ -184,8 +200,15 @@ def _interleaved(panels: list[list[str]]):
 
 
 def _available() -> int:
-    """Bytes of memory available now (the OS's count), or a large number where it cannot
-    tell."""
+    """Bytes of memory available now (Linux's MemAvailable, which counts the page cache it
+    can take back; else the free pages), or a large number where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

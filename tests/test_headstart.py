@@ -110,7 +110,40 @@ def test_bounded_and_only_what_it_knows(rng, workdir, monkeypatch):
     with open(os.path.join("broken.zarr", "zarr.json"), "w") as fh:
         fh.write("{not json")
     for argv in (["multiply", "bad.zarr", "a.zarr"], ["multiply", "broken.zarr", "a.zarr"]):
-        assert headstart.begin(argv) is None
+        thread = headstart.begin(argv)  # (all of it on its thread, which ends quietly)
+        thread.join(10)
+        assert not thread.is_alive()
+    assert headstart.begin(["plan", "a.zarr", "a.zarr"]) is None
+    assert headstart.begin([]) is None
+
+
+def test_short_options_run_together_and_words_after_a_double_dash(rng, workdir):
+    """``-qo OUT``: the last short option takes the next word; after ``--`` every word is an
+    input."""
+    store("a.zarr", rand(rng, (40, 40)), (20, 20), "v3")
+    store("b.zarr", rand(rng, (40, 40)), (20, 20), "v3")
+    store("out.zarr", rand(rng, (40, 40)), (20, 20), "v3")
+    files = headstart.first_files(["multiply", "-qo", "out.zarr", "a.zarr", "b.zarr"])
+    assert {name for name, _ in keys(files)} == {"a.zarr", "b.zarr"}
+    files = headstart.first_files(["multiply", "-o", "out.zarr", "--", "a.zarr", "b.zarr"])
+    assert {name for name, _ in keys(files)} == {"a.zarr", "b.zarr"}
+
+
+def test_a_panel_of_millions_of_objects_is_not_walked_whole(workdir, monkeypatch):
+    """An array of a million tiny chunks, none written: the head start looks at
+    MOST_OBJECTS of a panel at most, and names none."""
+    zarr.create_array("tall.zarr", shape=(1_000_000, 8), dtype="f8", chunks=(1, 8))
+    monkeypatch.setattr(headstart, "MOST_OBJECTS", 100)
+    looked = []
+    stat = os.stat
+
+    def counted(path, *args, **kwargs):
+        looked.append(path)
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(headstart.os, "stat", counted)
+    assert headstart.first_files(["multiply", "--trans-a", "tall.zarr", "tall.zarr"]) == []
+    assert len(looked) <= 2 * 100 + 10  # (and the metadata's few)
 
 
 def test_its_options_with_values_are_the_commands():

@@ -100,7 +100,8 @@ class RunIO:
     def _operand(self, src: MatrixSource) -> Operand:
         rows, cols = src.shape
         zero_copy = src.view((0, rows), (0, cols), self.dtype) is not None
-        stored = src.stored_fraction() if src.on_disk and src.chunks else 1.0
+        # (a compressed input's stored share; uncompressed ones are read in the parts needed)
+        stored = src.stored_fraction() if src.on_disk and src.chunks and not src.sliced else 1.0
         return Operand((rows, cols), src.chunks, src.on_disk, src.name, zero_copy=zero_copy,
                        sliced=src.sliced, decodes_into=src.decodes_into, stored=stored,
                        zstd_frames=getattr(src, "zstd_frames", None)

@@ -42,6 +42,11 @@ class Operand:
     stored object is a local file of zstd frames of plain bytes, which a device may decode
     (``Plan.io.gpu_decode``); None otherwise."""
 
+    def __post_init__(self) -> None:
+        if not 0 < self.stored < float("inf"):
+            raise ValueError(f"{self.name or 'operand'}: stored={self.stored!r}, expected a "
+                             f"positive share of its decoded bytes")
+
     @property
     def decoded(self) -> bool:
         """Read by decoding whole chunks (:mod:`oocgemm.planning.chunks`)."""

@@ -114,10 +114,12 @@ class DiskQueue:
                         raise ValueError(f"the file ends at {at} of its {size} bytes")
                     at += got
 
-            rest = [_disk_readers().submit(piece, at) for at in range(DISK_PIECE, size, DISK_PIECE)]
+            rest: list[Future] = []
             try:
+                for at in range(DISK_PIECE, size, DISK_PIECE):
+                    rest.append(_disk_readers().submit(piece, at))
                 piece(0)
-            finally:  # (every piece over before the file is closed)
+            finally:  # (every piece begun over before the file is closed)
                 futures.wait(rest)
             for future in rest:
                 future.result()
@@ -283,7 +285,7 @@ class ChunkReader(MatrixSource):
         else:
             (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
             out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
-            self.inner.read_chunk(index, out, files=self._files)
+            self._read_chunk(index, out)
             fresh = True
         with self._lock:
             if fresh:  # (a chunk another run decoded is held here, not decoded)
@@ -291,6 +293,14 @@ class ChunkReader(MatrixSource):
             self.resident_bytes += out.nbytes
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         return out
+
+    def _read_chunk(self, index: tuple[int, int], out: np.ndarray) -> None:
+        """The inner source's chunk, its file read as the disk's queue reads cold ones where
+        it says how (``files``, asked of the inner source only then)."""
+        if self._files is None:
+            self.inner.read_chunk(index, out)
+        else:
+            self.inner.read_chunk(index, out, files=self._files)
 
     def _start(self, index: tuple[int, int], rank: int = -1) -> Future:
         """The chunk's decode, started if it is not in memory nor under way (under the lock);
@@ -397,7 +407,7 @@ class ChunkReader(MatrixSource):
                 ahead, self._hinted = self._order[self._hinted:upto], max(self._hinted, upto)
             for later in ahead:
                 hint(later)
-        self.inner.read_chunk(index, out, files=self._files)
+        self._read_chunk(index, out)
         with self._lock:
             self._decoded(index, out.nbytes)
         return True

@@ -448,6 +448,11 @@ def direct_reader(array: zarr.Array) -> _Direct | None:
         return None
 
 
+#: The least share of its decoded bytes a stored input is taken to move (a sample of chunks
+#: never written, or of zeros, stores next to nothing; each object still costs a request).
+LEAST_STORED = 0.01
+
+
 class ZarrSource(MatrixSource):
     def __init__(self, array: zarr.Array, name: str, path: str | None = None,
                  incomplete_ok: bool = False, owns_store: bool = False):
@@ -547,21 +552,24 @@ class ZarrSource(MatrixSource):
 
     def stored_fraction(self, most: int = 64) -> float:
         """Bytes stored per byte decoded, from the sizes of ``most`` objects spread over the
-        array (written ones; none read); 1 where it cannot tell (not a local folder, or
-        nothing written)."""
+        array (none read): their stored bytes (0 for one never written, which costs no read)
+        over their whole decoded bytes (an edge chunk is stored whole, padded); at least
+        :data:`LEAST_STORED`, and 1 where it cannot tell (not a local folder, or none of them
+        written)."""
         paths = self._sample(most)
-        if paths is None or self.chunks is None:
+        if not paths or self.chunks is None:
             return 1.0
-        stored = decoded = 0
-        for index, path in paths:
+        stored = written = 0
+        for _, path in paths:
             try:
-                size = os.stat(path).st_size
-            except OSError:  # never written (the fill value), or gone: not in the sample
+                stored += os.stat(path).st_size
+                written += 1
+            except OSError:  # never written (the fill value), or gone: nothing to read
                 continue
-            (r0, r1), (c0, c1) = chunk_region(index, self.chunks, self.shape)
-            stored += size
-            decoded += (r1 - r0) * (c1 - c0) * self.dtype.itemsize
-        return stored / decoded if stored and decoded else 1.0
+        if not written:  # (an array of metadata alone, as a plan's test makes: as if full)
+            return 1.0
+        decoded = len(paths) * math.prod(self.chunks) * self.dtype.itemsize
+        return max(stored / decoded, LEAST_STORED)
 
     def _sample(self, most: int) -> list[tuple[tuple[int, int], str]] | None:
         """Up to ``most`` of its objects spread over the array, (chunk index, file); None
