@@ -55,19 +55,25 @@ def _quietly(argv: list[str]) -> None:
 
 
 def hint(files: list[str]) -> None:
-    """Ask the OS to read ``files`` into its page cache, in order (each call lets go of the
-    interpreter's lock)."""
+    """Ask the OS to read ``files`` into its page cache, in order (:func:`will_need`)."""
     for path in files:
-        try:  # (never waiting on a file that is not a plain one: a FIFO's writer, say)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        will_need(path)
+
+
+def will_need(path: str) -> None:
+    """Ask the OS to read the file at ``path`` into its page cache (``posix_fadvise
+    (WILLNEED)``, which lets go of the interpreter's lock); a hint that may do nothing, never
+    an error."""
+    try:  # (never waiting on a file that is not a plain one: a FIFO's writer, say)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # a chunk never written (the fill value), say
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def first_files(argv: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ from zarr.core.buffer import cpu as zarr_cpu
 from .. import machine
 from ..arguments import parse_compressor
 from ..errors import InputError, OptionError, OutputError
+from ..headstart import will_need
 from ..planning.chunks import chunk_region, chunks_of, on_chunk_edges
 from . import files, frames, urls
 from .base import MatrixSink, MatrixSource
@@ -532,16 +533,7 @@ class ZarrSource(MatrixSource):
         if path is None or path in self._hinted or not hasattr(os, "posix_fadvise"):
             return
         self._hinted.add(path)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # a chunk never written (fill value), or not a plain file
-            return
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        will_need(path)
 
     def cached_fraction(self, most: int = 64) -> float | None:
         """The share of the stored objects' bytes that the OS page cache holds, from ``most``
