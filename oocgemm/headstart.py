@@ -5,7 +5,8 @@ chunk files of each local Zarr input that the first C block needs, in the order 
 them, a bounded amount; the run's reads find them in the page cache. Files the page cache
 holds already cost the OS nothing to hint.
 
-The standard library only: it runs before anything else is imported. A hint, never an
+The standard library only (and :mod:`oocgemm.machine`, which is too): it runs before anything
+else is imported. A hint, never an
 error: a command line it cannot read, or an input it does not know, is left to the command.
 """
 
@@ -16,6 +17,8 @@ import json
 import os
 import stat
 import threading
+
+from .machine import available_memory
 
 #: Stored bytes hinted per input at most (and at most an eighth of the memory available):
 #: about what a disk reads while a fresh process starts.
@@ -93,7 +96,7 @@ def first_files(argv: list[str]) -> list[str]:
         if len(words) < 2:
             return []
         operands = [(words[0], "--trans-a" in flags), (words[1], "--trans-b" in flags)]
-    budget = min(HEAD_START, _available() // 8)
+    budget = min(HEAD_START, available_memory() // 8)
     panels = []
     for role, (path, transposed) in zip("AB", operands):
         layout = _layout(path)
@@ -203,19 +206,3 @@ def _interleaved(panels: list[list[str]]):
     longest = max((len(p) for p in panels), default=0)
     for q in range(longest):
         yield [p[q] for p in panels if q < len(p)]
-
-
-def _available() -> int:
-    """Bytes of memory available now (Linux's MemAvailable, which counts the page cache it
-    can take back; else the free pages), or a large number where it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40

@@ -478,16 +478,15 @@ class ChunkReader(MatrixSource):
         self.inner.close()
 
 
-_ENCODERS: ThreadPoolExecutor | None = None
-_DISK_READERS: ThreadPoolExecutor | None = None
+_POOLS: dict[str, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
 def _forget_pools() -> None:
     """(In a forked child.) The parent's pools: their threads are not the child's, and a pool
     that counts them idle would never start its own; the child makes new ones."""
-    global _ENCODERS, _DISK_READERS, _POOLS_LOCK
-    _ENCODERS = _DISK_READERS = None
+    global _POOLS_LOCK
+    _POOLS.clear()
     _POOLS_LOCK = threading.Lock()
 
 
@@ -495,25 +494,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _disk_readers() -> ThreadPoolExecutor:
-    """The process's readers of cold files' pieces (:meth:`DiskQueue.read`), shared by every
-    run in it."""
-    global _DISK_READERS
+def _process_pool(name: str, threads: Callable[[], int]) -> ThreadPoolExecutor:
+    """The process's pool of threads named ``oocgemm-<name>`` (``threads()`` of them, made at
+    its first use), shared by every run in it."""
     with _POOLS_LOCK:
-        if _DISK_READERS is None:
-            _DISK_READERS = ThreadPoolExecutor(DISK_READERS, thread_name_prefix="oocgemm-disk")
-        return _DISK_READERS
+        pool = _POOLS.get(name)
+        if pool is None:
+            pool = _POOLS[name] = ThreadPoolExecutor(threads(),
+                                                     thread_name_prefix=f"oocgemm-{name}")
+        return pool
+
+
+def _disk_readers() -> ThreadPoolExecutor:
+    """The readers of cold files' pieces (:meth:`DiskQueue.read`)."""
+    return _process_pool("disk", lambda: DISK_READERS)
 
 
 def _encoders() -> ThreadPoolExecutor:
-    """The process's chunk encoder threads, one per core, shared by every run in it."""
-    global _ENCODERS
-    with _POOLS_LOCK:
-        if _ENCODERS is None:
-            from .. import machine
+    """The chunk encoder threads, one per core."""
+    from .. import machine
 
-            _ENCODERS = ThreadPoolExecutor(machine.cores(), thread_name_prefix="oocgemm-encode")
-        return _ENCODERS
+    return _process_pool("encode", machine.cores)
 
 
 _WAIT = object()  # ChunkWriter._take: no room until a store ends
