@@ -83,11 +83,18 @@ def command(argv: list[str]) -> float:
     return timed_command(argv)[0]
 
 
-def timed_command(argv: list[str]) -> tuple[float, dict | None]:
+#: The command without what ``python -m oocgemm`` starts before its imports (the head start's
+#: hints and the GPU's early start): :func:`oocgemm.cli.run` called directly.
+PLAIN = "import sys; from oocgemm.cli import run; run()"
+
+
+def timed_command(argv: list[str], plain: bool = False) -> tuple[float, dict | None]:
     """Seconds of one ``oocgemm`` command, and the summary it prints where ``argv`` asks
-    for it as JSON (``--json``)."""
+    for it as JSON (``--json``); ``plain``: without the head start and the early start
+    (:data:`PLAIN`)."""
     begun = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "oocgemm", *argv], check=True,
+    program = ["-c", PLAIN] if plain else ["-m", "oocgemm"]
+    proc = subprocess.run([sys.executable, *program, *argv], check=True,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seconds = time.perf_counter() - begun
     return seconds, json.loads(proc.stdout) if "--json" in argv else None
@@ -175,14 +182,19 @@ def main(argv=None) -> int:
     floor = product_floor([a, b], c_bytes, work, threads)
     doc["floor"] = floor["seconds"]
     doc["floor_parts"] = floor
-    cold = []
-    for _ in range(args.repeat):
-        shutil.rmtree(c, ignore_errors=True)
-        doc["dropped"] = drop_caches(files)
-        doc["plan_cold"] = predicted(a, b, c, flags)  # reads no data: the inputs stay cold
-        cold.append(timed_command(["multiply", a, b, "-o", c, "-q", "--json", *flags]))
+    cold, plain = [], []
+    for _ in range(args.repeat):  # the command, and the same without its head start (turns)
+        for runs, bare in ((cold, False), (plain, True)):
+            shutil.rmtree(c, ignore_errors=True)
+            doc["dropped"] = drop_caches(files)
+            doc["plan_cold"] = predicted(a, b, c, flags)  # reads no data: inputs stay cold
+            runs.append(timed_command(["multiply", a, b, "-o", c, "-q", "--json", *flags],
+                                      plain=bare))
     doc["cli_cold"], summary = min(cold, key=lambda r: r[0])
     doc["cold_run"] = summary["seconds"]  # the run itself, as the command reports it
+    for name, runs in (("cli_cold_runs", cold), ("cli_cold_plain_runs", plain)):
+        doc[name] = [{"wall": wall, "run": summary["seconds"]} for wall, summary in runs]
+    doc["cli_cold_plain"] = min(wall for wall, _ in plain)
     shutil.rmtree(c, ignore_errors=True)
     drop_caches(files)  # where a cold process's time goes (its libraries read cold too)
     doc["fresh_child_cold"] = child(a, b, c, options)
@@ -191,6 +203,7 @@ def main(argv=None) -> int:
         drop_caches(files)
         command(["multiply", a, b, "-o", c, "-q", *flags, *timeline("cold")])
     doc["cli_cold_of_floor"] = doc["cli_cold"] / floor["seconds"]
+    doc["cli_cold_plain_of_floor"] = doc["cli_cold_plain"] / floor["seconds"]
     doc["predicted_of_warm"] = doc["predicted"] / doc["warm_process"]["later"]
     doc["predicted_of_cold"] = doc["plan_cold"]["seconds"] / doc["cli_cold"]
     doc["predicted_of_cold_run"] = doc["plan_cold"]["seconds"] / doc["cold_run"]
