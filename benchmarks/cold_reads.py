@@ -22,8 +22,35 @@ from oocgemm import machine
 
 #: How a chunk file is read: decoded from an mmap of it; read whole (one read) into a buffer,
 #: then decoded; read whole in pieces at once (``DiskQueue.read``, as a cold run does), then
-#: decoded.
-METHODS = ("mmap", "read", "pieces")
+#: decoded; or only asked of the OS (``hint:KIB``: ``posix_fadvise(WILLNEED)`` KIB KiB a call,
+#: 0 for one call a file, every file in turn on one thread as the head start does), the page
+#: cache watched until it holds them.
+METHODS = ("mmap", "read", "pieces", "hint")
+
+#: How long the page cache is watched after the last hint (seconds).
+HINT_PATIENCE = 10.0
+
+
+def hint_by(step_kib: int, files: list[str]) -> dict:
+    """Seconds until the page cache holds 99% of ``files`` after they are hinted in turn,
+    ``step_kib`` KiB a call (0: one call a file), and the share it holds then."""
+    from benchmarks.storage_floor import drop_caches
+    from oocgemm.headstart import will_need
+    from oocgemm.storage.files import cached_fraction
+
+    drop_caches(files)
+    begun = time.perf_counter()
+    for path in files:
+        if step_kib:
+            will_need(path, step_kib << 10)
+        else:
+            will_need(path, max(os.path.getsize(path), 1))
+    hinted = time.perf_counter() - begun
+    held = cached_fraction(files) or 0.0
+    while held < 0.99 and time.perf_counter() - begun < hinted + HINT_PATIENCE:
+        time.sleep(0.05)
+        held = cached_fraction(files) or 0.0
+    return {"seconds": time.perf_counter() - begun, "hinted": hinted, "held": held}
 
 
 def read_by(method: str, threads: int, jobs: list, files: list[str]) -> float:
@@ -76,7 +103,7 @@ def main(argv=None) -> int:
     parser = zarr_product_parser(__doc__, n=32768, chunk=4096, device="auto",
                                  memory_limit="16GB")
     parser.add_argument("--methods", default="mmap:4,mmap:16,pieces:1,pieces:4,read:16,read:32",
-                        help="METHOD:THREADS,... (methods: mmap, read, pieces)")
+                        help="METHOD:THREADS,... (methods: mmap, read, pieces; hint:KIB)")
     parser.add_argument("--windows", default="512",
                         help="MiB,...: a cold product for each window of the disk queue")
     args = parser.parse_args(argv)
@@ -106,9 +133,14 @@ def main(argv=None) -> int:
         method, _, count = spec.partition(":")
         if method not in METHODS:
             raise BenchError(f"unknown method {method!r}: expected one of {', '.join(METHODS)}")
-        seconds = read_by(method, int(count or 1), jobs, files)
-        doc["methods"].append({"method": method, "threads": int(count or 1),
-                               "seconds": seconds, "rate": stored / seconds})
+        if method == "hint":
+            got = hint_by(int(count or 0), files)
+            doc["methods"].append({"method": method, "step_kib": int(count or 0), **got,
+                                   "rate": stored * got["held"] / got["seconds"]})
+        else:
+            seconds = read_by(method, int(count or 1), jobs, files)
+            doc["methods"].append({"method": method, "threads": int(count or 1),
+                                   "seconds": seconds, "rate": stored / seconds})
         print(doc["methods"][-1], flush=True)
     doc["raw_after"] = raw()
 

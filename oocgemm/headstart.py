@@ -25,6 +25,11 @@ from .machine import available_memory
 #: What the disk has not read when the run begins are the files it reads next anyway.
 HEAD_START = 2 << 30
 
+#: Bytes asked of the OS a call: Linux reads at most the device's readahead or its largest
+#: request a call (128 KiB at the least), whatever length it is given, so that one call for a
+#: whole chunk file of 128 MiB read 8 MiB of it (docs/lab-notes.md).
+HINT_STEP = 128 << 10
+
 #: The commands that multiply stored inputs.
 COMMANDS = ("multiply", "gram")
 
@@ -64,16 +69,18 @@ def hint(files: list[str]) -> None:
         will_need(path)
 
 
-def will_need(path: str) -> None:
+def will_need(path: str, step: int = HINT_STEP) -> None:
     """Ask the OS to read the file at ``path`` into its page cache (``posix_fadvise
-    (WILLNEED)``, which lets go of the interpreter's lock); a hint that may do nothing, never
-    an error."""
+    (WILLNEED)``, which lets go of the interpreter's lock), ``step`` bytes a call; a hint
+    that may do nothing, never an error."""
     try:  # (never waiting on a file that is not a plain one: a FIFO's writer, say)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:  # a chunk never written (the fill value), say
         return
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        size = os.fstat(fd).st_size
+        for offset in range(0, size, step):
+            os.posix_fadvise(fd, offset, step, os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import click
 import numpy as np
@@ -177,3 +178,24 @@ def test_a_command_started_cold_computes_the_same_product(rng, workdir):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert_gemm(np.load("c.npy"), a, b)
+
+
+def test_a_hint_asks_for_the_whole_file(workdir):
+    """A file larger than what one WILLNEED call reads (Linux stops at the device's
+    readahead, 8 MiB on this machine's disk) is hinted whole: the page cache holds all of it
+    soon after, where the file system lets it leave the cache first."""
+    from oocgemm.storage.files import cached_fraction
+
+    with open("big.bin", "wb") as f:
+        for _ in range(6):
+            f.write(os.urandom(8 << 20))
+    if not evicted("big.bin"):
+        pytest.skip("this file system keeps the file in the page cache")
+    headstart.will_need("big.bin")
+    held = 0.0
+    for _ in range(200):  # the disk reads it behind the call: up to 10 s
+        held = cached_fraction(["big.bin"]) or 0.0
+        if held == 1.0:
+            break
+        time.sleep(0.05)
+    assert held == 1.0
