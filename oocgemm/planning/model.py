@@ -118,11 +118,12 @@ def cuda_model() -> DeviceModel:
     # plus all of it at the batch's rate (docs/performance.md, "Who decodes the inputs").
     # cache_write: C's chunk files and .npy pages written by the writer threads together
     # while the page cache takes them (n = 32768 and 49152 on the H200 machine).
-    # storage_read: whole chunk files read cold and decoded as a run reads them, beside its
-    # uploads, GEMMs and C's writes (n = 32768 Zarr inputs on four of the H200 machines,
-    # whose disks read 1.5-2.2 GB/s raw): docs/performance.md, "First contact on the GPU".
+    # storage_read: stored bytes of whole chunk files read cold and decoded as a run reads
+    # them (each asked of the OS whole ahead of its decode), beside its uploads, GEMMs and
+    # C's writes (n = 32768 Zarr inputs on the H200 machines, whose disks read 1.5-2.2 GB/s
+    # raw): docs/performance.md, "First contact on the GPU, session 36".
     return DeviceModel(name="cuda", flops=55e12, h2d=55e9, d2h=55e9, memory_copy=25e9,
-                       cache_write=3.5e9, storage_read=1.3e9,
+                       cache_write=3.5e9, storage_read=1.8e9,
                        half_size=128, granule=256, decode=8e9, decode_frame=1e-4,
                        device_decode=20e9,
                        device_decode_frame=1.0e9, int8_ops=1.04e15,
