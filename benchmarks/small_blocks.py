@@ -133,6 +133,9 @@ def one_source(source: str, n: int, tile: int, repeat: int, workdir: str,
         "cases": {case: {"seconds": seconds[case], "median_seconds": medians[case],
                          "max_rel_error": errors[case]} for case in CASES},
         "multiply_vs_loop": medians["multiply"] / medians["loop"],
+        # each round's own ratio: the machine's speed moves between rounds, not within one
+        "multiply_vs_loop_by_round": statistics.median(
+            m / lo for m, lo in zip(seconds["multiply"], seconds["loop"])),
         "multiply_vs_numpy": medians["multiply"] / medians["numpy"],
         "loop_vs_numpy": medians["loop"] / medians["numpy"],
         "multiply_run_seconds": run_seconds,

@@ -299,8 +299,8 @@ def test_small_blocks_side_by_side(tmp_path):
         assert entry["correct"] and set(entry["cases"]) == {"numpy", "loop", "multiply"}
         assert all(len(case["seconds"]) == 2 for case in entry["cases"].values())
         assert entry["operations_run"] == entry["operations_planned"] > 0
-        assert entry["multiply_vs_loop"] > 0 and entry["n"] == (80 if entry["source"] == "zarr"
-                                                                else 96)
+        assert entry["multiply_vs_loop"] > 0 and entry["multiply_vs_loop_by_round"] > 0
+        assert entry["n"] == (80 if entry["source"] == "zarr" else 96)
     assert data["sources"][1]["chunks"]  # zarr's default chunks, as written
     assert sorted(os.listdir(tmp_path)) == ["blocks.json"]  # the stores went with their folder
     assert "--sources" in fails("small-blocks", "--sources", "tape")
