@@ -69,16 +69,16 @@ def hint(files: list[str]) -> None:
         will_need(path)
 
 
-def will_need(path: str, step: int = HINT_STEP) -> None:
+def will_need(path: str, step: int = HINT_STEP, most: int | None = None) -> None:
     """Ask the OS to read the file at ``path`` into its page cache (``posix_fadvise
-    (WILLNEED)``, which lets go of the interpreter's lock), ``step`` bytes a call; a hint
-    that may do nothing, never an error."""
+    (WILLNEED)``, which lets go of the interpreter's lock), ``step`` bytes a call, its first
+    ``most`` bytes where given; a hint that may do nothing, never an error."""
     try:  # (never waiting on a file that is not a plain one: a FIFO's writer, say)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:  # a chunk never written (the fill value), say
         return
     try:
-        size = os.fstat(fd).st_size
+        size = os.fstat(fd).st_size if most is None else min(os.fstat(fd).st_size, most)
         for offset in range(0, size, step):
             os.posix_fadvise(fd, offset, step, os.POSIX_FADV_WILLNEED)
     except OSError:

@@ -199,3 +199,24 @@ def test_a_hint_asks_for_the_whole_file(workdir):
             break
         time.sleep(0.05)
     assert held == 1.0
+
+
+def test_a_hint_of_the_first_bytes_only(workdir):
+    """``most`` bytes asked for: the page cache then holds that part of the file and not
+    the rest (where the file system lets it leave the cache first)."""
+    from oocgemm.storage.files import cached_fraction
+
+    with open("big.bin", "wb") as f:
+        for _ in range(6):
+            f.write(os.urandom(8 << 20))
+    if not evicted("big.bin"):
+        pytest.skip("this file system keeps the file in the page cache")
+    headstart.will_need("big.bin", most=16 << 20)
+    held = 0.0
+    for _ in range(200):  # the disk reads it behind the call
+        held = cached_fraction(["big.bin"]) or 0.0
+        if held >= 1 / 3:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)  # (nothing more comes)
+    assert 1 / 3 <= cached_fraction(["big.bin"]) < 0.5

@@ -453,6 +453,12 @@ def direct_reader(array: zarr.Array) -> _Direct | None:
 #: never written, or of zeros, stores next to nothing; each object still costs a request).
 LEAST_STORED = 0.01
 
+#: Bytes of one stored object asked of the OS ahead of its decode at most (its first ones):
+#: half the disk queue's window (``oocgemm.storage.chunked.COLD_WINDOW``), so that a few
+#: shards of gigabytes ahead do not fill the page cache with what is decoded much later;
+#: the rest of such an object is read as it is decoded.
+AHEAD_OF_DECODE = 256 << 20
+
 
 class ZarrSource(MatrixSource):
     def __init__(self, array: zarr.Array, name: str, path: str | None = None,
@@ -533,7 +539,7 @@ class ZarrSource(MatrixSource):
         if path is None or path in self._hinted or not hasattr(os, "posix_fadvise"):
             return
         self._hinted.add(path)
-        will_need(path)
+        will_need(path, most=AHEAD_OF_DECODE)
 
     def cached_fraction(self, most: int = 64) -> float | None:
         """The share of the stored objects' bytes that the OS page cache holds, from ``most``
