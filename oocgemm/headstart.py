@@ -78,7 +78,9 @@ def will_need(path: str, step: int = HINT_STEP, most: int | None = None) -> None
     except OSError:  # a chunk never written (the fill value), say
         return
     try:
-        size = os.fstat(fd).st_size if most is None else min(os.fstat(fd).st_size, most)
+        size = os.fstat(fd).st_size
+        if most is not None:
+            size = min(size, most)
         for offset in range(0, size, step):
             os.posix_fadvise(fd, offset, step, os.POSIX_FADV_WILLNEED)
     except OSError:

@@ -37,7 +37,7 @@ from time import perf_counter, sleep
 import numpy as np
 
 from ..diagnostics.events import EventLog
-from ..planning.schedule import Op, OpKind, object_cells
+from ..planning.schedule import COMPUTE_OPS, POOLS, Op, OpKind, object_cells
 from ..storage.frames import encode_stripe
 from .base import (
     Cancelled,
@@ -69,9 +69,10 @@ LOOKAHEAD = 24
 KINDS = {kind: kind.value for kind in OpKind}
 
 #: The lane that runs each kind of operation (None: the compute thread, in schedule order).
-LANES = {OpKind.GEMM: None, OpKind.FILL: None, OpKind.MIRROR: None, OpKind.TRANSPOSE: None,
-         OpKind.READ: "read", OpKind.FETCH: "read", OpKind.WRITE: "write", OpKind.UPLOAD: "copy",
-         OpKind.UPLOAD_STORED: "copy", OpKind.DOWNLOAD: "copy", OpKind.DECODE: "copy"}
+#: The pools' kinds run on theirs (:data:`~oocgemm.planning.schedule.POOLS`).
+LANES = {**dict.fromkeys(COMPUTE_OPS), **POOLS,
+         **dict.fromkeys((OpKind.UPLOAD, OpKind.UPLOAD_STORED, OpKind.DOWNLOAD, OpKind.DECODE),
+                         "copy")}
 
 
 class _Board:

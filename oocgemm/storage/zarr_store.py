@@ -546,7 +546,7 @@ class ZarrSource(MatrixSource):
         objects spread over the array (:func:`~oocgemm.storage.files.cached_fraction`: none
         of them read); None where it cannot tell (not a local folder)."""
         paths = self._sample(most)
-        return None if paths is None else files.cached_fraction(p for _, p in paths)
+        return None if paths is None else files.cached_fraction(paths)
 
     def stored_fraction(self, most: int = 64) -> float:
         """Bytes stored per byte decoded, from the sizes of ``most`` objects spread over the
@@ -558,7 +558,7 @@ class ZarrSource(MatrixSource):
         if not paths or self.chunks is None:
             return 1.0
         stored = written = 0
-        for _, path in paths:
+        for path in paths:
             try:
                 stored += os.stat(path).st_size
                 written += 1
@@ -569,18 +569,17 @@ class ZarrSource(MatrixSource):
         decoded = len(paths) * math.prod(self.chunks) * self.dtype.itemsize
         return max(stored / decoded, LEAST_STORED)
 
-    def _sample(self, most: int) -> list[tuple[tuple[int, int], str]] | None:
-        """Up to ``most`` of its objects spread over the array, (chunk index, file); None
-        where they are not local files."""
+    def _sample(self, most: int) -> list[str] | None:
+        """The files of up to ``most`` of its objects spread over the array; None where they
+        are not local files."""
         if self.chunks is None:
             return None
         rows, cols = (-(-n // c) for n, c in zip(self.shape, self.chunks))
         step = max(1, rows * cols // most)
-        found = [(divmod(i, cols), self.object_path(divmod(i, cols)))
-                 for i in range(0, rows * cols, step)]
-        if not found or any(path is None for _, path in found):
+        found = [self.object_path(divmod(i, cols)) for i in range(0, rows * cols, step)]
+        if not found or any(path is None for path in found):
             return None
-        return cast(list[tuple[tuple[int, int], str]], found)
+        return cast(list[str], found)
 
     def object_path(self, index) -> str | None:
         """The file that holds chunk ``index`` (its shard's, when sharded); None where the
